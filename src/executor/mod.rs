@@ -1,0 +1,4 @@
+//! Where an accepted trade goes.
+
+pub mod http;
+pub mod paper;

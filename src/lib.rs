@@ -1,0 +1,20 @@
+//! hoox-edge: the idempotency gateway at the door of a trading system.
+//!
+//! The folders are the architecture. A webhook travels one way:
+//! `gateway` (TLS, parse, authenticate, resolve the key) → `mutex` (reserve) →
+//! `executor` (place the order) → `mutex` (commit or release) → the answer.
+//! `admin` is the operator's face; `platform` is the OS around us (systemd, journald,
+//! signals). The mutex, the executor and the limits do not know each other: only
+//! `gateway::webhook` orchestrates.
+
+pub mod admin;
+pub mod app;
+pub mod cli;
+pub mod config;
+pub mod executor;
+pub mod gateway;
+pub mod metrics;
+pub mod mutex;
+pub mod platform;
+
+pub use app::{Shutdown, run};

@@ -1,0 +1,225 @@
+//! Idempotency keys: what the mutex locks.
+//!
+//! A [`Key`] is the exact string stored in redb. It is built only from parsed parts, so
+//! a value of this type is always well formed: bounded length, printable ASCII, and
+//! namespaced so that live and test, or two clients, can never collide.
+//!
+//! Two kinds exist (SPEC §2):
+//! - client keys: `client:{identity}:{live|test}:{key}`, from the `Idempotency-Key`
+//!   header or the body's `idempotencyKey`;
+//! - fingerprints: `trade:{exchange}:{symbol}:{action}:{quantity}:{live|test}:{bucket}`,
+//!   derived from the trade when the client sent no key.
+
+use std::fmt;
+
+/// The longest client-supplied key (SPEC §2).
+pub const MAX_CLIENT_KEY: usize = 255;
+/// The longest client identity that may namespace a key.
+pub const MAX_IDENTITY: usize = 64;
+/// The longest stored key: a namespace plus the longest client key, with room to spare.
+pub const MAX_KEY: usize = 384;
+/// Width of a fingerprint's time bucket.
+pub const BUCKET_MS: u64 = 60_000;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("idempotency key must be 1 to 255 characters")]
+    Length,
+    #[error("idempotency key must be printable ASCII")]
+    Charset,
+    #[error("stored key is not a key this version wrote")]
+    Stored,
+}
+
+/// Whether a trade is real money or a test run. Never share a key across the two.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, serde::Serialize, serde::Deserialize)]
+pub enum Mode {
+    Live,
+    Test,
+}
+
+impl Mode {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Mode::Live => "live",
+            Mode::Test => "test",
+        }
+    }
+}
+
+/// A key exactly as the client sent it: 1–255 printable ASCII characters.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct ClientKey(heapless::String<MAX_CLIENT_KEY>);
+
+impl ClientKey {
+    pub fn parse(s: &str) -> Result<Self, KeyError> {
+        if s.is_empty() || s.len() > MAX_CLIENT_KEY {
+            return Err(KeyError::Length);
+        }
+        if !s.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+            return Err(KeyError::Charset);
+        }
+        // Length was checked above, so the push cannot overflow.
+        let mut buf = heapless::String::new();
+        buf.push_str(s).map_err(|_| KeyError::Length)?;
+        Ok(ClientKey(buf))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for ClientKey {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The parts of a trade that make its automatic fingerprint. Built by the gateway from a
+/// parsed trade, whose schema already bounds and restricts these strings.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Fingerprint<'a> {
+    pub exchange: &'a str,
+    pub symbol: &'a str,
+    pub action: &'a str,
+    pub quantity: f64,
+    pub mode: Mode,
+}
+
+/// A stored, namespaced idempotency key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct Key(heapless::String<MAX_KEY>);
+
+impl Key {
+    /// A client's own key, namespaced by who sent it and in which mode.
+    pub fn client(identity: &str, mode: Mode, key: &ClientKey) -> Result<Self, KeyError> {
+        let identity = &identity[..identity.len().min(MAX_IDENTITY)];
+        Self::build(&["client:", identity, ":", mode.as_str(), ":", key.as_str()])
+    }
+
+    /// The automatic fingerprint of a trade in the minute bucket `bucket`
+    /// (`floor(unix_ms / 60000)`).
+    pub fn fingerprint(fp: &Fingerprint<'_>, bucket: u64) -> Result<Self, KeyError> {
+        let quantity = canonical_quantity(fp.quantity);
+        let bucket = bucket.to_string();
+        Self::build(&[
+            "trade:",
+            fp.exchange,
+            ":",
+            fp.symbol,
+            ":",
+            fp.action,
+            ":",
+            &quantity,
+            ":",
+            fp.mode.as_str(),
+            ":",
+            &bucket,
+        ])
+    }
+
+    /// Rebuilds a key read back from the table. Anything this version could not have
+    /// written is refused rather than trusted.
+    pub fn from_stored(s: &str) -> Result<Self, KeyError> {
+        if !(s.starts_with("client:") || s.starts_with("trade:")) {
+            return Err(KeyError::Stored);
+        }
+        Self::build(&[s])
+    }
+
+    fn build(parts: &[&str]) -> Result<Self, KeyError> {
+        let mut buf = heapless::String::new();
+        for p in parts {
+            if !p.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
+                return Err(KeyError::Charset);
+            }
+            buf.push_str(p).map_err(|_| KeyError::Length)?;
+        }
+        Ok(Key(buf))
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+
+    /// The key as the client knows it: its own key, or the whole fingerprint.
+    pub fn public(&self) -> &str {
+        match self.0.strip_prefix("client:") {
+            // identity and mode never contain ':' before the key itself
+            Some(rest) => rest.splitn(3, ':').nth(2).unwrap_or(rest),
+            None => &self.0,
+        }
+    }
+}
+
+impl fmt::Display for Key {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+/// The minute bucket of a unix time.
+pub fn bucket_of(unix_ms: u64) -> u64 {
+    unix_ms / BUCKET_MS
+}
+
+/// Canonical decimal form of a quantity: 1, 1.0 and 1.00 are the same trade.
+///
+/// Rust prints an `f64` in its shortest round-trip form, without exponent and without
+/// trailing zeros, which is exactly the canonical form we want.
+pub fn canonical_quantity(q: f64) -> String {
+    format!("{q}")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn client_keys_are_bounded_and_printable() {
+        assert!(ClientKey::parse("abc-123").is_ok());
+        assert_eq!(ClientKey::parse(""), Err(KeyError::Length));
+        assert_eq!(ClientKey::parse(&"a".repeat(256)), Err(KeyError::Length));
+        assert!(ClientKey::parse(&"a".repeat(255)).is_ok());
+        assert_eq!(ClientKey::parse("tab\there"), Err(KeyError::Charset));
+        assert_eq!(ClientKey::parse("é"), Err(KeyError::Charset));
+    }
+
+    #[test]
+    fn namespaces_never_collide() {
+        let k = ClientKey::parse("order-1").unwrap();
+        let a = Key::client("alice", Mode::Live, &k).unwrap();
+        let b = Key::client("alice", Mode::Test, &k).unwrap();
+        let c = Key::client("bob", Mode::Live, &k).unwrap();
+        assert_ne!(a, b);
+        assert_ne!(a, c);
+        assert_eq!(a.public(), "order-1");
+        let k2 = ClientKey::parse("a:b:c").unwrap();
+        assert_eq!(Key::client("x", Mode::Live, &k2).unwrap().public(), "a:b:c");
+    }
+
+    #[test]
+    fn quantity_is_canonical() {
+        assert_eq!(canonical_quantity(1.0), "1");
+        assert_eq!(canonical_quantity(1.00), canonical_quantity(1.0));
+        assert_eq!(canonical_quantity(0.5), "0.5");
+        assert_eq!(canonical_quantity(1e6), "1000000");
+        assert_eq!(canonical_quantity(0.0000001), "0.0000001");
+    }
+
+    #[test]
+    fn fingerprint_has_the_spec_shape() {
+        let fp = Fingerprint {
+            exchange: "binance",
+            symbol: "BTCUSDT",
+            action: "LONG",
+            quantity: 1.0,
+            mode: Mode::Live,
+        };
+        let k = Key::fingerprint(&fp, bucket_of(120_000)).unwrap();
+        assert_eq!(k.as_str(), "trade:binance:BTCUSDT:LONG:1:live:2");
+        assert_eq!(Key::from_stored(k.as_str()).unwrap(), k);
+        assert!(Key::from_stored("other:x").is_err());
+    }
+}

@@ -1,0 +1,335 @@
+//! The two-phase idempotency mutex (SPEC §1): reserve before the order is sent, commit on
+//! true success, release on failure.
+//!
+//! One thread, the owner (`owner.rs`), owns the redb database, the index of live keys and
+//! the alarm wheel. Everyone else holds a cheap, cloneable [`Mutex`] handle that sends a
+//! [`Command`] over a bounded channel and awaits a one-shot reply. No lock guards the
+//! state: the owner's order is the order of truth.
+//!
+//! This module knows nothing of HTTP.
+
+pub mod clock;
+pub mod key;
+mod owner;
+pub mod stats;
+mod store;
+mod wheel;
+
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::sync::mpsc::{SyncSender, TrySendError};
+use std::time::Duration;
+
+use tokio::sync::oneshot;
+
+pub use clock::Clock;
+pub use key::{ClientKey, Fingerprint, Key, KeyError, Mode};
+pub use stats::Stats;
+
+/// A SHA-256 of the canonical trade, recorded with each entry so that the same client key
+/// with a different trade is recognised (SPEC §2, 422).
+pub type PayloadHash = [u8; 32];
+
+/// How the mutex is set up. `Default` gives the production defaults.
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The redb file. Its directory must exist; the file is created on first open.
+    pub path: PathBuf,
+    /// Most live keys held at once; a reserve beyond it is `Unavailable::Capacity`.
+    pub capacity: usize,
+    /// Most commands applied in one write transaction (one fsync).
+    pub batch_limit: usize,
+    /// Depth of the command channel; a full channel is `Unavailable::Busy`.
+    pub queue_depth: usize,
+    /// How long a caller waits for the owner before answering `Unavailable::Timeout`.
+    pub deadline: Duration,
+    /// Longest pause between two attempts to reopen a failed database.
+    pub reopen_backoff_max: Duration,
+}
+
+impl Default for Config {
+    fn default() -> Self {
+        Config {
+            path: PathBuf::from("mutex.redb"),
+            capacity: 1_000_000,
+            batch_limit: 1024,
+            queue_depth: 16 * 1024,
+            deadline: Duration::from_secs(2),
+            reopen_backoff_max: Duration::from_secs(5),
+        }
+    }
+}
+
+/// Ask to reserve a key.
+#[derive(Debug, Clone)]
+pub struct Reserve {
+    pub key: Key,
+    pub ttl: Duration,
+    pub payload_hash: PayloadHash,
+    /// For fingerprints: the same trade's key in the previous minute bucket. If that
+    /// entry is live and was stored less than [`key::BUCKET_MS`] ago, this reserve is a
+    /// duplicate of it, so a retry that crosses a minute boundary is still caught. Decided
+    /// inside the owner, so it is atomic with the reserve.
+    pub sibling: Option<Key>,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub enum State {
+    Pending,
+    Committed,
+}
+
+impl State {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            State::Pending => "pending",
+            State::Committed => "committed",
+        }
+    }
+}
+
+/// The answer the executor gave for a committed key, kept so that a duplicate can be
+/// answered with it (`duplicate_response = "replay"`).
+#[derive(Debug, Clone, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
+pub struct Snapshot {
+    pub status: u16,
+    pub body: Vec<u8>,
+}
+
+/// What the owner decided for a reserve.
+#[derive(Debug, Clone, PartialEq)]
+pub enum Decision {
+    /// The key is ours, and that is durable on disk.
+    Proceed,
+    /// A live entry holds the key.
+    Duplicate(Duplicate),
+    /// A live entry holds the key with a different payload hash.
+    Mismatch,
+    /// The mutex cannot guarantee anything right now: refuse the trade.
+    Unavailable(Unavailable),
+}
+
+#[derive(Debug, Clone, PartialEq)]
+pub struct Duplicate {
+    /// The key that blocked: the requested one, or its sibling bucket's.
+    pub key: Key,
+    pub state: State,
+    pub age_ms: u64,
+    pub expires_in_ms: u64,
+    /// Present for a committed key whose answer was stored.
+    pub response: Option<Snapshot>,
+}
+
+/// Why the mutex refused. Every variant means: do not forward the trade.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum Unavailable {
+    #[error("database is not open: {0}")]
+    NotOpen(String),
+    #[error("commit failed: {0}")]
+    CommitFailed(String),
+    #[error("the mutex did not answer in time")]
+    Timeout,
+    #[error("the mutex queue is full")]
+    Busy,
+    #[error("live-key capacity reached")]
+    Capacity,
+    #[error("the mutex is shutting down")]
+    Stopped,
+}
+
+impl Unavailable {
+    /// A stable label for metrics and logs.
+    pub fn reason(&self) -> &'static str {
+        match self {
+            Unavailable::NotOpen(_) => "not_open",
+            Unavailable::CommitFailed(_) => "commit_failed",
+            Unavailable::Timeout => "timeout",
+            Unavailable::Busy => "busy",
+            Unavailable::Capacity => "capacity",
+            Unavailable::Stopped => "stopped",
+        }
+    }
+}
+
+/// One live entry, for operators.
+#[derive(Debug, Clone, PartialEq)]
+pub struct EntryInfo {
+    pub key: Key,
+    pub state: State,
+    pub stored_at: u64,
+    pub expires_at: u64,
+    pub has_response: bool,
+}
+
+/// The owner's health, as a watchdog ping sees it.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Status {
+    pub live_keys: usize,
+    pub halted: bool,
+    /// `None` while serving; the reason while failing closed.
+    pub fail_closed: Option<Unavailable>,
+}
+
+/// What travels over the channel to the owner.
+pub(crate) enum Command {
+    Reserve(Reserve, oneshot::Sender<Decision>),
+    Commit(
+        Key,
+        Option<Snapshot>,
+        oneshot::Sender<Result<(), Unavailable>>,
+    ),
+    Release(Key, oneshot::Sender<Result<(), Unavailable>>),
+    Get(Key, oneshot::Sender<Result<Option<EntryInfo>, Unavailable>>),
+    List(usize, oneshot::Sender<Result<Vec<EntryInfo>, Unavailable>>),
+    /// Operator release: like `Release`, but durable before it answers, and says whether
+    /// a live entry was removed.
+    ForceRelease(Key, oneshot::Sender<Result<bool, Unavailable>>),
+    /// Kill switch, persisted durably.
+    SetHalted(bool, oneshot::Sender<Result<(), Unavailable>>),
+    Ping(oneshot::Sender<Status>),
+    /// Test hook: the owner sleeps, as if the disk stalled. Only honoured when the
+    /// process was started with the stall hook enabled (see `owner.rs`).
+    Stall(Duration),
+    /// Flush, close the database cleanly, and end the thread.
+    Shutdown,
+}
+
+/// The handle every caller holds. Cloning it is cheap.
+#[derive(Clone)]
+pub struct Mutex {
+    tx: SyncSender<Command>,
+    deadline: Duration,
+    shared: Arc<Shared>,
+}
+
+/// What the owner publishes for readers that must not wait on it (the kill-switch check on
+/// every request, metrics, `STATUS=`).
+#[derive(Debug, Default)]
+pub struct Shared {
+    pub halted: std::sync::atomic::AtomicBool,
+    pub live_keys: std::sync::atomic::AtomicUsize,
+    pub serving: std::sync::atomic::AtomicBool,
+    pub stats: Stats,
+}
+
+/// The owner thread. Dropping it without [`Owner::stop`] leaves the thread to finish on
+/// its own when every handle is gone.
+pub struct Owner {
+    tx: SyncSender<Command>,
+    thread: Option<std::thread::JoinHandle<()>>,
+}
+
+impl Owner {
+    /// Flushes what is pending, closes the database and joins the thread.
+    pub fn stop(mut self) {
+        // A full channel still accepts this blocking send once the owner drains it.
+        let _ = self.tx.send(Command::Shutdown);
+        if let Some(t) = self.thread.take() {
+            let _ = t.join();
+        }
+    }
+}
+
+/// Starts the owner thread. Never fails: a database that cannot be opened leaves the owner
+/// failing closed and retrying with backoff, so the caller can still bind its listener
+/// and answer 503 (SPEC §1).
+pub fn start(config: Config, clock: Clock) -> (Mutex, Owner) {
+    start_with(config, clock, false)
+}
+
+/// As [`start`], with the test-only stall hook enabled when `stall_hook` is true.
+pub fn start_with(config: Config, clock: Clock, stall_hook: bool) -> (Mutex, Owner) {
+    let (tx, rx) = std::sync::mpsc::sync_channel(config.queue_depth);
+    let shared = Arc::new(Shared::default());
+    let deadline = config.deadline;
+    let thread = owner::spawn(config, clock, rx, shared.clone(), stall_hook);
+    (
+        Mutex {
+            tx: tx.clone(),
+            deadline,
+            shared,
+        },
+        Owner {
+            tx,
+            thread: Some(thread),
+        },
+    )
+}
+
+impl Mutex {
+    /// Reserve `req.key`. `Proceed` means the reservation is durable on disk.
+    pub async fn reserve(&self, req: Reserve) -> Decision {
+        match self.call(|tx| Command::Reserve(req, tx)).await {
+            Ok(d) => d,
+            Err(u) => Decision::Unavailable(u),
+        }
+    }
+
+    /// Pending becomes committed; the expiry does not move. Rides in the next batch.
+    pub async fn commit(&self, key: Key, response: Option<Snapshot>) -> Result<(), Unavailable> {
+        self.call(|tx| Command::Commit(key, response, tx)).await?
+    }
+
+    /// Frees the key so that a retry may reserve it. A failure is counted, and the key
+    /// then simply lives until its TTL, which is safe.
+    pub async fn release(&self, key: Key) -> Result<(), Unavailable> {
+        self.call(|tx| Command::Release(key, tx)).await?
+    }
+
+    pub async fn get(&self, key: Key) -> Result<Option<EntryInfo>, Unavailable> {
+        self.call(|tx| Command::Get(key, tx)).await?
+    }
+
+    /// Up to `limit` live entries, oldest expiry first.
+    pub async fn list(&self, limit: usize) -> Result<Vec<EntryInfo>, Unavailable> {
+        self.call(|tx| Command::List(limit, tx)).await?
+    }
+
+    /// Operator release of a held key. `Ok(true)` if a live entry was removed.
+    pub async fn force_release(&self, key: Key) -> Result<bool, Unavailable> {
+        self.call(|tx| Command::ForceRelease(key, tx)).await?
+    }
+
+    pub async fn set_halted(&self, halted: bool) -> Result<(), Unavailable> {
+        self.call(|tx| Command::SetHalted(halted, tx)).await?
+    }
+
+    /// A round trip through the owner, for the watchdog: `Err` if it did not answer in time.
+    pub async fn ping(&self) -> Result<Status, Unavailable> {
+        self.call(Command::Ping).await
+    }
+
+    /// Test hook; ignored unless the owner was started with it enabled.
+    pub fn stall(&self, d: Duration) {
+        let _ = self.tx.try_send(Command::Stall(d));
+    }
+
+    /// The kill switch as last published by the owner. No round trip.
+    pub fn is_halted(&self) -> bool {
+        self.shared
+            .halted
+            .load(std::sync::atomic::Ordering::Relaxed)
+    }
+
+    /// Published counters and gauges. No round trip.
+    pub fn shared(&self) -> &Shared {
+        &self.shared
+    }
+
+    async fn call<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<T>) -> Command,
+    ) -> Result<T, Unavailable> {
+        let (tx, rx) = oneshot::channel();
+        match self.tx.try_send(make(tx)) {
+            Ok(()) => {}
+            Err(TrySendError::Full(_)) => return Err(Unavailable::Busy),
+            Err(TrySendError::Disconnected(_)) => return Err(Unavailable::Stopped),
+        }
+        match tokio::time::timeout(self.deadline, rx).await {
+            Ok(Ok(v)) => Ok(v),
+            Ok(Err(_)) => Err(Unavailable::Stopped),
+            Err(_) => Err(Unavailable::Timeout),
+        }
+    }
+}

@@ -1,0 +1,1 @@
+//! redb tables and the versioned postcard entry.
