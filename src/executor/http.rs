@@ -132,7 +132,10 @@ impl HttpExecutor {
             Err(e) => return Outcome::Unknown(chain(&e)),
         };
         let status = response.status().as_u16();
-        match Limited::new(response.into_body(), MAX_ANSWER).collect().await {
+        match Limited::new(response.into_body(), MAX_ANSWER)
+            .collect()
+            .await
+        {
             Ok(body) => classify(status, body.to_bytes()),
             // A non-2xx is a failure whatever its body says.
             Err(_) if !response_is_2xx(status) => Outcome::Failed {
@@ -205,7 +208,7 @@ mod tests {
 
     #[test]
     fn rejects_urls_it_cannot_post_to() {
-        for url in ["ftp://host/x", "/orders", "unix:/tmp/x"] {
+        for url in ["ftp://host/x", "/orders", "127.0.0.1:9000"] {
             assert!(
                 matches!(HttpExecutor::new(cfg(url)), Err(ExecutorError::Url)),
                 "{url}"
@@ -236,8 +239,8 @@ mod tests {
 
     #[test]
     fn debug_hides_credentials_in_the_url() {
-        let e = HttpExecutor::new(cfg("https://user:hunter2@exec.local:9443/o?token=s3cret"))
-            .unwrap();
+        let e =
+            HttpExecutor::new(cfg("https://user:hunter2@exec.local:9443/o?token=s3cret")).unwrap();
         let debug = format!("{e:?}");
         assert!(debug.contains("exec.local"));
         for secret in ["hunter2", "s3cret", "user"] {

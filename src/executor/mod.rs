@@ -73,6 +73,9 @@ pub fn classify(status: u16, body: Bytes) -> Outcome {
 
 /// The configured executor. An enum rather than a trait object: there are two kinds, and this
 /// keeps `execute` a plain async fn.
+// One executor lives for the whole process, behind an Arc: its size does not matter, and boxing
+// the pool would only add an indirection to every order.
+#[allow(clippy::large_enum_variant)]
 #[derive(Debug)]
 pub enum Executor {
     Http(HttpExecutor),
