@@ -97,6 +97,26 @@ async fn unresolvable_host_is_not_sent() {
 }
 
 #[tokio::test]
+async fn stalled_tls_handshake_is_not_sent() {
+    // Accepts TCP and never speaks: the connect bound fires before the overall timeout.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            held.push(tcp);
+        }
+    });
+    let exec = http(
+        &format!("https://127.0.0.1:{port}/orders"),
+        Duration::from_secs(2),
+    );
+    let outcome = exec.execute(&order("stall")).await;
+    assert!(matches!(outcome, Outcome::NotSent(_)), "{outcome:?}");
+    holder.abort();
+}
+
+#[tokio::test]
 async fn hang_is_unknown_after_the_timeout() {
     let mock = MockExecutor::start().await;
     mock.set_mode(Mode::Hang);

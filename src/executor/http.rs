@@ -6,8 +6,11 @@
 //! answer, a body cut short — may follow a fill, so it is `Unknown` and the key is held.
 
 use std::fmt;
+use std::future::Future;
 use std::path::{Path, PathBuf};
+use std::pin::Pin;
 use std::sync::Arc;
+use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
@@ -26,9 +29,9 @@ use super::{Order, Outcome, classify};
 
 /// An executor's answer is a small JSON document; a bigger one is not read into memory.
 const MAX_ANSWER: usize = 1 << 20;
-/// Connecting gets at most this much of the overall timeout. It must stay strictly inside the
-/// overall bound: a connect that outlives it would be reported as `Unknown` (key held) although
-/// nothing was sent.
+/// Connecting (DNS, TCP, TLS handshake) gets at most this much, and at most half the overall
+/// timeout. It must stay strictly inside the overall bound: a connect that outlived it would be
+/// reported as `Unknown` (key held) although nothing was sent.
 const MAX_CONNECT: Duration = Duration::from_secs(3);
 /// Pooled connections idle longer than this are closed, ahead of typical server idle timeouts.
 const POOL_IDLE: Duration = Duration::from_secs(50);
@@ -58,7 +61,7 @@ pub enum ExecutorError {
 }
 
 pub struct HttpExecutor {
-    client: Client<HttpsConnector<HttpConnector>, Full<Bytes>>,
+    client: Client<Bounded<HttpsConnector<HttpConnector>>, Full<Bytes>>,
     url: Uri,
     timeout: Duration,
 }
@@ -88,12 +91,14 @@ impl HttpExecutor {
         let mut tcp = HttpConnector::new();
         tcp.enforce_http(false); // the TLS layer above handles https
         tcp.set_nodelay(true);
-        tcp.set_connect_timeout(Some(MAX_CONNECT.min(cfg.timeout / 2)));
-        let connector = HttpsConnectorBuilder::new()
-            .with_tls_config(tls)
-            .https_or_http()
-            .enable_all_versions()
-            .wrap_connector(tcp);
+        let connector = Bounded {
+            inner: HttpsConnectorBuilder::new()
+                .with_tls_config(tls)
+                .https_or_http()
+                .enable_all_versions()
+                .wrap_connector(tcp),
+            limit: MAX_CONNECT.min(cfg.timeout / 2),
+        };
         let client = Client::builder(TokioExecutor::new())
             .pool_timer(TokioTimer::new())
             .timer(TokioTimer::new())
@@ -145,6 +150,43 @@ impl HttpExecutor {
             // A 2xx whose body we could not read may have been a fill: we cannot tell.
             Err(e) => Outcome::Unknown(format!("answer {status} unreadable: {e}")),
         }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Bounds the whole connect. hyper's own connect timeout covers the TCP handshake only; a stalled
+/// DNS lookup or TLS handshake would otherwise run into the overall timeout and be reported as
+/// `Unknown`. Failing here instead makes it a connect error: nothing sent, key released.
+#[derive(Clone)]
+struct Bounded<C> {
+    inner: C,
+    limit: Duration,
+}
+
+impl<C> tower_service::Service<Uri> for Bounded<C>
+where
+    C: tower_service::Service<Uri>,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+{
+    type Response = C::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<C::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, dst: Uri) -> Self::Future {
+        let connecting = self.inner.call(dst);
+        let limit = self.limit;
+        Box::pin(async move {
+            match tokio::time::timeout(limit, connecting).await {
+                Ok(connected) => connected.map_err(Into::into),
+                Err(_) => Err(format!("connect took over {limit:?}").into()),
+            }
+        })
     }
 }
 
