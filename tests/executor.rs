@@ -314,6 +314,53 @@ async fn client_keeps_a_connection_alive() {
 }
 
 #[tokio::test]
+async fn client_multiplexes_on_one_h2_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "mux");
+    let mock = MockExecutor::start_tls(&pki.server).await;
+    mock.set_mode(Mode::Slow(Duration::from_millis(100)));
+    let client = TlsClient::with(&pki.ca_cert, Alpn::Http2, None);
+    let conn = client.connect(&mock.url()).await.unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..4 {
+        let mut conn = conn
+            .try_clone()
+            .expect("an HTTP/2 connection can be shared");
+        let url = mock.url();
+        tasks.spawn(async move {
+            let key = format!("m{i}");
+            conn.post(&url, &[("idempotency-key", &key)], TRADE).await
+        });
+    }
+    while let Some(reply) = tasks.join_next().await {
+        assert_eq!(reply.unwrap().unwrap().status, 200);
+    }
+    assert_eq!(mock.calls(), 4);
+    assert_eq!(mock.connections(), 1);
+
+    let h1 = TlsClient::with(&pki.ca_cert, Alpn::Http1, None);
+    assert!(h1.connect(&mock.url()).await.unwrap().try_clone().is_none());
+}
+
+#[tokio::test]
+async fn client_sends_a_request_as_built() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "raw");
+    let mock = MockExecutor::start_tls(&pki.server).await;
+    let client = TlsClient::with(&pki.ca_cert, Alpn::Http1, None);
+    let mut conn = client.connect(&mock.url()).await.unwrap();
+    let req = hyper::Request::post("/orders")
+        .header("host", "localhost")
+        .body(http_body_util::Full::new(Bytes::from_static(b"raw")))
+        .unwrap();
+    let reply = conn.send(req).await.unwrap();
+    assert_eq!(reply.status, 200);
+    let got = mock.ledger().pop().unwrap();
+    assert_eq!(got.content_type, None, "no Content-Type was added");
+    assert_eq!(got.body, &b"raw"[..]);
+}
+
+#[tokio::test]
 async fn client_refuses_a_server_it_does_not_trust() {
     let dir = tempfile::tempdir().unwrap();
     let server = Pki::new(dir.path(), "server");

@@ -174,6 +174,18 @@ pub struct Conn {
 
 impl Conn {
     /// The protocol ALPN chose.
+    /// A second handle on the same HTTP/2 connection, to multiplex concurrent requests on it;
+    /// `None` under HTTP/1.1, where requests go one at a time.
+    pub fn try_clone(&self) -> Option<Conn> {
+        match &self.sender {
+            Sender::H1(_) => None,
+            Sender::H2(sender) => Some(Conn {
+                sender: Sender::H2(sender.clone()),
+                authority: self.authority.clone(),
+            }),
+        }
+    }
+
     pub fn version(&self) -> Version {
         match self.sender {
             Sender::H1(_) => Version::HTTP_11,
@@ -216,6 +228,13 @@ impl Conn {
         req.headers_mut()
             .entry(CONTENT_TYPE)
             .or_insert(HeaderValue::from_static("application/json"));
+        self.send(req).await
+    }
+
+    /// Sends `req` exactly as built (for requests `request` will not make, such as one without
+    /// a Content-Type). Under HTTP/1.1 the URI must be origin-form with a Host header; under
+    /// HTTP/2 absolute.
+    pub async fn send(&mut self, req: Request<Full<Bytes>>) -> hyper::Result<Reply> {
         let exchange = async {
             let response = match &mut self.sender {
                 Sender::H1(s) => {
