@@ -25,7 +25,7 @@ use rustls::ClientConfig;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
-use super::{Order, Outcome, classify};
+use super::{Order, Outcome, classify, is_2xx};
 
 /// An executor's answer is a small JSON document; a bigger one is not read into memory.
 const MAX_ANSWER: usize = 1 << 20;
@@ -143,7 +143,7 @@ impl HttpExecutor {
         {
             Ok(body) => classify(status, body.to_bytes()),
             // A non-2xx is a failure whatever its body says.
-            Err(_) if !response_is_2xx(status) => Outcome::Failed {
+            Err(_) if !is_2xx(status) => Outcome::Failed {
                 status,
                 body: Bytes::new(),
             },
@@ -188,10 +188,6 @@ where
             }
         })
     }
-}
-
-fn response_is_2xx(status: u16) -> bool {
-    (200..300).contains(&status)
 }
 
 fn tls_config(ca_file: Option<&Path>) -> Result<ClientConfig, ExecutorError> {

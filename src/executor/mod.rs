@@ -54,7 +54,7 @@ impl Outcome {
 
 /// The outcome rule of SPEC §4 for an executor that answered, in one place for every executor.
 pub fn classify(status: u16, body: Bytes) -> Outcome {
-    if !(200..300).contains(&status) {
+    if !is_2xx(status) {
         return Outcome::Failed { status, body };
     }
     // Only a literal boolean `true` at the top level counts: "true", 1 or a nested flag are a
@@ -69,6 +69,10 @@ pub fn classify(status: u16, body: Bytes) -> Outcome {
         }) => Outcome::Success { status, body },
         _ => Outcome::SoftFail { status, body },
     }
+}
+
+fn is_2xx(status: u16) -> bool {
+    (200..300).contains(&status)
 }
 
 /// The configured executor. An enum rather than a trait object: there are two kinds, and this
