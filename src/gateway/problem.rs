@@ -213,6 +213,31 @@ impl Problem {
     }
 }
 
+impl From<&crate::mutex::Duplicate> for Problem {
+    /// The client is shown its own key, or the whole fingerprint, never the namespace.
+    fn from(d: &crate::mutex::Duplicate) -> Self {
+        Problem::Duplicate {
+            key: d.key.public().to_owned(),
+            state: d.state.as_str(),
+            age_ms: d.age_ms,
+            expires_in_ms: d.expires_in_ms,
+        }
+    }
+}
+
+impl From<&crate::mutex::Unavailable> for Problem {
+    fn from(u: &crate::mutex::Unavailable) -> Self {
+        Problem::Unavailable { reason: u.reason() }
+    }
+}
+
+impl From<super::auth::AuthError> for Problem {
+    /// Every failure is the same answer; the reason is for the log line only.
+    fn from(_: super::auth::AuthError) -> Self {
+        Problem::AuthFailed
+    }
+}
+
 impl std::fmt::Display for Problem {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         write!(
@@ -359,6 +384,37 @@ mod tests {
         }
         let challenge = res.headers()[header::WWW_AUTHENTICATE].to_str().unwrap();
         assert!(!challenge.to_ascii_lowercase().contains("bearer"));
+    }
+
+    #[test]
+    fn conversions_from_the_mutex_and_auth() {
+        use crate::mutex::{ClientKey, Key, Mode, State};
+        let k = Key::client("psk", Mode::Live, &ClientKey::parse("order-9").unwrap()).unwrap();
+        let d = crate::mutex::Duplicate {
+            key: k,
+            state: State::Committed,
+            age_ms: 10,
+            expires_in_ms: 20,
+            response: None,
+        };
+        assert_eq!(
+            Problem::from(&d),
+            Problem::Duplicate {
+                key: "order-9".into(),
+                state: "committed",
+                age_ms: 10,
+                expires_in_ms: 20
+            }
+        );
+        let u = crate::mutex::Unavailable::Busy;
+        assert_eq!(Problem::from(&u), Problem::Unavailable { reason: "busy" });
+        for e in [
+            super::super::auth::AuthError::Missing,
+            super::super::auth::AuthError::Invalid,
+            super::super::auth::AuthError::Expired,
+        ] {
+            assert_eq!(Problem::from(e), Problem::AuthFailed);
+        }
     }
 
     #[test]
