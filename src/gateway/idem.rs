@@ -225,4 +225,19 @@ mod tests {
             "INVALID_IDEMPOTENCY_KEY"
         );
     }
+
+    proptest::proptest! {
+        #[test]
+        fn any_client_key_round_trips_as_an_sf_string(k in "[ -~]{1,255}") {
+            let quoted = format!("\"{}\"", k.replace('\\', "\\\\").replace('"', "\\\""));
+            proptest::prop_assert_eq!(ok(quoted.as_bytes()), k);
+        }
+
+        #[test]
+        fn parse_header_never_panics_and_only_yields_valid_keys(v in proptest::collection::vec(proptest::num::u8::ANY, 0..300)) {
+            if let Ok(k) = parse_header(&v) {
+                proptest::prop_assert!(ClientKey::parse(k.as_str()).is_ok());
+            }
+        }
+    }
 }

@@ -261,4 +261,28 @@ mod tests {
             assert!(Allowlist::parse(&[bad.to_string()]).is_err(), "{bad}");
         }
     }
+
+    proptest::proptest! {
+        /// Over any schedule, no identity gets more than its burst plus what the rate
+        /// refilled in the time elapsed.
+        #[test]
+        fn never_more_than_burst_plus_refill(
+            rate in 0.1f64..50.0,
+            burst in 1u32..20,
+            steps in proptest::collection::vec(0u64..500, 1..200),
+        ) {
+            let rl = RateLimiter::new(rate, burst);
+            let t0 = Instant::now();
+            let mut t = t0;
+            let mut granted = 0u64;
+            for step in steps {
+                t += Duration::from_millis(step);
+                if rl.check("a", t).is_ok() {
+                    granted += 1;
+                }
+                let bound = f64::from(burst) + rate * (t - t0).as_secs_f64();
+                proptest::prop_assert!(granted as f64 <= bound + 1e-9);
+            }
+        }
+    }
 }

@@ -624,4 +624,43 @@ mod tests {
         assert_eq!(p.code(), "INVALID_REQUEST");
         assert!(p.detail().contains("symbol"));
     }
+
+    proptest::proptest! {
+        /// The same trade, however it is written, hashes the same.
+        #[test]
+        fn payload_hash_ignores_spelling(
+            units in 1u64..1_000_000,
+            frac in 0u32..10_000,
+            zeros in 0usize..4,
+            upper in proptest::bool::ANY,
+            reversed in proptest::bool::ANY,
+        ) {
+            let q = format!("{units}.{frac:04}");
+            let q2 = format!("{q}{}", "0".repeat(zeros));
+            let case = |s: &str| if upper { s.to_uppercase() } else { s.to_lowercase() };
+            let mut fields = [
+                format!(r#""exchange":"{}""#, case("Binance")),
+                format!(r#""symbol":"{}""#, case("btcusdt")),
+                format!(r#""action":"{}""#, case("Long")),
+                format!(r#""quantity":{q2}"#),
+                r#""extra":{"b":1,"a":2}"#.to_string(),
+            ];
+            if reversed {
+                fields.reverse();
+            }
+            let body = format!("{{{}}}", fields.join(","));
+            let canonical = format!(
+                r#"{{"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":{q},"extra":{{"a":2,"b":1}}}}"#
+            );
+            let h = |b: &str| Trade::from_object(parse_object(b.as_bytes()).unwrap()).unwrap().payload_hash();
+            proptest::prop_assert_eq!(h(&body), h(&canonical));
+        }
+
+        #[test]
+        fn parse_never_panics(v in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
+            if let Ok(o) = parse_object(&v) {
+                let _ = Trade::from_object(o);
+            }
+        }
+    }
 }
