@@ -264,51 +264,56 @@ fn spawn_connection<S>(
 
 type Answer = Response<Full<Bytes>>;
 
-async fn route(state: &State, req: Request<Incoming>) -> Answer {
-    let method = req.method().clone();
-    let path = req.uri().path();
-    let query = req.uri().query().unwrap_or("");
-    let only = |m: Method| {
-        if method == m {
-            None
-        } else {
-            Some(not_allowed(&m))
+/// What a path asks for. Each route answers one method.
+enum Route<'a> {
+    Health,
+    Ready,
+    Metrics,
+    Status,
+    List,
+    /// The still percent-encoded key.
+    Show(&'a str),
+    Release(&'a str),
+    Halt(bool),
+}
+
+fn resolve(path: &str) -> Option<(Method, Route<'_>)> {
+    Some(match path {
+        "/healthz" => (Method::GET, Route::Health),
+        "/readyz" => (Method::GET, Route::Ready),
+        "/metrics" => (Method::GET, Route::Metrics),
+        "/status" => (Method::GET, Route::Status),
+        "/keys" => (Method::GET, Route::List),
+        "/halt" => (Method::POST, Route::Halt(true)),
+        "/resume" => (Method::POST, Route::Halt(false)),
+        _ => {
+            let rest = path.strip_prefix("/keys/")?;
+            // `/release` is matched on the raw path, before decoding, so a key whose own
+            // text ends in "/release" (sent as %2Frelease) is not mistaken for it.
+            match rest.strip_suffix("/release") {
+                Some(raw) => (Method::POST, Route::Release(raw)),
+                None => (Method::GET, Route::Show(rest)),
+            }
         }
+    })
+}
+
+async fn route(state: &State, req: Request<Incoming>) -> Answer {
+    let Some((allowed, route)) = resolve(req.uri().path()) else {
+        return problem(StatusCode::NOT_FOUND, "NOT_FOUND", "no such admin route");
     };
-    match path {
-        "/healthz" => only(Method::GET).unwrap_or_else(|| ok(json!({"status": "ok"}))),
-        "/readyz" => match only(Method::GET) {
-            Some(a) => a,
-            None => readyz(state).await,
-        },
-        "/metrics" => only(Method::GET).unwrap_or_else(|| metrics(state)),
-        "/status" => match only(Method::GET) {
-            Some(a) => a,
-            None => status(state).await,
-        },
-        "/keys" => match only(Method::GET) {
-            Some(a) => a,
-            None => list(state, query).await,
-        },
-        "/halt" | "/resume" => match only(Method::POST) {
-            Some(a) => a,
-            None => halt(state, path == "/halt").await,
-        },
-        _ => match path.strip_prefix("/keys/") {
-            // `/release` is matched on the raw path, before decoding, so a key whose
-            // own text ends in "/release" (sent as %2Frelease) is not mistaken for it.
-            Some(rest) => match rest.strip_suffix("/release") {
-                Some(raw) => match only(Method::POST) {
-                    Some(a) => a,
-                    None => release(state, raw).await,
-                },
-                None => match only(Method::GET) {
-                    Some(a) => a,
-                    None => show(state, rest).await,
-                },
-            },
-            None => problem(StatusCode::NOT_FOUND, "NOT_FOUND", "no such admin route"),
-        },
+    if req.method() != allowed {
+        return not_allowed(&allowed);
+    }
+    match route {
+        Route::Health => ok(json!({"status": "ok"})),
+        Route::Ready => readyz(state).await,
+        Route::Metrics => metrics(state),
+        Route::Status => status(state).await,
+        Route::List => list(state, req.uri().query().unwrap_or("")).await,
+        Route::Show(raw) => show(state, raw).await,
+        Route::Release(raw) => release(state, raw).await,
+        Route::Halt(on) => halt(state, on).await,
     }
 }
 
