@@ -307,6 +307,35 @@ async fn halt_is_persisted_and_readiness_follows_it() {
 }
 
 #[tokio::test]
+async fn an_owner_that_does_not_answer_is_not_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        path: dir.path().join("mutex.redb"),
+        deadline: Duration::from_millis(200),
+        ..Config::default()
+    };
+    let (m, owner) = mutex::start_with(config, Clock::system(), true);
+    wait_serving(&m).await;
+    let a = Admin::start(&Listen::parse("127.0.0.1:0").unwrap(), state(&m, true)).await;
+    assert_eq!(a.call("GET", "/readyz").await.0, 200);
+
+    // The disk stalls: the owner sleeps and misses the ping's deadline.
+    m.stall(Duration::from_secs(2));
+    let (s, v) = a.call("GET", "/readyz").await;
+    assert_eq!((s, v["reason"].as_str()), (503, Some("timeout")), "{v}");
+    let (s, v) = a.call("GET", "/status").await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        (v["serving"].as_bool(), v["fail_closed"].as_str()),
+        (Some(false), Some("timeout"))
+    );
+    // Liveness is the process, not the owner: systemd's watchdog judges the owner.
+    assert_eq!(a.call("GET", "/healthz").await.0, 200);
+    a.stop().await;
+    owner.stop();
+}
+
+#[tokio::test]
 async fn keys_are_listed_shown_and_released_by_the_operator() {
     let dir = tempfile::tempdir().unwrap();
     let (m, owner) = start_mutex(&dir.path().join("mutex.redb"));
