@@ -26,6 +26,10 @@ use crate::platform::notify;
 /// the fault tests only: it is how a wedged disk is simulated.
 pub const STALL_HOOK_ENV: &str = "HOOX_EDGE_TEST_STALL_HOOK";
 
+fn stall_hook() -> bool {
+    std::env::var(STALL_HOOK_ENV).is_ok_and(|v| v == "1")
+}
+
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
     #[error("cannot listen on {addr}: {source}")]
@@ -69,10 +73,10 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
             ..mutex::Config::default()
         },
         Clock::system(),
-        std::env::var(STALL_HOOK_ENV).is_ok_and(|v| v == "1"),
+        stall_hook(),
     );
     let executor = match &config.executor {
-        ExecutorKind::Paper => Executor::Paper(executor::paper::Paper::default()),
+        ExecutorKind::Paper => Executor::Paper(executor::paper::Paper::new()),
         ExecutorKind::Http { url, ca_file } => Executor::Http(
             executor::http::HttpExecutor::new(executor::http::HttpConfig {
                 url: url.clone(),
@@ -114,8 +118,9 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
                 addr: format!("{l:?}"),
                 source,
             })?;
-            let a = b.local_addr();
-            (Some(b), Some(a))
+            // A port-0 TCP listener reports its real port; a Unix socket its path.
+            let a = b.listen().map(|l| l.to_string());
+            (Some(b), a)
         }
     };
     Ok(Started {
@@ -179,6 +184,7 @@ impl Started {
                 mutex: mutex.clone(),
                 metrics: metrics.clone(),
                 ready: ready.clone(),
+                stall_hook: stall_hook(),
             };
             tokio::spawn(admin::serve(b, state, stopped()))
         });
@@ -250,7 +256,11 @@ async fn supervise(mutex: Mutex, ready: Arc<AtomicBool>, stopped: impl Future<Ou
             last_status = status;
         }
         // Poll quickly until ready, then at the watchdog's pace.
-        let wait = if ready.load(Ordering::Relaxed) { tick } else { fast };
+        let wait = if ready.load(Ordering::Relaxed) {
+            tick
+        } else {
+            fast
+        };
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = &mut stopped => return,

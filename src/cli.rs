@@ -18,7 +18,11 @@ pub const DEFAULT_CONFIG: &str = "/etc/hoox-edge/config.toml";
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9980";
 
 #[derive(Parser)]
-#[command(name = "hoox-edge", version, about = "Idempotency gateway for trade webhooks")]
+#[command(
+    name = "hoox-edge",
+    version,
+    about = "Idempotency gateway for trade webhooks"
+)]
 struct Cli {
     #[command(subcommand)]
     cmd: Cmd,
@@ -144,10 +148,12 @@ pub fn main() -> ExitCode {
         Cmd::Keys { op, admin } => {
             let (method, path) = match &op {
                 KeysOp::List { limit } => ("GET", format!("/keys?limit={limit}")),
-                KeysOp::Show { key } => ("GET", format!("/keys/{}", admin::client::encode(key))),
+                KeysOp::Show { key } => {
+                    ("GET", format!("/keys/{}", admin::client::encode_key(key)))
+                }
                 KeysOp::Release { key } => (
                     "POST",
-                    format!("/keys/{}/release", admin::client::encode(key)),
+                    format!("/keys/{}/release", admin::client::encode_key(key)),
                 ),
             };
             operator(&admin, method, &path)

@@ -114,9 +114,7 @@ impl AuthConfig {
 fn load(path: &Option<PathBuf>, key: &str) -> Result<Vec<Secret>, ConfigError> {
     match path {
         None => Ok(Vec::new()),
-        Some(p) => {
-            auth::load_secrets(p).map_err(|e| ConfigError::new(p, key, format!("{e}")))
-        }
+        Some(p) => auth::load_secrets(p).map_err(|e| ConfigError::new(p, key, format!("{e}"))),
     }
 }
 
@@ -313,7 +311,7 @@ impl Config {
                 )),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let cred = |p: Option<PathBuf>| p.map(|p| auth::credential_path(&rel(p)));
+        let cred = |p: Option<PathBuf>| p.map(|p| rel(auth::credential_path(&p)));
         let mut auth = AuthConfig {
             api_keys_file: cred(raw.auth.api_keys_file),
             hmac_secrets_file: cred(raw.auth.hmac_secrets_file),
@@ -448,8 +446,7 @@ impl Config {
                 .map_err(|e| err("auth", format!("{}: {e}", secret.display())))?;
         }
         let text = EMBEDDED.to_string();
-        let raw: RawFile =
-            toml::from_str(&text).map_err(|e| err("(embedded)", e.to_string()))?;
+        let raw: RawFile = toml::from_str(&text).map_err(|e| err("(embedded)", e.to_string()))?;
         let mut c = Self::from_raw(raw, &file, state_dir)?;
         c.source = None;
         Ok(c)

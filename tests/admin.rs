@@ -63,6 +63,7 @@ fn state(mutex: &mutex::Mutex, ready: bool) -> State {
         mutex: mutex.clone(),
         metrics: Arc::new(Metrics::new()),
         ready: Arc::new(AtomicBool::new(ready)),
+        stall_hook: false,
     }
 }
 

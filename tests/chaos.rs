@@ -108,7 +108,9 @@ async fn sigkill_under_load_never_forwards_a_key_twice() {
     // No key forwarded twice.
     let mut seen: HashMap<String, usize> = HashMap::new();
     for r in exec.ledger() {
-        *seen.entry(r.idempotency_key.unwrap_or_default()).or_default() += 1;
+        *seen
+            .entry(r.idempotency_key.unwrap_or_default())
+            .or_default() += 1;
     }
     let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
     assert!(twice.is_empty(), "forwarded twice: {twice:?}");
@@ -122,7 +124,10 @@ async fn sigkill_under_load_never_forwards_a_key_twice() {
     let mut conn = gw.client.connect(&gw.url()).await.unwrap();
     for k in &accepted {
         let r = conn.post(&gw.url(), &[], body(k)).await.unwrap();
-        assert_eq!(r.status, 409, "{k} was accepted before the crash but not blocked after");
+        assert_eq!(
+            r.status, 409,
+            "{k} was accepted before the crash but not blocked after"
+        );
     }
     assert_eq!(exec.calls(), before);
 }

@@ -37,7 +37,11 @@ async fn assert_fails_closed(gw: &Gateway, exec: &MockExecutor, k: &str) {
     assert_eq!(r.status, 503, "{:?}", r.json());
     assert_eq!(code(&r.json()), "IDEMPOTENCY_UNAVAILABLE");
     assert!(r.header("retry-after").is_some());
-    assert_eq!(exec.calls(), calls, "a trade reached the executor while failing closed");
+    assert_eq!(
+        exec.calls(),
+        calls,
+        "a trade reached the executor while failing closed"
+    );
 }
 
 /// Waits for recovery, then proves service with a fresh key.
@@ -64,7 +68,11 @@ impl BindMount {
         BindMount(dir.to_path_buf())
     }
     fn read_only(&self, ro: bool) {
-        let opt = if ro { "remount,bind,ro" } else { "remount,bind,rw" };
+        let opt = if ro {
+            "remount,bind,ro"
+        } else {
+            "remount,bind,rw"
+        };
         sh("mount", &["-o", opt, self.0.to_str().unwrap()]);
     }
 }
@@ -120,7 +128,9 @@ async fn corrupt_file_at_start() {
     let exec = MockExecutor::start().await;
     let setup = Setup::new(Some(&exec.url()));
     let db = setup.dir.path().join("state/mutex.redb");
-    let garbage: Vec<u8> = (0..256 * 1024u32).map(|i| (i.wrapping_mul(2654435761) >> 13) as u8).collect();
+    let garbage: Vec<u8> = (0..256 * 1024u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
     std::fs::write(&db, garbage).unwrap();
     let gw = setup.start();
     assert_fails_closed(&gw, &exec, "corrupt-1").await;

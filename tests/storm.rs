@@ -37,7 +37,9 @@ async fn a_thousand_identical_webhooks_forward_once_per_trial() {
         let barrier = Arc::new(tokio::sync::Barrier::new(1000));
         let mut tasks = Vec::new();
         for i in 0..1000 {
-            let mut conn = conns[i % conns.len()].try_clone().expect("an HTTP/2 connection");
+            let mut conn = conns[i % conns.len()]
+                .try_clone()
+                .expect("an HTTP/2 connection");
             let url = gw.url();
             let body = body.clone();
             let barrier = barrier.clone();

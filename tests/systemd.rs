@@ -47,7 +47,9 @@ async fn ready_watchdog_status_stopping_and_a_stalled_owner() {
 
     // READY=1 comes once the database is open, and the listener then accepts.
     assert!(
-        wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l == "READY=1").is_some(),
+        wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l
+            == "READY=1")
+        .is_some(),
         "no READY=1; got {seen:?}"
     );
     let r = gw.post(&trade("BTCUSDT"), &[]).await;
@@ -64,7 +66,9 @@ async fn ready_watchdog_status_stopping_and_a_stalled_owner() {
     // WATCHDOG=1 keeps coming while the owner answers.
     for _ in 0..3 {
         assert!(
-            wait_for(&sock, &mut seen, Duration::from_secs(3), |l| l == "WATCHDOG=1").is_some(),
+            wait_for(&sock, &mut seen, Duration::from_secs(3), |l| l
+                == "WATCHDOG=1")
+            .is_some(),
             "no periodic WATCHDOG=1; got {seen:?}"
         );
     }
@@ -78,17 +82,24 @@ async fn ready_watchdog_status_stopping_and_a_stalled_owner() {
     let got = wait_for(&sock, &mut during, Duration::from_millis(2000), |l| {
         l == "WATCHDOG=1"
     });
-    assert!(got.is_none(), "WATCHDOG=1 while the owner was stalled: {during:?}");
+    assert!(
+        got.is_none(),
+        "WATCHDOG=1 while the owner was stalled: {during:?}"
+    );
     // And it resumes once the owner answers again.
     assert!(
-        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l == "WATCHDOG=1").is_some(),
+        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l
+            == "WATCHDOG=1")
+        .is_some(),
         "WATCHDOG=1 did not resume"
     );
 
     // SIGTERM: STOPPING=1, then a clean exit.
     unsafe { libc::kill(gw.child.id() as i32, libc::SIGTERM) };
     assert!(
-        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l == "STOPPING=1").is_some(),
+        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l
+            == "STOPPING=1")
+        .is_some(),
         "no STOPPING=1; got {seen:?}"
     );
     assert!(gw.terminate().success());
@@ -102,7 +113,11 @@ async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
     let sock_env = sock_path.display().to_string();
     let gw = setup.start_with(&[("NOTIFY_SOCKET", sock_env.as_str())]);
     let mut seen = Vec::new();
-    assert!(wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l == "READY=1").is_some());
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l
+            == "READY=1")
+        .is_some()
+    );
 
     let bearer = |token: &str| format!("Bearer {token}");
     let body = |k: &str| {
@@ -118,16 +133,25 @@ async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
     );
     unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
     assert!(
-        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l.starts_with("RELOADING=1"))
-            .is_some(),
+        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l
+            .starts_with("RELOADING=1"))
+        .is_some(),
         "no RELOADING=1; got {seen:?}"
     );
-    assert!(wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l == "READY=1").is_some());
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l
+            == "READY=1")
+        .is_some()
+    );
     let new = bearer("rotated-token-123");
-    let r = gw.post(&body("hup-1"), &[("authorization", new.as_str())]).await;
+    let r = gw
+        .post(&body("hup-1"), &[("authorization", new.as_str())])
+        .await;
     assert_eq!(r.status, 200);
     let old = bearer(support::gateway::SECRET);
-    let r = gw.post(&body("hup-2"), &[("authorization", old.as_str())]).await;
+    let r = gw
+        .post(&body("hup-2"), &[("authorization", old.as_str())])
+        .await;
     assert_eq!(r.status, 401);
 
     // A broken file (world-readable) is refused: the current secrets stay.
@@ -135,11 +159,22 @@ async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
     std::fs::write(&path, "leaked-token\n").unwrap();
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
     unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
-    assert!(wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l == "READY=1").is_some());
-    let r = gw.post(&body("hup-3"), &[("authorization", new.as_str())]).await;
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l
+            == "READY=1")
+        .is_some()
+    );
+    let r = gw
+        .post(&body("hup-3"), &[("authorization", new.as_str())])
+        .await;
     assert_eq!(r.status, 200);
     let leaked = bearer("leaked-token");
-    let r = gw.post(&body("hup-4"), &[("authorization", leaked.as_str())]).await;
+    let r = gw
+        .post(&body("hup-4"), &[("authorization", leaked.as_str())])
+        .await;
     assert_eq!(r.status, 401);
-    assert!(!gw.stderr().contains("leaked-token"), "a secret reached the log");
+    assert!(
+        !gw.stderr().contains("leaked-token"),
+        "a secret reached the log"
+    );
 }

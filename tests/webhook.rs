@@ -14,7 +14,7 @@ use support::gateway::{SECRET, Setup, trade};
 
 /// The key's state as the admin API tells it: "pending", "committed", or "absent".
 async fn key_state(gw: &support::gateway::Gateway, key: &str) -> String {
-    let path = format!("/keys/{}", hoox_edge::admin::client::encode(key));
+    let path = format!("/keys/{}", hoox_edge::admin::client::encode_key(key));
     let (status, body) = gw.admin("GET", &path).await;
     match status {
         404 => "absent".into(),
@@ -34,12 +34,17 @@ async fn success_commits_and_a_retry_is_a_duplicate() {
     let gw = setup.start();
     gw.wait_ready().await;
 
-    let r = gw.post(&trade("BTCUSDT"), &[("x-request-id", "req-1")]).await;
+    let r = gw
+        .post(&trade("BTCUSDT"), &[("x-request-id", "req-1")])
+        .await;
     assert_eq!(r.status, 200, "{:?}", r.json());
     assert_eq!(r.json()["success"], true);
     assert_eq!(r.header("hoox-idempotency-outcome"), Some("committed"));
     let key = r.header("idempotency-key").unwrap().to_string();
-    assert!(key.starts_with("trade:binance:BTCUSDT:LONG:1.5:live:"), "{key}");
+    assert!(
+        key.starts_with("trade:binance:BTCUSDT:LONG:1.5:live:"),
+        "{key}"
+    );
     assert_eq!(exec.calls(), 1);
     let sent = &exec.ledger()[0];
     // The body credential never reaches the executor; the key and request id do.
@@ -81,7 +86,10 @@ async fn soft_fail_and_errors_release_so_a_retry_runs() {
         assert_eq!(code(&r.json()), "EXECUTION_FAILED");
         assert_eq!(r.header("hoox-idempotency-outcome"), Some("released"));
         assert_eq!(exec.calls(), before + 1);
-        assert_eq!(key_state(&gw, &format!("client:psk:live:{k}")).await, "absent");
+        assert_eq!(
+            key_state(&gw, &format!("client:psk:live:{k}")).await,
+            "absent"
+        );
         // The retry reaches the executor again, and now succeeds.
         exec.set_mode(Mode::Success);
         let r = gw.post(&body(k), &[]).await;
@@ -123,7 +131,10 @@ async fn timeout_after_send_holds_the_key() {
         assert_eq!(r.status, 504, "{mode:?} {:?}", r.json());
         assert_eq!(code(&r.json()), "EXECUTION_OUTCOME_UNKNOWN");
         assert_eq!(r.header("hoox-idempotency-outcome"), Some("held"));
-        assert_eq!(key_state(&gw, &format!("client:psk:live:{k}")).await, "pending");
+        assert_eq!(
+            key_state(&gw, &format!("client:psk:live:{k}")).await,
+            "pending"
+        );
         // The order may have filled: a retry is refused.
         exec.set_mode(Mode::Success);
         let calls = exec.calls();
@@ -163,16 +174,20 @@ async fn bad_requests_are_refused_before_the_executor() {
     let c = &gw.client;
     let raw = |body: &'static str, headers: Vec<(&'static str, &'static str)>| {
         let url = gw.url();
-        async move {
-            c.request(hyper::Method::POST, &url, &headers, body).await
-        }
+        async move { c.request(hyper::Method::POST, &url, &headers, body).await }
     };
 
     // Not JSON, and a JSON array: 400 even without a credential (nothing is learnt).
     let r = raw("{not json", vec![]).await;
-    assert_eq!((r.status.as_u16(), code(&r.json())), (400, "INVALID_REQUEST"));
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (400, "INVALID_REQUEST")
+    );
     let r = raw("[1,2]", vec![]).await;
-    assert_eq!((r.status.as_u16(), code(&r.json())), (400, "INVALID_REQUEST"));
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (400, "INVALID_REQUEST")
+    );
     // A JSON object without credential: 401 before any schema check.
     let r = raw(r#"{"symbol":"x"}"#, vec![]).await;
     assert_eq!((r.status.as_u16(), code(&r.json())), (401, "AUTH_FAILED"));
@@ -180,7 +195,10 @@ async fn bad_requests_are_refused_before_the_executor() {
     let mut t = trade("BTCUSDT");
     t["quantity"] = json!(-1);
     let r = gw.post(&t, &[]).await;
-    assert_eq!((r.status.as_u16(), code(&r.json())), (400, "INVALID_REQUEST"));
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (400, "INVALID_REQUEST")
+    );
     assert!(r.json()["detail"].as_str().unwrap().contains("quantity"));
     let mut t = trade("BTCUSDT");
     t["action"] = json!("BUY");
@@ -196,12 +214,20 @@ async fn bad_requests_are_refused_before_the_executor() {
     let r = gw.post(&t, &[("idempotency-key", "\"body-key\"")]).await;
     assert_eq!(r.status, 200);
     let long = "k".repeat(256);
-    let r = gw.post(&trade("BTCUSDT"), &[("idempotency-key", long.as_str())]).await;
-    assert_eq!((r.status.as_u16(), code(&r.json())), (400, "INVALID_IDEMPOTENCY_KEY"));
+    let r = gw
+        .post(&trade("BTCUSDT"), &[("idempotency-key", long.as_str())])
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (400, "INVALID_IDEMPOTENCY_KEY")
+    );
     let mut t = trade("BTCUSDT");
     t["idempotencyKey"] = json!("caf\u{e9}");
     let r = gw.post(&t, &[]).await;
-    assert_eq!((r.status.as_u16(), code(&r.json())), (400, "INVALID_IDEMPOTENCY_KEY"));
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (400, "INVALID_IDEMPOTENCY_KEY")
+    );
 
     // Routes, methods, size, media type.
     let r = c
@@ -214,12 +240,25 @@ async fn bad_requests_are_refused_before_the_executor() {
         .await;
     assert_eq!((r.status.as_u16(), code(&r.json())), (404, "NOT_FOUND"));
     let r = c.request(hyper::Method::GET, &gw.url(), &[], "").await;
-    assert_eq!((r.status.as_u16(), code(&r.json())), (405, "METHOD_NOT_ALLOWED"));
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (405, "METHOD_NOT_ALLOWED")
+    );
     let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(70 * 1024));
     let r = c.request(hyper::Method::POST, &gw.url(), &[], big).await;
-    assert_eq!((r.status.as_u16(), code(&r.json())), (413, "PAYLOAD_TOO_LARGE"));
-    let r = raw("a=b", vec![("content-type", "application/x-www-form-urlencoded")]).await;
-    assert_eq!((r.status.as_u16(), code(&r.json())), (415, "UNSUPPORTED_MEDIA_TYPE"));
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (413, "PAYLOAD_TOO_LARGE")
+    );
+    let r = raw(
+        "a=b",
+        vec![("content-type", "application/x-www-form-urlencoded")],
+    )
+    .await;
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (415, "UNSUPPORTED_MEDIA_TYPE")
+    );
     // The alias POST / works.
     let mut t = trade("ADAUSDT");
     t["idempotencyKey"] = json!("alias-1");
@@ -255,7 +294,10 @@ async fn same_client_key_with_another_trade_is_422() {
     assert_eq!(r.status, 409);
     t["quantity"] = json!(3);
     let r = gw.post(&t, &[]).await;
-    assert_eq!((r.status.as_u16(), code(&r.json())), (422, "IDEMPOTENCY_KEY_REUSED"));
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (422, "IDEMPOTENCY_KEY_REUSED")
+    );
     assert_eq!(exec.calls(), 1);
     // Test mode never shares a key with live.
     t["quantity"] = json!(1.5);
@@ -271,8 +313,13 @@ async fn require_client_key() {
     let gw = setup.start();
     gw.wait_ready().await;
     let r = gw.post(&trade("BTCUSDT"), &[]).await;
-    assert_eq!((r.status.as_u16(), code(&r.json())), (400, "IDEMPOTENCY_KEY_REQUIRED"));
-    let r = gw.post(&trade("BTCUSDT"), &[("idempotency-key", "k-1")]).await;
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (400, "IDEMPOTENCY_KEY_REQUIRED")
+    );
+    let r = gw
+        .post(&trade("BTCUSDT"), &[("idempotency-key", "k-1")])
+        .await;
     assert_eq!(r.status, 200);
     assert_eq!(r.json()["simulated"], true);
 }
@@ -299,7 +346,8 @@ async fn authentication_methods_and_failures() {
         .duration_since(std::time::UNIX_EPOCH)
         .unwrap()
         .as_secs()) as i64;
-    let sign = |ts: i64, b: &str| hoox_edge::gateway::auth::sign(SECRET.as_bytes(), ts, b.as_bytes());
+    let sign =
+        |ts: i64, b: &str| hoox_edge::gateway::auth::sign(SECRET.as_bytes(), ts, b.as_bytes());
 
     // Missing and wrong credentials, and a stale or forged signature: all 401, nothing sent.
     let b = body("auth-1");
@@ -316,7 +364,11 @@ async fn authentication_methods_and_failures() {
         ],
     ] {
         let r = post(b.clone(), h.clone()).await;
-        assert_eq!((r.status.as_u16(), code(&r.json())), (401, "AUTH_FAILED"), "{h:?}");
+        assert_eq!(
+            (r.status.as_u16(), code(&r.json())),
+            (401, "AUTH_FAILED"),
+            "{h:?}"
+        );
     }
     let mut wrong = trade("BTCUSDT");
     wrong["apiKey"] = json!("not-the-key");
@@ -324,7 +376,11 @@ async fn authentication_methods_and_failures() {
     assert_eq!(exec.calls(), 0);
 
     // Each method works, with either secret of the rotation.
-    let r = post(body("auth-bearer"), vec![("authorization", format!("Bearer {SECRET}"))]).await;
+    let r = post(
+        body("auth-bearer"),
+        vec![("authorization", format!("Bearer {SECRET}"))],
+    )
+    .await;
     assert_eq!(r.status, 200);
     let r = post(
         body("auth-old"),
@@ -398,11 +454,11 @@ async fn kill_switch_halts_and_persists() {
     let r = gw.post(&trade("BTCUSDT"), &[]).await;
     assert_eq!((r.status.as_u16(), code(&r.json())), (503, "KILL_SWITCH"));
     assert!(r.header("retry-after").is_some());
-    gw.wait_ready_is(503).await;
+    gw.wait_unready_because("halted").await;
     // Still halted after a restart.
     assert!(gw.terminate().success());
     let gw = setup.start();
-    gw.wait_ready_is(503).await;
+    gw.wait_unready_because("halted").await;
     let r = gw.post(&trade("BTCUSDT"), &[]).await;
     assert_eq!(code(&r.json()), "KILL_SWITCH");
     assert_eq!(gw.admin("POST", "/resume").await.0, 200);
@@ -419,18 +475,21 @@ async fn five_hundred_concurrent_identical_webhooks_forward_once() {
     let gw = setup.start();
     gw.wait_ready().await;
     let body = trade("DOGEUSDT").to_string();
-    // 500 requests in flight together, each on its own TLS connection, half of them
-    // over HTTP/2 and half over HTTP/1.1.
+    // 500 requests in flight together: 50 HTTP/2 connections carrying 10 streams each,
+    // all released at once.
+    let client = TlsClient::with(&setup.pki.ca_cert, Alpn::Http2, None);
+    let mut conns = Vec::new();
+    for _ in 0..50 {
+        conns.push(client.connect(&gw.url()).await.unwrap());
+    }
     let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(500));
     let mut tasks = Vec::new();
     for i in 0..500 {
-        let alpn = if i % 2 == 0 { Alpn::Http2 } else { Alpn::Http1 };
-        let client = TlsClient::with(&setup.pki.ca_cert, alpn, None);
+        let mut conn = conns[i % 50].try_clone().expect("an HTTP/2 connection");
         let url = gw.url();
         let body = body.clone();
         let barrier = barrier.clone();
         tasks.push(tokio::spawn(async move {
-            let mut conn = client.connect(&url).await.unwrap();
             barrier.wait().await;
             vec![conn.post(&url, &[], body).await.unwrap().status.as_u16()]
         }));
@@ -527,7 +586,10 @@ async fn mtls_requires_a_client_certificate_and_namespaces_by_it() {
     let anon = TlsClient::new(&setup.pki.ca_cert);
     let failed = match anon.connect(&gw.url()).await {
         Err(_) => true,
-        Ok(mut c) => c.post(&gw.url(), &[], trade("BTCUSDT").to_string()).await.is_err(),
+        Ok(mut c) => c
+            .post(&gw.url(), &[], trade("BTCUSDT").to_string())
+            .await
+            .is_err(),
     };
     assert!(failed, "a client without certificate got through");
     assert_eq!(exec.calls(), 0);
@@ -542,7 +604,7 @@ async fn mtls_requires_a_client_certificate_and_namespaces_by_it() {
         assert_eq!(r.status, 200, "{cn}: {:?}", r.json());
         assert_eq!(
             r.header("idempotency-key").unwrap(),
-            format!("client:cert:{cn}:live:shared")
+            format!("client:cert.{cn}:live:shared")
         );
     }
     assert_eq!(exec.calls(), 2);
@@ -576,8 +638,7 @@ fn config_errors_exit_78_naming_key_and_file() {
     // A world-readable secret file, an unknown key, a bad duration: each named.
     let mut setup = Setup::new(None);
     let secret = setup.dir.path().join("secrets/api-keys");
-    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o644))
-        .unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
     let check = |setup: &Setup| {
         let path = setup.write_config();
         let out = std::process::Command::new(support::gateway::BIN)
@@ -592,16 +653,20 @@ fn config_errors_exit_78_naming_key_and_file() {
     };
     let (code, err) = check(&setup);
     assert_eq!(code, Some(78));
-    assert!(err.contains("auth.api_keys_file") && err.contains("api-keys"), "{err}");
+    assert!(
+        err.contains("auth.api_keys_file") && err.contains("api-keys"),
+        "{err}"
+    );
     assert!(!err.contains(SECRET), "a secret leaked into an error");
-    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600))
-        .unwrap();
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
     assert_eq!(check(&setup).0, Some(0));
     setup.set("store", "ttl", "300");
     let (code, err) = check(&setup);
     assert_eq!(code, Some(78));
     assert!(err.contains("store.ttl"), "{err}");
-    setup.set("store", "ttl", "300s").set("server", "lissen", "x");
+    setup
+        .set("store", "ttl", "300s")
+        .set("server", "lissen", "x");
     let (code, err) = check(&setup);
     assert_eq!(code, Some(78));
     assert!(err.contains("lissen"), "{err}");

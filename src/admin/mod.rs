@@ -105,6 +105,8 @@ pub struct State {
     pub metrics: Arc<Metrics>,
     /// Set once the gateway's own listener is bound; `/readyz` is 503 before.
     pub ready: Arc<AtomicBool>,
+    /// Whether `POST /debug/stall` exists (fault tests only).
+    pub stall_hook: bool,
 }
 
 /// A bound admin listener, not yet serving. Binding first lets `run` report a busy port
@@ -275,6 +277,8 @@ enum Route<'a> {
     Show(&'a str),
     Release(&'a str),
     Halt(bool),
+    /// Test hook: stall the owner loop, as a wedged disk would.
+    Stall,
 }
 
 fn resolve(path: &str) -> Option<(Method, Route<'_>)> {
@@ -286,6 +290,7 @@ fn resolve(path: &str) -> Option<(Method, Route<'_>)> {
         "/keys" => (Method::GET, Route::List),
         "/halt" => (Method::POST, Route::Halt(true)),
         "/resume" => (Method::POST, Route::Halt(false)),
+        "/debug/stall" => (Method::POST, Route::Stall),
         _ => {
             let rest = path.strip_prefix("/keys/")?;
             // `/release` is matched on the raw path, before decoding, so a key whose own
@@ -314,7 +319,22 @@ async fn route(state: &State, req: Request<Incoming>) -> Answer {
         Route::Show(raw) => show(state, raw).await,
         Route::Release(raw) => release(state, raw).await,
         Route::Halt(on) => halt(state, on).await,
+        Route::Stall => stall(state, req.uri().query().unwrap_or("")),
     }
+}
+
+/// `POST /debug/stall?ms=N`: only when the process was started with the stall hook, which
+/// exists for the fault tests alone. Otherwise the route does not exist.
+fn stall(state: &State, query: &str) -> Answer {
+    if !state.stall_hook {
+        return problem(StatusCode::NOT_FOUND, "NOT_FOUND", "no such admin route");
+    }
+    let ms = query
+        .strip_prefix("ms=")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(1000);
+    state.mutex.stall(Duration::from_millis(ms));
+    ok(json!({"stalled_ms": ms}))
 }
 
 async fn readyz(state: &State) -> Answer {

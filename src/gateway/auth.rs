@@ -67,14 +67,7 @@ pub fn load_secrets(path: &Path) -> Result<Vec<Secret>, SecretError> {
         source,
     };
     let file = std::fs::File::open(path).map_err(io)?;
-    let meta = file.metadata().map_err(io)?;
-    let mode = meta.permissions().mode();
-    if mode & 0o004 != 0 {
-        return Err(SecretError::WorldReadable {
-            path: path.to_owned(),
-            mode: mode & 0o7777,
-        });
-    }
+    private(path, &file.metadata().map_err(io)?)?;
     let mut text = Vec::new();
     file.take(MAX_SECRETS_FILE + 1)
         .read_to_end(&mut text)
@@ -96,6 +89,26 @@ pub fn load_secrets(path: &Path) -> Result<Vec<Secret>, SecretError> {
         });
     }
     Ok(secrets)
+}
+
+/// Refuses a secret file (a secrets list, a TLS key) that everyone may read.
+pub fn refuse_world_readable(path: &Path) -> Result<(), SecretError> {
+    let meta = std::fs::metadata(path).map_err(|source| SecretError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    private(path, &meta)
+}
+
+fn private(path: &Path, meta: &std::fs::Metadata) -> Result<(), SecretError> {
+    let mode = meta.permissions().mode();
+    if mode & 0o004 != 0 {
+        return Err(SecretError::WorldReadable {
+            path: path.to_owned(),
+            mode: mode & 0o7777,
+        });
+    }
+    Ok(())
 }
 
 /// Where to read a configured secrets file, honouring systemd credentials
@@ -676,10 +689,10 @@ mod tests {
         assert_eq!(id.as_str(), "cert.evil_live_x_y__");
         let long = Identity::cert(&"c".repeat(500));
         assert_eq!(long.as_str().len(), crate::mutex::key::MAX_IDENTITY);
-        // The identity keeps client keys well formed and their public part intact.
+        // The identity keeps client keys well formed: no ':' that could shift the namespace.
         let k = crate::mutex::ClientKey::parse("a:b").unwrap();
         let key = crate::mutex::Key::client(id.as_str(), crate::mutex::Mode::Live, &k).unwrap();
-        assert_eq!(key.public(), "a:b");
+        assert_eq!(key.as_str(), "client:cert.evil_live_x_y__:live:a:b");
     }
 
     #[test]

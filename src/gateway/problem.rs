@@ -214,10 +214,11 @@ impl Problem {
 }
 
 impl From<&crate::mutex::Duplicate> for Problem {
-    /// The client is shown its own key, or the whole fingerprint, never the namespace.
+    /// The key as stored (namespace included): the same string the `Idempotency-Key`
+    /// answer header, the executor and the operator's `hoox-edge keys` use.
     fn from(d: &crate::mutex::Duplicate) -> Self {
         Problem::Duplicate {
-            key: d.key.public().to_owned(),
+            key: d.key.as_str().to_owned(),
             state: d.state.as_str(),
             age_ms: d.age_ms,
             expires_in_ms: d.expires_in_ms,

@@ -187,7 +187,10 @@ async fn pipeline(
             now_unix_s: (crate::mutex::clock::unix_ms() / 1000) as i64,
         })
         .map_err(|e| {
-            log::warn!("webhook auth refused: {e} ip={} request_id={request_id}", peer.ip);
+            log::warn!(
+                "webhook auth refused: {e} ip={} request_id={request_id}",
+                peer.ip
+            );
             Answer::from(Problem::AuthFailed)
         })?;
     let client = identity.to_string();
@@ -274,21 +277,13 @@ async fn pipeline(
                     code: None,
                 });
             }
-            return Err(keyed(
-                Problem::Duplicate {
-                    key: d.key.as_str().to_string(),
-                    state: d.state.as_str(),
-                    age_ms: d.age_ms,
-                    expires_in_ms: d.expires_in_ms,
-                },
-                None,
-            ));
+            return Err(keyed(Problem::from(&d), None));
         }
         Decision::Mismatch => return Err(keyed(Problem::KeyReused, None)),
         Decision::Unavailable(u) => {
             gw.metrics.refused(u.reason());
             log::error!("mutex unavailable, refusing trade: {u} request_id={request_id}");
-            return Err(keyed(Problem::Unavailable { reason: u.reason() }, None));
+            return Err(keyed(Problem::from(&u), None));
         }
     }
     // Rate limit: after the reserve, so a duplicate costs no quota; a refusal releases.
@@ -417,7 +412,12 @@ fn json_response(status: u16, body: Bytes) -> Response<Full<Bytes>> {
 fn json_media_type(v: Option<&HeaderValue>) -> bool {
     let Some(v) = v else { return true };
     let Ok(v) = v.to_str() else { return false };
-    let essence = v.split(';').next().unwrap_or("").trim().to_ascii_lowercase();
+    let essence = v
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
     essence == "application/json" || essence == "text/plain" || essence.ends_with("+json")
 }
 

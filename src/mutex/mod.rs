@@ -284,7 +284,10 @@ impl Mutex {
     /// Frees the key so that a retry may reserve it. A failure is counted, and the key
     /// then simply lives until its TTL, which is safe.
     pub async fn release(&self, key: Key) -> Result<(), Unavailable> {
-        let r = self.call(|tx| Command::Release(key.clone(), tx)).await.and_then(|r| r);
+        let r = self
+            .call(|tx| Command::Release(key.clone(), tx))
+            .await
+            .and_then(|r| r);
         if let Err(u) = &r {
             stats::inc(&self.shared.stats.release_failures);
             log::warn!("mutex: release of {key} failed ({u}); it stays held until its TTL");

@@ -68,7 +68,10 @@ enum Reply {
         oneshot::Sender<Result<Option<EntryInfo>, Unavailable>>,
         Option<EntryInfo>,
     ),
-    List(oneshot::Sender<Result<Vec<EntryInfo>, Unavailable>>, Vec<EntryInfo>),
+    List(
+        oneshot::Sender<Result<Vec<EntryInfo>, Unavailable>>,
+        Vec<EntryInfo>,
+    ),
     Bool(oneshot::Sender<Result<bool, Unavailable>>, bool),
     Status(oneshot::Sender<Status>, Status),
 }
@@ -172,9 +175,10 @@ impl Owner {
 
     /// How long the loop may sleep: until the next alarm, or the next reopen attempt.
     fn next_wake(&self) -> Option<Duration> {
-        let alarm = self.wheel.next_due_ms().map(|due| {
-            Duration::from_millis(due.saturating_sub(self.clock.mono_ms()).max(1))
-        });
+        let alarm = self
+            .wheel
+            .next_due_ms()
+            .map(|due| Duration::from_millis(due.saturating_sub(self.clock.mono_ms()).max(1)));
         let reopen = self
             .db
             .is_none()
@@ -652,10 +656,13 @@ impl Owner {
     /// Makes every non-durable commit durable and closes the file cleanly.
     fn close(&mut self) {
         let Some(db) = self.db.take() else { return };
-        let flushed = db.begin_write().map_err(redb::Error::from).and_then(|mut t| {
-            t.set_durability(Durability::Immediate)?;
-            Ok(t.commit()?)
-        });
+        let flushed = db
+            .begin_write()
+            .map_err(redb::Error::from)
+            .and_then(|mut t| {
+                t.set_durability(Durability::Immediate)?;
+                Ok(t.commit()?)
+            });
         if let Err(e) = flushed {
             log::error!("mutex: final flush failed: {e}");
         }

@@ -106,13 +106,7 @@ impl TlsClient {
     /// untrusted server, a refused client certificate), which tests of the handshake expect.
     pub async fn connect(&self, url: &str) -> std::io::Result<Conn> {
         let uri: Uri = url.parse().map_err(std::io::Error::other)?;
-        let host = uri.host().unwrap_or("localhost");
-        let port = uri.port_u16().unwrap_or(443);
-        let bare = host.trim_start_matches('[').trim_end_matches(']');
-        let name = ServerName::try_from(bare.to_owned()).map_err(std::io::Error::other)?;
-        let tcp = tokio::time::timeout(DEADLINE, TcpStream::connect((bare, port))).await??;
-        tcp.set_nodelay(true)?;
-        let tls = tokio::time::timeout(DEADLINE, self.connector.connect(name, tcp)).await??;
+        let tls = self.connect_raw(url).await?;
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         let io = TokioIo::new(tls);
         let authority = uri.authority().map(|a| a.to_string()).unwrap_or_default();
@@ -128,6 +122,21 @@ impl TlsClient {
             Sender::H1(sender)
         };
         Ok(Conn { sender, authority })
+    }
+
+    /// The TLS stream alone, for tests that write bytes by hand (a slow client).
+    pub async fn connect_raw(
+        &self,
+        url: &str,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        let uri: Uri = url.parse().map_err(std::io::Error::other)?;
+        let host = uri.host().unwrap_or("localhost");
+        let port = uri.port_u16().unwrap_or(443);
+        let bare = host.trim_start_matches('[').trim_end_matches(']');
+        let name = ServerName::try_from(bare.to_owned()).map_err(std::io::Error::other)?;
+        let tcp = tokio::time::timeout(DEADLINE, TcpStream::connect((bare, port))).await??;
+        tcp.set_nodelay(true)?;
+        Ok(tokio::time::timeout(DEADLINE, self.connector.connect(name, tcp)).await??)
     }
 
     /// POSTs `body` on a fresh connection; answers status, headers and the body as JSON

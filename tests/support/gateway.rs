@@ -35,7 +35,10 @@ impl Setup {
         let secrets = dir.path().join("secrets");
         std::fs::create_dir(&secrets).unwrap();
         for f in ["api-keys", "hmac", "bearer"] {
-            write_secret(&secrets.join(f), &format!("# rotation: old and new\nold-secret-xyz\n{SECRET}\n"));
+            write_secret(
+                &secrets.join(f),
+                &format!("# rotation: old and new\nold-secret-xyz\n{SECRET}\n"),
+            );
         }
         std::fs::create_dir(dir.path().join("state")).unwrap();
         let executor = match executor_url {
@@ -232,6 +235,23 @@ impl Gateway {
         }
     }
 
+    /// Waits until `/readyz` is 503 for `reason` (e.g. "halted", "not_open"), for at most 20 s.
+    pub async fn wait_unready_because(&self, reason: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (s, body) = self.admin("GET", "/readyz").await;
+            if s == 503 && body["reason"] == reason {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "/readyz never said {reason}: {s} {body}; stderr:\n{}",
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
     pub async fn wait_ready(&self) {
         self.wait_ready_is(200).await
     }
@@ -251,7 +271,10 @@ impl Gateway {
             if let Some(s) = self.child.try_wait().unwrap() {
                 return s;
             }
-            assert!(Instant::now() < deadline, "hoox-edge did not stop on SIGTERM");
+            assert!(
+                Instant::now() < deadline,
+                "hoox-edge did not stop on SIGTERM"
+            );
             std::thread::sleep(Duration::from_millis(20));
         }
     }

@@ -4,4 +4,5 @@
 
 pub mod client;
 pub mod executor;
+pub mod gateway;
 pub mod pki;
