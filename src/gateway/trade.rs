@@ -567,6 +567,29 @@ mod tests {
         );
     }
 
+    /// Fuzz regression (webhook_body): a long number in a pass-through field came back
+    /// different after forwarding, because serde_json parses floats approximately unless
+    /// its `float_roundtrip` feature is on. The executor must get the trade we hashed.
+    #[test]
+    fn forwarded_numbers_read_back_the_same() {
+        let long = format!("20{}", "5".repeat(121));
+        for n in [
+            long.as_str(),
+            "0.30000000000000004",
+            "5e-324",
+            "1.7976931348623157e308",
+            "3120.123456789012345678",
+        ] {
+            let body = format!(
+                r#"{{"exchange":"x","symbol":"y","action":"long","quantity":1.1000000000000001,"price":{n},"n":{n}}}"#
+            );
+            let t = Trade::from_object(parse_object(body.as_bytes()).unwrap()).unwrap();
+            let again = Trade::from_object(parse_object(&t.forward_body()).unwrap()).unwrap();
+            assert_eq!(again.payload_hash(), t.payload_hash(), "{n}");
+            assert_eq!(again.price, t.price, "{n}");
+        }
+    }
+
     #[test]
     fn payload_hash_is_canonical() {
         let h = |b: &[u8]| {
