@@ -120,13 +120,16 @@ pub async fn handle(
     }
     let elapsed = started.elapsed();
     gw.metrics.request(status, answer.code, elapsed);
+    // Structured: under journald each field is its own journal field (KEY=, OUTCOME=, ...).
     log::info!(
-        "webhook status={status} code={} key={} outcome={} client={} request_id={request_id} latency_us={}",
-        answer.code.unwrap_or("-"),
-        answer.key.as_ref().map(Key::as_str).unwrap_or("-"),
-        answer.settled.map(Settled::as_str).unwrap_or("-"),
-        answer.client.as_deref().unwrap_or("-"),
-        elapsed.as_micros(),
+        status = status,
+        code = answer.code.unwrap_or("-"),
+        key = answer.key.as_ref().map(Key::as_str).unwrap_or("-"),
+        outcome = answer.settled.map(Settled::as_str).unwrap_or("-"),
+        client = answer.client.as_deref().unwrap_or("-"),
+        request_id = request_id.as_str(),
+        latency_us = elapsed.as_micros() as u64;
+        "webhook"
     );
     Ok(response)
 }
