@@ -51,15 +51,15 @@ fn field(field: &'static str, problem: &'static str) -> TradeError {
 /// Parses the body as one JSON object. A member given twice is refused: which of the
 /// two counts would otherwise depend on the parser, here and downstream.
 pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, TradeError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| TradeError::Json(e.to_string()))?;
-    if !v.is_object() {
-        return Err(TradeError::NotObject);
+    match serde_json::from_slice::<StrictObject>(body) {
+        Ok(strict) => Ok(strict.0),
+        // The hot path parses once; only a refused body is parsed again, to tell "not an
+        // object" from a syntax error.
+        Err(e) => match serde_json::from_slice::<Value>(body) {
+            Ok(v) if !v.is_object() => Err(TradeError::NotObject),
+            _ => Err(TradeError::Json(e.to_string())),
+        },
     }
-    // Parsed a second time with the strict visitor only when it is an object; a Value
-    // first keeps serde_json's own messages for syntax errors.
-    let strict: StrictObject =
-        serde_json::from_slice(body).map_err(|e| TradeError::Json(e.to_string()))?;
-    Ok(strict.0)
 }
 
 /// The body's `apiKey`, for authentication, which runs before the schema is checked.
