@@ -18,6 +18,7 @@ const KEYSPACE: u64 = 3000;
 #[test]
 fn sigkill_never_loses_a_granted_key() {
     if let Ok(path) = std::env::var(CHILD_ENV) {
+        child_begin();
         return reserve_until_killed(Path::new(&path));
     }
     let dir = tempfile::tempdir().unwrap();
