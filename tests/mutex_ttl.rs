@@ -14,7 +14,7 @@ const T0: u64 = 1_800_000_000_000;
 fn table_len(path: &std::path::Path) -> u64 {
     let db = redb::Database::create(path).unwrap();
     let t = db.begin_read().unwrap();
-    let def: redb::TableDefinition<&str, &[u8]> = redb::TableDefinition::new("entries");
+    let def: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("entries");
     t.open_table(def).unwrap().len().unwrap()
 }
 
