@@ -7,7 +7,8 @@
 //! - single-caller reserve latency (every reserve waits for its own fsync);
 //! - durable reserves per second at 1, 16, 64 and 256 concurrent callers (group commit
 //!   shares one fsync among all reserves queued behind it);
-//! each next to its ratio against the fdatasync baseline.
+//!
+//! Each figure is printed next to its ratio against the fdatasync baseline.
 //! Targets: single reserve p50 ≤ 1.5× fdatasync p50; ≥ 100k reserves/s at 256 callers.
 
 use std::io::Write;
@@ -77,7 +78,8 @@ fn fdatasync_latency(path: &std::path::Path) -> Histogram<u64> {
     let mut h = hist();
     for i in 0..SAMPLES {
         let t = Instant::now();
-        f.write_all_at(&block, (i % 64 * 4096) as u64).expect("write");
+        f.write_all_at(&block, (i % 64 * 4096) as u64)
+            .expect("write");
         f.sync_data().expect("fdatasync");
         h.record(t.elapsed().as_micros() as u64).ok();
     }
@@ -152,5 +154,8 @@ async fn throughput(path: &std::path::Path, callers: usize) -> (f64, f64) {
     let (_, b1, n1) = m.shared().stats.batch_size.snapshot();
     owner.stop();
     let batches = (n1 - n0).max(1) as f64;
-    (done.load(Ordering::Relaxed) as f64 / secs, (b1 - b0) / batches)
+    (
+        done.load(Ordering::Relaxed) as f64 / secs,
+        (b1 - b0) / batches,
+    )
 }

@@ -30,7 +30,10 @@ fn reserve_commit_release_and_duplicates() {
         }
         assert_eq!(m.reserve(reserve(&a, 300_000, 2)).await, Decision::Mismatch);
 
-        let snap = Snapshot { status: 200, body: b"{\"success\":true}".to_vec() };
+        let snap = Snapshot {
+            status: 200,
+            body: b"{\"success\":true}".to_vec(),
+        };
         m.commit(a.clone(), Some(snap.clone())).await.unwrap();
         match m.reserve(reserve(&a, 300_000, 1)).await {
             Decision::Duplicate(d) => {
@@ -73,7 +76,10 @@ fn expired_keys_are_absent_before_and_after_the_wheel() {
         let a = key("a");
         assert_eq!(m.reserve(reserve(&a, 1_000, 1)).await, Decision::Proceed);
         time.advance_ms(999);
-        assert!(matches!(m.reserve(reserve(&a, 1_000, 1)).await, Decision::Duplicate(_)));
+        assert!(matches!(
+            m.reserve(reserve(&a, 1_000, 1)).await,
+            Decision::Duplicate(_)
+        ));
         time.advance_ms(1);
         // Expired at exactly expires_at, whether or not the wheel has run.
         assert_eq!(m.reserve(reserve(&a, 1_000, 2)).await, Decision::Proceed);
@@ -93,7 +99,10 @@ fn a_fingerprint_sibling_younger_than_a_bucket_is_a_duplicate() {
     let old = Key::from_stored("trade:x:BTC:LONG:1:live:100").unwrap();
     let new = Key::from_stored("trade:x:BTC:LONG:1:live:101").unwrap();
     rt().block_on(async {
-        assert_eq!(m.reserve(reserve(&old, 300_000, 1)).await, Decision::Proceed);
+        assert_eq!(
+            m.reserve(reserve(&old, 300_000, 1)).await,
+            Decision::Proceed
+        );
         time.advance_ms(BUCKET_MS - 1);
         let mut r = reserve(&new, 300_000, 1);
         r.sibling = Some(old.clone());
@@ -115,16 +124,28 @@ fn capacity_refuses_new_keys_but_not_duplicates() {
     cfg.capacity = 2;
     let (m, owner) = hoox_edge::mutex::start(cfg, clock);
     rt().block_on(async {
-        assert_eq!(m.reserve(reserve(&key("a"), 1_000, 1)).await, Decision::Proceed);
-        assert_eq!(m.reserve(reserve(&key("b"), 5_000, 1)).await, Decision::Proceed);
+        assert_eq!(
+            m.reserve(reserve(&key("a"), 1_000, 1)).await,
+            Decision::Proceed
+        );
+        assert_eq!(
+            m.reserve(reserve(&key("b"), 5_000, 1)).await,
+            Decision::Proceed
+        );
         assert_eq!(
             m.reserve(reserve(&key("c"), 1_000, 1)).await,
             Decision::Unavailable(Unavailable::Capacity)
         );
-        assert!(matches!(m.reserve(reserve(&key("a"), 1_000, 1)).await, Decision::Duplicate(_)));
+        assert!(matches!(
+            m.reserve(reserve(&key("a"), 1_000, 1)).await,
+            Decision::Duplicate(_)
+        ));
         time.advance_ms(1_000);
         m.ping().await.unwrap();
-        assert_eq!(m.reserve(reserve(&key("c"), 1_000, 1)).await, Decision::Proceed);
+        assert_eq!(
+            m.reserve(reserve(&key("c"), 1_000, 1)).await,
+            Decision::Proceed
+        );
     });
     owner.stop();
 }
@@ -149,8 +170,14 @@ fn state_and_kill_switch_survive_a_restart() {
         let st = m.ping().await.unwrap();
         assert!(st.halted && m.is_halted());
         assert_eq!(st.live_keys, 1, "the expired key was purged at start");
-        assert_eq!(m.get(key("long")).await.unwrap().unwrap().state, State::Committed);
-        assert_eq!(m.reserve(reserve(&key("short"), 2_000, 1)).await, Decision::Proceed);
+        assert_eq!(
+            m.get(key("long")).await.unwrap().unwrap().state,
+            State::Committed
+        );
+        assert_eq!(
+            m.reserve(reserve(&key("short"), 2_000, 1)).await,
+            Decision::Proceed
+        );
         m.set_halted(false).await.unwrap();
         assert!(!m.is_halted());
     });
@@ -174,7 +201,11 @@ fn a_missing_directory_fails_closed_then_recovers() {
         })
         .await;
         assert!(ok, "serves again once the directory exists");
-        assert!(m.shared().serving.load(std::sync::atomic::Ordering::Relaxed));
+        assert!(
+            m.shared()
+                .serving
+                .load(std::sync::atomic::Ordering::Relaxed)
+        );
     });
     owner.stop();
 }

@@ -23,7 +23,11 @@ fn sigkill_never_loses_a_granted_key() {
     }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.redb");
-    let mut seed = SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos() as u64 | 1;
+    let mut seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
     let mut granted = HashSet::new();
     let mut killed_mid_run = 0;
     for cycle in 0..15 {
@@ -47,12 +51,22 @@ fn sigkill_never_loses_a_granted_key() {
         }
         let lines = reader.join().unwrap();
         for k in &lines {
-            assert!(granted.insert(k.clone()), "cycle {cycle}: {k} granted twice");
+            assert!(
+                granted.insert(k.clone()),
+                "cycle {cycle}: {k} granted twice"
+            );
         }
     }
-    assert!(killed_mid_run >= 10, "the child must die by the signal, not by itself");
+    assert!(
+        killed_mid_run >= 10,
+        "the child must die by the signal, not by itself"
+    );
     eprintln!("{} keys granted over 15 SIGKILLed children", granted.len());
-    assert!(granted.len() > 50, "children made progress: {}", granted.len());
+    assert!(
+        granted.len() > 50,
+        "children made progress: {}",
+        granted.len()
+    );
     let (m, owner) = start(&path, Clock::system());
     rt().block_on(async {
         for k in &granted {
@@ -71,12 +85,14 @@ fn reserve_until_killed(path: &Path) {
     let (m, _owner) = start(path, Clock::system());
     let rt = rt();
     rt.block_on(async {
-        let tasks: Vec<_> = (0..16u64)
+        let _tasks: Vec<_> = (0..16u64)
             .map(|t| {
                 let m = m.clone();
                 tokio::spawn(async move {
-                    let mut x = (SystemTime::now().duration_since(UNIX_EPOCH).unwrap().as_nanos()
-                        as u64)
+                    let mut x = (SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .unwrap()
+                        .as_nanos() as u64)
                         ^ (t + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
                     loop {
                         x ^= x << 13;
@@ -90,7 +106,7 @@ fn reserve_until_killed(path: &Path) {
                                 writeln!(out, "PROCEED {name}").unwrap();
                                 out.flush().unwrap();
                             }
-                            if x % 3 == 0 {
+                            if x.is_multiple_of(3) {
                                 m.commit(k, None).await.unwrap();
                             }
                         }
@@ -98,8 +114,7 @@ fn reserve_until_killed(path: &Path) {
                 })
             })
             .collect();
-        for t in tasks {
-            t.await.unwrap();
-        }
+        // Runs until the parent's SIGKILL.
+        std::future::pending::<()>().await
     });
 }

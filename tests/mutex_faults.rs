@@ -23,12 +23,18 @@ struct Tmpfs(PathBuf);
 impl Tmpfs {
     fn mount(dir: &Path, opts: &str) -> Tmpfs {
         std::fs::create_dir_all(dir).unwrap();
-        sh("mount", &["-t", "tmpfs", "-o", opts, "tmpfs", dir.to_str().unwrap()]);
+        sh(
+            "mount",
+            &["-t", "tmpfs", "-o", opts, "tmpfs", dir.to_str().unwrap()],
+        );
         Tmpfs(dir.to_path_buf())
     }
 
     fn remount(&self, opts: &str) {
-        sh("mount", &["-o", &format!("remount,{opts}"), self.0.to_str().unwrap()]);
+        sh(
+            "mount",
+            &["-o", &format!("remount,{opts}"), self.0.to_str().unwrap()],
+        );
     }
 }
 
@@ -40,11 +46,17 @@ impl Drop for Tmpfs {
 
 fn sh(cmd: &str, args: &[&str]) {
     let st = Command::new(cmd).args(args).status().unwrap();
-    assert!(st.success(), "{cmd} {args:?} failed (these tests need root)");
+    assert!(
+        st.success(),
+        "{cmd} {args:?} failed (these tests need root)"
+    );
 }
 
 fn unavailable(d: &Decision) -> bool {
-    matches!(d, Decision::Unavailable(Unavailable::NotOpen(_) | Unavailable::CommitFailed(_)))
+    matches!(
+        d,
+        Decision::Unavailable(Unavailable::NotOpen(_) | Unavailable::CommitFailed(_))
+    )
 }
 
 /// Reserves fresh keys until the mutex serves again.
@@ -52,7 +64,9 @@ async fn wait_recovered(m: &hoox_edge::mutex::Mutex, prefix: &str) -> bool {
     let mut n = 0;
     eventually(Duration::from_secs(10), async || {
         n += 1;
-        m.reserve(reserve(&key(&format!("{prefix}-{n}")), 3_600_000, 1)).await == Decision::Proceed
+        m.reserve(reserve(&key(&format!("{prefix}-{n}")), 3_600_000, 1))
+            .await
+            == Decision::Proceed
     })
     .await
 }
@@ -63,7 +77,10 @@ fn assert_all_held(path: &Path, granted: &HashSet<String>) {
     rt().block_on(async {
         for k in granted {
             let d = m.reserve(reserve(&key(k), 3_600_000, 1)).await;
-            assert!(matches!(d, Decision::Duplicate(_)), "{k} was granted, now {d:?}");
+            assert!(
+                matches!(d, Decision::Duplicate(_)),
+                "{k} was granted, now {d:?}"
+            );
         }
     });
     owner.stop();
@@ -79,18 +96,30 @@ fn read_only_state_directory() {
     // writing: both the first start and an existing file must fail closed.
     let (m, owner) = start(&path, Clock::system());
     rt().block_on(async {
-        assert_eq!(m.reserve(reserve(&key("before"), 3_600_000, 1)).await, Decision::Proceed);
+        assert_eq!(
+            m.reserve(reserve(&key("before"), 3_600_000, 1)).await,
+            Decision::Proceed
+        );
     });
     owner.stop();
     fs.remount("ro");
     let (m, owner) = start(&path, Clock::system());
     rt().block_on(async {
         for i in 0..5 {
-            let d = m.reserve(reserve(&key(&format!("ro-{i}")), 3_600_000, 1)).await;
-            assert!(matches!(d, Decision::Unavailable(Unavailable::NotOpen(_))), "{d:?}");
+            let d = m
+                .reserve(reserve(&key(&format!("ro-{i}")), 3_600_000, 1))
+                .await;
+            assert!(
+                matches!(d, Decision::Unavailable(Unavailable::NotOpen(_))),
+                "{d:?}"
+            );
             tokio::time::sleep(Duration::from_millis(60)).await;
         }
-        assert!(!m.shared().serving.load(std::sync::atomic::Ordering::Relaxed));
+        assert!(
+            !m.shared()
+                .serving
+                .load(std::sync::atomic::Ordering::Relaxed)
+        );
         fs.remount("rw");
         assert!(wait_recovered(&m, "rw").await, "serves again once writable");
         assert!(matches!(
@@ -122,13 +151,21 @@ fn database_held_by_another_process() {
     let (m, owner) = start(&path, Clock::system());
     rt().block_on(async {
         for i in 0..5 {
-            let d = m.reserve(reserve(&key(&format!("held-{i}")), 3_600_000, 1)).await;
-            assert!(matches!(d, Decision::Unavailable(Unavailable::NotOpen(_))), "{d:?}");
+            let d = m
+                .reserve(reserve(&key(&format!("held-{i}")), 3_600_000, 1))
+                .await;
+            assert!(
+                matches!(d, Decision::Unavailable(Unavailable::NotOpen(_))),
+                "{d:?}"
+            );
             tokio::time::sleep(Duration::from_millis(60)).await;
         }
         drop(holder.stdin.take()); // the other process lets go
         assert!(holder.wait().unwrap().success());
-        assert!(wait_recovered(&m, "free").await, "serves again once the file is free");
+        assert!(
+            wait_recovered(&m, "free").await,
+            "serves again once the file is free"
+        );
     });
     owner.stop();
 }
@@ -211,7 +248,10 @@ fn check_report(report: &str, path: &Path) {
         granted.len()
     );
     assert!(unavailable > 0, "the fault never showed");
-    assert!(recovered, "service did not resume once the fault was lifted");
+    assert!(
+        recovered,
+        "service did not resume once the fault was lifted"
+    );
     // A Proceed given while the fault was on is only legitimate if it is durable.
     assert_all_held(path, &granted);
 }
@@ -242,9 +282,15 @@ fn file_size_limit_during_commits() {
     if let Ok(path) = std::env::var(CHILD_ENV) {
         child_begin();
         return reserve_through_fault(Path::new(&path), || {
-            let unlimited = libc::rlimit { rlim_cur: libc::RLIM_INFINITY, rlim_max: libc::RLIM_INFINITY };
+            let unlimited = libc::rlimit {
+                rlim_cur: libc::RLIM_INFINITY,
+                rlim_max: libc::RLIM_INFINITY,
+            };
             // SAFETY: setrlimit with a valid pointer to an initialised struct.
-            assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &unlimited) }, 0);
+            assert_eq!(
+                unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &unlimited) },
+                0
+            );
         });
     }
     let dir = tempfile::tempdir().unwrap();
@@ -258,7 +304,10 @@ fn file_size_limit_during_commits() {
     // SAFETY: only async-signal-safe calls between fork and exec.
     unsafe {
         c.pre_exec(move || {
-            let lim = libc::rlimit { rlim_cur: limit, rlim_max: libc::RLIM_INFINITY };
+            let lim = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: libc::RLIM_INFINITY,
+            };
             if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
                 return Err(std::io::Error::last_os_error());
             }
@@ -269,7 +318,10 @@ fn file_size_limit_during_commits() {
         });
     }
     let report = run_child(c);
-    assert!(report.contains("CommitFailed"), "EFBIG must surface as CommitFailed");
+    assert!(
+        report.contains("CommitFailed"),
+        "EFBIG must surface as CommitFailed"
+    );
     check_report(&report, &path);
 }
 
@@ -296,7 +348,10 @@ fn full_filesystem() {
     let _fs = Tmpfs::mount(&mnt, "size=4m");
     let path = mnt.join("m.redb");
     let report = run_child(child("full_filesystem", path.to_str().unwrap()));
-    assert!(report.contains("CommitFailed"), "ENOSPC must surface as CommitFailed");
+    assert!(
+        report.contains("CommitFailed"),
+        "ENOSPC must surface as CommitFailed"
+    );
     check_report(&report, &path);
 }
 
@@ -307,7 +362,8 @@ fn corrupted_file() {
     let (m, owner) = start(&path, Clock::system());
     rt().block_on(async {
         for i in 0..100 {
-            m.reserve(reserve(&key(&format!("c{i}")), 3_600_000, 1)).await;
+            m.reserve(reserve(&key(&format!("c{i}")), 3_600_000, 1))
+                .await;
         }
     });
     owner.stop();
@@ -320,8 +376,13 @@ fn corrupted_file() {
     let (m, owner) = start(&path, Clock::system());
     rt().block_on(async {
         for i in 0..3 {
-            let d = m.reserve(reserve(&key(&format!("c{i}")), 3_600_000, 1)).await;
-            assert!(matches!(d, Decision::Unavailable(Unavailable::NotOpen(_))), "{d:?}");
+            let d = m
+                .reserve(reserve(&key(&format!("c{i}")), 3_600_000, 1))
+                .await;
+            assert!(
+                matches!(d, Decision::Unavailable(Unavailable::NotOpen(_))),
+                "{d:?}"
+            );
             tokio::time::sleep(Duration::from_millis(60)).await;
         }
         // The operator moves the damaged file aside: a fresh one is created and served.
@@ -349,7 +410,9 @@ fn an_entry_this_version_cannot_read_fails_closed() {
     let (m, owner) = start(&path, Clock::system());
     rt().block_on(async {
         match m.reserve(reserve(&key("x"), 3_600_000, 1)).await {
-            Decision::Unavailable(Unavailable::NotOpen(why)) => assert!(why.contains("#41"), "{why}"),
+            Decision::Unavailable(Unavailable::NotOpen(why)) => {
+                assert!(why.contains("#41"), "{why}")
+            }
             d => panic!("an unreadable entry might be a live key: {d:?}"),
         }
     });

@@ -67,11 +67,22 @@ impl Model {
             state: e.state,
             age_ms: self.now - e.stored_at,
             expires_in_ms: e.expires_at - self.now,
-            response: if e.state == State::Committed { e.response.clone() } else { None },
+            response: if e.state == State::Committed {
+                e.response.clone()
+            } else {
+                None
+            },
         })
     }
 
-    fn reserve(&mut self, keys: &[Key], k: usize, ttl_ms: u64, hash: u8, sib: Option<usize>) -> Decision {
+    fn reserve(
+        &mut self,
+        keys: &[Key],
+        k: usize,
+        ttl_ms: u64,
+        hash: u8,
+        sib: Option<usize>,
+    ) -> Decision {
         if let Some(e) = self.live(k) {
             if e.hash != hash {
                 return Decision::Mismatch;
@@ -99,7 +110,10 @@ impl Model {
 }
 
 fn snapshot(k: usize) -> Snapshot {
-    Snapshot { status: 200, body: format!("{{\"k\":{k}}}").into_bytes() }
+    Snapshot {
+        status: 200,
+        body: format!("{{\"k\":{k}}}").into_bytes(),
+    }
 }
 
 fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
@@ -107,8 +121,14 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let path = dir.path().join("m.redb");
     let (clock, time) = Clock::manual(T0);
     let keys = keys();
-    let mut model = Model { now: T0, ..Model::default() };
-    let rt = tokio::runtime::Builder::new_current_thread().enable_all().build().unwrap();
+    let mut model = Model {
+        now: T0,
+        ..Model::default()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
     let (mut m, mut owner) = start(&path, clock.clone());
     for op in ops {
         match op {
@@ -121,7 +141,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Commit(k, with_response) => {
                 let snap = with_response.then(|| snapshot(k));
-                rt.block_on(m.commit(keys[k].clone(), snap.clone())).unwrap();
+                rt.block_on(m.commit(keys[k].clone(), snap.clone()))
+                    .unwrap();
                 let now = model.now;
                 if let Some(e) = model.map.get_mut(&k).filter(|e| now < e.expires_at) {
                     e.state = State::Committed;
@@ -142,7 +163,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
         }
         // The published count and the owner's own count agree with the model's live keys.
-        let live = model.map.values().filter(|e| model.now < e.expires_at).count();
+        let live = model
+            .map
+            .values()
+            .filter(|e| model.now < e.expires_at)
+            .count();
         let listed = rt.block_on(m.list(usize::MAX)).unwrap();
         prop_assert_eq!(listed.len(), live);
         for info in listed {

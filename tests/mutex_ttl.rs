@@ -33,14 +33,19 @@ fn expiry_frees_keys_and_the_file_does_not_grow() {
                     let m = m.clone();
                     tokio::spawn(async move {
                         // Half the names come back every cycle; half are new each time.
-                        let name =
-                            if i % 2 == 0 { format!("same-{i}") } else { format!("c{cycle}-{i}") };
+                        let name = if i % 2 == 0 {
+                            format!("same-{i}")
+                        } else {
+                            format!("c{cycle}-{i}")
+                        };
                         let k = key(&name);
                         let d = m.reserve(reserve(&k, 1_000, (cycle % 2) as u8)).await;
                         assert_eq!(d, Decision::Proceed, "cycle {cycle}: {name} must be free");
                         if i % 3 == 0 {
                             let body = vec![b'x'; 512];
-                            m.commit(k, Some(Snapshot { status: 200, body })).await.unwrap();
+                            m.commit(k, Some(Snapshot { status: 200, body }))
+                                .await
+                                .unwrap();
                         }
                     })
                 })
@@ -66,7 +71,14 @@ fn expiry_frees_keys_and_the_file_does_not_grow() {
     // several MB if they were kept, against one cycle's worth live at a time.
     let early = sizes[..5].iter().max().unwrap();
     let late = sizes[10..].iter().max().unwrap();
-    assert!(late <= &(early * 2), "file grew from {early} to {late}: {sizes:?}");
-    let expired = m.shared().stats.expired.load(std::sync::atomic::Ordering::Relaxed);
+    assert!(
+        late <= &(early * 2),
+        "file grew from {early} to {late}: {sizes:?}"
+    );
+    let expired = m
+        .shared()
+        .stats
+        .expired
+        .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(expired, 20 * 1500, "every entry was deleted by the wheel");
 }

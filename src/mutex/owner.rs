@@ -70,7 +70,10 @@ enum Reply {
         oneshot::Sender<Result<Option<EntryInfo>, Unavailable>>,
         Option<EntryInfo>,
     ),
-    List(oneshot::Sender<Result<Vec<EntryInfo>, Unavailable>>, Vec<EntryInfo>),
+    List(
+        oneshot::Sender<Result<Vec<EntryInfo>, Unavailable>>,
+        Vec<EntryInfo>,
+    ),
     Bool(oneshot::Sender<Result<bool, Unavailable>>, bool),
     Status(oneshot::Sender<Status>, Status),
 }
@@ -177,9 +180,10 @@ impl Owner {
 
     /// How long the loop may sleep: until the next alarm, or the next reopen attempt.
     fn next_wake(&self) -> Option<Duration> {
-        let alarm = self.wheel.next_due_ms().map(|due| {
-            Duration::from_millis(due.saturating_sub(self.clock.mono_ms()).max(1))
-        });
+        let alarm = self
+            .wheel
+            .next_due_ms()
+            .map(|due| Duration::from_millis(due.saturating_sub(self.clock.mono_ms()).max(1)));
         let reopen = self
             .db
             .is_none()
@@ -294,7 +298,8 @@ impl Owner {
                 match self.apply(cmd, &txn, &mut entries, now_wall, now_mono, durable) {
                     Ok(Some(r)) => replies.push(r),
                     Ok(None) => {}
-                    Err((e, cmd)) => {
+                    Err(failed) => {
+                        let (e, cmd) = *failed;
                         batch.extend(cmd);
                         batch.extend(cmds);
                         return Err(e);
@@ -328,14 +333,14 @@ impl Owner {
         now_wall: u64,
         now_mono: u64,
         durable: &mut bool,
-    ) -> Result<Option<Reply>, (redb::Error, Option<Command>)> {
+    ) -> Result<Option<Reply>, Box<(redb::Error, Option<Command>)>> {
         match cmd {
             Command::Reserve(req, tx) => match self.reserve(&req, entries, now_wall, now_mono) {
                 Ok(d) => {
                     *durable |= d == Decision::Proceed;
                     Ok(Some(Reply::Decision(tx, d)))
                 }
-                Err(e) => Err((e, Some(Command::Reserve(req, tx)))),
+                Err(e) => Err(Box::new((e, Some(Command::Reserve(req, tx))))),
             },
             Command::Commit(key, response, tx) => {
                 let Some(live) = self.live_mut(&key, now_wall) else {
@@ -359,7 +364,10 @@ impl Owner {
                         inc(&self.shared.stats.commits);
                         Ok(Some(Reply::Unit(tx)))
                     }
-                    Err(e) => Err((e.into(), Some(Command::Commit(key, entry.response, tx)))),
+                    Err(e) => Err(Box::new((
+                        e.into(),
+                        Some(Command::Commit(key, entry.response, tx)),
+                    ))),
                 }
             }
             Command::Release(key, tx) => match self.remove(&key, entries, now_wall) {
@@ -367,14 +375,14 @@ impl Owner {
                     inc(&self.shared.stats.releases);
                     Ok(Some(Reply::Unit(tx)))
                 }
-                Err(e) => Err((e, Some(Command::Release(key, tx)))),
+                Err(e) => Err(Box::new((e, Some(Command::Release(key, tx))))),
             },
             Command::ForceRelease(key, tx) => match self.remove(&key, entries, now_wall) {
                 Ok(was_live) => {
                     *durable = true;
                     Ok(Some(Reply::Bool(tx, was_live)))
                 }
-                Err(e) => Err((e, Some(Command::ForceRelease(key, tx)))),
+                Err(e) => Err(Box::new((e, Some(Command::ForceRelease(key, tx))))),
             },
             Command::SetHalted(halted, tx) => match store::set_halted(txn, halted) {
                 Ok(()) => {
@@ -382,7 +390,7 @@ impl Owner {
                     self.halted = halted;
                     Ok(Some(Reply::Unit(tx)))
                 }
-                Err(e) => Err((e, Some(Command::SetHalted(halted, tx)))),
+                Err(e) => Err(Box::new((e, Some(Command::SetHalted(halted, tx))))),
             },
             other => Ok(self.read_only(other, now_wall)),
         }
@@ -669,10 +677,13 @@ impl Owner {
     /// Makes every non-durable commit durable and closes the file cleanly.
     fn close(&mut self) {
         let Some(db) = self.db.take() else { return };
-        let flushed = db.begin_write().map_err(redb::Error::from).and_then(|mut t| {
-            t.set_durability(Durability::Immediate)?;
-            Ok(t.commit()?)
-        });
+        let flushed = db
+            .begin_write()
+            .map_err(redb::Error::from)
+            .and_then(|mut t| {
+                t.set_durability(Durability::Immediate)?;
+                Ok(t.commit()?)
+            });
         if let Err(e) = flushed {
             log::error!("mutex: final flush failed: {e}");
         }

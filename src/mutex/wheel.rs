@@ -233,9 +233,7 @@ mod tests {
         // A small deterministic LCG keeps the test reproducible without a dependency.
         let mut seed = 0x2545_f491_4f6c_dd1du64;
         let mut rnd = move |m: u64| {
-            seed = seed
-                .wrapping_mul(6_364_136_223_846_793_005)
-                .wrapping_add(1);
+            seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
             (seed >> 33) % m
         };
         let mut w = Wheel::with_geometry(0, 10, 64);
