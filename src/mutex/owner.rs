@@ -242,6 +242,9 @@ impl Owner {
         match outcome {
             Ok(()) => {
                 self.db = Some(db);
+                if writes {
+                    self.backoff = Duration::ZERO;
+                }
                 if size > 0 {
                     self.shared.stats.batch_size.observe(size as f64);
                 }
@@ -638,7 +641,9 @@ impl Owner {
                 }
                 self.db = Some(db);
                 self.failure = None;
-                self.backoff = Duration::ZERO;
+                // The backoff is reset by the first batch that commits, not here: a disk
+                // that opens but cannot take a write (full) must not be reopened, and
+                // rescanned, every 50 ms.
             }
             Err(e) => {
                 log::error!(
