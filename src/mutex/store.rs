@@ -190,6 +190,35 @@ mod tests {
         assert_eq!(decode_entry(&bytes), Ok(e));
     }
 
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_decode_or_error_without_panic(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)
+        ) {
+            let _ = decode_entry(&bytes);
+        }
+
+        #[test]
+        fn any_entry_round_trips(
+            key in "[ -~]{1,384}",
+            committed: bool,
+            stored_at: u64,
+            expires_at: u64,
+            hash: [u8; 32],
+            response in proptest::option::of((100u16..600, proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300))),
+        ) {
+            let e = Entry {
+                key,
+                state: if committed { State::Committed } else { State::Pending },
+                stored_at,
+                expires_at,
+                payload_hash: hash,
+                response: response.map(|(status, body)| Snapshot { status, body }),
+            };
+            proptest::prop_assert_eq!(decode_entry(&encode_entry(&e)), Ok(e));
+        }
+    }
+
     #[test]
     fn rejects_unknown_versions_truncation_and_trailing_bytes() {
         let bytes = encode_entry(&sample());
