@@ -367,11 +367,9 @@ async fn execute_and_settle(
 }
 
 /// Releases soft-fail: a lost release leaves the key pending until its TTL, which is safe.
+/// The handle counts and logs a failure; the trade's answer does not change.
 async fn release(gw: &Gateway, key: &Key) {
-    if let Err(e) = gw.mutex.release(key.clone()).await {
-        crate::mutex::stats::inc(&gw.mutex.shared().stats.release_failures);
-        log::warn!("release failed, key expires at its TTL: {e} key={key}");
-    }
+    let _ = gw.mutex.release(key.clone()).await;
 }
 
 fn outcome_label(o: &Outcome) -> &'static str {
