@@ -175,22 +175,28 @@ pub struct Status {
 }
 
 /// What travels over the channel to the owner.
-// Keys are inline (bounded, no allocation per request); the channel's slots are sized by
-// the largest variant, ~1 KiB each, a few MB at the default depth.
-#[allow(clippy::large_enum_variant)]
+///
+/// Keys are inline and bounded (no allocation to build one), which makes them ~400 bytes.
+/// The channel preallocates and touches every slot, and a slot is as large as the largest
+/// variant: inline, 16k slots would cost ~14 MB of resident memory before the first trade.
+/// So the key-bearing payloads travel boxed, one small allocation per command, and a slot
+/// is a few dozen bytes.
 pub(crate) enum Command {
-    Reserve(Reserve, oneshot::Sender<Decision>),
+    Reserve(Box<Reserve>, oneshot::Sender<Decision>),
     Commit(
-        Key,
+        Box<Key>,
         Option<Snapshot>,
         oneshot::Sender<Result<(), Unavailable>>,
     ),
-    Release(Key, oneshot::Sender<Result<(), Unavailable>>),
-    Get(Key, oneshot::Sender<Result<Option<EntryInfo>, Unavailable>>),
+    Release(Box<Key>, oneshot::Sender<Result<(), Unavailable>>),
+    Get(
+        Box<Key>,
+        oneshot::Sender<Result<Option<EntryInfo>, Unavailable>>,
+    ),
     List(usize, oneshot::Sender<Result<Vec<EntryInfo>, Unavailable>>),
     /// Operator release: like `Release`, but durable before it answers, and says whether
     /// a live entry was removed.
-    ForceRelease(Key, oneshot::Sender<Result<bool, Unavailable>>),
+    ForceRelease(Box<Key>, oneshot::Sender<Result<bool, Unavailable>>),
     /// Kill switch, persisted durably.
     SetHalted(bool, oneshot::Sender<Result<(), Unavailable>>),
     Ping(oneshot::Sender<Status>),
@@ -266,7 +272,7 @@ pub fn start_with(config: Config, clock: Clock, stall_hook: bool) -> (Mutex, Own
 impl Mutex {
     /// Reserve `req.key`. `Proceed` means the reservation is durable on disk.
     pub async fn reserve(&self, req: Reserve) -> Decision {
-        let d = match self.call(|tx| Command::Reserve(req, tx)).await {
+        let d = match self.call(|tx| Command::Reserve(Box::new(req), tx)).await {
             Ok(d) => d,
             Err(u) => Decision::Unavailable(u),
         };
@@ -284,14 +290,15 @@ impl Mutex {
 
     /// Pending becomes committed; the expiry does not move. Rides in the next batch.
     pub async fn commit(&self, key: Key, response: Option<Snapshot>) -> Result<(), Unavailable> {
-        self.call(|tx| Command::Commit(key, response, tx)).await?
+        self.call(|tx| Command::Commit(Box::new(key), response, tx))
+            .await?
     }
 
     /// Frees the key so that a retry may reserve it. A failure is counted, and the key
     /// then simply lives until its TTL, which is safe.
     pub async fn release(&self, key: Key) -> Result<(), Unavailable> {
         let r = self
-            .call(|tx| Command::Release(key.clone(), tx))
+            .call(|tx| Command::Release(Box::new(key.clone()), tx))
             .await
             .and_then(|r| r);
         if let Err(u) = &r {
@@ -302,7 +309,7 @@ impl Mutex {
     }
 
     pub async fn get(&self, key: Key) -> Result<Option<EntryInfo>, Unavailable> {
-        self.call(|tx| Command::Get(key, tx)).await?
+        self.call(|tx| Command::Get(Box::new(key), tx)).await?
     }
 
     /// Up to `limit` live entries, oldest expiry first.
@@ -312,7 +319,8 @@ impl Mutex {
 
     /// Operator release of a held key. `Ok(true)` if a live entry was removed.
     pub async fn force_release(&self, key: Key) -> Result<bool, Unavailable> {
-        self.call(|tx| Command::ForceRelease(key, tx)).await?
+        self.call(|tx| Command::ForceRelease(Box::new(key), tx))
+            .await?
     }
 
     pub async fn set_halted(&self, halted: bool) -> Result<(), Unavailable> {
