@@ -126,7 +126,12 @@ async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
         t["idempotencyKey"] = serde_json::json!(k);
         t
     };
-    // Rotate: a new bearer token replaces the old ones.
+    // A connection opened before the reload must survive it.
+    let mut kept = gw.client.connect(&gw.url()).await.unwrap();
+    // Rotate the certificate (a new CA) and the bearer token.
+    let next = support::pki::Pki::new(setup.dir.path(), "next");
+    std::fs::copy(&next.server.cert, &setup.pki.server.cert).unwrap();
+    std::fs::copy(&next.server.key, &setup.pki.server.key).unwrap();
     support::gateway::write_secret(
         &setup.dir.path().join("secrets/bearer"),
         "rotated-token-123\n",
@@ -144,15 +149,37 @@ async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
         .is_some()
     );
     let new = bearer("rotated-token-123");
-    let r = gw
-        .post(&body("hup-1"), &[("authorization", new.as_str())])
-        .await;
-    assert_eq!(r.status, 200);
     let old = bearer(support::gateway::SECRET);
-    let r = gw
-        .post(&body("hup-2"), &[("authorization", old.as_str())])
-        .await;
-    assert_eq!(r.status, 401);
+    // New connections get the new certificate: clients of the old CA refuse it now.
+    assert!(gw.client.connect(&gw.url()).await.is_err());
+    let fresh = support::client::TlsClient::new(&next.ca_cert);
+    let post = |k: &'static str, auth: String| {
+        let fresh = fresh.clone();
+        let url = gw.url();
+        async move {
+            fresh
+                .request(
+                    hyper::Method::POST,
+                    &url,
+                    &[("authorization", auth.as_str())],
+                    body(k).to_string(),
+                )
+                .await
+                .status
+        }
+    };
+    assert_eq!(post("hup-1", new.clone()).await, 200);
+    assert_eq!(post("hup-2", old.clone()).await, 401);
+    // The connection opened before the reload was not dropped, and now sees the new secrets.
+    let r = kept
+        .post(
+            &gw.url(),
+            &[("authorization", new.as_str())],
+            body("hup-6").to_string(),
+        )
+        .await
+        .expect("the reload dropped an open connection");
+    assert_eq!(r.status, 200);
 
     // A broken file (world-readable) is refused: the current secrets stay.
     let path = setup.dir.path().join("secrets/bearer");
@@ -164,15 +191,8 @@ async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
             == "READY=1")
         .is_some()
     );
-    let r = gw
-        .post(&body("hup-3"), &[("authorization", new.as_str())])
-        .await;
-    assert_eq!(r.status, 200);
-    let leaked = bearer("leaked-token");
-    let r = gw
-        .post(&body("hup-4"), &[("authorization", leaked.as_str())])
-        .await;
-    assert_eq!(r.status, 401);
+    assert_eq!(post("hup-3", new.clone()).await, 200);
+    assert_eq!(post("hup-4", bearer("leaked-token")).await, 401);
     assert!(
         !gw.stderr().contains("leaked-token"),
         "a secret reached the log"

@@ -706,3 +706,40 @@ async fn sigterm_lets_in_flight_orders_commit_then_closes_cleanly() {
     assert_eq!(gw.post(&t, &[]).await.status, 409);
     assert_eq!(exec.calls(), 1);
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_cap_holds_new_connections_until_one_closes() {
+    let mut setup = Setup::new(None);
+    setup.set("server", "max_connections", 2);
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Http1, None);
+    let first = c.connect(&gw.url()).await.unwrap();
+    let mut second = c.connect(&gw.url()).await.unwrap();
+    // Both slots are taken: a third connection waits in the backlog, unserved.
+    let third = tokio::time::timeout(Duration::from_millis(1500), c.connect(&gw.url())).await;
+    assert!(
+        third.is_err(),
+        "a third connection was served beyond the cap"
+    );
+    // Connections in their slots still work.
+    let mut t = trade("BTCUSDT");
+    t["idempotencyKey"] = json!("cap-1");
+    let r = second.post(&gw.url(), &[], t.to_string()).await.unwrap();
+    assert_eq!(r.status, 200);
+    // One closes: the next connection is served.
+    drop(first);
+    let mut fourth = tokio::time::timeout(Duration::from_secs(10), c.connect(&gw.url()))
+        .await
+        .expect("a slot was freed")
+        .unwrap();
+    t["idempotencyKey"] = json!("cap-2");
+    assert_eq!(
+        fourth
+            .post(&gw.url(), &[], t.to_string())
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+}
