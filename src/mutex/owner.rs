@@ -66,6 +66,11 @@ struct Live {
 enum Reply {
     Decision(oneshot::Sender<Decision>, Decision),
     Unit(oneshot::Sender<Result<(), Unavailable>>),
+    /// A commit or release: applied in order, never promised durable (it rides the next
+    /// durable commit), so its caller is answered as soon as it is applied rather than
+    /// after this batch's fsync. If the batch then fails, the index is rebuilt from disk
+    /// and the key is simply pending again: held, which is safe.
+    Applied(oneshot::Sender<Result<(), Unavailable>>),
     Entry(
         oneshot::Sender<Result<Option<EntryInfo>, Unavailable>>,
         Option<EntryInfo>,
@@ -83,7 +88,7 @@ impl Reply {
         // A caller that gave up (deadline) dropped its receiver; nothing to do about it.
         let _ = match self {
             Reply::Decision(tx, d) => tx.send(d).map_err(drop),
-            Reply::Unit(tx) => tx.send(Ok(())).map_err(drop),
+            Reply::Unit(tx) | Reply::Applied(tx) => tx.send(Ok(())).map_err(drop),
             Reply::Entry(tx, e) => tx.send(Ok(e)).map_err(drop),
             Reply::List(tx, l) => tx.send(Ok(l)).map_err(drop),
             Reply::Bool(tx, b) => tx.send(Ok(b)).map_err(drop),
@@ -95,7 +100,7 @@ impl Reply {
     fn fail(self, u: &Unavailable) {
         let _ = match self {
             Reply::Decision(tx, _) => tx.send(Decision::Unavailable(u.clone())).map_err(drop),
-            Reply::Unit(tx) => tx.send(Err(u.clone())).map_err(drop),
+            Reply::Unit(tx) | Reply::Applied(tx) => tx.send(Err(u.clone())).map_err(drop),
             Reply::Entry(tx, _) => tx.send(Err(u.clone())).map_err(drop),
             Reply::List(tx, _) => tx.send(Err(u.clone())).map_err(drop),
             Reply::Bool(tx, _) => tx.send(Err(u.clone())).map_err(drop),
@@ -299,6 +304,7 @@ impl Owner {
             let mut cmds = std::mem::take(batch).into_iter();
             while let Some(cmd) = cmds.next() {
                 match self.apply(cmd, &txn, &mut entries, now_wall, now_mono, durable) {
+                    Ok(Some(r @ Reply::Applied(_))) => r.send(),
                     Ok(Some(r)) => replies.push(r),
                     Ok(None) => {}
                     Err(failed) => {
@@ -349,7 +355,7 @@ impl Owner {
                 let Some(live) = self.live_mut(&key, now_wall) else {
                     // Expired or released meanwhile: nothing left to mark.
                     log::debug!("mutex: commit of {key} found no live entry");
-                    return Ok(Some(Reply::Unit(tx)));
+                    return Ok(Some(Reply::Applied(tx)));
                 };
                 live.state = State::Committed;
                 live.has_response = response.is_some();
@@ -365,7 +371,7 @@ impl Owner {
                 match entries.insert(seq, store::encode_entry(&entry).as_slice()) {
                     Ok(_) => {
                         inc(&self.shared.stats.commits);
-                        Ok(Some(Reply::Unit(tx)))
+                        Ok(Some(Reply::Applied(tx)))
                     }
                     Err(e) => Err(Box::new((
                         e.into(),
@@ -376,7 +382,7 @@ impl Owner {
             Command::Release(key, tx) => match self.remove(&key, entries, now_wall) {
                 Ok(_) => {
                     inc(&self.shared.stats.releases);
-                    Ok(Some(Reply::Unit(tx)))
+                    Ok(Some(Reply::Applied(tx)))
                 }
                 Err(e) => Err(Box::new((e, Some(Command::Release(key, tx))))),
             },
