@@ -41,11 +41,14 @@ fn tls_config(cert: &PathBuf, key: &PathBuf) -> Result<rustls::ServerConfig, Err
         .collect::<Result<Vec<_>, _>>()
         .map_err(|e| format!("{}: {e}", cert.display()))?;
     // The key's path may be named; its content never is.
-    let key = PrivateKeyDer::from_pem_file(key).map_err(|_| format!("{}: no usable private key", key.display()))?;
-    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
-        .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
-        .with_no_client_auth()
-        .with_single_cert(chain, key)?;
+    let key = PrivateKeyDer::from_pem_file(key)
+        .map_err(|_| format!("{}: no usable private key", key.display()))?;
+    let mut config = rustls::ServerConfig::builder_with_provider(Arc::new(
+        rustls::crypto::ring::default_provider(),
+    ))
+    .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+    .with_no_client_auth()
+    .with_single_cert(chain, key)?;
     config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
     Ok(config)
 }
@@ -59,8 +62,10 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper::
     // Read the whole body, as the gateway must before it can parse the trade.
     req.into_body().collect().await?;
     let mut res = Response::new(Full::new(Bytes::from_static(b"{\"success\":true}")));
-    res.headers_mut()
-        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+    res.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
     Ok(res)
 }
 
@@ -83,7 +88,9 @@ async fn main() -> Result<(), Error> {
         let _ = tcp.set_nodelay(true);
         let acceptor = acceptor.clone();
         tokio::spawn(async move {
-            let Ok(tls) = acceptor.accept(tcp).await else { return };
+            let Ok(tls) = acceptor.accept(tcp).await else {
+                return;
+            };
             let service = hyper::service::service_fn(answer);
             let _ = auto::Builder::new(TokioExecutor::new())
                 .serve_connection(TokioIo::new(tls), service)

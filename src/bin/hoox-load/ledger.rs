@@ -40,22 +40,36 @@ struct Book {
 
 impl Book {
     fn counts(&self) -> Counts {
-        let mut duplicates: Vec<String> =
-            self.seen.iter().filter(|(_, n)| **n > 1).map(|(k, _)| k.clone()).collect();
+        let mut duplicates: Vec<String> = self
+            .seen
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(k, _)| k.clone())
+            .collect();
         duplicates.sort();
-        Counts { total: self.total, unique: self.seen.len() as u64, duplicates, missing_key: self.missing_key }
+        Counts {
+            total: self.total,
+            unique: self.seen.len() as u64,
+            duplicates,
+            missing_key: self.missing_key,
+        }
     }
 }
 
 fn json(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
     let mut res = Response::new(Full::new(Bytes::from(body)));
     *res.status_mut() = status;
-    res.headers_mut()
-        .insert(hyper::header::CONTENT_TYPE, hyper::header::HeaderValue::from_static("application/json"));
+    res.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
     res
 }
 
-async fn answer(book: Arc<Mutex<Book>>, req: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper::Error> {
+async fn answer(
+    book: Arc<Mutex<Book>>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, hyper::Error> {
     if req.method() == Method::GET && req.uri().path() == "/ledger" {
         let counts = lock(&book).counts();
         let body = serde_json::to_vec(&counts).unwrap_or_default();
@@ -64,7 +78,10 @@ async fn answer(book: Arc<Mutex<Book>>, req: Request<Incoming>) -> Result<Respon
     if req.method() != Method::POST {
         return Ok(json(StatusCode::METHOD_NOT_ALLOWED, b"{}".to_vec()));
     }
-    let key = req.headers().get("idempotency-key").map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    let key = req
+        .headers()
+        .get("idempotency-key")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
     req.into_body().collect().await?;
     {
         let mut book = lock(&book);
@@ -85,7 +102,10 @@ fn lock(book: &Mutex<Book>) -> std::sync::MutexGuard<'_, Book> {
 
 pub async fn serve(listen: SocketAddr) -> Result<ExitCode, Error> {
     let listener = TcpListener::bind(listen).await?;
-    println!("hoox-load: ledger on http://{}/orders (counts at /ledger)", listener.local_addr()?);
+    println!(
+        "hoox-load: ledger on http://{}/orders (counts at /ledger)",
+        listener.local_addr()?
+    );
     let book = Arc::new(Mutex::new(Book::default()));
     loop {
         let (tcp, _) = match listener.accept().await {
@@ -100,7 +120,9 @@ pub async fn serve(listen: SocketAddr) -> Result<ExitCode, Error> {
         let book = book.clone();
         tokio::spawn(async move {
             let service = hyper::service::service_fn(move |req| answer(book.clone(), req));
-            let _ = hyper::server::conn::http1::Builder::new().serve_connection(TokioIo::new(tcp), service).await;
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tcp), service)
+                .await;
         });
     }
 }
@@ -115,7 +137,9 @@ pub async fn fetch(url: &str) -> Result<Counts, Error> {
     let tcp = TcpStream::connect(authority.as_str()).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
     tokio::spawn(conn);
-    let req = Request::get(uri.path()).header(hyper::header::HOST, authority.as_str()).body(Empty::<Bytes>::new())?;
+    let req = Request::get(uri.path())
+        .header(hyper::header::HOST, authority.as_str())
+        .body(Empty::<Bytes>::new())?;
     let res = sender.send_request(req).await?;
     if !res.status().is_success() {
         return Err(format!("ledger answered {}", res.status()).into());
@@ -128,7 +152,10 @@ pub async fn fetch(url: &str) -> Result<Counts, Error> {
 pub fn report(counts: &Counts, json: bool) -> ExitCode {
     let ok = counts.duplicates.is_empty();
     if json {
-        println!("{}", serde_json::json!({ "ledger": counts, "no_key_forwarded_twice": ok }));
+        println!(
+            "{}",
+            serde_json::json!({ "ledger": counts, "no_key_forwarded_twice": ok })
+        );
     } else {
         println!(
             "ledger: {} orders, {} unique keys, {} without key, {} keys forwarded twice",
@@ -140,11 +167,20 @@ pub fn report(counts: &Counts, json: bool) -> ExitCode {
         if ok {
             println!("ledger: OK, no key forwarded twice");
         } else {
-            let shown: Vec<&str> = counts.duplicates.iter().take(10).map(String::as_str).collect();
+            let shown: Vec<&str> = counts
+                .duplicates
+                .iter()
+                .take(10)
+                .map(String::as_str)
+                .collect();
             println!("ledger: FAIL, keys forwarded twice: {}", shown.join(", "));
         }
     }
-    if ok { ExitCode::SUCCESS } else { ExitCode::from(1) }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
 }
 
 pub async fn check(url: &str, json: bool) -> Result<ExitCode, Error> {

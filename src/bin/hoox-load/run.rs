@@ -55,6 +55,12 @@ pub struct Args {
     /// Share of requests that repeat an earlier key (same trade), 0.0..=1.0.
     #[arg(long, default_value_t = 0.0, value_parser = parse_ratio)]
     dup_ratio: f64,
+    /// Draw every key from this many (a storm: many connections, few keys); overrides --dup-ratio.
+    #[arg(long)]
+    keys: Option<u64>,
+    /// Key prefix; runs that share it share keys (the chaos test retries across restarts).
+    #[arg(long)]
+    key_prefix: Option<String>,
     /// How to authenticate; the secret is read from --secret-file, never from the command line.
     #[arg(long, value_enum, requires = "secret_file")]
     auth: Option<AuthKind>,
@@ -83,7 +89,9 @@ fn parse_rate(s: &str) -> Result<f64, String> {
     let n = s.strip_suffix("/s").unwrap_or(s);
     match n.parse::<f64>() {
         Ok(r) if r > 0.0 && r.is_finite() => Ok(r),
-        _ => Err(format!("rate must be a positive number per second, like 1000/s: {s}")),
+        _ => Err(format!(
+            "rate must be a positive number per second, like 1000/s: {s}"
+        )),
     }
 }
 
@@ -105,7 +113,9 @@ enum Auth {
 
 impl Auth {
     fn load(kind: Option<AuthKind>, file: Option<&PathBuf>) -> Result<Auth, Error> {
-        let (Some(kind), Some(file)) = (kind, file) else { return Ok(Auth::None) };
+        let (Some(kind), Some(file)) = (kind, file) else {
+            return Ok(Auth::None);
+        };
         let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
         let secret = text.lines().next().map(str::trim).unwrap_or("");
         if secret.is_empty() {
@@ -114,7 +124,9 @@ impl Auth {
         Ok(match kind {
             AuthKind::Bearer => {
                 let mut value = hyper::header::HeaderValue::try_from(format!("Bearer {secret}"))
-                    .map_err(|_| format!("{}: secret is not a valid header value", file.display()))?;
+                    .map_err(|_| {
+                        format!("{}: secret is not a valid header value", file.display())
+                    })?;
                 value.set_sensitive(true);
                 Auth::Bearer(value)
             }
@@ -143,13 +155,24 @@ impl Target {
             return Err(format!("URL must be https://: {}", args.url).into());
         }
         let authority = uri.authority().ok_or("URL has no host")?.clone();
-        let host = authority.host().trim_start_matches('[').trim_end_matches(']').to_string();
-        let addr = format!("{}:{}", authority.host(), authority.port_u16().unwrap_or(443));
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let addr = format!(
+            "{}:{}",
+            authority.host(),
+            authority.port_u16().unwrap_or(443)
+        );
         let name = args.server_name.clone().unwrap_or(host);
-        let server_name = ServerName::try_from(name.clone()).map_err(|_| format!("bad TLS server name: {name}"))?;
+        let server_name = ServerName::try_from(name.clone())
+            .map_err(|_| format!("bad TLS server name: {name}"))?;
 
         let mut roots = rustls::RootCertStore::empty();
-        for cert in CertificateDer::pem_file_iter(&args.ca).map_err(|e| format!("{}: {e}", args.ca.display()))? {
+        for cert in CertificateDer::pem_file_iter(&args.ca)
+            .map_err(|e| format!("{}: {e}", args.ca.display()))?
+        {
             roots.add(cert.map_err(|e| format!("{}: {e}", args.ca.display()))?)?;
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
@@ -157,10 +180,18 @@ impl Target {
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
             .with_root_certificates(roots)
             .with_no_client_auth();
-        config.alpn_protocols = vec![if args.http2 { b"h2".to_vec() } else { b"http/1.1".to_vec() }];
+        config.alpn_protocols = vec![if args.http2 {
+            b"h2".to_vec()
+        } else {
+            b"http/1.1".to_vec()
+        }];
 
         let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
-        let request_uri = if args.http2 { uri.clone() } else { path.parse()? };
+        let request_uri = if args.http2 {
+            uri.clone()
+        } else {
+            path.parse()?
+        };
         Ok(Target {
             uri,
             request_uri,
@@ -179,7 +210,8 @@ impl Target {
         let io = TokioIo::new(tls);
         // The connection futures end when the peer goes away; their errors surface on send.
         if self.http2 {
-            let (sender, conn) = hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await?;
+            let (sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await?;
             tokio::spawn(conn);
             Ok(Conn::H2(sender))
         } else {
@@ -196,7 +228,10 @@ enum Conn {
 }
 
 impl Conn {
-    async fn send(&mut self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, hyper::Error> {
+    async fn send(
+        &mut self,
+        req: Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, hyper::Error> {
         match self {
             Conn::H1(s) => {
                 s.ready().await?;
@@ -265,13 +300,14 @@ impl Rng {
 struct Plan {
     target: Target,
     auth: Auth,
-    run_id: String,
+    key_prefix: String,
     next: AtomicU64,
     limit: Option<u64>,
     start: Instant,
     deadline: Option<Instant>,
     rate: Option<f64>,
     dup_ratio: f64,
+    keys: Option<u64>,
     timeout: Duration,
 }
 
@@ -280,16 +316,16 @@ impl Plan {
     /// sees a duplicate (409) rather than a reused key with a different trade (422).
     fn body(&self, j: u64) -> String {
         let milli = 1 + j % 1000;
-        let action = if j % 2 == 0 { "LONG" } else { "SHORT" };
+        let action = if j.is_multiple_of(2) { "LONG" } else { "SHORT" };
         let api_key = match &self.auth {
             Auth::ApiKey(json) => format!(",\"apiKey\":{json}"),
             _ => String::new(),
         };
         format!(
-            "{{\"exchange\":\"binance\",\"symbol\":\"BTCUSDT\",\"action\":\"{action}\",\"quantity\":{}.{:03},\"idempotencyKey\":\"load-{}-{j}\"{api_key}}}",
+            "{{\"exchange\":\"binance\",\"symbol\":\"BTCUSDT\",\"action\":\"{action}\",\"quantity\":{}.{:03},\"idempotencyKey\":\"{}-{j}\"{api_key}}}",
             milli / 1000,
             milli % 1000,
-            self.run_id
+            self.key_prefix
         )
     }
 
@@ -302,12 +338,17 @@ impl Plan {
         match &self.auth {
             Auth::Bearer(value) => req = req.header(hyper::header::AUTHORIZATION, value.clone()),
             Auth::Hmac(secret) => {
-                let ts = SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0);
+                let ts = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0);
                 let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret)?;
                 mac.update(format!("{ts}.").as_bytes());
                 mac.update(body.as_bytes());
                 let sig = hex::encode(mac.finalize().into_bytes());
-                req = req.header("x-hoox-timestamp", ts.to_string()).header("x-hoox-signature", format!("sha256={sig}"));
+                req = req
+                    .header("x-hoox-timestamp", ts.to_string())
+                    .header("x-hoox-signature", format!("sha256={sig}"));
             }
             Auth::None | Auth::ApiKey(_) => {}
         }
@@ -336,7 +377,11 @@ async fn connection(plan: Arc<Plan>, mut conn: Option<Conn>, seed: u64) -> Resul
     let mut stats = Stats::new()?;
     let mut rng = Rng(seed | 1);
     while let Some((i, due)) = plan.next_slot().await {
-        let j = if i > 0 && rng.chance(plan.dup_ratio) { rng.next() % i } else { i };
+        let j = match plan.keys {
+            Some(k) => rng.next() % k,
+            None if i > 0 && rng.chance(plan.dup_ratio) => rng.next() % i,
+            None => i,
+        };
         let sender = match conn.as_mut() {
             Some(c) => c,
             None => match tokio::time::timeout(plan.timeout, plan.target.connect()).await {
@@ -365,7 +410,9 @@ async fn connection(plan: Arc<Plan>, mut conn: Option<Conn>, seed: u64) -> Resul
         };
         match tokio::time::timeout(plan.timeout, exchange).await {
             Ok(Ok(status)) => {
-                stats.latency_us.saturating_record(due.elapsed().as_micros() as u64);
+                stats
+                    .latency_us
+                    .saturating_record(due.elapsed().as_micros() as u64);
                 *stats.status.entry(status).or_insert(0) += 1;
             }
             Ok(Err(_)) => {
@@ -385,6 +432,15 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
     let target = Target::new(&args)?;
     let auth = Auth::load(args.auth, args.secret_file.as_ref())?;
     let seed = getrandom::u64()?;
+    // The prefix goes into JSON and headers unescaped, and keys are at most 255 characters.
+    if let Some(p) = &args.key_prefix {
+        let ok = p.len() <= 200
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
+        if !ok {
+            return Err("--key-prefix: at most 200 of A-Z a-z 0-9 - _ . :".into());
+        }
+    }
     let duration = match (args.duration, args.requests) {
         (Some(d), _) => Some(d),
         (None, Some(_)) => None,
@@ -411,7 +467,10 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
     }
     if failed == args.connections as usize {
         // One more attempt for the message: the first error is what the user needs to see.
-        target.connect().await.map_err(|e| format!("cannot connect to {}: {e}", args.url))?;
+        target
+            .connect()
+            .await
+            .map_err(|e| format!("cannot connect to {}: {e}", args.url))?;
     }
     let target = Arc::try_unwrap(target).map_err(|_| "connection setup still holds the target")?;
 
@@ -419,13 +478,17 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
     let plan = Arc::new(Plan {
         target,
         auth,
-        run_id: format!("{:08x}", seed as u32),
+        key_prefix: args
+            .key_prefix
+            .clone()
+            .unwrap_or_else(|| format!("load-{:08x}", seed as u32)),
         next: AtomicU64::new(0),
         limit: args.requests,
         start,
         deadline: duration.map(|d| start + d),
         rate: args.rate,
         dup_ratio: args.dup_ratio,
+        keys: args.keys.filter(|&k| k > 0),
         timeout: args.timeout,
     });
     let mut workers = Vec::new();
@@ -451,11 +514,21 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
     }
 }
 
-fn print_report(args: &Args, plan: &Plan, total: &Stats, elapsed: Duration, failed_handshakes: usize) {
+fn print_report(
+    args: &Args,
+    plan: &Plan,
+    total: &Stats,
+    elapsed: Duration,
+    failed_handshakes: usize,
+) {
     let h = &total.latency_us;
     let responses = h.len();
     let secs = elapsed.as_secs_f64();
-    let rps = if secs > 0.0 { responses as f64 / secs } else { 0.0 };
+    let rps = if secs > 0.0 {
+        responses as f64 / secs
+    } else {
+        0.0
+    };
     let q = |x: f64| h.value_at_quantile(x);
     let protocol = if args.http2 { "h2" } else { "http/1.1" };
     let mode = match args.rate {
@@ -463,7 +536,11 @@ fn print_report(args: &Args, plan: &Plan, total: &Stats, elapsed: Duration, fail
         None => "closed loop".to_string(),
     };
     if args.json {
-        let status: BTreeMap<String, u64> = total.status.iter().map(|(k, v)| (k.to_string(), *v)).collect();
+        let status: BTreeMap<String, u64> = total
+            .status
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect();
         let out = serde_json::json!({
             "url": plan.target.uri.to_string(), "protocol": protocol, "connections": args.connections,
             "mode": mode, "rate": args.rate, "dup_ratio": args.dup_ratio,
@@ -475,7 +552,10 @@ fn print_report(args: &Args, plan: &Plan, total: &Stats, elapsed: Duration, fail
         println!("{out}");
         return;
     }
-    println!("hoox-load: {} {protocol}, {} connections, {mode}, {secs:.2} s", plan.target.uri, args.connections);
+    println!(
+        "hoox-load: {} {protocol}, {} connections, {mode}, {secs:.2} s",
+        plan.target.uri, args.connections
+    );
     println!("  responses  {responses}   throughput {rps:.1} req/s");
     println!(
         "  latency us p50 {}  p90 {}  p99 {}  p99.9 {}  max {}",
@@ -485,10 +565,28 @@ fn print_report(args: &Args, plan: &Plan, total: &Stats, elapsed: Duration, fail
         q(0.999),
         h.max()
     );
-    let status: Vec<String> = total.status.iter().map(|(k, v)| format!("{k} x {v}")).collect();
-    println!("  status     {}", if status.is_empty() { "none".to_string() } else { status.join(", ") });
+    let status: Vec<String> = total
+        .status
+        .iter()
+        .map(|(k, v)| format!("{k} x {v}"))
+        .collect();
+    println!(
+        "  status     {}",
+        if status.is_empty() {
+            "none".to_string()
+        } else {
+            status.join(", ")
+        }
+    );
     if !total.errors.is_empty() || failed_handshakes > 0 {
-        let errors: Vec<String> = total.errors.iter().map(|(k, v)| format!("{k} x {v}")).collect();
-        println!("  errors     {} (failed initial handshakes: {failed_handshakes})", errors.join(", "));
+        let errors: Vec<String> = total
+            .errors
+            .iter()
+            .map(|(k, v)| format!("{k} x {v}"))
+            .collect();
+        println!(
+            "  errors     {} (failed initial handshakes: {failed_handshakes})",
+            errors.join(", ")
+        );
     }
 }
