@@ -205,6 +205,8 @@ if [ "$MAIN" = 1 ]; then
         stop "$GW_PID"
     done
 
+fi
+if [ "$MAIN" = 1 ] && [ "$GATEWAY" = 1 ]; then
     echo
     echo "| connections | bare req/s | gateway req/s | gateway/bare | added p50 (us) | added p99 (us) |"
     echo "|---|---|---|---|---|---|"
@@ -229,7 +231,8 @@ if [ "$MAIN" = 1 ]; then
         -v gr="$(jget "$WORK/gateway-c16.json" throughput_rps 2>/dev/null)" \
         'BEGIN { if (br > 0) printf "%.2f", gr / br; else print "n/a" }')
     echo "target: gateway >= 0.50 x bare req/s at 16 connections: $c16"
-
+fi
+if [ "$MAIN" = 1 ]; then
     if [ "$MUTEX_BENCH" = 1 ] && [ -f benches/mutex.rs ]; then
         echo "-- cargo bench --bench mutex"
         timeout 900 cargo bench --bench mutex 2>&1 | grep -v '^\s*\(Compiling\|Finished\|Running\)' |
