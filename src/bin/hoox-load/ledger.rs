@@ -106,6 +106,10 @@ pub async fn serve(listen: SocketAddr) -> Result<ExitCode, Error> {
         "hoox-load: ledger on http://{}/orders (counts at /ledger)",
         listener.local_addr()?
     );
+    serve_on(listener).await
+}
+
+async fn serve_on(listener: TcpListener) -> Result<ExitCode, Error> {
     let book = Arc::new(Mutex::new(Book::default()));
     loop {
         let (tcp, _) = match listener.accept().await {
@@ -185,4 +189,54 @@ pub fn report(counts: &Counts, json: bool) -> ExitCode {
 
 pub async fn check(url: &str, json: bool) -> Result<ExitCode, Error> {
     Ok(report(&fetch(url).await?, json))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn post(addr: SocketAddr, key: Option<&str>) -> StatusCode {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let mut req = Request::post("/orders").header(hyper::header::HOST, addr.to_string());
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        let res = sender.send_request(req.body(Full::new(Bytes::from_static(b"{}"))).unwrap());
+        let res = res.await.unwrap();
+        let status = res.status();
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"{\"success\":true}");
+        status
+    }
+
+    #[tokio::test]
+    async fn ledger_counts_and_names_keys_forwarded_twice() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve_on(listener));
+        for key in [Some("a"), Some("b"), Some("a"), None, Some("c"), Some("a")] {
+            assert_eq!(post(addr, key).await, StatusCode::OK);
+        }
+        let counts = fetch(&format!("http://{addr}/ledger")).await.unwrap();
+        assert_eq!(counts.total, 6);
+        assert_eq!(counts.unique, 3);
+        assert_eq!(counts.missing_key, 1);
+        assert_eq!(counts.duplicates, vec!["a".to_string()]);
+        assert_eq!(report(&counts, true), ExitCode::from(1));
+        server.abort();
+    }
+
+    #[test]
+    fn no_duplicates_is_success() {
+        let counts = Counts {
+            total: 2,
+            unique: 2,
+            ..Counts::default()
+        };
+        assert_eq!(report(&counts, true), ExitCode::SUCCESS);
+    }
 }

@@ -296,6 +296,17 @@ impl Rng {
     }
 }
 
+/// `X-Hoox-Signature`: `sha256=` and the hex HMAC-SHA256 of `"{timestamp}.{raw body}"`.
+fn sign(secret: &[u8], ts: u64, body: &[u8]) -> Result<String, Error> {
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret)?;
+    mac.update(format!("{ts}.").as_bytes());
+    mac.update(body);
+    Ok(format!(
+        "sha256={}",
+        hex::encode(mac.finalize().into_bytes())
+    ))
+}
+
 /// Everything the connections share while the run lasts.
 struct Plan {
     target: Target,
@@ -342,13 +353,10 @@ impl Plan {
                     .duration_since(UNIX_EPOCH)
                     .map(|d| d.as_secs())
                     .unwrap_or(0);
-                let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret)?;
-                mac.update(format!("{ts}.").as_bytes());
-                mac.update(body.as_bytes());
-                let sig = hex::encode(mac.finalize().into_bytes());
+                let sig = sign(secret, ts, body.as_bytes())?;
                 req = req
                     .header("x-hoox-timestamp", ts.to_string())
-                    .header("x-hoox-signature", format!("sha256={sig}"));
+                    .header("x-hoox-signature", sig);
             }
             Auth::None | Auth::ApiKey(_) => {}
         }
@@ -588,5 +596,96 @@ fn print_report(
             "  errors     {} (failed initial handshakes: {failed_handshakes})",
             errors.join(", ")
         );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(auth: Auth) -> Plan {
+        let start = Instant::now();
+        Plan {
+            target: Target {
+                uri: Uri::from_static("https://127.0.0.1:1/webhook"),
+                request_uri: Uri::from_static("/webhook"),
+                authority: "127.0.0.1:1".into(),
+                addr: "127.0.0.1:1".into(),
+                server_name: ServerName::try_from("localhost").unwrap(),
+                tls: TlsConnector::from(Arc::new(
+                    rustls::ClientConfig::builder_with_provider(Arc::new(
+                        rustls::crypto::ring::default_provider(),
+                    ))
+                    .with_safe_default_protocol_versions()
+                    .unwrap()
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth(),
+                )),
+                http2: false,
+            },
+            auth,
+            key_prefix: "p".into(),
+            next: AtomicU64::new(0),
+            limit: Some(3),
+            start,
+            deadline: None,
+            rate: None,
+            dup_ratio: 0.0,
+            keys: None,
+            timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn body_is_a_hoox_trade_and_a_repeated_key_repeats_the_trade() {
+        let p = plan(Auth::ApiKey(serde_json::to_string("s\"cret").unwrap()));
+        let v: serde_json::Value = serde_json::from_str(&p.body(1999)).unwrap();
+        assert_eq!(v["exchange"], "binance");
+        assert_eq!(v["symbol"], "BTCUSDT");
+        assert_eq!(v["action"], "SHORT");
+        assert_eq!(v["quantity"].as_f64(), Some(1.0));
+        assert_eq!(v["idempotencyKey"], "p-1999");
+        assert_eq!(v["apiKey"], "s\"cret");
+        assert_eq!(p.body(7), p.body(7));
+        assert_ne!(p.body(7), p.body(8));
+    }
+
+    #[test]
+    fn hmac_signature_matches_openssl() {
+        // printf '1700000000.{"a":1}' | openssl dgst -sha256 -hmac 'k3y'
+        assert_eq!(
+            sign(b"k3y", 1_700_000_000, br#"{"a":1}"#).unwrap(),
+            "sha256=fd5a70e965043f7df6309c2c3b5ff5a8ffa99b1f5175e9a311459e73c4634d4a"
+        );
+    }
+
+    #[test]
+    fn bearer_header_and_request_shape() {
+        let value = hyper::header::HeaderValue::from_static("Bearer t0k");
+        let p = plan(Auth::Bearer(value));
+        let req = p.request(p.body(0)).unwrap();
+        assert_eq!(req.uri(), "/webhook");
+        assert_eq!(req.headers()[hyper::header::HOST], "127.0.0.1:1");
+        assert_eq!(req.headers()[hyper::header::AUTHORIZATION], "Bearer t0k");
+    }
+
+    #[tokio::test]
+    async fn request_limit_ends_the_run() {
+        let p = plan(Auth::None);
+        let mut n = 0;
+        while p.next_slot().await.is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 3);
+    }
+
+    #[test]
+    fn rate_and_ratio_parsing() {
+        assert_eq!(parse_rate("1000/s"), Ok(1000.0));
+        assert_eq!(parse_rate("250"), Ok(250.0));
+        assert!(parse_rate("0/s").is_err());
+        assert!(parse_rate("fast").is_err());
+        assert!(parse_ratio("1.5").is_err());
+        assert_eq!(parse_ratio("0.25"), Ok(0.25));
     }
 }
