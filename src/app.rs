@@ -1,7 +1,328 @@
-//! `run(config, shutdown)`: wires the mutex, the executor, the gateway and the admin face.
-//! (to be written)
+//! `run(config, shutdown)`: wires the mutex, the executor, the gateway and the admin face,
+//! and speaks to systemd. Tests drive it (or the binary) on port 0.
+//!
+//! Start order matters for the appliance: bind the listeners first (so a port clash is an
+//! error at start, not later), then report READY=1 only once the database is open too. Stop
+//! order is the reverse: stop accepting, let in-flight requests commit or release, then close
+//! the database cleanly.
 
-/// Tells `run` to stop.
-pub struct Shutdown;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
 
-pub async fn run() {}
+use crate::admin;
+use crate::config::{Config, ExecutorKind};
+use crate::executor::{self, Executor};
+use crate::gateway::auth::Authenticator;
+use crate::gateway::limits::{Allowlist, RateLimiter};
+use crate::gateway::{self, ConnLimits, Gateway, TlsConfig};
+use crate::metrics::Metrics;
+use crate::mutex::{self, Clock, Mutex};
+use crate::platform::notify;
+
+/// Set to `1` to let `POST /debug/stall` on the admin listener stall the owner loop. For
+/// the fault tests only: it is how a wedged disk is simulated.
+pub const STALL_HOOK_ENV: &str = "HOOX_EDGE_TEST_STALL_HOOK";
+
+fn stall_hook() -> bool {
+    std::env::var(STALL_HOOK_ENV).is_ok_and(|v| v == "1")
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum RunError {
+    #[error("cannot listen on {addr}: {source}")]
+    Bind {
+        addr: String,
+        source: std::io::Error,
+    },
+    #[error("executor: {0}")]
+    Executor(String),
+    #[error("authentication: {0}")]
+    Auth(String),
+    #[error("limits: {0}")]
+    Limits(String),
+}
+
+/// A gateway whose listeners are bound and whose owner thread runs.
+pub struct Started {
+    pub gateway_addr: SocketAddr,
+    /// `host:port`, or `unix:/path`.
+    pub admin_addr: Option<String>,
+    config: Config,
+    mutex: Mutex,
+    owner: mutex::Owner,
+    listener: tokio::net::TcpListener,
+    admin: Option<admin::Bound>,
+    tls: TlsConfig,
+    gw: Arc<Gateway>,
+    metrics: Arc<Metrics>,
+}
+
+/// Binds everything and starts the owner. Errors here are start-up errors.
+pub async fn start(config: Config) -> Result<Started, RunError> {
+    let tls_cfg = config.tls.load().map_err(|e| RunError::Bind {
+        addr: config.listen.to_string(),
+        source: std::io::Error::other(e.to_string()),
+    })?;
+    let (mutex, owner) = mutex::start_with(
+        mutex::Config {
+            path: config.store_path.clone(),
+            capacity: config.capacity,
+            ..mutex::Config::default()
+        },
+        Clock::system(),
+        stall_hook(),
+    );
+    let executor = match &config.executor {
+        ExecutorKind::Paper => Executor::Paper(executor::paper::Paper::new()),
+        ExecutorKind::Http { url, ca_file } => Executor::Http(
+            executor::http::HttpExecutor::new(executor::http::HttpConfig {
+                url: url.clone(),
+                timeout: config.executor_timeout,
+                ca_file: ca_file.clone(),
+            })
+            .map_err(|e| RunError::Executor(e.to_string()))?,
+        ),
+    };
+    let authenticator = authenticator(&config)?;
+    let allowlist =
+        Allowlist::parse(&config.allow_ips).map_err(|e| RunError::Limits(e.to_string()))?;
+    let metrics = Arc::new(Metrics::new());
+    let gw = Arc::new(Gateway {
+        mutex: mutex.clone(),
+        executor,
+        auth: RwLock::new(Arc::new(authenticator)),
+        limiter: config
+            .rate_per_s
+            .map(|r| RateLimiter::new(r, config.burst.max(1))),
+        allowlist,
+        metrics: metrics.clone(),
+        ttl: config.ttl,
+        duplicate_response: config.duplicate_response,
+        on_unknown: config.on_unknown_outcome,
+        require_client_key: config.require_client_key,
+    });
+    let (listener, gateway_addr) =
+        gateway::bind(config.listen)
+            .await
+            .map_err(|source| RunError::Bind {
+                addr: config.listen.to_string(),
+                source,
+            })?;
+    let (admin, admin_addr) = match &config.admin {
+        None => (None, None),
+        Some(l) => {
+            let b = admin::bind(l).await.map_err(|source| RunError::Bind {
+                addr: format!("{l:?}"),
+                source,
+            })?;
+            // A port-0 TCP listener reports its real port; a Unix socket its path.
+            let a = b.listen().map(|l| l.to_string());
+            (Some(b), a)
+        }
+    };
+    Ok(Started {
+        gateway_addr,
+        admin_addr,
+        config,
+        mutex,
+        owner,
+        listener,
+        admin,
+        tls: Arc::new(RwLock::new(tls_cfg)),
+        gw,
+        metrics,
+    })
+}
+
+fn authenticator(config: &Config) -> Result<Authenticator, RunError> {
+    let a = &config.auth;
+    Authenticator::new(
+        a.api_keys.clone(),
+        a.hmac_secrets.clone(),
+        a.bearer_tokens.clone(),
+        a.mtls,
+        a.require.clone(),
+    )
+    .map_err(|e| RunError::Auth(e.to_string()))
+}
+
+/// Starts and serves until `shutdown` resolves.
+pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
+    start(config).await?.serve(shutdown).await;
+    Ok(())
+}
+
+impl Started {
+    /// Serves until `shutdown` resolves, then drains and closes the database.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) {
+        let Started {
+            gateway_addr,
+            config,
+            mutex,
+            owner,
+            listener,
+            admin,
+            tls,
+            gw,
+            metrics,
+            ..
+        } = self;
+        let ready = Arc::new(AtomicBool::new(false));
+        let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
+        let stopped = move || {
+            let mut rx = stop_rx.clone();
+            async move {
+                let _ = rx.wait_for(|s| *s).await;
+            }
+        };
+
+        let admin_task = admin.map(|b| {
+            let state = admin::State {
+                mutex: mutex.clone(),
+                metrics: metrics.clone(),
+                ready: ready.clone(),
+                stall_hook: stall_hook(),
+            };
+            tokio::spawn(admin::serve(b, state, stopped()))
+        });
+        let supervisor = tokio::spawn(supervise(mutex.clone(), ready.clone(), stopped()));
+        let reloader = tokio::spawn(reload_on_hangup(config.clone(), tls.clone(), gw.clone()));
+
+        log::info!("listening on https://{gateway_addr}");
+        let limits = ConnLimits {
+            max_connections: config.max_connections,
+            handshake_timeout: config.handshake_timeout,
+            header_timeout: config.header_timeout,
+        };
+        gateway::serve(listener, tls, gw, limits, async {
+            shutdown.await;
+            notify::stopping();
+            log::info!("stopping: draining in-flight requests");
+        })
+        .await;
+
+        ready.store(false, Ordering::Relaxed);
+        let _ = stop_tx.send(true);
+        reloader.abort();
+        let _ = supervisor.await;
+        if let Some(t) = admin_task {
+            let _ = t.await;
+        }
+        // The owner flushes and closes the database; it blocks, so keep it off the runtime.
+        let _ = tokio::task::spawn_blocking(move || owner.stop()).await;
+        log::info!("stopped; database closed");
+    }
+}
+
+/// READY=1 once the database is open; WATCHDOG=1 only while the owner answers a ping;
+/// STATUS= with what an operator wants to see in `systemctl status`.
+async fn supervise(mutex: Mutex, ready: Arc<AtomicBool>, stopped: impl Future<Output = ()>) {
+    let watchdog = notify::watchdog_interval();
+    let tick = watchdog
+        .unwrap_or(Duration::from_secs(5))
+        .min(Duration::from_secs(5));
+    let fast = Duration::from_millis(100);
+    let mut last_status = String::new();
+    tokio::pin!(stopped);
+    loop {
+        let status = match mutex.ping().await {
+            Ok(s) => {
+                if s.fail_closed.is_none() && !ready.swap(true, Ordering::Relaxed) {
+                    notify::ready();
+                    log::info!("ready: database open, {} live keys", s.live_keys);
+                }
+                // The owner answered in time: tell the watchdog we are alive.
+                if watchdog.is_some() {
+                    notify::watchdog();
+                }
+                match (&s.fail_closed, s.halted) {
+                    (Some(u), _) => format!("fail-closed: {u}; {} live keys", s.live_keys),
+                    (None, true) => format!("halted; {} live keys", s.live_keys),
+                    (None, false) => format!("serving; {} live keys", s.live_keys),
+                }
+            }
+            Err(u) => format!("fail-closed: {u}"),
+        };
+        if status != last_status {
+            notify::status(&status);
+            if status.starts_with("fail-closed") {
+                log::error!("{status}");
+            } else {
+                log::info!("{status}");
+            }
+            last_status = status;
+        }
+        // Poll quickly until ready, then at the watchdog's pace.
+        let wait = if ready.load(Ordering::Relaxed) {
+            tick
+        } else {
+            fast
+        };
+        tokio::select! {
+            _ = tokio::time::sleep(wait) => {}
+            _ = &mut stopped => return,
+        }
+    }
+}
+
+/// SIGHUP: reload certificates and secrets without dropping connections. A bad new file
+/// keeps the old configuration and says why.
+async fn reload_on_hangup(config: Config, tls: TlsConfig, gw: Arc<Gateway>) {
+    use tokio::signal::unix::{SignalKind, signal};
+    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+        log::warn!("cannot listen for SIGHUP; reload disabled");
+        return;
+    };
+    let mut config = config;
+    while hup.recv().await.is_some() {
+        notify::reloading();
+        match config.tls.load() {
+            Ok(new) => {
+                match tls.write() {
+                    Ok(mut t) => *t = new,
+                    Err(p) => *p.into_inner() = new,
+                }
+                log::info!("reloaded TLS certificate");
+            }
+            Err(e) => log::error!("TLS reload failed, keeping the current certificate: {e}"),
+        }
+        match config.auth.reload() {
+            Ok(auth) => {
+                config.auth = auth;
+                match authenticator(&config) {
+                    Ok(a) => {
+                        match gw.auth.write() {
+                            Ok(mut g) => *g = Arc::new(a),
+                            Err(p) => *p.into_inner() = Arc::new(a),
+                        }
+                        log::info!("reloaded secrets");
+                    }
+                    Err(e) => log::error!("secret reload failed, keeping the current ones: {e}"),
+                }
+            }
+            Err(e) => log::error!("secret reload failed, keeping the current ones: {e}"),
+        }
+        notify::ready();
+    }
+}
+
+/// Resolves on SIGTERM or SIGINT.
+pub async fn terminate_signal() {
+    use tokio::signal::unix::{SignalKind, signal};
+    match (
+        signal(SignalKind::terminate()),
+        signal(SignalKind::interrupt()),
+    ) {
+        (Ok(mut term), Ok(mut int)) => {
+            tokio::select! {
+                _ = term.recv() => {}
+                _ = int.recv() => {}
+            }
+        }
+        // Without signal handlers the process can only be killed; wait forever.
+        _ => std::future::pending::<()>().await,
+    }
+}

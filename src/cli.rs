@@ -1,1 +1,354 @@
-//! (to be written)
+//! The command line: `serve`, `check-config`, `gen-cert`, `sign`, and the operator commands
+//! (`status`, `keys`, `halt`, `resume`) that talk to a running gateway's admin listener.
+//!
+//! Secrets never appear on the command line: `sign` reads the secret from a file.
+
+use std::io::Read;
+use std::path::{Path, PathBuf};
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+use crate::admin::{self, Listen};
+use crate::config::{Config, EX_CONFIG};
+
+/// The config file of an installed appliance.
+pub const DEFAULT_CONFIG: &str = "/etc/hoox-edge/config.toml";
+/// Where the admin listener is when nothing says otherwise.
+pub const DEFAULT_ADMIN: &str = "127.0.0.1:9980";
+
+#[derive(Parser)]
+#[command(
+    name = "hoox-edge",
+    version,
+    about = "Idempotency gateway for trade webhooks"
+)]
+struct Cli {
+    #[command(subcommand)]
+    cmd: Cmd,
+}
+
+#[derive(Subcommand)]
+enum Cmd {
+    /// Run the gateway. Without --config: embedded defaults on 127.0.0.1:8443, state,
+    /// certificate and secret in --state-dir, paper executor.
+    Serve {
+        #[arg(long)]
+        config: Option<PathBuf>,
+        #[arg(long, default_value = "hoox-edge-state")]
+        state_dir: PathBuf,
+        /// Override the webhook listen address (e.g. 127.0.0.1:0).
+        #[arg(long)]
+        listen: Option<std::net::SocketAddr>,
+    },
+    /// Check a config file, its certificate and its secret files; exit 78 on any error.
+    CheckConfig {
+        #[arg(long, default_value = DEFAULT_CONFIG)]
+        config: PathBuf,
+    },
+    /// Write a self-signed certificate and key (cert.pem, key.pem) into a folder.
+    GenCert {
+        #[arg(long)]
+        out: PathBuf,
+        /// DNS name or IP address to certify; repeatable.
+        #[arg(long = "name", default_values_t = ["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()])]
+        names: Vec<String>,
+        /// Overwrite an existing certificate.
+        #[arg(long)]
+        force: bool,
+    },
+    /// Print the HMAC headers for a body: X-Hoox-Timestamp and X-Hoox-Signature.
+    Sign {
+        /// File whose first secret line is the HMAC secret.
+        #[arg(long)]
+        secret_file: PathBuf,
+        /// The body to sign; standard input when absent.
+        #[arg(long)]
+        body_file: Option<PathBuf>,
+        /// Unix seconds; now when absent.
+        #[arg(long)]
+        timestamp: Option<i64>,
+    },
+    /// Inspect or release live keys.
+    Keys {
+        #[command(subcommand)]
+        op: KeysOp,
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Kill switch on: refuse every trade (503 KILL_SWITCH) until `resume`. Persisted.
+    Halt {
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Kill switch off.
+    Resume {
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+    /// Live keys, kill switch, and whether the gateway is failing closed.
+    Status {
+        #[command(flatten)]
+        admin: AdminArgs,
+    },
+}
+
+#[derive(Subcommand)]
+enum KeysOp {
+    /// List live keys.
+    List {
+        #[arg(long, default_value_t = 100)]
+        limit: usize,
+    },
+    /// Show one key (the stored form, e.g. client:psk:live:order-1).
+    Show { key: String },
+    /// Operator release of a held key, so that a retry may run.
+    Release { key: String },
+}
+
+#[derive(clap::Args)]
+struct AdminArgs {
+    /// Admin listener: host:port or unix:/path. Default: the config's [admin] listen.
+    #[arg(long)]
+    admin: Option<String>,
+    /// Config file to read [admin] listen from.
+    #[arg(long)]
+    config: Option<PathBuf>,
+}
+
+/// Parses the command line and runs it. The process exit code comes back.
+pub fn main() -> ExitCode {
+    let cli = Cli::parse();
+    let level = match std::env::var("HOOX_EDGE_LOG").as_deref() {
+        Ok("debug") => log::LevelFilter::Debug,
+        Ok("warn") => log::LevelFilter::Warn,
+        Ok("error") => log::LevelFilter::Error,
+        _ => log::LevelFilter::Info,
+    };
+    crate::platform::log::init(level);
+    match cli.cmd {
+        Cmd::Serve {
+            config,
+            state_dir,
+            listen,
+        } => serve(config, &state_dir, listen),
+        Cmd::CheckConfig { config } => match Config::load(&config) {
+            Ok(_) => {
+                println!("{}: ok", config.display());
+                ExitCode::SUCCESS
+            }
+            Err(e) => config_error(&e),
+        },
+        Cmd::GenCert { out, names, force } => gen_cert(&out, &names, force),
+        Cmd::Sign {
+            secret_file,
+            body_file,
+            timestamp,
+        } => sign(&secret_file, body_file.as_deref(), timestamp),
+        Cmd::Keys { op, admin } => {
+            let (method, path) = match &op {
+                KeysOp::List { limit } => ("GET", format!("/keys?limit={limit}")),
+                KeysOp::Show { key } => {
+                    ("GET", format!("/keys/{}", admin::client::encode_key(key)))
+                }
+                KeysOp::Release { key } => (
+                    "POST",
+                    format!("/keys/{}/release", admin::client::encode_key(key)),
+                ),
+            };
+            operator(&admin, method, &path)
+        }
+        Cmd::Halt { admin } => operator(&admin, "POST", "/halt"),
+        Cmd::Resume { admin } => operator(&admin, "POST", "/resume"),
+        Cmd::Status { admin } => operator(&admin, "GET", "/status"),
+    }
+}
+
+fn config_error(e: &crate::config::ConfigError) -> ExitCode {
+    eprintln!("hoox-edge: config error: {e}");
+    ExitCode::from(EX_CONFIG as u8)
+}
+
+fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
+    tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+}
+
+fn serve(
+    config: Option<PathBuf>,
+    state_dir: &Path,
+    listen: Option<std::net::SocketAddr>,
+) -> ExitCode {
+    let embedded = config.is_none();
+    let loaded = match &config {
+        Some(p) => Config::load(p),
+        None => Config::embedded(state_dir),
+    };
+    let mut config = match loaded {
+        Ok(c) => c,
+        Err(e) => return config_error(&e),
+    };
+    if let Some(l) = listen {
+        config.listen = l;
+    }
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("hoox-edge: cannot start the runtime: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    rt.block_on(async move {
+        let started = match crate::app::start(config).await {
+            Ok(s) => s,
+            Err(e) => {
+                eprintln!("hoox-edge: {e}");
+                return ExitCode::FAILURE;
+            }
+        };
+        // One line for people and for tests: where we listen.
+        println!(
+            "hoox-edge: gateway on https://{} admin {}",
+            started.gateway_addr,
+            started.admin_addr.as_deref().unwrap_or("off")
+        );
+        if embedded {
+            print_first_run(state_dir, started.gateway_addr);
+        }
+        started.serve(crate::app::terminate_signal()).await;
+        ExitCode::SUCCESS
+    })
+}
+
+/// The exact line to try on a first run. The secret stays in a file: curl reads the header
+/// from it, so it never lands in a shell history or a process list.
+fn print_first_run(state_dir: &Path, addr: std::net::SocketAddr) {
+    let dir = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
+    let d = dir.display();
+    println!("try it:");
+    println!(
+        "  curl --cacert {d}/tls/cert.pem -H @{d}/secrets/curl-auth.header \
+         -H 'Content-Type: application/json' \
+         -d '{{\"exchange\":\"binance\",\"symbol\":\"BTCUSDT\",\"action\":\"LONG\",\"quantity\":0.01}}' \
+         https://{addr}/webhook"
+    );
+    println!("send it twice: the second answer is 409 DUPLICATE.");
+}
+
+fn gen_cert(out: &Path, names: &[String], force: bool) -> ExitCode {
+    if out.join("cert.pem").exists() && !force {
+        eprintln!(
+            "hoox-edge: {} exists; use --force to replace it",
+            out.join("cert.pem").display()
+        );
+        return ExitCode::FAILURE;
+    }
+    if let Err(e) = crate::config::create_private_dir(out) {
+        eprintln!("hoox-edge: {}: {e}", out.display());
+        return ExitCode::FAILURE;
+    }
+    match crate::gateway::tls::generate_self_signed(out, names) {
+        Ok(()) => {
+            println!("wrote {0}/cert.pem and {0}/key.pem", out.display());
+            ExitCode::SUCCESS
+        }
+        Err(e) => {
+            eprintln!("hoox-edge: {e}");
+            ExitCode::FAILURE
+        }
+    }
+}
+
+fn sign(secret_file: &Path, body_file: Option<&Path>, timestamp: Option<i64>) -> ExitCode {
+    let secrets = match crate::gateway::auth::load_secrets(secret_file) {
+        Ok(s) => s,
+        Err(e) => {
+            eprintln!("hoox-edge: {e}");
+            return ExitCode::from(EX_CONFIG as u8);
+        }
+    };
+    let Some(secret) = secrets.first() else {
+        eprintln!("hoox-edge: {}: no secret", secret_file.display());
+        return ExitCode::from(EX_CONFIG as u8);
+    };
+    let body = match body_file {
+        Some(p) => std::fs::read(p),
+        None => {
+            let mut b = Vec::new();
+            std::io::stdin().read_to_end(&mut b).map(|_| b)
+        }
+    };
+    let body = match body {
+        Ok(b) => b,
+        Err(e) => {
+            eprintln!("hoox-edge: cannot read the body: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    let ts = timestamp.unwrap_or_else(|| (crate::mutex::clock::unix_ms() / 1000) as i64);
+    println!("X-Hoox-Timestamp: {ts}");
+    println!(
+        "X-Hoox-Signature: {}",
+        crate::gateway::auth::sign(secret.expose(), ts, &body)
+    );
+    ExitCode::SUCCESS
+}
+
+/// Where the admin listener is: --admin, else the config's [admin] listen, else the default.
+fn admin_listen(args: &AdminArgs) -> Result<Listen, String> {
+    if let Some(a) = &args.admin {
+        return Listen::parse(a);
+    }
+    let path = args
+        .config
+        .clone()
+        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
+    // Read only the [admin] table: an operator may not be allowed to read the secrets.
+    #[derive(serde::Deserialize)]
+    struct Partial {
+        admin: Option<PartialAdmin>,
+    }
+    #[derive(serde::Deserialize)]
+    struct PartialAdmin {
+        listen: Option<String>,
+    }
+    let from_file = std::fs::read_to_string(&path)
+        .ok()
+        .and_then(|t| toml::from_str::<Partial>(&t).ok())
+        .and_then(|p| p.admin)
+        .and_then(|a| a.listen);
+    Listen::parse(from_file.as_deref().unwrap_or(DEFAULT_ADMIN))
+}
+
+fn operator(args: &AdminArgs, method: &str, path: &str) -> ExitCode {
+    let listen = match admin_listen(args) {
+        Ok(l) => l,
+        Err(e) => {
+            eprintln!("hoox-edge: admin address: {e}");
+            return ExitCode::from(EX_CONFIG as u8);
+        }
+    };
+    let rt = match runtime() {
+        Ok(rt) => rt,
+        Err(e) => {
+            eprintln!("hoox-edge: {e}");
+            return ExitCode::FAILURE;
+        }
+    };
+    match rt.block_on(admin::client::request(&listen, method, path)) {
+        Ok((status, body)) => {
+            println!("{body}");
+            if (200..300).contains(&status) {
+                ExitCode::SUCCESS
+            } else {
+                ExitCode::FAILURE
+            }
+        }
+        Err(e) => {
+            eprintln!("hoox-edge: admin listener {listen:?}: {e}");
+            // EX_UNAVAILABLE: the service is not there.
+            ExitCode::from(69)
+        }
+    }
+}

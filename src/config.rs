@@ -1,1 +1,545 @@
-//! (to be written)
+//! TOML → a typed [`Config`]. Every error names the key and the file (SPEC §7), and the
+//! binary exits 78 (EX_CONFIG) on any of them, from `check-config` and at start alike.
+//!
+//! Parse, don't validate: once a `Config` exists, its paths are absolute, its durations are
+//! in range, its secrets are loaded and its certificate parses. Nothing downstream checks
+//! again.
+
+use std::net::SocketAddr;
+use std::path::{Path, PathBuf};
+use std::time::Duration;
+
+use serde::Deserialize;
+
+use crate::admin::Listen;
+use crate::gateway::auth::{self, Method, Secret};
+use crate::gateway::tls::TlsFiles;
+
+/// The exit code for every configuration error (sysexits.h EX_CONFIG).
+pub const EX_CONFIG: i32 = 78;
+
+/// A configuration error: which file, which key, what is wrong. Never holds a secret.
+#[derive(Debug, thiserror::Error)]
+#[error("{file}: {key}: {message}")]
+pub struct ConfigError {
+    pub file: String,
+    pub key: String,
+    pub message: String,
+}
+
+impl ConfigError {
+    fn new(file: &Path, key: &str, message: impl Into<String>) -> Self {
+        ConfigError {
+            file: file.display().to_string(),
+            key: key.to_string(),
+            message: message.into(),
+        }
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum DuplicateResponse {
+    /// 409 DUPLICATE, as in the seed.
+    Reject,
+    /// A duplicate of a committed key gets the stored answer, `Idempotent-Replayed: true`.
+    Replay,
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum OnUnknown {
+    /// A timed-out order may have filled: keep the key until its TTL (default).
+    Hold,
+    /// The seed's behaviour: release on any error.
+    Release,
+}
+
+#[derive(Debug, Clone)]
+pub enum ExecutorKind {
+    Paper,
+    Http {
+        url: hyper::Uri,
+        ca_file: Option<PathBuf>,
+    },
+}
+
+#[derive(Debug, Clone)]
+pub struct Config {
+    /// The file this came from, for messages; `None` for the embedded defaults.
+    pub source: Option<PathBuf>,
+    pub listen: SocketAddr,
+    pub tls: TlsFiles,
+    pub duplicate_response: DuplicateResponse,
+    pub max_connections: usize,
+    pub handshake_timeout: Duration,
+    pub header_timeout: Duration,
+    pub admin: Option<Listen>,
+    pub store_path: PathBuf,
+    pub ttl: Duration,
+    pub capacity: usize,
+    pub auth: AuthConfig,
+    pub executor: ExecutorKind,
+    pub executor_timeout: Duration,
+    pub on_unknown_outcome: OnUnknown,
+    pub rate_per_s: Option<f64>,
+    pub burst: u32,
+    pub allow_ips: Vec<String>,
+    pub require_client_key: bool,
+}
+
+/// Where the secrets live, and the secrets themselves (loaded, so that a bad file is a
+/// start-up error, and re-read on SIGHUP).
+#[derive(Debug, Clone)]
+pub struct AuthConfig {
+    pub api_keys_file: Option<PathBuf>,
+    pub hmac_secrets_file: Option<PathBuf>,
+    pub bearer_tokens_file: Option<PathBuf>,
+    pub require: Vec<Method>,
+    pub mtls: bool,
+    pub api_keys: Vec<Secret>,
+    pub hmac_secrets: Vec<Secret>,
+    pub bearer_tokens: Vec<Secret>,
+}
+
+impl AuthConfig {
+    /// Reads the secret files again (SIGHUP). An error keeps nothing half-loaded.
+    pub fn reload(&self) -> Result<AuthConfig, ConfigError> {
+        let mut next = self.clone();
+        next.api_keys = load(&self.api_keys_file, "auth.api_keys_file")?;
+        next.hmac_secrets = load(&self.hmac_secrets_file, "auth.hmac_secrets_file")?;
+        next.bearer_tokens = load(&self.bearer_tokens_file, "auth.bearer_tokens_file")?;
+        Ok(next)
+    }
+}
+
+fn load(path: &Option<PathBuf>, key: &str) -> Result<Vec<Secret>, ConfigError> {
+    match path {
+        None => Ok(Vec::new()),
+        Some(p) => auth::load_secrets(p).map_err(|e| ConfigError::new(p, key, format!("{e}"))),
+    }
+}
+
+// The file as written. `deny_unknown_fields` everywhere: a misspelt key is an error, not a
+// silently ignored safety setting.
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawFile {
+    #[serde(default)]
+    server: RawServer,
+    admin: Option<RawAdmin>,
+    #[serde(default)]
+    store: RawStore,
+    #[serde(default)]
+    auth: RawAuth,
+    #[serde(default)]
+    executor: RawExecutor,
+    #[serde(default)]
+    limits: RawLimits,
+    #[serde(default)]
+    keys: RawKeys,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawServer {
+    listen: Option<String>,
+    cert: Option<PathBuf>,
+    key: Option<PathBuf>,
+    client_ca: Option<PathBuf>,
+    duplicate_response: Option<String>,
+    max_connections: Option<usize>,
+    handshake_timeout: Option<String>,
+    header_timeout: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawAdmin {
+    listen: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawStore {
+    path: Option<PathBuf>,
+    ttl: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawAuth {
+    api_keys_file: Option<PathBuf>,
+    hmac_secrets_file: Option<PathBuf>,
+    bearer_tokens_file: Option<PathBuf>,
+    require: Option<Vec<String>>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawExecutor {
+    kind: Option<String>,
+    url: Option<String>,
+    ca_file: Option<PathBuf>,
+    timeout: Option<String>,
+    on_unknown_outcome: Option<String>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawLimits {
+    rate_per_s: Option<f64>,
+    burst: Option<u32>,
+    allow_ips: Option<Vec<String>>,
+    capacity: Option<usize>,
+}
+
+#[derive(Deserialize, Default)]
+#[serde(deny_unknown_fields)]
+struct RawKeys {
+    require_client_key: Option<bool>,
+}
+
+impl Config {
+    /// Reads and checks a config file.
+    pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        let text = std::fs::read_to_string(path)
+            .map_err(|e| ConfigError::new(path, "(file)", format!("cannot read: {e}")))?;
+        let raw: RawFile = toml::from_str(&text).map_err(|e| {
+            let msg = e.to_string();
+            // toml names the offending key in its message; keep its first line short.
+            ConfigError::new(path, "(syntax)", msg.trim().replace('\n', " "))
+        })?;
+        let base = path
+            .parent()
+            .map(Path::to_path_buf)
+            .unwrap_or_else(|| PathBuf::from("."));
+        Self::from_raw(raw, path, &base)
+    }
+
+    fn from_raw(raw: RawFile, file: &Path, base: &Path) -> Result<Config, ConfigError> {
+        let err = |key: &str, msg: String| ConfigError::new(file, key, msg);
+        let rel = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
+        let need_file = |key: &str, p: &Path| -> Result<(), ConfigError> {
+            std::fs::metadata(p)
+                .map(|_| ())
+                .map_err(|e| err(key, format!("{}: {e}", p.display())))
+        };
+
+        let listen = raw.server.listen.as_deref().unwrap_or("0.0.0.0:8443");
+        let listen: SocketAddr = listen
+            .parse()
+            .map_err(|e| err("server.listen", format!("{listen:?}: {e}")))?;
+        let cert = rel(raw
+            .server
+            .cert
+            .ok_or_else(|| err("server.cert", "required".into()))?);
+        let key = rel(raw
+            .server
+            .key
+            .ok_or_else(|| err("server.key", "required".into()))?);
+        need_file("server.cert", &cert)?;
+        need_file("server.key", &key)?;
+        auth::refuse_world_readable(&key).map_err(|e| err("server.key", e.to_string()))?;
+        let client_ca = raw.server.client_ca.map(rel);
+        if let Some(ca) = &client_ca {
+            need_file("server.client_ca", ca)?;
+        }
+        let tls = TlsFiles {
+            cert,
+            key,
+            client_ca,
+        };
+        // Load once now so that a bad certificate is a config error, not a runtime one.
+        tls.load().map_err(|e| err("server.cert", e.to_string()))?;
+
+        let duplicate_response = match raw.server.duplicate_response.as_deref() {
+            None | Some("reject") => DuplicateResponse::Reject,
+            Some("replay") => DuplicateResponse::Replay,
+            Some(o) => {
+                return Err(err(
+                    "server.duplicate_response",
+                    format!("{o:?}: expected \"reject\" or \"replay\""),
+                ));
+            }
+        };
+        let duration = |key: &str, v: &Option<String>, default: Duration| match v {
+            None => Ok(default),
+            Some(s) => parse_duration(s).map_err(|m| err(key, m)),
+        };
+        let handshake_timeout = duration(
+            "server.handshake_timeout",
+            &raw.server.handshake_timeout,
+            Duration::from_secs(10),
+        )?;
+        let header_timeout = duration(
+            "server.header_timeout",
+            &raw.server.header_timeout,
+            Duration::from_secs(10),
+        )?;
+        let max_connections = raw.server.max_connections.unwrap_or(1024);
+        if max_connections == 0 {
+            return Err(err("server.max_connections", "must be at least 1".into()));
+        }
+
+        let admin = match raw.admin.and_then(|a| a.listen) {
+            None => None,
+            Some(s) => Some(Listen::parse(&s).map_err(|m| err("admin.listen", m))?),
+        };
+
+        let store_path = rel(raw
+            .store
+            .path
+            .ok_or_else(|| err("store.path", "required".into()))?);
+        let ttl = duration("store.ttl", &raw.store.ttl, Duration::from_secs(300))?;
+        if ttl < Duration::from_secs(1) || ttl > Duration::from_secs(24 * 3600) {
+            return Err(err("store.ttl", "must be between 1s and 24h".into()));
+        }
+
+        let require = raw
+            .auth
+            .require
+            .unwrap_or_default()
+            .iter()
+            .map(|m| match m.as_str() {
+                "api_key" => Ok(Method::ApiKey),
+                "hmac" => Ok(Method::Hmac),
+                "bearer" => Ok(Method::Bearer),
+                "mtls" => Ok(Method::Mtls),
+                o => Err(err(
+                    "auth.require",
+                    format!("{o:?}: expected api_key, hmac, bearer or mtls"),
+                )),
+            })
+            .collect::<Result<Vec<_>, _>>()?;
+        let cred = |p: Option<PathBuf>| p.map(|p| rel(auth::credential_path(&p)));
+        let mut auth = AuthConfig {
+            api_keys_file: cred(raw.auth.api_keys_file),
+            hmac_secrets_file: cred(raw.auth.hmac_secrets_file),
+            bearer_tokens_file: cred(raw.auth.bearer_tokens_file),
+            require,
+            mtls: tls.client_ca.is_some(),
+            api_keys: Vec::new(),
+            hmac_secrets: Vec::new(),
+            bearer_tokens: Vec::new(),
+        };
+        auth = auth.reload()?;
+        if auth.api_keys.is_empty()
+            && auth.hmac_secrets.is_empty()
+            && auth.bearer_tokens.is_empty()
+            && !auth.mtls
+        {
+            // Fail closed: a gateway that would accept anyone does not start.
+            return Err(err(
+                "auth",
+                "no credential configured: set api_keys_file, hmac_secrets_file, \
+                 bearer_tokens_file or server.client_ca"
+                    .into(),
+            ));
+        }
+
+        let executor_timeout = duration(
+            "executor.timeout",
+            &raw.executor.timeout,
+            Duration::from_secs(10),
+        )?;
+        let executor = match raw.executor.kind.as_deref() {
+            None | Some("paper") => ExecutorKind::Paper,
+            Some("http") => {
+                let url = raw
+                    .executor
+                    .url
+                    .ok_or_else(|| err("executor.url", "required when kind = \"http\"".into()))?;
+                let url: hyper::Uri = url
+                    .parse()
+                    .map_err(|e| err("executor.url", format!("{url:?}: {e}")))?;
+                if !matches!(url.scheme_str(), Some("http") | Some("https")) {
+                    return Err(err("executor.url", "must be an http or https URL".into()));
+                }
+                let ca_file = raw.executor.ca_file.map(rel);
+                if let Some(ca) = &ca_file {
+                    need_file("executor.ca_file", ca)?;
+                }
+                ExecutorKind::Http { url, ca_file }
+            }
+            Some(o) => {
+                return Err(err(
+                    "executor.kind",
+                    format!("{o:?}: expected \"http\" or \"paper\""),
+                ));
+            }
+        };
+        let on_unknown_outcome = match raw.executor.on_unknown_outcome.as_deref() {
+            None | Some("hold") => OnUnknown::Hold,
+            Some("release") => OnUnknown::Release,
+            Some(o) => {
+                return Err(err(
+                    "executor.on_unknown_outcome",
+                    format!("{o:?}: expected \"hold\" or \"release\""),
+                ));
+            }
+        };
+
+        if let Some(r) = raw.limits.rate_per_s
+            && !(r.is_finite() && r > 0.0)
+        {
+            return Err(err("limits.rate_per_s", "must be a positive number".into()));
+        }
+        let allow_ips = raw.limits.allow_ips.unwrap_or_default();
+        crate::gateway::limits::Allowlist::parse(&allow_ips)
+            .map_err(|e| err("limits.allow_ips", e.to_string()))?;
+        let capacity = raw.limits.capacity.unwrap_or(1_000_000);
+        if capacity == 0 {
+            return Err(err("limits.capacity", "must be at least 1".into()));
+        }
+
+        Ok(Config {
+            source: Some(file.to_path_buf()),
+            listen,
+            tls,
+            duplicate_response,
+            max_connections,
+            handshake_timeout,
+            header_timeout,
+            admin,
+            store_path,
+            ttl,
+            capacity,
+            auth,
+            executor,
+            executor_timeout,
+            on_unknown_outcome,
+            rate_per_s: raw.limits.rate_per_s,
+            burst: raw.limits.burst.unwrap_or(20),
+            allow_ips,
+            require_client_key: raw.keys.require_client_key.unwrap_or(false),
+        })
+    }
+
+    /// The embedded defaults (`hoox-edge serve` with no config): state in `state_dir`, a
+    /// self-signed certificate and a random secret generated there on first start, the
+    /// paper executor, 127.0.0.1:8443, admin on 127.0.0.1:9980.
+    pub fn embedded(state_dir: &Path) -> Result<Config, ConfigError> {
+        let file = state_dir.join("config.toml");
+        let err = |key: &str, msg: String| ConfigError::new(&file, key, msg);
+        let tls_dir = state_dir.join("tls");
+        let secrets = state_dir.join("secrets");
+        for d in [state_dir, &tls_dir, &secrets] {
+            create_private_dir(d).map_err(|e| err("(state)", format!("{}: {e}", d.display())))?;
+        }
+        if !tls_dir.join("cert.pem").exists() {
+            crate::gateway::tls::generate_self_signed(
+                &tls_dir,
+                &["localhost".into(), "127.0.0.1".into(), "::1".into()],
+            )
+            .map_err(|e| err("server.cert", e.to_string()))?;
+        }
+        let secret = secrets.join("secret");
+        if !secret.exists() {
+            let token = random_token().map_err(|e| err("auth", e))?;
+            write_private(&secret, &format!("{token}\n"))
+                .and_then(|_| {
+                    write_private(
+                        &secrets.join("curl-auth.header"),
+                        &format!("Authorization: Bearer {token}\n"),
+                    )
+                })
+                .map_err(|e| err("auth", format!("{}: {e}", secret.display())))?;
+        }
+        let text = EMBEDDED.to_string();
+        let raw: RawFile = toml::from_str(&text).map_err(|e| err("(embedded)", e.to_string()))?;
+        let mut c = Self::from_raw(raw, &file, state_dir)?;
+        c.source = None;
+        Ok(c)
+    }
+}
+
+/// The embedded defaults, as a config file relative to the state folder.
+const EMBEDDED: &str = r#"
+[server]
+listen = "127.0.0.1:8443"
+cert = "tls/cert.pem"
+key = "tls/key.pem"
+
+[admin]
+listen = "127.0.0.1:9980"
+
+[store]
+path = "mutex.redb"
+ttl = "300s"
+
+[auth]
+api_keys_file = "secrets/secret"
+hmac_secrets_file = "secrets/secret"
+bearer_tokens_file = "secrets/secret"
+
+[executor]
+kind = "paper"
+"#;
+
+/// `300s`, `10s`, `250ms`, `5m`, `1h`: a number and a unit, nothing else.
+pub fn parse_duration(s: &str) -> Result<Duration, String> {
+    let s = s.trim();
+    let split = s
+        .find(|c: char| !c.is_ascii_digit())
+        .ok_or_else(|| format!("{s:?}: missing unit (ms, s, m, h)"))?;
+    let (n, unit) = s.split_at(split);
+    let n: u64 = n
+        .parse()
+        .map_err(|_| format!("{s:?}: expected a number and a unit (ms, s, m, h)"))?;
+    let ms = match unit {
+        "ms" => Some(n),
+        "s" => n.checked_mul(1000),
+        "m" => n.checked_mul(60_000),
+        "h" => n.checked_mul(3_600_000),
+        _ => return Err(format!("{s:?}: unit must be ms, s, m or h")),
+    };
+    ms.map(Duration::from_millis)
+        .ok_or_else(|| format!("{s:?}: too large"))
+}
+
+/// A fresh 256-bit secret, hex-encoded.
+pub fn random_token() -> Result<String, String> {
+    let mut b = [0u8; 32];
+    getrandom::fill(&mut b).map_err(|e| format!("no randomness: {e}"))?;
+    Ok(hex::encode(b))
+}
+
+/// Creates a directory readable by its owner only (no-op if it exists).
+pub fn create_private_dir(d: &Path) -> std::io::Result<()> {
+    use std::os::unix::fs::DirBuilderExt;
+    std::fs::DirBuilder::new()
+        .recursive(true)
+        .mode(0o700)
+        .create(d)
+}
+
+/// Writes a file readable by its owner only.
+pub fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let mut f = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)?;
+    f.write_all(contents.as_bytes())?;
+    f.sync_all()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn durations_need_a_unit() {
+        assert_eq!(parse_duration("300s"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("250ms"), Ok(Duration::from_millis(250)));
+        assert_eq!(parse_duration("5m"), Ok(Duration::from_secs(300)));
+        assert_eq!(parse_duration("2h"), Ok(Duration::from_secs(7200)));
+        assert!(parse_duration("300").is_err());
+        assert!(parse_duration("s").is_err());
+        assert!(parse_duration("3 days").is_err());
+        assert!(parse_duration("99999999999999999999h").is_err());
+    }
+}

@@ -17,4 +17,4 @@ pub mod metrics;
 pub mod mutex;
 pub mod platform;
 
-pub use app::{Shutdown, run};
+pub use app::run;

@@ -1,1 +1,166 @@
-//! (to be written)
+//! What the CLI uses to talk to a running gateway's admin face, and the one percent-encoding
+//! of keys that both sides share.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty};
+use hyper::Request;
+use hyper_util::rt::TokioIo;
+use tokio::net::{TcpStream, UnixStream};
+
+use super::Listen;
+
+/// How long one admin call may take, connect to last byte. The admin face answers from
+/// memory or from one owner round trip, so anything slower means it is stuck.
+pub const TIMEOUT: Duration = Duration::from_secs(10);
+
+#[derive(Debug, thiserror::Error)]
+pub enum ClientError {
+    #[error("cannot connect to the admin listener at {at}: {source}")]
+    Connect {
+        at: String,
+        #[source]
+        source: std::io::Error,
+    },
+    #[error("admin request failed: {0}")]
+    Http(#[from] hyper::Error),
+    #[error("invalid admin request: {0}")]
+    Request(#[from] hyper::http::Error),
+    #[error("the admin listener did not answer within {0:?}")]
+    Timeout(Duration),
+}
+
+/// One request to the admin face: `(status, body)`.
+pub async fn request(
+    listen: &Listen,
+    method: &str,
+    path: &str,
+) -> Result<(u16, String), ClientError> {
+    match tokio::time::timeout(TIMEOUT, request_inner(listen, method, path)).await {
+        Ok(r) => r,
+        Err(_) => Err(ClientError::Timeout(TIMEOUT)),
+    }
+}
+
+async fn request_inner(
+    listen: &Listen,
+    method: &str,
+    path: &str,
+) -> Result<(u16, String), ClientError> {
+    let connect = |source| ClientError::Connect {
+        at: listen.to_string(),
+        source,
+    };
+    match listen {
+        Listen::Tcp(addr) => {
+            let io = TcpStream::connect(addr).await.map_err(connect)?;
+            send(TokioIo::new(io), method, path).await
+        }
+        Listen::Unix(path_) => {
+            let io = UnixStream::connect(path_).await.map_err(connect)?;
+            send(TokioIo::new(io), method, path).await
+        }
+    }
+}
+
+async fn send<T>(io: T, method: &str, path: &str) -> Result<(u16, String), ClientError>
+where
+    T: hyper::rt::Read + hyper::rt::Write + Unpin + Send + 'static,
+{
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(io).await?;
+    // The connection future drives the socket; it ends when the answer is read and the
+    // sender is dropped.
+    let driver = tokio::spawn(conn);
+    let req = Request::builder()
+        .method(method)
+        .uri(path)
+        .header(hyper::header::HOST, "localhost")
+        .body(Empty::<Bytes>::new())?;
+    let resp = sender.send_request(req).await?;
+    let status = resp.status().as_u16();
+    let body = resp.into_body().collect().await?.to_bytes();
+    drop(sender);
+    driver.abort();
+    Ok((status, String::from_utf8_lossy(&body).into_owned()))
+}
+
+/// Encodes a stored key as one path segment. Unreserved characters and `:` (legal in a
+/// path segment, and the key's own separator) are kept, so that a URL stays readable;
+/// everything else, `/` and `%` included, becomes `%XX`.
+pub fn encode_key(key: &str) -> String {
+    let mut out = String::with_capacity(key.len());
+    for b in key.bytes() {
+        if b.is_ascii_alphanumeric() || matches!(b, b'-' | b'.' | b'_' | b'~' | b':') {
+            out.push(b as char);
+        } else {
+            out.push('%');
+            out.push(char::from(HEX[(b >> 4) as usize]));
+            out.push(char::from(HEX[(b & 0xf) as usize]));
+        }
+    }
+    out
+}
+
+const HEX: &[u8; 16] = b"0123456789ABCDEF";
+
+/// Decodes a percent-encoded path segment. Strict: a `%` not followed by two hex digits,
+/// or bytes that are not UTF-8, are refused rather than guessed at. `+` is not a space in
+/// a path.
+pub fn decode_key(s: &str) -> Option<String> {
+    let mut out = Vec::with_capacity(s.len());
+    let mut bytes = s.bytes();
+    while let Some(b) = bytes.next() {
+        if b == b'%' {
+            let hi = hex_value(bytes.next()?)?;
+            let lo = hex_value(bytes.next()?)?;
+            out.push(hi << 4 | lo);
+        } else {
+            out.push(b);
+        }
+    }
+    String::from_utf8(out).ok()
+}
+
+fn hex_value(b: u8) -> Option<u8> {
+    (b as char).to_digit(16).map(|d| d as u8)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use proptest::prelude::*;
+
+    #[test]
+    fn keys_stay_readable() {
+        assert_eq!(
+            encode_key("client:psk:live:order-1"),
+            "client:psk:live:order-1"
+        );
+        assert_eq!(
+            encode_key("client:a:live:x/y z%"),
+            "client:a:live:x%2Fy%20z%25"
+        );
+        assert_eq!(
+            decode_key("client:a:live:x%2fy%20z%25").as_deref(),
+            Some("client:a:live:x/y z%")
+        );
+        assert_eq!(decode_key("a+b").as_deref(), Some("a+b"));
+    }
+
+    #[test]
+    fn malformed_escapes_are_refused() {
+        for bad in ["%", "%4", "%zz", "a%g1", "%ff", "%c3"] {
+            assert_eq!(decode_key(bad), None, "{bad}");
+        }
+    }
+
+    proptest! {
+        #[test]
+        fn encode_then_decode_is_identity(s in "\\PC{0,64}") {
+            let e = encode_key(&s);
+            prop_assert!(!e.contains('/'));
+            prop_assert_eq!(decode_key(&e), Some(s));
+        }
+    }
+}

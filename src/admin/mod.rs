@@ -1,3 +1,587 @@
 //! The operator's face: health, readiness, metrics, keys (loopback or Unix socket).
+//!
+//! It has no authentication, so it only listens where the machine's own users decide who
+//! may connect: a loopback address, or a Unix socket created mode 0600. Every answer is
+//! JSON, errors are `application/problem+json`, except `/metrics`.
+//!
+//! | route                      | answer                                                      |
+//! |----------------------------|-------------------------------------------------------------|
+//! | `GET /healthz`             | 200 while the process runs                                  |
+//! | `GET /readyz`              | 200 when bound, the owner answers, serving and not halted   |
+//! | `GET /metrics`             | Prometheus text                                             |
+//! | `GET /status`              | `{live_keys, halted, serving, fail_closed, detail, version}`|
+//! | `GET /keys?limit=N`        | `{keys: [entry], truncated}`, oldest expiry first           |
+//! | `GET /keys/{key}`          | one entry, 404 if no live entry                             |
+//! | `POST /keys/{key}/release` | operator release, 404 if no live entry                      |
+//! | `POST /halt`, `/resume`    | the kill switch, persisted by the mutex                     |
+//!
+//! `{key}` is the stored key, percent-encoded as [`client::encode_key`] does.
 
 pub mod client;
+
+use std::convert::Infallible;
+use std::fmt;
+use std::future::Future;
+use std::io;
+use std::net::SocketAddr;
+use std::os::unix::fs::{FileTypeExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::body::Incoming;
+use hyper::header::{self, HeaderValue};
+use hyper::service::service_fn;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::{TokioIo, TokioTimer};
+use hyper_util::server::graceful::GracefulShutdown;
+use serde_json::{Value, json};
+use tokio::io::{AsyncRead, AsyncWrite};
+use tokio::net::{TcpListener, UnixListener};
+use tokio::sync::{OwnedSemaphorePermit, Semaphore};
+
+use crate::metrics::{self, Metrics};
+use crate::mutex::{EntryInfo, Key, Mutex, Unavailable};
+
+/// Connections served at once; more wait in the kernel's backlog. An operator's tools
+/// need a handful; the bound keeps a runaway script from starving the gateway.
+const MAX_CONNECTIONS: usize = 32;
+/// A client that has not sent its request head by then is dropped.
+const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
+/// How long in-flight admin requests may take to finish at shutdown.
+const DRAIN: Duration = Duration::from_secs(5);
+/// `/keys` without `limit`, and the most one answer may hold.
+const DEFAULT_LIMIT: usize = 100;
+const MAX_LIMIT: usize = 10_000;
+
+/// Where the admin face listens.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Listen {
+    Tcp(SocketAddr),
+    Unix(PathBuf),
+}
+
+impl Listen {
+    /// `"127.0.0.1:9980"`, `"[::1]:9980"` or `"unix:/run/hoox-edge/admin.sock"`.
+    pub fn parse(s: &str) -> Result<Listen, String> {
+        if let Some(path) = s.strip_prefix("unix:") {
+            if path.is_empty() {
+                return Err("admin listen \"unix:\" needs a socket path".into());
+            }
+            return Ok(Listen::Unix(PathBuf::from(path)));
+        }
+        let addr: SocketAddr = s.parse().map_err(|_| {
+            format!(
+                "admin listen {s:?} is neither an address like \"127.0.0.1:9980\" nor \
+                 \"unix:/path/to/admin.sock\""
+            )
+        })?;
+        if !addr.ip().is_loopback() {
+            return Err(format!(
+                "admin listen {s:?} is not a loopback address: the admin face has no \
+                 authentication, so it listens only on 127.0.0.1, ::1 or a Unix socket"
+            ));
+        }
+        Ok(Listen::Tcp(addr))
+    }
+}
+
+impl fmt::Display for Listen {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Listen::Tcp(a) => write!(f, "{a}"),
+            Listen::Unix(p) => write!(f, "unix:{}", p.display()),
+        }
+    }
+}
+
+/// What the handlers read.
+#[derive(Clone)]
+pub struct State {
+    pub mutex: Mutex,
+    pub metrics: Arc<Metrics>,
+    /// Set once the gateway's own listener is bound; `/readyz` is 503 before.
+    pub ready: Arc<AtomicBool>,
+    /// Whether `POST /debug/stall` exists (fault tests only).
+    pub stall_hook: bool,
+}
+
+/// A bound admin listener, not yet serving. Binding first lets `run` report a busy port
+/// or a bad socket path at start, before anything else is up.
+pub struct Bound {
+    listener: Listener,
+}
+
+enum Listener {
+    Tcp(TcpListener),
+    Unix(UnixListener, SocketFile),
+}
+
+/// Removes the socket file when the listener goes, so a clean stop leaves nothing behind.
+struct SocketFile(PathBuf);
+
+impl Drop for SocketFile {
+    fn drop(&mut self) {
+        let _ = std::fs::remove_file(&self.0);
+    }
+}
+
+impl Bound {
+    /// The bound TCP address (a port-0 bind learns its port here); `None` for a socket.
+    pub fn local_addr(&self) -> Option<SocketAddr> {
+        match &self.listener {
+            Listener::Tcp(l) => l.local_addr().ok(),
+            Listener::Unix(..) => None,
+        }
+    }
+
+    /// Where a client reaches this listener.
+    pub fn listen(&self) -> Option<Listen> {
+        match &self.listener {
+            Listener::Tcp(l) => l.local_addr().ok().map(Listen::Tcp),
+            Listener::Unix(_, f) => Some(Listen::Unix(f.0.clone())),
+        }
+    }
+}
+
+/// Binds the admin listener. A Unix socket replaces a stale socket file (one nobody
+/// answers on), but never a live socket nor any other kind of file.
+pub async fn bind(listen: &Listen) -> io::Result<Bound> {
+    let listener = match listen {
+        Listen::Tcp(addr) => Listener::Tcp(TcpListener::bind(addr).await?),
+        Listen::Unix(path) => {
+            remove_stale_socket(path).await?;
+            let l = UnixListener::bind(path)?;
+            let file = SocketFile(path.clone());
+            // chmod after bind leaves a moment where the umask's mode applies; the
+            // directory (RuntimeDirectory=, mode 0750) is what closes that window.
+            std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
+            Listener::Unix(l, file)
+        }
+    };
+    Ok(Bound { listener })
+}
+
+async fn remove_stale_socket(path: &Path) -> io::Result<()> {
+    let meta = match std::fs::symlink_metadata(path) {
+        Ok(m) => m,
+        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
+        Err(e) => return Err(e),
+    };
+    if !meta.file_type().is_socket() {
+        return Err(io::Error::new(
+            io::ErrorKind::AlreadyExists,
+            format!("{} exists and is not a socket", path.display()),
+        ));
+    }
+    if tokio::net::UnixStream::connect(path).await.is_ok() {
+        return Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!("another process is listening on {}", path.display()),
+        ));
+    }
+    std::fs::remove_file(path)
+}
+
+/// Serves until `shutdown` completes, then lets in-flight requests finish (briefly).
+pub async fn serve(
+    bound: Bound,
+    state: State,
+    shutdown: impl Future<Output = ()>,
+) -> io::Result<()> {
+    let state = Arc::new(state);
+    let graceful = GracefulShutdown::new();
+    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let permit = tokio::select! {
+            p = permits.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                // The semaphore is never closed; treat it as a stop all the same.
+                Err(_) => break,
+            },
+            () = &mut shutdown => break,
+        };
+        let accepted = tokio::select! {
+            r = accept(&bound.listener, &state, &graceful, permit) => r,
+            () = &mut shutdown => break,
+        };
+        if let Err(e) = accepted {
+            // Out of descriptors and the like: passing, and not worth stopping the
+            // admin face for. A short pause keeps the loop from spinning.
+            log::warn!("admin accept failed: {e}");
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    }
+    if tokio::time::timeout(DRAIN, graceful.shutdown())
+        .await
+        .is_err()
+    {
+        log::warn!("admin connections still open after {DRAIN:?}; closing them");
+    }
+    Ok(())
+}
+
+async fn accept(
+    listener: &Listener,
+    state: &Arc<State>,
+    graceful: &GracefulShutdown,
+    permit: OwnedSemaphorePermit,
+) -> io::Result<()> {
+    match listener {
+        Listener::Tcp(l) => spawn_connection(l.accept().await?.0, state, graceful, permit),
+        Listener::Unix(l, _) => spawn_connection(l.accept().await?.0, state, graceful, permit),
+    }
+    Ok(())
+}
+
+fn spawn_connection<S>(
+    io: S,
+    state: &Arc<State>,
+    graceful: &GracefulShutdown,
+    permit: OwnedSemaphorePermit,
+) where
+    S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
+{
+    let state = state.clone();
+    let svc = service_fn(move |req| {
+        let state = state.clone();
+        async move { Ok::<_, Infallible>(route(&state, req).await) }
+    });
+    let mut builder = hyper::server::conn::http1::Builder::new();
+    builder
+        .timer(TokioTimer::new())
+        .header_read_timeout(HEADER_TIMEOUT);
+    let conn = graceful.watch(builder.serve_connection(TokioIo::new(io), svc));
+    tokio::spawn(async move {
+        if let Err(e) = conn.await {
+            log::debug!("admin connection ended: {e}");
+        }
+        drop(permit);
+    });
+}
+
+type Answer = Response<Full<Bytes>>;
+
+/// What a path asks for. Each route answers one method.
+enum Route<'a> {
+    Health,
+    Ready,
+    Metrics,
+    Status,
+    List,
+    /// The still percent-encoded key.
+    Show(&'a str),
+    Release(&'a str),
+    Halt(bool),
+    /// Test hook: stall the owner loop, as a wedged disk would.
+    Stall,
+}
+
+fn resolve(path: &str) -> Option<(Method, Route<'_>)> {
+    Some(match path {
+        "/healthz" => (Method::GET, Route::Health),
+        "/readyz" => (Method::GET, Route::Ready),
+        "/metrics" => (Method::GET, Route::Metrics),
+        "/status" => (Method::GET, Route::Status),
+        "/keys" => (Method::GET, Route::List),
+        "/halt" => (Method::POST, Route::Halt(true)),
+        "/resume" => (Method::POST, Route::Halt(false)),
+        "/debug/stall" => (Method::POST, Route::Stall),
+        _ => {
+            let rest = path.strip_prefix("/keys/")?;
+            // `/release` is matched on the raw path, before decoding, so a key whose own
+            // text ends in "/release" (sent as %2Frelease) is not mistaken for it.
+            match rest.strip_suffix("/release") {
+                Some(raw) => (Method::POST, Route::Release(raw)),
+                None => (Method::GET, Route::Show(rest)),
+            }
+        }
+    })
+}
+
+async fn route(state: &State, req: Request<Incoming>) -> Answer {
+    let Some((allowed, route)) = resolve(req.uri().path()) else {
+        return problem(StatusCode::NOT_FOUND, "NOT_FOUND", "no such admin route");
+    };
+    if req.method() != allowed {
+        return not_allowed(&allowed);
+    }
+    match route {
+        Route::Health => ok(json!({"status": "ok"})),
+        Route::Ready => readyz(state).await,
+        Route::Metrics => metrics(state),
+        Route::Status => status(state).await,
+        Route::List => list(state, req.uri().query().unwrap_or("")).await,
+        Route::Show(raw) => show(state, raw).await,
+        Route::Release(raw) => release(state, raw).await,
+        Route::Halt(on) => halt(state, on).await,
+        Route::Stall => stall(state, req.uri().query().unwrap_or("")),
+    }
+}
+
+/// `POST /debug/stall?ms=N`: only when the process was started with the stall hook, which
+/// exists for the fault tests alone. Otherwise the route does not exist.
+fn stall(state: &State, query: &str) -> Answer {
+    if !state.stall_hook {
+        return problem(StatusCode::NOT_FOUND, "NOT_FOUND", "no such admin route");
+    }
+    let ms = query
+        .strip_prefix("ms=")
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or(1000);
+    state.mutex.stall(Duration::from_millis(ms));
+    ok(json!({"stalled_ms": ms}))
+}
+
+async fn readyz(state: &State) -> Answer {
+    match not_ready(state).await {
+        None => ok(json!({"ready": true})),
+        Some((reason, detail)) => problem_with(
+            StatusCode::SERVICE_UNAVAILABLE,
+            "NOT_READY",
+            detail,
+            Some(reason),
+        ),
+    }
+}
+
+/// Why the gateway should not be sent traffic, if it should not: `(reason, detail)`.
+async fn not_ready(state: &State) -> Option<(&'static str, String)> {
+    if !state.ready.load(Ordering::Acquire) {
+        return Some(("starting", "the gateway listener is not bound yet".into()));
+    }
+    match state.mutex.ping().await {
+        Err(u) => Some((u.reason(), u.to_string())),
+        Ok(s) => match s.fail_closed {
+            Some(u) => Some((u.reason(), u.to_string())),
+            None if s.halted => Some(("halted", "the kill switch is on".into())),
+            None => None,
+        },
+    }
+}
+
+fn metrics(state: &State) -> Answer {
+    let body = state.metrics.render(state.mutex.shared());
+    respond(StatusCode::OK, metrics::CONTENT_TYPE, body.into())
+}
+
+async fn status(state: &State) -> Answer {
+    let shared = state.mutex.shared();
+    // A ping that fails is itself the answer: the owner is stuck or gone. The published
+    // atomics still say what it last knew.
+    let (live_keys, halted, fail_closed) = match state.mutex.ping().await {
+        Ok(s) => (s.live_keys, s.halted, s.fail_closed),
+        Err(u) => (
+            shared.live_keys.load(Ordering::Relaxed),
+            shared.halted.load(Ordering::Relaxed),
+            Some(u),
+        ),
+    };
+    ok(json!({
+        "live_keys": live_keys,
+        "halted": halted,
+        "serving": fail_closed.is_none(),
+        "fail_closed": fail_closed.as_ref().map(Unavailable::reason),
+        "detail": fail_closed.as_ref().map(Unavailable::to_string),
+        "ready": state.ready.load(Ordering::Acquire) && fail_closed.is_none() && !halted,
+        "version": env!("CARGO_PKG_VERSION"),
+    }))
+}
+
+async fn list(state: &State, query: &str) -> Answer {
+    let limit = match parse_limit(query) {
+        Ok(l) => l,
+        Err(detail) => return problem(StatusCode::BAD_REQUEST, "INVALID_REQUEST", detail),
+    };
+    // One more than asked says whether there is more.
+    match state.mutex.list(limit + 1).await {
+        Ok(mut entries) => {
+            let truncated = entries.len() > limit;
+            entries.truncate(limit);
+            let keys: Vec<Value> = entries.iter().map(entry_json).collect();
+            ok(json!({"keys": keys, "truncated": truncated}))
+        }
+        Err(u) => unavailable(&u),
+    }
+}
+
+fn parse_limit(query: &str) -> Result<usize, String> {
+    let mut limit = DEFAULT_LIMIT;
+    for pair in query.split('&').filter(|p| !p.is_empty()) {
+        match pair.split_once('=') {
+            Some(("limit", v)) => {
+                limit = v
+                    .parse()
+                    .ok()
+                    .filter(|n| (1..=MAX_LIMIT).contains(n))
+                    .ok_or_else(|| format!("limit must be 1 to {MAX_LIMIT}"))?;
+            }
+            _ => return Err(format!("unknown query parameter {pair:?}")),
+        }
+    }
+    Ok(limit)
+}
+
+async fn show(state: &State, raw: &str) -> Answer {
+    let key = match parse_key(raw) {
+        Ok(k) => k,
+        Err(a) => return *a,
+    };
+    match state.mutex.get(key).await {
+        Ok(Some(e)) => ok(entry_json(&e)),
+        Ok(None) => problem(StatusCode::NOT_FOUND, "KEY_NOT_FOUND", "no live entry"),
+        Err(u) => unavailable(&u),
+    }
+}
+
+async fn release(state: &State, raw: &str) -> Answer {
+    let key = match parse_key(raw) {
+        Ok(k) => k,
+        Err(a) => return *a,
+    };
+    match state.mutex.force_release(key.clone()).await {
+        Ok(true) => {
+            log::warn!("operator released key {key}");
+            ok(json!({"key": key.as_str(), "released": true}))
+        }
+        Ok(false) => problem(StatusCode::NOT_FOUND, "KEY_NOT_FOUND", "no live entry"),
+        Err(u) => unavailable(&u),
+    }
+}
+
+async fn halt(state: &State, halted: bool) -> Answer {
+    match state.mutex.set_halted(halted).await {
+        Ok(()) => {
+            log::warn!(
+                "operator {} the kill switch",
+                if halted { "set" } else { "lifted" }
+            );
+            ok(json!({"halted": halted}))
+        }
+        Err(u) => unavailable(&u),
+    }
+}
+
+/// A path segment to a key: percent-decoded, then held to what the mutex could have stored.
+fn parse_key(raw: &str) -> Result<Key, Box<Answer>> {
+    client::decode_key(raw)
+        .ok_or_else(|| "malformed percent-encoding".to_string())
+        .and_then(|text| Key::from_stored(&text).map_err(|e| e.to_string()))
+        .map_err(|detail| Box::new(problem(StatusCode::BAD_REQUEST, "INVALID_KEY", detail)))
+}
+
+fn entry_json(e: &EntryInfo) -> Value {
+    // Ages are against this process's wall clock, the one the mutex stamps entries with.
+    let now = crate::mutex::clock::unix_ms();
+    json!({
+        "key": e.key.as_str(),
+        "state": e.state.as_str(),
+        "stored_at": e.stored_at,
+        "expires_at": e.expires_at,
+        "age_ms": now.saturating_sub(e.stored_at),
+        "expires_in_ms": e.expires_at.saturating_sub(now),
+        "has_response": e.has_response,
+    })
+}
+
+fn unavailable(u: &Unavailable) -> Answer {
+    problem_with(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "IDEMPOTENCY_UNAVAILABLE",
+        u.to_string(),
+        Some(u.reason()),
+    )
+}
+
+fn not_allowed(allowed: &Method) -> Answer {
+    let mut a = problem(
+        StatusCode::METHOD_NOT_ALLOWED,
+        "METHOD_NOT_ALLOWED",
+        format!("use {allowed}"),
+    );
+    if let Ok(v) = HeaderValue::from_str(allowed.as_str()) {
+        a.headers_mut().insert(header::ALLOW, v);
+    }
+    a
+}
+
+fn ok(v: Value) -> Answer {
+    respond(StatusCode::OK, "application/json", v.to_string().into())
+}
+
+/// RFC 9457 with `type: about:blank`, so `title` is the reason phrase; what went wrong is
+/// in `code` (stable) and `detail` (for people).
+fn problem(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Answer {
+    problem_with(status, code, detail.into(), None)
+}
+
+/// A problem with a `reason` member: the stable label of why the mutex cannot serve.
+fn problem_with(
+    status: StatusCode,
+    code: &'static str,
+    detail: String,
+    reason: Option<&'static str>,
+) -> Answer {
+    let mut body = json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or(""),
+        "status": status.as_u16(),
+        "code": code,
+        "detail": detail,
+    });
+    if let Some(r) = reason {
+        body["reason"] = r.into();
+    }
+    respond(status, "application/problem+json", body.to_string().into())
+}
+
+fn respond(status: StatusCode, content_type: &'static str, body: Bytes) -> Answer {
+    let mut r = Response::new(Full::new(body));
+    *r.status_mut() = status;
+    r.headers_mut()
+        .insert(header::CONTENT_TYPE, HeaderValue::from_static(content_type));
+    r.headers_mut()
+        .insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    r
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn only_loopback_or_a_socket_is_accepted() {
+        assert_eq!(
+            Listen::parse("127.0.0.1:9980"),
+            Ok(Listen::Tcp("127.0.0.1:9980".parse().unwrap()))
+        );
+        assert!(matches!(Listen::parse("[::1]:9980"), Ok(Listen::Tcp(_))));
+        assert_eq!(
+            Listen::parse("unix:/run/hoox-edge/admin.sock"),
+            Ok(Listen::Unix("/run/hoox-edge/admin.sock".into()))
+        );
+        for bad in ["0.0.0.0:9980", "192.168.1.2:9980", "[::]:9980"] {
+            let e = Listen::parse(bad).unwrap_err();
+            assert!(e.contains("not a loopback"), "{e}");
+        }
+        for bad in ["localhost:9980", "9980", "unix:", ""] {
+            assert!(Listen::parse(bad).is_err(), "{bad}");
+        }
+        let shown = Listen::parse("unix:/tmp/a.sock").unwrap().to_string();
+        assert_eq!(shown, "unix:/tmp/a.sock");
+    }
+
+    #[test]
+    fn limits_are_bounded() {
+        assert_eq!(parse_limit(""), Ok(DEFAULT_LIMIT));
+        assert_eq!(parse_limit("limit=5"), Ok(5));
+        assert!(parse_limit("limit=0").is_err());
+        assert!(parse_limit("limit=-1").is_err());
+        assert!(parse_limit("limit=10001").is_err());
+        assert!(parse_limit("lim").is_err());
+    }
+}

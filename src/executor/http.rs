@@ -1,1 +1,288 @@
-//! (to be written)
+//! The upstream executor over HTTP(S), through a keep-alive pool.
+//!
+//! Every failure is sorted by one question: could the request have left? Errors raised while
+//! connecting (DNS, refused, connect timeout, TLS handshake) mean no byte of the order was
+//! written, so the key may be released. Anything later — a reset, a timeout while waiting for the
+//! answer, a body cut short — may follow a fill, so it is `Unknown` and the key is held.
+
+use std::fmt;
+use std::future::Future;
+use std::path::{Path, PathBuf};
+use std::pin::Pin;
+use std::sync::Arc;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::{Request, Uri};
+use hyper_rustls::{ConfigBuilderExt, HttpsConnector, HttpsConnectorBuilder};
+use hyper_util::client::legacy::Client;
+use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::rt::{TokioExecutor, TokioTimer};
+use rustls::ClientConfig;
+use rustls::pki_types::CertificateDer;
+use rustls::pki_types::pem::PemObject;
+
+use super::{Order, Outcome, classify, is_2xx};
+
+/// An executor's answer is a small JSON document; a bigger one is not read into memory.
+const MAX_ANSWER: usize = 1 << 20;
+/// Connecting (DNS, TCP, TLS handshake) gets at most this much, and at most half the overall
+/// timeout. It must stay strictly inside the overall bound: a connect that outlived it would be
+/// reported as `Unknown` (key held) although nothing was sent.
+const MAX_CONNECT: Duration = Duration::from_secs(3);
+/// Pooled connections idle longer than this are closed, ahead of typical server idle timeouts.
+const POOL_IDLE: Duration = Duration::from_secs(50);
+
+#[derive(Debug, Clone)]
+pub struct HttpConfig {
+    /// Where orders are POSTed; `http://` or `https://`.
+    pub url: Uri,
+    /// Bound on the whole exchange: connect, send, and read the answer.
+    pub timeout: Duration,
+    /// PEM roots of a private CA. When set, only these are trusted (the executor is ours, so a
+    /// public CA vouching for its name is no reason to send it orders); otherwise the webpki roots.
+    pub ca_file: Option<PathBuf>,
+}
+
+/// Why an executor could not be built. Messages never include the URL: it may carry credentials.
+#[derive(Debug, thiserror::Error)]
+pub enum ExecutorError {
+    #[error("executor url must be http:// or https:// with a host")]
+    Url,
+    #[error("executor timeout must be greater than zero")]
+    Timeout,
+    #[error("executor CA file {path}: {reason}")]
+    CaFile { path: PathBuf, reason: String },
+    #[error("executor TLS setup: {0}")]
+    Tls(#[from] rustls::Error),
+}
+
+pub struct HttpExecutor {
+    client: Client<Bounded<HttpsConnector<HttpConnector>>, Full<Bytes>>,
+    url: Uri,
+    timeout: Duration,
+}
+
+impl fmt::Debug for HttpExecutor {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Host and port only: userinfo, path and query may hold secrets.
+        f.debug_struct("HttpExecutor")
+            .field("host", &self.url.host())
+            .field("port", &self.url.port_u16())
+            .field("timeout", &self.timeout)
+            .finish_non_exhaustive()
+    }
+}
+
+impl HttpExecutor {
+    pub fn new(cfg: HttpConfig) -> Result<Self, ExecutorError> {
+        let scheme_ok = matches!(cfg.url.scheme_str(), Some("http" | "https"));
+        if !scheme_ok || cfg.url.host().is_none() {
+            return Err(ExecutorError::Url);
+        }
+        if cfg.timeout.is_zero() {
+            return Err(ExecutorError::Timeout);
+        }
+        let tls = tls_config(cfg.ca_file.as_deref())?;
+
+        let mut tcp = HttpConnector::new();
+        tcp.enforce_http(false); // the TLS layer above handles https
+        tcp.set_nodelay(true);
+        let connector = Bounded {
+            inner: HttpsConnectorBuilder::new()
+                .with_tls_config(tls)
+                .https_or_http()
+                .enable_all_versions()
+                .wrap_connector(tcp),
+            limit: MAX_CONNECT.min(cfg.timeout / 2),
+        };
+        let client = Client::builder(TokioExecutor::new())
+            .pool_timer(TokioTimer::new())
+            .timer(TokioTimer::new())
+            .pool_idle_timeout(POOL_IDLE)
+            .build(connector);
+        Ok(Self {
+            client,
+            url: cfg.url,
+            timeout: cfg.timeout,
+        })
+    }
+
+    pub async fn execute(&self, order: &Order) -> Outcome {
+        let request = match self.request(order) {
+            Ok(request) => request,
+            Err(e) => return Outcome::NotSent(format!("cannot build the request: {e}")),
+        };
+        match tokio::time::timeout(self.timeout, self.send(request)).await {
+            Ok(outcome) => outcome,
+            Err(_) => Outcome::Unknown(format!("no answer within {:?}", self.timeout)),
+        }
+    }
+
+    fn request(&self, order: &Order) -> Result<Request<Full<Bytes>>, hyper::http::Error> {
+        Request::post(self.url.clone())
+            .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            .header("idempotency-key", order.key.as_str())
+            .header("x-request-id", order.request_id.as_str())
+            .body(Full::new(order.body.clone()))
+    }
+
+    async fn send(&self, request: Request<Full<Bytes>>) -> Outcome {
+        let response = match self.client.request(request).await {
+            Ok(response) => response,
+            Err(e) if e.is_connect() => return Outcome::NotSent(chain(&e)),
+            Err(e) => return Outcome::Unknown(chain(&e)),
+        };
+        let status = response.status().as_u16();
+        match Limited::new(response.into_body(), MAX_ANSWER)
+            .collect()
+            .await
+        {
+            Ok(body) => classify(status, body.to_bytes()),
+            // A non-2xx is a failure whatever its body says.
+            Err(_) if !is_2xx(status) => Outcome::Failed {
+                status,
+                body: Bytes::new(),
+            },
+            // A 2xx whose body we could not read may have been a fill: we cannot tell.
+            Err(e) => Outcome::Unknown(format!("answer {status} unreadable: {e}")),
+        }
+    }
+}
+
+type BoxError = Box<dyn std::error::Error + Send + Sync>;
+
+/// Bounds the whole connect. hyper's own connect timeout covers the TCP handshake only; a stalled
+/// DNS lookup or TLS handshake would otherwise run into the overall timeout and be reported as
+/// `Unknown`. Failing here instead makes it a connect error: nothing sent, key released.
+#[derive(Clone)]
+struct Bounded<C> {
+    inner: C,
+    limit: Duration,
+}
+
+impl<C> tower_service::Service<Uri> for Bounded<C>
+where
+    C: tower_service::Service<Uri>,
+    C::Future: Send + 'static,
+    C::Error: Into<BoxError>,
+{
+    type Response = C::Response;
+    type Error = BoxError;
+    type Future = Pin<Box<dyn Future<Output = Result<C::Response, BoxError>> + Send>>;
+
+    fn poll_ready(&mut self, cx: &mut Context<'_>) -> Poll<Result<(), BoxError>> {
+        self.inner.poll_ready(cx).map_err(Into::into)
+    }
+
+    fn call(&mut self, dst: Uri) -> Self::Future {
+        let connecting = self.inner.call(dst);
+        let limit = self.limit;
+        Box::pin(async move {
+            match tokio::time::timeout(limit, connecting).await {
+                Ok(connected) => connected.map_err(Into::into),
+                Err(_) => Err(format!("connect took over {limit:?}").into()),
+            }
+        })
+    }
+}
+
+fn tls_config(ca_file: Option<&Path>) -> Result<ClientConfig, ExecutorError> {
+    let builder =
+        ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
+            .with_safe_default_protocol_versions()?;
+    let config = match ca_file {
+        None => builder.with_webpki_roots().with_no_client_auth(),
+        Some(path) => builder
+            .with_root_certificates(load_roots(path)?)
+            .with_no_client_auth(),
+    };
+    Ok(config)
+}
+
+fn load_roots(path: &Path) -> Result<rustls::RootCertStore, ExecutorError> {
+    let bad = |reason: String| ExecutorError::CaFile {
+        path: path.to_owned(),
+        reason,
+    };
+    let mut roots = rustls::RootCertStore::empty();
+    for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(e.to_string()))? {
+        let cert = cert.map_err(|e| bad(e.to_string()))?;
+        roots.add(cert).map_err(|e| bad(e.to_string()))?;
+    }
+    if roots.is_empty() {
+        return Err(bad("no certificate found".into()));
+    }
+    Ok(roots)
+}
+
+/// The error and its causes on one line: hyper's top-level messages alone ("client error
+/// (Connect)") do not tell an operator what happened.
+fn chain(e: &(dyn std::error::Error + 'static)) -> String {
+    let mut out = e.to_string();
+    let mut cause = e.source();
+    while let Some(c) = cause {
+        out.push_str(": ");
+        out.push_str(&c.to_string());
+        cause = c.source();
+    }
+    out
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn cfg(url: &str) -> HttpConfig {
+        HttpConfig {
+            url: url.parse().unwrap(),
+            timeout: Duration::from_secs(1),
+            ca_file: None,
+        }
+    }
+
+    #[test]
+    fn rejects_urls_it_cannot_post_to() {
+        for url in ["ftp://host/x", "/orders", "127.0.0.1:9000"] {
+            assert!(
+                matches!(HttpExecutor::new(cfg(url)), Err(ExecutorError::Url)),
+                "{url}"
+            );
+        }
+        let mut zero = cfg("http://127.0.0.1:1/");
+        zero.timeout = Duration::ZERO;
+        assert!(matches!(
+            HttpExecutor::new(zero),
+            Err(ExecutorError::Timeout)
+        ));
+    }
+
+    #[test]
+    fn ca_file_errors_name_the_file() {
+        let dir = tempfile::tempdir().unwrap();
+        let empty = dir.path().join("empty.pem");
+        std::fs::write(&empty, "no pem here\n").unwrap();
+        let missing = dir.path().join("missing.pem");
+        for path in [empty, missing] {
+            let mut c = cfg("https://127.0.0.1:1/");
+            c.ca_file = Some(path.clone());
+            let err = HttpExecutor::new(c).unwrap_err();
+            assert!(matches!(err, ExecutorError::CaFile { .. }), "{err}");
+            assert!(err.to_string().contains(&path.display().to_string()));
+        }
+    }
+
+    #[test]
+    fn debug_hides_credentials_in_the_url() {
+        let e =
+            HttpExecutor::new(cfg("https://user:hunter2@exec.local:9443/o?token=s3cret")).unwrap();
+        let debug = format!("{e:?}");
+        assert!(debug.contains("exec.local"));
+        for secret in ["hunter2", "s3cret", "user"] {
+            assert!(!debug.contains(secret), "{debug}");
+        }
+    }
+}

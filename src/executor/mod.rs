@@ -1,4 +1,146 @@
 //! Where an accepted trade goes.
+//!
+//! An executor takes an order the mutex has reserved and says what became of it. The five
+//! outcomes are the rows of SPEC §4; the gateway maps each to commit, release or hold. The line
+//! that matters most is between `NotSent` and `Unknown`: only when we are sure nothing left this
+//! process may the key be released, because a request that may have arrived may have filled.
 
 pub mod http;
 pub mod paper;
+
+use bytes::Bytes;
+
+pub use http::{ExecutorError, HttpConfig, HttpExecutor};
+pub use paper::Paper;
+
+/// One trade, ready to leave. Built by the gateway after the key is reserved.
+#[derive(Debug, Clone)]
+pub struct Order {
+    /// The resolved idempotency key, sent as `Idempotency-Key` so that the executor and the
+    /// exchange can deduplicate too (it doubles as a client order id).
+    pub key: String,
+    /// Correlates our logs with the executor's (`X-Request-Id`).
+    pub request_id: String,
+    /// The trade as JSON, with `apiKey` already removed: credentials never travel downstream.
+    pub body: Bytes,
+}
+
+/// What became of an order.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Outcome {
+    /// 2xx and a JSON body with `success: true`: commit.
+    Success { status: u16, body: Bytes },
+    /// 2xx but `success` false, missing or unparsable: release.
+    SoftFail { status: u16, body: Bytes },
+    /// Non-2xx: release.
+    Failed { status: u16, body: Bytes },
+    /// Nothing was sent (connect, DNS, refused): release.
+    NotSent(String),
+    /// The request may have arrived and we do not know what it did (timeout, reset): hold.
+    Unknown(String),
+}
+
+impl Outcome {
+    /// The executor's status code, when it answered.
+    pub fn status(&self) -> Option<u16> {
+        match self {
+            Outcome::Success { status, .. }
+            | Outcome::SoftFail { status, .. }
+            | Outcome::Failed { status, .. } => Some(*status),
+            Outcome::NotSent(_) | Outcome::Unknown(_) => None,
+        }
+    }
+}
+
+/// The outcome rule of SPEC §4 for an executor that answered, in one place for every executor.
+pub fn classify(status: u16, body: Bytes) -> Outcome {
+    if !is_2xx(status) {
+        return Outcome::Failed { status, body };
+    }
+    // Only a literal boolean `true` at the top level counts: "true", 1 or a nested flag are a
+    // soft-fail, because committing a trade that did not fill would block its retry for the TTL.
+    #[derive(serde::Deserialize)]
+    struct Verdict {
+        success: Option<serde_json::Value>,
+    }
+    match serde_json::from_slice::<Verdict>(&body) {
+        Ok(Verdict {
+            success: Some(serde_json::Value::Bool(true)),
+        }) => Outcome::Success { status, body },
+        _ => Outcome::SoftFail { status, body },
+    }
+}
+
+fn is_2xx(status: u16) -> bool {
+    (200..300).contains(&status)
+}
+
+/// The configured executor. An enum rather than a trait object: there are two kinds, and this
+/// keeps `execute` a plain async fn.
+// One executor lives for the whole process, behind an Arc: its size does not matter, and boxing
+// the pool would only add an indirection to every order.
+#[allow(clippy::large_enum_variant)]
+#[derive(Debug)]
+pub enum Executor {
+    Http(HttpExecutor),
+    Paper(Paper),
+}
+
+impl Executor {
+    pub async fn execute(&self, order: &Order) -> Outcome {
+        match self {
+            Executor::Http(http) => http.execute(order).await,
+            Executor::Paper(paper) => paper.execute(order),
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn kind(o: &Outcome) -> &'static str {
+        match o {
+            Outcome::Success { .. } => "success",
+            Outcome::SoftFail { .. } => "softfail",
+            Outcome::Failed { .. } => "failed",
+            Outcome::NotSent(_) => "notsent",
+            Outcome::Unknown(_) => "unknown",
+        }
+    }
+
+    #[test]
+    fn classify_follows_the_table() {
+        let cases: &[(u16, &str, &str)] = &[
+            (200, r#"{"success":true}"#, "success"),
+            (201, r#"{"success":true,"orderId":"x"}"#, "success"),
+            (299, r#"{"success":true}"#, "success"),
+            (200, r#"{"success":false}"#, "softfail"),
+            (200, r#"{"orderId":"x"}"#, "softfail"),
+            (200, r#"{"success":"true"}"#, "softfail"),
+            (200, r#"{"success":1}"#, "softfail"),
+            (200, r#"{"data":{"success":true}}"#, "softfail"),
+            (200, r#"[{"success":true}]"#, "softfail"),
+            (200, "not json", "softfail"),
+            (204, "", "softfail"),
+            (199, r#"{"success":true}"#, "failed"),
+            (300, r#"{"success":true}"#, "failed"),
+            (400, r#"{"success":false}"#, "failed"),
+            (500, r#"{"success":true}"#, "failed"),
+        ];
+        for (status, body, want) in cases {
+            let got = classify(*status, Bytes::from_static(body.as_bytes()));
+            assert_eq!(kind(&got), *want, "{status} {body}");
+            assert_eq!(got.status(), Some(*status));
+        }
+    }
+
+    #[test]
+    fn classify_keeps_the_body() {
+        let body = Bytes::from_static(br#"{"success":true,"orderId":"7"}"#);
+        assert_eq!(
+            classify(200, body.clone()),
+            Outcome::Success { status: 200, body }
+        );
+    }
+}

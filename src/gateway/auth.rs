@@ -1,1 +1,819 @@
-//! (to be written)
+//! Authentication, fail closed (SPEC §3): a body `apiKey`, an HMAC-SHA256 signature, a
+//! bearer token, or a client certificate. Several secrets per method, for rotation.
+//!
+//! Secrets are compared in constant time, and through their SHA-256 so that not even
+//! their length leaks. Whatever fails, the client gets the same 401; [`AuthError`] says
+//! more, for the logs only.
+
+use std::fmt;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Component, Path, PathBuf};
+use std::str::FromStr;
+
+use hmac::{Hmac, KeyInit, Mac};
+use hyper::HeaderMap;
+use sha2::{Digest, Sha256};
+use subtle::ConstantTimeEq;
+
+pub const TIMESTAMP_HEADER: &str = "x-hoox-timestamp";
+pub const SIGNATURE_HEADER: &str = "x-hoox-signature";
+/// How far a signed timestamp may be from our clock, either way.
+pub const HMAC_WINDOW_S: u64 = 300;
+/// A secrets file is a handful of lines; anything bigger is a mistake, not a secret.
+const MAX_SECRETS_FILE: u64 = 1 << 20;
+
+/// A credential. It can be compared, never shown.
+#[derive(Clone)]
+pub struct Secret(Box<[u8]>);
+
+impl Secret {
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
+        Secret(bytes.into().into_boxed_slice())
+    }
+
+    pub fn expose(&self) -> &[u8] {
+        &self.0
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    #[error("cannot read secrets file {}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    #[error("secrets file {} is readable by everyone (mode {mode:o}); run chmod o-rwx on it", .path.display())]
+    WorldReadable { path: PathBuf, mode: u32 },
+    #[error("secrets file {} holds no secret", .path.display())]
+    Empty { path: PathBuf },
+    #[error("secrets file {} is larger than 1 MiB", .path.display())]
+    TooLarge { path: PathBuf },
+}
+
+/// Reads one secret per line; blank lines and `#` comments are skipped, whitespace around
+/// a secret is not part of it. The mode is checked on the open file, so the file we
+/// checked is the file we read.
+pub fn load_secrets(path: &Path) -> Result<Vec<Secret>, SecretError> {
+    let io = |source| SecretError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    private(path, &file.metadata().map_err(io)?)?;
+    let mut text = Vec::new();
+    file.take(MAX_SECRETS_FILE + 1)
+        .read_to_end(&mut text)
+        .map_err(io)?;
+    if text.len() as u64 > MAX_SECRETS_FILE {
+        return Err(SecretError::TooLarge {
+            path: path.to_owned(),
+        });
+    }
+    let secrets: Vec<Secret> = text
+        .split(|&b| b == b'\n')
+        .map(<[u8]>::trim_ascii)
+        .filter(|l| !l.is_empty() && !l.starts_with(b"#"))
+        .map(Secret::new)
+        .collect();
+    if secrets.is_empty() {
+        return Err(SecretError::Empty {
+            path: path.to_owned(),
+        });
+    }
+    Ok(secrets)
+}
+
+/// Refuses a secret file (a secrets list, a TLS key) that everyone may read.
+pub fn refuse_world_readable(path: &Path) -> Result<(), SecretError> {
+    let meta = std::fs::metadata(path).map_err(|source| SecretError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    private(path, &meta)
+}
+
+fn private(path: &Path, meta: &std::fs::Metadata) -> Result<(), SecretError> {
+    let mode = meta.permissions().mode();
+    if mode & 0o004 != 0 {
+        return Err(SecretError::WorldReadable {
+            path: path.to_owned(),
+            mode: mode & 0o7777,
+        });
+    }
+    Ok(())
+}
+
+/// Where to read a configured secrets file, honouring systemd credentials
+/// (`LoadCredential=` / `SetCredential=`, exposed under `$CREDENTIALS_DIRECTORY`).
+///
+/// The rule: a configured path that is a bare file name (`hmac`, no directory part) is
+/// looked up in `$CREDENTIALS_DIRECTORY` first, and used from there if it exists. Any
+/// other path, and a bare name with no such credential, is returned unchanged (a relative
+/// path is then resolved against the config file by the caller). Credential names cannot
+/// contain `/`, so nothing else could name a credential, and `..` can never escape.
+pub fn credential_path(configured: &Path) -> PathBuf {
+    let dir = std::env::var_os("CREDENTIALS_DIRECTORY");
+    credential_path_in(configured, dir.as_deref().map(Path::new))
+}
+
+/// [`credential_path`] with the credentials directory given, for tests.
+pub fn credential_path_in(configured: &Path, creds_dir: Option<&Path>) -> PathBuf {
+    let mut parts = configured.components();
+    let bare = matches!(
+        (parts.next(), parts.next()),
+        (Some(Component::Normal(_)), None)
+    );
+    if let Some(dir) = creds_dir.filter(|d| bare && !d.as_os_str().is_empty()) {
+        let candidate = dir.join(configured);
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    configured.to_owned()
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Method {
+    ApiKey,
+    Hmac,
+    Bearer,
+    Mtls,
+}
+
+impl Method {
+    pub const ALL: [Method; 4] = [Method::ApiKey, Method::Hmac, Method::Bearer, Method::Mtls];
+
+    /// The config spelling.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Method::ApiKey => "api_key",
+            Method::Hmac => "hmac",
+            Method::Bearer => "bearer",
+            Method::Mtls => "mtls",
+        }
+    }
+}
+
+impl fmt::Display for Method {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for Method {
+    type Err = String;
+    fn from_str(s: &str) -> Result<Self, String> {
+        Method::ALL
+            .into_iter()
+            .find(|m| m.as_str() == s)
+            .ok_or_else(|| format!("unknown auth method `{s}` (api_key, hmac, bearer, mtls)"))
+    }
+}
+
+/// Why a request was refused, for the logs. The client always sees one 401.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, thiserror::Error)]
+pub enum AuthError {
+    #[error("no credential")]
+    Missing,
+    #[error("invalid credential")]
+    Invalid,
+    #[error("signature timestamp outside the window")]
+    Expired,
+}
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum AuthConfigError {
+    #[error("no authentication method is configured; refusing to accept unauthenticated trades")]
+    NoMethod,
+    #[error("auth method `{0}` is required but not configured")]
+    RequiredNotConfigured(Method),
+}
+
+/// What the authenticator needs from a request.
+pub struct AuthInput<'a> {
+    pub headers: &'a HeaderMap,
+    pub body_api_key: Option<&'a str>,
+    pub raw_body: &'a [u8],
+    /// The CN of a client certificate that the TLS layer verified against the client CA.
+    pub client_cert_cn: Option<&'a str>,
+    pub now_unix_s: i64,
+}
+
+/// Who sent a request, as it namespaces client keys: `cert.<CN>` for a client
+/// certificate, `psk` for a shared secret. At most 64 characters of `[A-Za-z0-9._-]`,
+/// so it never contains the `:` that separates the parts of a key.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+pub struct Identity(String);
+
+impl Identity {
+    pub fn psk() -> Self {
+        Identity("psk".into())
+    }
+
+    /// A certificate's CN, with anything outside the charset replaced by `_`.
+    pub fn cert(cn: &str) -> Self {
+        let mut s = String::from("cert.");
+        s.extend(
+            cn.chars()
+                .take(crate::mutex::key::MAX_IDENTITY - s.len())
+                .map(|c| match c {
+                    'A'..='Z' | 'a'..='z' | '0'..='9' | '.' | '_' | '-' => c,
+                    _ => '_',
+                }),
+        );
+        Identity(s)
+    }
+
+    pub fn as_str(&self) -> &str {
+        &self.0
+    }
+}
+
+impl fmt::Display for Identity {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.0)
+    }
+}
+
+#[derive(Debug)]
+pub struct Authenticator {
+    api_keys: Vec<Secret>,
+    hmac: Vec<Secret>,
+    bearer: Vec<Secret>,
+    mtls: bool,
+    required: Vec<Method>,
+}
+
+impl Authenticator {
+    /// `required` empty: any one configured method that verifies is enough. Otherwise
+    /// each listed method must verify. A configuration that could let anything through
+    /// unauthenticated, or that requires a method it cannot check, is refused.
+    pub fn new(
+        api_keys: Vec<Secret>,
+        hmac: Vec<Secret>,
+        bearer: Vec<Secret>,
+        mtls: bool,
+        required: Vec<Method>,
+    ) -> Result<Self, AuthConfigError> {
+        let a = Authenticator {
+            api_keys,
+            hmac,
+            bearer,
+            mtls,
+            required,
+        };
+        if !Method::ALL.iter().any(|&m| a.configured(m)) {
+            return Err(AuthConfigError::NoMethod);
+        }
+        if let Some(&m) = a.required.iter().find(|&&m| !a.configured(m)) {
+            return Err(AuthConfigError::RequiredNotConfigured(m));
+        }
+        Ok(a)
+    }
+
+    pub fn configured(&self, m: Method) -> bool {
+        match m {
+            Method::ApiKey => !self.api_keys.is_empty(),
+            Method::Hmac => !self.hmac.is_empty(),
+            Method::Bearer => !self.bearer.is_empty(),
+            Method::Mtls => self.mtls,
+        }
+    }
+
+    pub fn authenticate(&self, req: &AuthInput<'_>) -> Result<Identity, AuthError> {
+        let verdict = |m| self.check(m, req);
+        let ok = if self.required.is_empty() {
+            // Every configured method is checked, so a refusal reports the most telling
+            // reason: a wrong credential beats an expired one beats none at all.
+            let results: Vec<_> = Method::ALL
+                .into_iter()
+                .filter(|&m| self.configured(m))
+                .map(verdict)
+                .collect();
+            if results.iter().any(Result::is_ok) {
+                Ok(())
+            } else {
+                Err(worst(results.into_iter().filter_map(Result::err)))
+            }
+        } else {
+            let errors: Vec<_> = self
+                .required
+                .iter()
+                .filter_map(|&m| verdict(m).err())
+                .collect();
+            if errors.is_empty() {
+                Ok(())
+            } else {
+                Err(worst(errors.into_iter()))
+            }
+        };
+        ok.map(|()| match req.client_cert_cn {
+            Some(cn) => Identity::cert(cn),
+            None => Identity::psk(),
+        })
+    }
+
+    fn check(&self, m: Method, req: &AuthInput<'_>) -> Result<(), AuthError> {
+        match m {
+            Method::ApiKey => {
+                let presented = req.body_api_key.ok_or(AuthError::Missing)?;
+                matches_any(&self.api_keys, presented.as_bytes())
+            }
+            Method::Bearer => {
+                let v = single(req.headers, hyper::header::AUTHORIZATION.as_str())?;
+                let (scheme, token) = v.split_once(' ').ok_or(AuthError::Invalid)?;
+                let token = token.trim_start_matches(' ');
+                if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
+                    return Err(AuthError::Invalid);
+                }
+                matches_any(&self.bearer, token.as_bytes())
+            }
+            Method::Hmac => self.check_hmac(req),
+            Method::Mtls => match req.client_cert_cn {
+                Some(_) if self.mtls => Ok(()),
+                _ => Err(AuthError::Missing),
+            },
+        }
+    }
+
+    fn check_hmac(&self, req: &AuthInput<'_>) -> Result<(), AuthError> {
+        let ts_text = single(req.headers, TIMESTAMP_HEADER);
+        let sig_text = single(req.headers, SIGNATURE_HEADER);
+        if let (Err(AuthError::Missing), Err(AuthError::Missing)) = (&ts_text, &sig_text) {
+            return Err(AuthError::Missing);
+        }
+        let ts_text = ts_text.map_err(|_| AuthError::Invalid)?;
+        let sig = parse_signature_header(sig_text.map_err(|_| AuthError::Invalid)?)?;
+        let ts = parse_timestamp(ts_text)?;
+        if ts.abs_diff(req.now_unix_s) > HMAC_WINDOW_S {
+            return Err(AuthError::Expired);
+        }
+        // The signed text uses the timestamp exactly as sent.
+        let mut ok = subtle::Choice::from(0);
+        for s in &self.hmac {
+            ok |= mac(s.expose(), ts_text.as_bytes(), req.raw_body).ct_eq(&sig);
+        }
+        if bool::from(ok) {
+            Ok(())
+        } else {
+            Err(AuthError::Invalid)
+        }
+    }
+}
+
+fn worst(errors: impl Iterator<Item = AuthError>) -> AuthError {
+    let rank = |e: &AuthError| match e {
+        AuthError::Missing => 0,
+        AuthError::Expired => 1,
+        AuthError::Invalid => 2,
+    };
+    errors.max_by_key(rank).unwrap_or(AuthError::Missing)
+}
+
+/// The one value of a header; a repeated credential header is refused rather than
+/// letting us and a proxy disagree on which one counts.
+fn single<'h>(headers: &'h HeaderMap, name: &str) -> Result<&'h str, AuthError> {
+    let mut all = headers.get_all(name).iter();
+    match (all.next(), all.next()) {
+        (None, _) => Err(AuthError::Missing),
+        (Some(v), None) => v.to_str().map(str::trim).map_err(|_| AuthError::Invalid),
+        (Some(_), Some(_)) => Err(AuthError::Invalid),
+    }
+}
+
+/// Constant-time match against every secret, through SHA-256 so that lengths do not
+/// leak either. All secrets are tried, so which one matched does not show in timing.
+fn matches_any(secrets: &[Secret], presented: &[u8]) -> Result<(), AuthError> {
+    let p = Sha256::digest(presented);
+    let mut ok = subtle::Choice::from(0);
+    for s in secrets {
+        ok |= Sha256::digest(s.expose()).as_slice().ct_eq(p.as_slice());
+    }
+    if bool::from(ok) {
+        Ok(())
+    } else {
+        Err(AuthError::Invalid)
+    }
+}
+
+fn parse_timestamp(s: &str) -> Result<i64, AuthError> {
+    // Digits only: no sign, no spaces, no `+`, which `i64::from_str` would accept.
+    if s.is_empty() || s.len() > 18 || !s.bytes().all(|b| b.is_ascii_digit()) {
+        return Err(AuthError::Invalid);
+    }
+    s.parse().map_err(|_| AuthError::Invalid)
+}
+
+fn mac(secret: &[u8], timestamp: &[u8], body: &[u8]) -> [u8; 32] {
+    // HMAC takes a key of any length, so this cannot fail.
+    let mut m = <Hmac<Sha256> as KeyInit>::new_from_slice(secret)
+        .unwrap_or_else(|_| unreachable!("HMAC accepts any key length"));
+    m.update(timestamp);
+    m.update(b".");
+    m.update(body);
+    m.finalize().into_bytes().into()
+}
+
+/// The `X-Hoox-Signature` value for a body: `sha256=<hex>` over `"{timestamp}.{body}"`.
+pub fn sign(secret: &[u8], timestamp: i64, body: &[u8]) -> String {
+    format!(
+        "sha256={}",
+        hex::encode(mac(secret, timestamp.to_string().as_bytes(), body))
+    )
+}
+
+/// Parses `sha256=<64 hex digits>`.
+pub fn parse_signature_header(v: &str) -> Result<[u8; 32], AuthError> {
+    let hex_part = v.trim().strip_prefix("sha256=").ok_or(AuthError::Invalid)?;
+    let mut out = [0u8; 32];
+    hex::decode_to_slice(hex_part, &mut out).map_err(|_| AuthError::Invalid)?;
+    Ok(out)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::header::{AUTHORIZATION, HeaderValue};
+
+    const NOW: i64 = 1_800_000_000;
+    const BODY: &[u8] = br#"{"exchange":"binance","quantity":1}"#;
+
+    fn secrets(s: &[&str]) -> Vec<Secret> {
+        s.iter().map(|s| Secret::new(s.as_bytes())).collect()
+    }
+
+    fn auth(
+        api: &[&str],
+        hmac: &[&str],
+        bearer: &[&str],
+        mtls: bool,
+        req: &[Method],
+    ) -> Authenticator {
+        Authenticator::new(
+            secrets(api),
+            secrets(hmac),
+            secrets(bearer),
+            mtls,
+            req.to_vec(),
+        )
+        .unwrap()
+    }
+
+    struct Req {
+        headers: HeaderMap,
+        api_key: Option<&'static str>,
+        cn: Option<&'static str>,
+        body: &'static [u8],
+        now: i64,
+    }
+
+    impl Req {
+        fn new() -> Self {
+            Req {
+                headers: HeaderMap::new(),
+                api_key: None,
+                cn: None,
+                body: BODY,
+                now: NOW,
+            }
+        }
+        fn header(mut self, k: &'static str, v: &str) -> Self {
+            self.headers.append(k, HeaderValue::from_str(v).unwrap());
+            self
+        }
+        fn signed(self, secret: &str, ts: i64) -> Self {
+            let sig = sign(secret.as_bytes(), ts, self.body);
+            self.header(TIMESTAMP_HEADER, &ts.to_string())
+                .header(SIGNATURE_HEADER, &sig)
+        }
+        fn run(&self, a: &Authenticator) -> Result<Identity, AuthError> {
+            a.authenticate(&AuthInput {
+                headers: &self.headers,
+                body_api_key: self.api_key,
+                raw_body: self.body,
+                client_cert_cn: self.cn,
+                now_unix_s: self.now,
+            })
+        }
+    }
+
+    #[test]
+    fn secrets_never_show() {
+        let s = Secret::new("hunter2");
+        assert_eq!(format!("{s:?}"), "Secret(***)");
+        let a = auth(&["hunter2"], &[], &[], false, &[]);
+        assert!(!format!("{a:?}").contains("hunter2"));
+    }
+
+    #[test]
+    fn fail_closed_configs_are_refused() {
+        assert_eq!(
+            Authenticator::new(vec![], vec![], vec![], false, vec![]).unwrap_err(),
+            AuthConfigError::NoMethod
+        );
+        assert_eq!(
+            Authenticator::new(secrets(&["k"]), vec![], vec![], false, vec![Method::Hmac])
+                .unwrap_err(),
+            AuthConfigError::RequiredNotConfigured(Method::Hmac)
+        );
+        assert!(Authenticator::new(vec![], vec![], vec![], true, vec![]).is_ok());
+    }
+
+    #[test]
+    fn api_key_in_the_body_with_rotation() {
+        let a = auth(&["old-key", "new-key"], &[], &[], false, &[]);
+        let mut r = Req::new();
+        assert_eq!(r.run(&a), Err(AuthError::Missing));
+        r.api_key = Some("new-key");
+        assert_eq!(r.run(&a), Ok(Identity::psk()));
+        r.api_key = Some("old-key");
+        assert!(r.run(&a).is_ok());
+        for bad in ["new-ke", "new-key ", "", "NEW-KEY", "new-keyx"] {
+            r.api_key = Some(bad);
+            assert_eq!(r.run(&a), Err(AuthError::Invalid), "{bad}");
+        }
+    }
+
+    #[test]
+    fn hmac_signature_and_window() {
+        let a = auth(&[], &["s1", "s2"], &[], false, &[]);
+        assert_eq!(Req::new().run(&a), Err(AuthError::Missing));
+        assert!(Req::new().signed("s1", NOW).run(&a).is_ok());
+        assert!(Req::new().signed("s2", NOW).run(&a).is_ok());
+        assert!(Req::new().signed("s1", NOW - 300).run(&a).is_ok());
+        assert!(Req::new().signed("s1", NOW + 300).run(&a).is_ok());
+        assert_eq!(
+            Req::new().signed("s1", NOW - 301).run(&a),
+            Err(AuthError::Expired)
+        );
+        assert_eq!(
+            Req::new().signed("s1", NOW + 301).run(&a),
+            Err(AuthError::Expired)
+        );
+        assert_eq!(
+            Req::new().signed("s3", NOW).run(&a),
+            Err(AuthError::Invalid)
+        );
+        // The signature covers the body.
+        let mut r = Req::new().signed("s1", NOW);
+        r.body = br#"{"exchange":"binance","quantity":100}"#;
+        assert_eq!(r.run(&a), Err(AuthError::Invalid));
+        // And the timestamp: a fresh timestamp on an old signature fails.
+        let old = sign(b"s1", NOW - 1000, BODY);
+        let r = Req::new()
+            .header(TIMESTAMP_HEADER, &NOW.to_string())
+            .header(SIGNATURE_HEADER, &old);
+        assert_eq!(r.run(&a), Err(AuthError::Invalid));
+    }
+
+    #[test]
+    fn hmac_headers_are_strict() {
+        let a = auth(&[], &["s1"], &[], false, &[]);
+        let sig = sign(b"s1", NOW, BODY);
+        let only_sig = Req::new().header(SIGNATURE_HEADER, &sig);
+        assert_eq!(only_sig.run(&a), Err(AuthError::Invalid));
+        let only_ts = Req::new().header(TIMESTAMP_HEADER, &NOW.to_string());
+        assert_eq!(only_ts.run(&a), Err(AuthError::Invalid));
+        for ts in [
+            "+1800000000",
+            "-1",
+            "1800000000.0",
+            "",
+            "0x10",
+            "99999999999999999999",
+        ] {
+            let r = Req::new()
+                .header(TIMESTAMP_HEADER, ts)
+                .header(SIGNATURE_HEADER, &sig);
+            assert_eq!(r.run(&a), Err(AuthError::Invalid), "{ts}");
+        }
+        let twice = Req::new().signed("s1", NOW).header(SIGNATURE_HEADER, &sig);
+        assert_eq!(twice.run(&a), Err(AuthError::Invalid));
+        // Extreme timestamps do not overflow the window check.
+        let far = Req::new().signed("s1", 999_999_999_999_999_999);
+        assert_eq!(far.run(&a), Err(AuthError::Expired));
+        let mut neg_now = Req::new().signed("s1", 0);
+        neg_now.now = i64::MIN;
+        assert_eq!(neg_now.run(&a), Err(AuthError::Expired));
+    }
+
+    #[test]
+    fn sign_and_parse_round_trip() {
+        let s = sign(b"key", 1_700_000_000, b"{}");
+        assert!(s.starts_with("sha256=") && s.len() == 7 + 64);
+        let raw = parse_signature_header(&s).unwrap();
+        assert_eq!(hex::encode(raw), &s[7..]);
+        assert_eq!(
+            parse_signature_header(&s.to_uppercase().replace("SHA256=", "sha256=")),
+            Ok(raw)
+        );
+        for bad in [
+            "",
+            "sha256=",
+            "sha1=00",
+            "sha256=zz",
+            &s[..s.len() - 1],
+            &format!("{s}00"),
+        ] {
+            assert_eq!(
+                parse_signature_header(bad),
+                Err(AuthError::Invalid),
+                "{bad}"
+            );
+        }
+    }
+
+    #[test]
+    fn sign_matches_a_known_vector() {
+        // HMAC-SHA256(key="key", "1700000000.{}"), computed independently with
+        // `printf '1700000000.{}' | openssl dgst -sha256 -hmac key`.
+        assert_eq!(
+            sign(b"key", 1_700_000_000, b"{}"),
+            format!("sha256={}", KNOWN_VECTOR)
+        );
+    }
+
+    const KNOWN_VECTOR: &str = "9d713ed406bb7076d4123f0dc2c39d2df5c654ed4b0cd56b52c8b4c940bd63ae";
+
+    #[test]
+    fn bearer_token() {
+        let a = auth(&[], &[], &["tok1", "tok2"], false, &[]);
+        assert_eq!(Req::new().run(&a), Err(AuthError::Missing));
+        assert!(
+            Req::new()
+                .header("authorization", "Bearer tok1")
+                .run(&a)
+                .is_ok()
+        );
+        assert!(
+            Req::new()
+                .header("authorization", "bearer   tok2")
+                .run(&a)
+                .is_ok()
+        );
+        for bad in [
+            "Bearer tok3",
+            "Basic tok1",
+            "Bearer",
+            "Bearer ",
+            "tok1",
+            "Bearer tok1x",
+        ] {
+            let r = Req::new().header("authorization", bad);
+            assert_eq!(r.run(&a), Err(AuthError::Invalid), "{bad}");
+        }
+        let twice = Req::new()
+            .header("authorization", "Bearer tok1")
+            .header("authorization", "Bearer tok1");
+        assert_eq!(twice.run(&a), Err(AuthError::Invalid));
+        let _ = AUTHORIZATION;
+    }
+
+    #[test]
+    fn mtls_identity_is_sanitised_and_bounded() {
+        let a = auth(&[], &[], &[], true, &[]);
+        assert_eq!(Req::new().run(&a), Err(AuthError::Missing));
+        let mut r = Req::new();
+        r.cn = Some("signal-engine.lan");
+        assert_eq!(r.run(&a).unwrap().as_str(), "cert.signal-engine.lan");
+        r.cn = Some("evil:live:x y/é");
+        let id = r.run(&a).unwrap();
+        assert_eq!(id.as_str(), "cert.evil_live_x_y__");
+        let long = Identity::cert(&"c".repeat(500));
+        assert_eq!(long.as_str().len(), crate::mutex::key::MAX_IDENTITY);
+        // The identity keeps client keys well formed: no ':' that could shift the namespace.
+        let k = crate::mutex::ClientKey::parse("a:b").unwrap();
+        let key = crate::mutex::Key::client(id.as_str(), crate::mutex::Mode::Live, &k).unwrap();
+        assert_eq!(key.as_str(), "client:cert.evil_live_x_y__:live:a:b");
+    }
+
+    #[test]
+    fn any_one_method_when_none_is_required() {
+        let a = auth(&["k"], &["s"], &["t"], false, &[]);
+        let mut r = Req::new().header("authorization", "Bearer t");
+        assert!(r.run(&a).is_ok());
+        // A wrong credential beside a right one: the right one authenticates.
+        r.api_key = Some("wrong");
+        assert!(r.run(&a).is_ok());
+        // Failures report the most telling reason.
+        let mut r = Req::new().signed("s", NOW - 1000);
+        assert_eq!(r.run(&a), Err(AuthError::Expired));
+        r.api_key = Some("wrong");
+        assert_eq!(r.run(&a), Err(AuthError::Invalid));
+    }
+
+    #[test]
+    fn required_methods_must_all_verify() {
+        let a = auth(&["k"], &["s"], &[], true, &[Method::Hmac, Method::Mtls]);
+        let mut r = Req::new().signed("s", NOW);
+        assert_eq!(r.run(&a), Err(AuthError::Missing));
+        r.cn = Some("engine");
+        assert_eq!(r.run(&a).unwrap().as_str(), "cert.engine");
+        // The api key is configured but not required, so it alone is not enough.
+        let mut r = Req::new();
+        r.api_key = Some("k");
+        r.cn = Some("engine");
+        assert_eq!(r.run(&a), Err(AuthError::Missing));
+    }
+
+    #[test]
+    fn method_names() {
+        for m in Method::ALL {
+            assert_eq!(m.as_str().parse::<Method>(), Ok(m));
+        }
+        assert!("basic".parse::<Method>().is_err());
+    }
+
+    fn write(dir: &Path, name: &str, text: &str, mode: u32) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p
+    }
+
+    #[test]
+    fn load_secrets_reads_lines() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "keys",
+            "# rotation: new first\n  new-key  \n\n\told-key\r\n# done\n",
+            0o600,
+        );
+        let s = load_secrets(&p).unwrap();
+        let got: Vec<&[u8]> = s.iter().map(Secret::expose).collect();
+        assert_eq!(got, vec![&b"new-key"[..], b"old-key"]);
+    }
+
+    #[test]
+    fn load_secrets_refuses_unsafe_or_empty_files() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(d.path(), "open", "topsecret\n", 0o644);
+        let e = load_secrets(&p).unwrap_err();
+        assert!(matches!(e, SecretError::WorldReadable { mode: 0o644, .. }));
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&p.display().to_string()) && !msg.contains("topsecret"),
+            "{msg}"
+        );
+
+        let p = write(d.path(), "blank", "\n# only a comment\n   \n", 0o600);
+        assert!(matches!(load_secrets(&p), Err(SecretError::Empty { .. })));
+
+        let missing = d.path().join("missing");
+        let e = load_secrets(&missing).unwrap_err();
+        assert!(matches!(e, SecretError::Io { .. }));
+        assert!(e.to_string().contains("missing"));
+
+        let p = d.path().join("big");
+        std::fs::write(&p, vec![b'a'; (MAX_SECRETS_FILE + 1) as usize]).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert!(matches!(
+            load_secrets(&p),
+            Err(SecretError::TooLarge { .. })
+        ));
+
+        // Group-readable is the operator's choice (a service group may read it).
+        let p = write(d.path(), "group", "s\n", 0o640);
+        assert!(load_secrets(&p).is_ok());
+    }
+
+    #[test]
+    fn credentials_directory_rule() {
+        let creds = tempfile::tempdir().unwrap();
+        write(creds.path(), "hmac", "s\n", 0o400);
+        let c = Some(creds.path());
+        // A bare name present in the credentials directory comes from there.
+        assert_eq!(
+            credential_path_in(Path::new("hmac"), c),
+            creds.path().join("hmac")
+        );
+        // A bare name that is not a credential, any path with a directory part, and
+        // every path when no credentials directory is set: unchanged.
+        for p in [
+            "bearer",
+            "/etc/hoox-edge/hmac",
+            "secrets/hmac",
+            "./hmac",
+            "../hmac",
+        ] {
+            assert_eq!(credential_path_in(Path::new(p), c), PathBuf::from(p), "{p}");
+        }
+        assert_eq!(
+            credential_path_in(Path::new("hmac"), None),
+            PathBuf::from("hmac")
+        );
+        assert_eq!(
+            credential_path_in(Path::new("hmac"), Some(Path::new(""))),
+            PathBuf::from("hmac")
+        );
+    }
+}

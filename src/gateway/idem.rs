@@ -1,1 +1,243 @@
-//! (to be written)
+//! The client's idempotency key (SPEC §2): the `Idempotency-Key` header, else the body's
+//! `idempotencyKey`. A key that is there but malformed is a 400, never a silent fallback
+//! to the fingerprint: the client meant to lock something, and we must not guess what.
+//!
+//! The header is an RFC 8941 Item whose value is a String (IETF Idempotency-Key draft):
+//! `"abc"`, with `\"` and `\\` the only escapes. Many clients send the key bare
+//! (`Idempotency-Key: 550e8400-e29b-…`), which is not an sf-token when it starts with a
+//! digit, so a bare value is accepted too: visible ASCII without `"`, `\`, `,` or `;`.
+//! The last two are refused because they would make a list or parameters; we do not
+//! accept parameters on the String either.
+
+use hyper::HeaderMap;
+
+use super::problem::Problem;
+use crate::mutex::{ClientKey, key};
+
+pub const HEADER: &str = "idempotency-key";
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum KeyError {
+    #[error("Idempotency-Key header is malformed: {0}")]
+    Syntax(&'static str),
+    #[error(transparent)]
+    Key(#[from] key::KeyError),
+}
+
+/// Parses one `Idempotency-Key` header value into a client key.
+pub fn parse_header(value: &[u8]) -> Result<ClientKey, KeyError> {
+    let v = value.trim_ascii();
+    let raw = match v.split_first() {
+        None => return Err(KeyError::Key(key::KeyError::Length)),
+        Some((b'"', rest)) => unquote(rest)?,
+        Some(_) => {
+            if let Some(&b) = v.iter().find(|&&b| !bare_byte(b)) {
+                return Err(KeyError::Syntax(match b {
+                    b' ' | b'\t' => "a bare key cannot contain spaces; quote it",
+                    b'"' | b'\\' => "a bare key cannot contain quotes or backslashes",
+                    b',' | b';' => "one key only, without parameters",
+                    _ => "not printable ASCII",
+                }));
+            }
+            v.to_vec()
+        }
+    };
+    // Only printable ASCII got this far, so this is valid UTF-8.
+    let s = std::str::from_utf8(&raw).map_err(|_| key::KeyError::Charset)?;
+    Ok(ClientKey::parse(s)?)
+}
+
+/// The body of an sf-string after its opening quote: up to the closing quote, which
+/// must end the value.
+fn unquote(rest: &[u8]) -> Result<Vec<u8>, KeyError> {
+    let mut out = Vec::with_capacity(rest.len());
+    let mut it = rest.iter();
+    while let Some(&b) = it.next() {
+        match b {
+            b'\\' => match it.next() {
+                Some(&e @ (b'"' | b'\\')) => out.push(e),
+                _ => return Err(KeyError::Syntax("only \\\" and \\\\ may be escaped")),
+            },
+            b'"' => {
+                return if it.as_slice().is_empty() {
+                    Ok(out)
+                } else {
+                    Err(KeyError::Syntax("text after the closing quote"))
+                };
+            }
+            0x20..=0x7e => out.push(b),
+            _ => return Err(KeyError::Syntax("not printable ASCII")),
+        }
+    }
+    Err(KeyError::Syntax("missing closing quote"))
+}
+
+fn bare_byte(b: u8) -> bool {
+    (0x21..=0x7e).contains(&b) && !matches!(b, b'"' | b'\\' | b',' | b';')
+}
+
+impl From<KeyError> for Problem {
+    fn from(e: KeyError) -> Self {
+        Problem::InvalidIdempotencyKey(e.to_string())
+    }
+}
+
+/// The client key of a request, from the header and the body's `idempotencyKey`
+/// (SPEC §2): either may be absent; if both are present they must agree. More than one
+/// header line is ambiguous and refused.
+pub fn resolve(headers: &HeaderMap, body_key: Option<&str>) -> Result<Option<ClientKey>, Problem> {
+    let mut values = headers.get_all(HEADER).iter();
+    let header = match (values.next(), values.next()) {
+        (None, _) => None,
+        (Some(v), None) => Some(parse_header(v.as_bytes())?),
+        (Some(_), Some(_)) => {
+            return Err(KeyError::Syntax("more than one Idempotency-Key header").into());
+        }
+    };
+    let body = match body_key {
+        None => None,
+        Some(s) => Some(
+            ClientKey::parse(s)
+                .map_err(|e| Problem::InvalidIdempotencyKey(format!("body idempotencyKey: {e}")))?,
+        ),
+    };
+    match (header, body) {
+        (Some(h), Some(b)) if h != b => Err(Problem::IdempotencyKeyConflict),
+        (h, b) => Ok(h.or(b)),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use hyper::header::HeaderValue;
+
+    fn ok(v: &[u8]) -> String {
+        parse_header(v).unwrap().as_str().to_owned()
+    }
+
+    #[test]
+    fn sf_string_form() {
+        assert_eq!(ok(br#""abc""#), "abc");
+        assert_eq!(ok(br#"  "a b c"	"#), "a b c");
+        assert_eq!(ok(br#""say \"hi\"""#), r#"say "hi""#);
+        assert_eq!(ok(br#""back\\slash""#), r"back\slash");
+        assert_eq!(ok(br#""a,b;c=d""#), "a,b;c=d");
+    }
+
+    #[test]
+    fn bare_form() {
+        assert_eq!(ok(b"abc"), "abc");
+        assert_eq!(
+            ok(b" 550e8400-e29b-41d4-a716-446655440000 "),
+            "550e8400-e29b-41d4-a716-446655440000"
+        );
+        assert_eq!(ok(b"b64+/=="), "b64+/==");
+        assert_eq!(ok(b"order:42"), "order:42");
+    }
+
+    #[test]
+    fn malformed_is_an_error_not_a_fallback() {
+        for bad in [
+            &br#""abc"#[..],    // unterminated
+            br#""abc"x"#,       // trailing text
+            br#""abc";p=1"#,    // parameters
+            br#""a\nb""#,       // bad escape
+            br#""a\"#,          // escape at the end
+            b"\"a\tb\"",        // tab inside a string
+            b"\"caf\xc3\xa9\"", // not ASCII
+            b"a b",             // space in a bare key
+            b"a,b",             // a list
+            b"a;b",             // parameters
+            b"ab\"c",           // stray quote
+            b"caf\xc3\xa9",     // not ASCII
+            b"a\x7f",           // DEL
+        ] {
+            assert!(
+                matches!(parse_header(bad), Err(KeyError::Syntax(_))),
+                "{:?} gave {:?}",
+                String::from_utf8_lossy(bad),
+                parse_header(bad)
+            );
+        }
+    }
+
+    #[test]
+    fn length_rules_of_client_keys_apply() {
+        assert_eq!(parse_header(b""), Err(key::KeyError::Length.into()));
+        assert_eq!(parse_header(b"   "), Err(key::KeyError::Length.into()));
+        assert_eq!(parse_header(br#""""#), Err(key::KeyError::Length.into()));
+        let max = "k".repeat(255);
+        assert_eq!(ok(max.as_bytes()), max);
+        assert_eq!(ok(format!("\"{max}\"").as_bytes()), max);
+        let long = "k".repeat(256);
+        assert_eq!(
+            parse_header(long.as_bytes()),
+            Err(key::KeyError::Length.into())
+        );
+        // Escapes count once: 255 characters written with 510 bytes of escapes.
+        let escaped = format!("\"{}\"", r#"\""#.repeat(255));
+        assert_eq!(ok(escaped.as_bytes()), "\"".repeat(255));
+    }
+
+    fn headers(values: &[&str]) -> HeaderMap {
+        let mut h = HeaderMap::new();
+        for v in values {
+            h.append(HEADER, HeaderValue::from_str(v).unwrap());
+        }
+        h
+    }
+
+    #[test]
+    fn resolve_prefers_agreement() {
+        let k = |s| Some(ClientKey::parse(s).unwrap());
+        assert_eq!(resolve(&headers(&[]), None), Ok(None));
+        assert_eq!(resolve(&headers(&["\"a\""]), None), Ok(k("a")));
+        assert_eq!(resolve(&headers(&[]), Some("b")), Ok(k("b")));
+        assert_eq!(resolve(&headers(&["\"a\""]), Some("a")), Ok(k("a")));
+        assert_eq!(
+            resolve(&headers(&["a"]), Some("b")),
+            Err(Problem::IdempotencyKeyConflict)
+        );
+    }
+
+    #[test]
+    fn resolve_refuses_bad_keys_anywhere() {
+        let code = |r: Result<Option<ClientKey>, Problem>| r.unwrap_err().code();
+        assert_eq!(
+            code(resolve(&headers(&["\"a"]), None)),
+            "INVALID_IDEMPOTENCY_KEY"
+        );
+        assert_eq!(
+            code(resolve(&headers(&[]), Some(""))),
+            "INVALID_IDEMPOTENCY_KEY"
+        );
+        assert_eq!(
+            code(resolve(&headers(&[]), Some("tab\t"))),
+            "INVALID_IDEMPOTENCY_KEY"
+        );
+        assert_eq!(
+            code(resolve(&headers(&["a"]), Some(&"x".repeat(256)))),
+            "INVALID_IDEMPOTENCY_KEY"
+        );
+        assert_eq!(
+            code(resolve(&headers(&["a", "a"]), None)),
+            "INVALID_IDEMPOTENCY_KEY"
+        );
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_client_key_round_trips_as_an_sf_string(k in "[ -~]{1,255}") {
+            let quoted = format!("\"{}\"", k.replace('\\', "\\\\").replace('"', "\\\""));
+            proptest::prop_assert_eq!(ok(quoted.as_bytes()), k);
+        }
+
+        #[test]
+        fn parse_header_never_panics_and_only_yields_valid_keys(v in proptest::collection::vec(proptest::num::u8::ANY, 0..300)) {
+            if let Ok(k) = parse_header(&v) {
+                proptest::prop_assert!(ClientKey::parse(k.as_str()).is_ok());
+            }
+        }
+    }
+}

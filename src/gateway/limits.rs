@@ -1,1 +1,288 @@
-//! (to be written)
+//! The two cheap gates around the mutex: a per-identity rate limit and the IP allowlist.
+
+use std::collections::HashMap;
+use std::net::IpAddr;
+use std::sync::Mutex;
+use std::time::{Duration, Instant};
+
+use ipnet::IpNet;
+
+/// Most identities tracked at once. Identities are authenticated (a shared secret or a
+/// certificate CN), so this is far beyond any real fleet; it only bounds memory.
+pub const MAX_BUCKETS: usize = 4096;
+/// Longest wait ever advised; keeps `Retry-After` sane whatever the configured rate.
+const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+
+/// A token bucket per identity: `burst` requests at once, refilled at `rate_per_s`.
+#[derive(Debug)]
+pub struct RateLimiter {
+    rate: f64,
+    burst: f64,
+    max_buckets: usize,
+    buckets: Mutex<HashMap<String, Bucket>>,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Bucket {
+    tokens: f64,
+    at: Instant,
+}
+
+impl RateLimiter {
+    /// `rate_per_s` must be positive and finite (the config checks it); anything else
+    /// is taken as the slowest possible rate, never as "unlimited". A burst of 0 is 1.
+    pub fn new(rate_per_s: f64, burst: u32) -> Self {
+        Self::with_capacity(rate_per_s, burst, MAX_BUCKETS)
+    }
+
+    pub fn with_capacity(rate_per_s: f64, burst: u32, max_buckets: usize) -> Self {
+        let rate = if rate_per_s.is_finite() && rate_per_s > 0.0 {
+            rate_per_s
+        } else {
+            f64::MIN_POSITIVE
+        };
+        RateLimiter {
+            rate,
+            burst: f64::from(burst.max(1)),
+            max_buckets: max_buckets.max(1),
+            buckets: Mutex::new(HashMap::new()),
+        }
+    }
+
+    /// Takes one token for `identity`, or says how long until one is there.
+    pub fn check(&self, identity: &str, now: Instant) -> Result<(), Duration> {
+        // A poisoned lock only means another thread panicked mid-update of plain
+        // numbers; the map is still usable.
+        let mut buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        if !buckets.contains_key(identity) && buckets.len() >= self.max_buckets {
+            // A bucket that has refilled is the same as no bucket: forget those.
+            buckets.retain(|_, b| self.refilled(b, now) < self.burst);
+            if buckets.len() >= self.max_buckets {
+                // Every tracked identity is active: refusing is safer than forgetting
+                // someone's spent quota.
+                return Err(Duration::from_secs(1));
+            }
+        }
+        let b = buckets.entry(identity.to_owned()).or_insert(Bucket {
+            tokens: self.burst,
+            at: now,
+        });
+        b.tokens = self.refilled(b, now);
+        b.at = now.max(b.at);
+        if b.tokens >= 1.0 {
+            b.tokens -= 1.0;
+            Ok(())
+        } else {
+            let wait = (1.0 - b.tokens) / self.rate;
+            Err(Duration::try_from_secs_f64(wait)
+                .unwrap_or(MAX_RETRY_AFTER)
+                .min(MAX_RETRY_AFTER))
+        }
+    }
+
+    fn refilled(&self, b: &Bucket, now: Instant) -> f64 {
+        let elapsed = now.saturating_duration_since(b.at).as_secs_f64();
+        (b.tokens + elapsed * self.rate).min(self.burst)
+    }
+
+    /// Identities currently tracked.
+    pub fn tracked(&self) -> usize {
+        self.buckets.lock().unwrap_or_else(|e| e.into_inner()).len()
+    }
+}
+
+/// Source addresses allowed to post trades. Empty allows everyone.
+#[derive(Debug, Clone, Default)]
+pub struct Allowlist(Vec<IpNet>);
+
+impl Allowlist {
+    /// Each entry is a CIDR (`10.0.0.0/8`, `fd00::/8`) or a single address.
+    pub fn parse(entries: &[String]) -> Result<Self, ipnet::AddrParseError> {
+        entries
+            .iter()
+            .map(|e| {
+                let e = e.trim();
+                e.parse::<IpNet>()
+                    .or_else(|err| e.parse::<IpAddr>().map(IpNet::from).map_err(|_| err))
+                    .map(|n| canonical_net(n.trunc()))
+            })
+            .collect::<Result<_, _>>()
+            .map(Allowlist)
+    }
+
+    pub fn allows(&self, ip: IpAddr) -> bool {
+        // A dual-stack socket reports IPv4 peers as ::ffff:a.b.c.d.
+        let ip = ip.to_canonical();
+        self.0.is_empty() || self.0.iter().any(|n| n.contains(&ip))
+    }
+
+    pub fn is_empty(&self) -> bool {
+        self.0.is_empty()
+    }
+}
+
+/// `::ffff:10.0.0.0/104` is written by some operators for an IPv4 range; it means
+/// `10.0.0.0/8`, and only that form can match a canonical address.
+fn canonical_net(n: IpNet) -> IpNet {
+    match n {
+        IpNet::V6(v6) if v6.prefix_len() >= 96 => match v6.addr().to_ipv4_mapped() {
+            Some(v4) => ipnet::Ipv4Net::new(v4, v6.prefix_len() - 96)
+                .map(IpNet::V4)
+                .unwrap_or(n),
+            None => n,
+        },
+        _ => n,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn ms(n: u64) -> Duration {
+        Duration::from_millis(n)
+    }
+
+    #[test]
+    fn burst_then_refill() {
+        let rl = RateLimiter::new(2.0, 3);
+        let t0 = Instant::now();
+        for _ in 0..3 {
+            assert_eq!(rl.check("a", t0), Ok(()));
+        }
+        let wait = rl.check("a", t0).unwrap_err();
+        assert_eq!(wait, ms(500));
+        // Half a token after 250 ms: still refused, with the rest of the wait.
+        assert_eq!(rl.check("a", t0 + ms(250)).unwrap_err(), ms(250));
+        assert_eq!(rl.check("a", t0 + ms(500)), Ok(()));
+        assert!(rl.check("a", t0 + ms(500)).is_err());
+        // Refill never exceeds the burst.
+        let later = t0 + Duration::from_secs(60);
+        for _ in 0..3 {
+            assert_eq!(rl.check("a", later), Ok(()));
+        }
+        assert!(rl.check("a", later).is_err());
+    }
+
+    #[test]
+    fn identities_do_not_share_a_bucket() {
+        let rl = RateLimiter::new(1.0, 1);
+        let t0 = Instant::now();
+        assert!(rl.check("a", t0).is_ok());
+        assert!(rl.check("a", t0).is_err());
+        assert!(rl.check("b", t0).is_ok());
+    }
+
+    #[test]
+    fn time_going_backwards_grants_nothing() {
+        let rl = RateLimiter::new(1.0, 1);
+        let t0 = Instant::now() + Duration::from_secs(10);
+        assert!(rl.check("a", t0).is_ok());
+        assert!(rl.check("a", t0 - Duration::from_secs(5)).is_err());
+        assert!(rl.check("a", t0).is_err());
+        assert!(rl.check("a", t0 + Duration::from_secs(1)).is_ok());
+    }
+
+    #[test]
+    fn memory_is_bounded_and_idle_buckets_are_evicted() {
+        let rl = RateLimiter::with_capacity(1.0, 2, 3);
+        let t0 = Instant::now();
+        for id in ["a", "b", "c"] {
+            assert!(rl.check(id, t0).is_ok());
+        }
+        // Full of active buckets: a newcomer is refused, not let through.
+        assert!(rl.check("d", t0).is_err());
+        assert_eq!(rl.tracked(), 3);
+        // Once refilled, old buckets are forgotten to make room.
+        let later = t0 + Duration::from_secs(5);
+        assert!(rl.check("d", later).is_ok());
+        assert_eq!(rl.tracked(), 1);
+        // Forgetting a refilled bucket lost nothing: it starts full again.
+        assert!(rl.check("a", later).is_ok());
+        assert!(rl.check("a", later).is_ok());
+        assert!(rl.check("a", later).is_err());
+    }
+
+    #[test]
+    fn a_bad_rate_is_never_unlimited() {
+        for rate in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let rl = RateLimiter::new(rate, 1);
+            let t0 = Instant::now();
+            assert!(rl.check("a", t0).is_ok());
+            let wait = rl.check("a", t0 + Duration::from_secs(3600)).unwrap_err();
+            assert_eq!(wait, MAX_RETRY_AFTER, "{rate}");
+        }
+    }
+
+    fn list(v: &[&str]) -> Allowlist {
+        Allowlist::parse(&v.iter().map(|s| s.to_string()).collect::<Vec<_>>()).unwrap()
+    }
+
+    fn ip(s: &str) -> IpAddr {
+        s.parse().unwrap()
+    }
+
+    #[test]
+    fn empty_allows_all() {
+        let a = list(&[]);
+        assert!(a.is_empty());
+        assert!(a.allows(ip("203.0.113.9")));
+        assert!(a.allows(ip("::1")));
+    }
+
+    #[test]
+    fn cidrs_and_single_addresses() {
+        let a = list(&["10.0.0.0/8", " 192.168.1.7 ", "fd00::/8", "2001:db8::1"]);
+        assert!(a.allows(ip("10.255.0.1")));
+        assert!(!a.allows(ip("11.0.0.1")));
+        assert!(a.allows(ip("192.168.1.7")));
+        assert!(!a.allows(ip("192.168.1.8")));
+        assert!(a.allows(ip("fd12::5")));
+        assert!(a.allows(ip("2001:db8::1")));
+        assert!(!a.allows(ip("2001:db8::2")));
+        // Host bits in a CIDR are ignored, as a router would.
+        assert!(list(&["10.1.2.3/8"]).allows(ip("10.9.9.9")));
+    }
+
+    #[test]
+    fn ipv4_mapped_ipv6_is_ipv4() {
+        let a = list(&["10.0.0.0/8"]);
+        assert!(a.allows(ip("::ffff:10.1.2.3")));
+        assert!(!a.allows(ip("::ffff:11.1.2.3")));
+        let m = list(&["::ffff:10.0.0.0/104"]);
+        assert!(m.allows(ip("10.1.2.3")));
+        assert!(m.allows(ip("::ffff:10.1.2.3")));
+        assert!(!m.allows(ip("11.1.2.3")));
+    }
+
+    #[test]
+    fn garbage_is_an_error() {
+        for bad in ["10.0.0.0/33", "nope", "", "10.0.0", "fd00::/129"] {
+            assert!(Allowlist::parse(&[bad.to_string()]).is_err(), "{bad}");
+        }
+    }
+
+    proptest::proptest! {
+        /// Over any schedule, no identity gets more than its burst plus what the rate
+        /// refilled in the time elapsed.
+        #[test]
+        fn never_more_than_burst_plus_refill(
+            rate in 0.1f64..50.0,
+            burst in 1u32..20,
+            steps in proptest::collection::vec(0u64..500, 1..200),
+        ) {
+            let rl = RateLimiter::new(rate, burst);
+            let t0 = Instant::now();
+            let mut t = t0;
+            let mut granted = 0u64;
+            for step in steps {
+                t += Duration::from_millis(step);
+                if rl.check("a", t).is_ok() {
+                    granted += 1;
+                }
+                let bound = f64::from(burst) + rate * (t - t0).as_secs_f64();
+                proptest::prop_assert!(granted as f64 <= bound + 1e-9);
+            }
+        }
+    }
+}

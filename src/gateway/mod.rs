@@ -1,4 +1,5 @@
-//! The TLS face: accept loop, connection limits, graceful shutdown. Knows nothing of redb.
+//! The TLS face: the accept loop, connection limits and graceful shutdown. Knows nothing of
+//! redb: every request goes to `webhook::handle`, which talks to the mutex by its handle.
 
 pub mod auth;
 pub mod idem;
@@ -7,3 +8,134 @@ pub mod problem;
 pub mod tls;
 pub mod trade;
 pub mod webhook;
+
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::{Arc, RwLock};
+use std::time::Duration;
+
+use hyper::service::service_fn;
+use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
+use hyper_util::server::conn::auto;
+use hyper_util::server::graceful::GracefulShutdown;
+use rustls::ServerConfig;
+use tokio::net::TcpListener;
+use tokio::sync::Semaphore;
+use tokio_rustls::TlsAcceptor;
+
+pub use webhook::{Gateway, Peer};
+
+/// How long in-flight requests may take to finish their commit or release at shutdown.
+const DRAIN: Duration = Duration::from_secs(30);
+
+/// Connection-level limits.
+#[derive(Debug, Clone, Copy)]
+pub struct ConnLimits {
+    pub max_connections: usize,
+    pub handshake_timeout: Duration,
+    pub header_timeout: Duration,
+}
+
+/// The TLS configuration in force. SIGHUP swaps it; each new connection takes the current one,
+/// and connections already open keep theirs.
+pub type TlsConfig = Arc<RwLock<Arc<ServerConfig>>>;
+
+/// Accepts connections until `shutdown` resolves, then stops accepting and lets in-flight
+/// requests finish (up to [`DRAIN`]).
+pub async fn serve(
+    listener: TcpListener,
+    tls: TlsConfig,
+    gw: Arc<Gateway>,
+    limits: ConnLimits,
+    shutdown: impl Future<Output = ()>,
+) {
+    let graceful = GracefulShutdown::new();
+    let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut builder = auto::Builder::new(TokioExecutor::new());
+    // A client that never finishes its headers is dropped (slowloris).
+    builder
+        .http1()
+        .timer(TokioTimer::new())
+        .header_read_timeout(limits.header_timeout);
+    builder
+        .http2()
+        .timer(TokioTimer::new())
+        .max_concurrent_streams(256)
+        .keep_alive_interval(Some(Duration::from_secs(30)));
+    let builder = Arc::new(builder);
+    tokio::pin!(shutdown);
+
+    loop {
+        // At the connection cap, stop accepting: the kernel's backlog holds the rest.
+        let permit = tokio::select! {
+            p = slots.clone().acquire_owned() => match p {
+                Ok(p) => p,
+                Err(_) => break, // the semaphore is never closed
+            },
+            _ = &mut shutdown => break,
+        };
+        let (tcp, addr) = tokio::select! {
+            r = listener.accept() => match r {
+                Ok(c) => c,
+                Err(e) => {
+                    // EMFILE and friends: back off instead of spinning.
+                    log::warn!("accept failed: {e}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            _ = &mut shutdown => break,
+        };
+        let _ = tcp.set_nodelay(true);
+        let current = match tls.read() {
+            Ok(c) => c.clone(),
+            Err(p) => p.into_inner().clone(),
+        };
+        let acceptor = TlsAcceptor::from(current);
+        let gw = gw.clone();
+        let builder = builder.clone();
+        let watcher = graceful.watcher();
+        tokio::spawn(async move {
+            let _permit = permit;
+            let stream =
+                match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
+                    Ok(Ok(s)) => s,
+                    // Plaintext on the TLS port, a bad handshake, or a silent client.
+                    Ok(Err(e)) => {
+                        log::debug!("TLS handshake from {addr} failed: {e}");
+                        return;
+                    }
+                    Err(_) => return,
+                };
+            let client_cn = stream
+                .get_ref()
+                .1
+                .peer_certificates()
+                .and_then(|c| c.first())
+                .and_then(tls::client_cn);
+            let peer = Arc::new(Peer {
+                ip: addr.ip().to_canonical(),
+                client_cn,
+            });
+            let svc = service_fn(move |req| webhook::handle(gw.clone(), peer.clone(), req));
+            let conn = builder
+                .serve_connection(TokioIo::new(stream), svc)
+                .into_owned();
+            if let Err(e) = watcher.watch(conn).await {
+                log::debug!("connection from {addr} ended: {e}");
+            }
+        });
+    }
+    drop(listener);
+    tokio::select! {
+        _ = graceful.shutdown() => {}
+        _ = tokio::time::sleep(DRAIN) => log::warn!("in-flight requests did not finish in {DRAIN:?}"),
+    }
+}
+
+/// Binds the webhook listener; port 0 picks a free port (tests).
+pub async fn bind(addr: SocketAddr) -> std::io::Result<(TcpListener, SocketAddr)> {
+    let l = TcpListener::bind(addr).await?;
+    let local = l.local_addr()?;
+    Ok((l, local))
+}

@@ -1,1 +1,448 @@
-//! (to be written)
+//! Every error answer of the webhook: RFC 9457 `application/problem+json` with a stable
+//! `code` (SPEC §3). Clients branch on `code`, never on `title` or `detail`.
+//!
+//! `type` is `about:blank`, so `title` is the status's reason phrase as RFC 9457 §4.2.1
+//! asks; what went wrong is in `code` and `detail`.
+
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::Full;
+use hyper::header::{self, HeaderValue};
+use hyper::{Response, StatusCode};
+use serde_json::{Value, json};
+
+/// What a client is told to wait while the mutex is failing closed: the owner retries
+/// the database with a backoff of a few seconds, so a short wait is honest.
+pub const UNAVAILABLE_RETRY_AFTER_S: u64 = 1;
+/// What a client is told to wait while the operator's kill switch is on. Nobody knows
+/// when it will be lifted; this only keeps retry storms polite.
+pub const KILL_SWITCH_RETRY_AFTER_S: u64 = 30;
+
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Problem {
+    /// Bad JSON or schema; the detail names the field.
+    InvalidRequest(String),
+    InvalidIdempotencyKey(String),
+    /// The header and the body carry different keys.
+    IdempotencyKeyConflict,
+    /// `require_client_key` is on and the request has no key.
+    IdempotencyKeyRequired,
+    /// Deliberately carries nothing: the client must not learn which credential failed.
+    AuthFailed,
+    IpForbidden,
+    NotFound,
+    MethodNotAllowed,
+    PayloadTooLarge,
+    UnsupportedMediaType,
+    Duplicate {
+        key: String,
+        state: &'static str,
+        age_ms: u64,
+        expires_in_ms: u64,
+    },
+    /// The same client key came with a different trade.
+    KeyReused,
+    RateLimited {
+        retry_after_s: u64,
+    },
+    ExecutionFailed(String),
+    ExecutorUnreachable,
+    /// The mutex cannot guarantee at-most-once: `reason` is a stable label.
+    Unavailable {
+        reason: &'static str,
+    },
+    KillSwitch,
+    OutcomeUnknown,
+}
+
+impl Problem {
+    /// A rate-limit answer from the limiter's wait, rounded up to whole seconds (at least
+    /// one: `Retry-After: 0` would invite an immediate retry that is refused again).
+    pub fn rate_limited(wait: Duration) -> Self {
+        let s = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
+        Problem::RateLimited {
+            retry_after_s: s.max(1),
+        }
+    }
+
+    pub fn status(&self) -> StatusCode {
+        use Problem::*;
+        match self {
+            InvalidRequest(_)
+            | InvalidIdempotencyKey(_)
+            | IdempotencyKeyConflict
+            | IdempotencyKeyRequired => StatusCode::BAD_REQUEST,
+            AuthFailed => StatusCode::UNAUTHORIZED,
+            IpForbidden => StatusCode::FORBIDDEN,
+            NotFound => StatusCode::NOT_FOUND,
+            MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
+            PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
+            UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            Duplicate { .. } => StatusCode::CONFLICT,
+            KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
+            RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
+            ExecutionFailed(_) | ExecutorUnreachable => StatusCode::BAD_GATEWAY,
+            Unavailable { .. } | KillSwitch => StatusCode::SERVICE_UNAVAILABLE,
+            OutcomeUnknown => StatusCode::GATEWAY_TIMEOUT,
+        }
+    }
+
+    /// The stable machine-readable code of SPEC §3.
+    pub fn code(&self) -> &'static str {
+        use Problem::*;
+        match self {
+            InvalidRequest(_) => "INVALID_REQUEST",
+            InvalidIdempotencyKey(_) => "INVALID_IDEMPOTENCY_KEY",
+            IdempotencyKeyConflict => "IDEMPOTENCY_KEY_CONFLICT",
+            IdempotencyKeyRequired => "IDEMPOTENCY_KEY_REQUIRED",
+            AuthFailed => "AUTH_FAILED",
+            IpForbidden => "IP_FORBIDDEN",
+            NotFound => "NOT_FOUND",
+            MethodNotAllowed => "METHOD_NOT_ALLOWED",
+            PayloadTooLarge => "PAYLOAD_TOO_LARGE",
+            UnsupportedMediaType => "UNSUPPORTED_MEDIA_TYPE",
+            Duplicate { .. } => "DUPLICATE",
+            KeyReused => "IDEMPOTENCY_KEY_REUSED",
+            RateLimited { .. } => "RATE_LIMITED",
+            ExecutionFailed(_) => "EXECUTION_FAILED",
+            ExecutorUnreachable => "EXECUTOR_UNREACHABLE",
+            Unavailable { .. } => "IDEMPOTENCY_UNAVAILABLE",
+            KillSwitch => "KILL_SWITCH",
+            OutcomeUnknown => "EXECUTION_OUTCOME_UNKNOWN",
+        }
+    }
+
+    /// Seconds for the `Retry-After` header, on the answers that carry one.
+    pub fn retry_after(&self) -> Option<u64> {
+        match self {
+            Problem::RateLimited { retry_after_s } => Some(*retry_after_s),
+            Problem::Unavailable { .. } => Some(UNAVAILABLE_RETRY_AFTER_S),
+            Problem::KillSwitch => Some(KILL_SWITCH_RETRY_AFTER_S),
+            _ => None,
+        }
+    }
+
+    pub fn detail(&self) -> String {
+        use Problem::*;
+        match self {
+            InvalidRequest(d) | InvalidIdempotencyKey(d) => d.clone(),
+            IdempotencyKeyConflict => {
+                "the Idempotency-Key header and the body's idempotencyKey differ".into()
+            }
+            IdempotencyKeyRequired => "an idempotency key is required".into(),
+            AuthFailed => "authentication failed".into(),
+            IpForbidden => "source address not allowed".into(),
+            NotFound => "no such resource; POST trades to /webhook".into(),
+            MethodNotAllowed => "use POST".into(),
+            PayloadTooLarge => "body larger than 64 KiB".into(),
+            UnsupportedMediaType => "body must be application/json".into(),
+            Duplicate { state, .. } => format!("this trade was already accepted ({state})"),
+            KeyReused => "this idempotency key was used with a different trade".into(),
+            RateLimited { retry_after_s } => format!("rate limit exceeded; retry in {retry_after_s} s"),
+            ExecutionFailed(d) => format!("the executor did not fill the trade: {d}"),
+            ExecutorUnreachable => "the executor could not be reached; nothing was sent".into(),
+            Unavailable { reason } => {
+                format!("idempotency cannot be guaranteed ({reason}); the trade was refused")
+            }
+            KillSwitch => "trading is halted by the operator".into(),
+            OutcomeUnknown => {
+                "the executor did not answer in time; the trade may have been placed, its key is held"
+                    .into()
+            }
+        }
+    }
+
+    /// The problem document.
+    pub fn body(&self) -> Value {
+        let status = self.status();
+        let mut doc = json!({
+            "type": "about:blank",
+            "title": status.canonical_reason().unwrap_or("Error"),
+            "status": status.as_u16(),
+            "code": self.code(),
+            "detail": self.detail(),
+        });
+        if let Problem::Duplicate {
+            key,
+            state,
+            age_ms,
+            expires_in_ms,
+        } = self
+        {
+            doc["key"] = json!(key);
+            doc["state"] = json!(state);
+            doc["age_ms"] = json!(age_ms);
+            doc["expires_in_ms"] = json!(expires_in_ms);
+        }
+        if let Some(s) = self.retry_after() {
+            doc["retry_after_s"] = json!(s);
+        }
+        doc
+    }
+
+    pub fn response(&self) -> Response<Full<Bytes>> {
+        let mut res = Response::new(Full::new(Bytes::from(self.body().to_string())));
+        *res.status_mut() = self.status();
+        let h = res.headers_mut();
+        h.insert(
+            header::CONTENT_TYPE,
+            HeaderValue::from_static("application/problem+json"),
+        );
+        // An error is about this one request: no cache may keep it.
+        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+        if let Some(s) = self.retry_after() {
+            h.insert(header::RETRY_AFTER, HeaderValue::from(s));
+        }
+        match self {
+            // RFC 9110 §15.5.6: a 405 lists the allowed methods.
+            Problem::MethodNotAllowed => {
+                h.insert(header::ALLOW, HeaderValue::from_static("POST"));
+            }
+            // RFC 9110 §15.5.2 asks for a challenge. A neutral one names no method, so it
+            // says nothing about which credential was missing or wrong.
+            Problem::AuthFailed => {
+                h.insert(
+                    header::WWW_AUTHENTICATE,
+                    HeaderValue::from_static("Hoox realm=\"hoox-edge\""),
+                );
+            }
+            _ => {}
+        }
+        res
+    }
+}
+
+impl From<&crate::mutex::Duplicate> for Problem {
+    /// The key as stored (namespace included): the same string the `Idempotency-Key`
+    /// answer header, the executor and the operator's `hoox-edge keys` use.
+    fn from(d: &crate::mutex::Duplicate) -> Self {
+        Problem::Duplicate {
+            key: d.key.as_str().to_owned(),
+            state: d.state.as_str(),
+            age_ms: d.age_ms,
+            expires_in_ms: d.expires_in_ms,
+        }
+    }
+}
+
+impl From<&crate::mutex::Unavailable> for Problem {
+    fn from(u: &crate::mutex::Unavailable) -> Self {
+        Problem::Unavailable { reason: u.reason() }
+    }
+}
+
+impl From<super::auth::AuthError> for Problem {
+    /// Every failure is the same answer; the reason is for the log line only.
+    fn from(_: super::auth::AuthError) -> Self {
+        Problem::AuthFailed
+    }
+}
+
+impl std::fmt::Display for Problem {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(
+            f,
+            "{} {}: {}",
+            self.status().as_u16(),
+            self.code(),
+            self.detail()
+        )
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use http_body_util::BodyExt;
+
+    fn all() -> Vec<Problem> {
+        use Problem::*;
+        vec![
+            InvalidRequest("field `quantity` is required".into()),
+            InvalidIdempotencyKey("bad".into()),
+            IdempotencyKeyConflict,
+            IdempotencyKeyRequired,
+            AuthFailed,
+            IpForbidden,
+            NotFound,
+            MethodNotAllowed,
+            PayloadTooLarge,
+            UnsupportedMediaType,
+            Duplicate {
+                key: "k".into(),
+                state: "pending",
+                age_ms: 5,
+                expires_in_ms: 7,
+            },
+            KeyReused,
+            RateLimited { retry_after_s: 3 },
+            ExecutionFailed("insufficient margin".into()),
+            ExecutorUnreachable,
+            Unavailable { reason: "busy" },
+            KillSwitch,
+            OutcomeUnknown,
+        ]
+    }
+
+    async fn body_of(p: &Problem) -> (hyper::Response<Full<Bytes>>, Value) {
+        let res = p.response();
+        let (parts, body) = res.into_parts();
+        let bytes = body.collect().await.unwrap().to_bytes();
+        let v: Value = serde_json::from_slice(&bytes).unwrap();
+        (hyper::Response::from_parts(parts, Full::new(bytes)), v)
+    }
+
+    #[test]
+    fn codes_and_statuses_match_the_spec_table() {
+        let table: Vec<(u16, &str)> = all()
+            .iter()
+            .map(|p| (p.status().as_u16(), p.code()))
+            .collect();
+        assert_eq!(
+            table,
+            vec![
+                (400, "INVALID_REQUEST"),
+                (400, "INVALID_IDEMPOTENCY_KEY"),
+                (400, "IDEMPOTENCY_KEY_CONFLICT"),
+                (400, "IDEMPOTENCY_KEY_REQUIRED"),
+                (401, "AUTH_FAILED"),
+                (403, "IP_FORBIDDEN"),
+                (404, "NOT_FOUND"),
+                (405, "METHOD_NOT_ALLOWED"),
+                (413, "PAYLOAD_TOO_LARGE"),
+                (415, "UNSUPPORTED_MEDIA_TYPE"),
+                (409, "DUPLICATE"),
+                (422, "IDEMPOTENCY_KEY_REUSED"),
+                (429, "RATE_LIMITED"),
+                (502, "EXECUTION_FAILED"),
+                (502, "EXECUTOR_UNREACHABLE"),
+                (503, "IDEMPOTENCY_UNAVAILABLE"),
+                (503, "KILL_SWITCH"),
+                (504, "EXECUTION_OUTCOME_UNKNOWN"),
+            ]
+        );
+    }
+
+    #[tokio::test]
+    async fn every_answer_is_a_problem_document() {
+        for p in all() {
+            let (res, v) = body_of(&p).await;
+            assert_eq!(res.status(), p.status());
+            assert_eq!(
+                res.headers()[header::CONTENT_TYPE],
+                "application/problem+json"
+            );
+            assert_eq!(v["type"], "about:blank");
+            assert_eq!(v["status"], p.status().as_u16());
+            assert_eq!(v["code"], p.code());
+            assert_eq!(v["title"], p.status().canonical_reason().unwrap());
+            assert!(v["detail"].as_str().is_some_and(|d| !d.is_empty()));
+            assert_eq!(
+                res.headers().get(header::RETRY_AFTER).map(|h| h
+                    .to_str()
+                    .unwrap()
+                    .parse::<u64>()
+                    .unwrap()),
+                p.retry_after(),
+                "{p:?}"
+            );
+        }
+    }
+
+    #[tokio::test]
+    async fn retry_after_on_429_and_503() {
+        let (res, _) = body_of(&Problem::RateLimited { retry_after_s: 3 }).await;
+        assert_eq!(res.headers()[header::RETRY_AFTER], "3");
+        let (res, _) = body_of(&Problem::KillSwitch).await;
+        assert!(res.headers().contains_key(header::RETRY_AFTER));
+        let (res, v) = body_of(&Problem::Unavailable { reason: "busy" }).await;
+        assert!(res.headers().contains_key(header::RETRY_AFTER));
+        assert!(v["detail"].as_str().unwrap().contains("busy"));
+    }
+
+    #[tokio::test]
+    async fn duplicate_carries_the_key_and_its_age() {
+        let (_, v) = body_of(&Problem::Duplicate {
+            key: "order-1".into(),
+            state: "committed",
+            age_ms: 1500,
+            expires_in_ms: 298_500,
+        })
+        .await;
+        assert_eq!(v["key"], "order-1");
+        assert_eq!(v["state"], "committed");
+        assert_eq!(v["age_ms"], 1500);
+        assert_eq!(v["expires_in_ms"], 298_500);
+    }
+
+    #[tokio::test]
+    async fn auth_failure_gives_no_hint() {
+        let (res, v) = body_of(&Problem::AuthFailed).await;
+        let detail = v["detail"].as_str().unwrap().to_ascii_lowercase();
+        for word in ["hmac", "bearer", "api", "signature", "timestamp", "cert"] {
+            assert!(!detail.contains(word), "{detail}");
+        }
+        let challenge = res.headers()[header::WWW_AUTHENTICATE].to_str().unwrap();
+        assert!(!challenge.to_ascii_lowercase().contains("bearer"));
+    }
+
+    #[test]
+    fn conversions_from_the_mutex_and_auth() {
+        use crate::mutex::{ClientKey, Key, Mode, State};
+        let k = Key::client("psk", Mode::Live, &ClientKey::parse("order-9").unwrap()).unwrap();
+        let d = crate::mutex::Duplicate {
+            key: k,
+            state: State::Committed,
+            age_ms: 10,
+            expires_in_ms: 20,
+            response: None,
+        };
+        assert_eq!(
+            Problem::from(&d),
+            Problem::Duplicate {
+                key: "order-9".into(),
+                state: "committed",
+                age_ms: 10,
+                expires_in_ms: 20
+            }
+        );
+        let u = crate::mutex::Unavailable::Busy;
+        assert_eq!(Problem::from(&u), Problem::Unavailable { reason: "busy" });
+        for e in [
+            super::super::auth::AuthError::Missing,
+            super::super::auth::AuthError::Invalid,
+            super::super::auth::AuthError::Expired,
+        ] {
+            assert_eq!(Problem::from(e), Problem::AuthFailed);
+        }
+    }
+
+    #[test]
+    fn method_not_allowed_lists_post() {
+        assert_eq!(
+            Problem::MethodNotAllowed.response().headers()[header::ALLOW],
+            "POST"
+        );
+    }
+
+    #[test]
+    fn rate_limited_rounds_up_to_whole_seconds() {
+        let s = |d| match Problem::rate_limited(d) {
+            Problem::RateLimited { retry_after_s } => retry_after_s,
+            _ => unreachable!(),
+        };
+        assert_eq!(s(Duration::from_millis(1)), 1);
+        assert_eq!(s(Duration::ZERO), 1);
+        assert_eq!(s(Duration::from_millis(1000)), 1);
+        assert_eq!(s(Duration::from_millis(1001)), 2);
+        assert_eq!(s(Duration::from_secs(7)), 7);
+    }
+
+    #[test]
+    fn detail_with_quotes_stays_valid_json() {
+        let p = Problem::InvalidRequest("field `x\"}` is \\ odd".into());
+        let v: Value = serde_json::from_str(&p.body().to_string()).unwrap();
+        assert_eq!(v["detail"], "field `x\"}` is \\ odd");
+    }
+}

@@ -1,1 +1,126 @@
-//! (to be written)
+//! rustls server configuration: TLS 1.2 and 1.3 only, HTTP/2 and HTTP/1.1 by ALPN, the
+//! ring provider, optional client certificates (mTLS), and self-signed certificates for the
+//! first run.
+
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::server::WebPkiClientVerifier;
+use rustls::{RootCertStore, ServerConfig};
+
+#[derive(Debug, thiserror::Error)]
+pub enum TlsError {
+    #[error("{path}: {message}")]
+    File { path: String, message: String },
+    #[error("TLS configuration: {0}")]
+    Config(String),
+    #[error("certificate generation: {0}")]
+    Generate(String),
+}
+
+fn file_err(path: &Path, message: impl ToString) -> TlsError {
+    TlsError::File {
+        path: path.display().to_string(),
+        message: message.to_string(),
+    }
+}
+
+/// Where the certificate, key and optional client CA live. Loaded at start and again on
+/// SIGHUP; a failed reload keeps the running configuration.
+#[derive(Debug, Clone)]
+pub struct TlsFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+    pub client_ca: Option<PathBuf>,
+}
+
+/// The crypto provider, named once: ring, as the project chose.
+pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
+    Arc::new(rustls::crypto::ring::default_provider())
+}
+
+impl TlsFiles {
+    pub fn load(&self) -> Result<Arc<ServerConfig>, TlsError> {
+        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&self.cert)
+            .map_err(|e| file_err(&self.cert, e))?
+            .collect::<Result<_, _>>()
+            .map_err(|e| file_err(&self.cert, e))?;
+        if chain.is_empty() {
+            return Err(file_err(&self.cert, "no certificate in PEM file"));
+        }
+        let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|e| file_err(&self.key, e))?;
+        let builder = ServerConfig::builder_with_provider(provider())
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
+            .map_err(|e| TlsError::Config(e.to_string()))?;
+        let builder = match &self.client_ca {
+            None => builder.with_no_client_auth(),
+            Some(ca) => {
+                let mut roots = RootCertStore::empty();
+                for c in CertificateDer::pem_file_iter(ca).map_err(|e| file_err(ca, e))? {
+                    roots
+                        .add(c.map_err(|e| file_err(ca, e))?)
+                        .map_err(|e| file_err(ca, e))?;
+                }
+                let verifier =
+                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+                        .build()
+                        .map_err(|e| file_err(ca, e))?;
+                builder.with_client_cert_verifier(verifier)
+            }
+        };
+        let mut cfg = builder
+            .with_single_cert(chain, key)
+            .map_err(|e| file_err(&self.key, e))?;
+        cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        Ok(Arc::new(cfg))
+    }
+}
+
+/// The common name of a verified client certificate, if it has one.
+pub fn client_cn(cert: &CertificateDer<'_>) -> Option<String> {
+    let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+    let cn = parsed.subject().iter_common_name().next()?;
+    cn.as_str().ok().map(str::to_owned)
+}
+
+/// Writes `cert.pem` and `key.pem` (mode 0600) into `dir`: a self-signed certificate for
+/// `names` (DNS names or IP addresses). For the first run and for `hoox-edge gen-cert`.
+pub fn generate_self_signed(dir: &Path, names: &[String]) -> Result<(), TlsError> {
+    let cert = rcgen::generate_simple_self_signed(names.to_vec())
+        .map_err(|e| TlsError::Generate(e.to_string()))?;
+    let cert_path = dir.join("cert.pem");
+    let key_path = dir.join("key.pem");
+    crate::config::write_private(&key_path, &cert.signing_key.serialize_pem())
+        .map_err(|e| file_err(&key_path, e))?;
+    crate::config::write_private(&cert_path, &cert.cert.pem())
+        .map_err(|e| file_err(&cert_path, e))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn generated_certificate_loads() {
+        let dir = tempfile::tempdir().unwrap();
+        generate_self_signed(dir.path(), &["localhost".into(), "127.0.0.1".into()]).unwrap();
+        let files = TlsFiles {
+            cert: dir.path().join("cert.pem"),
+            key: dir.path().join("key.pem"),
+            client_ca: None,
+        };
+        let cfg = files.load().unwrap();
+        assert_eq!(cfg.alpn_protocols[0], b"h2");
+        // A client CA that is not a certificate is refused, naming the file.
+        std::fs::write(dir.path().join("ca.pem"), "nope").unwrap();
+        let bad = TlsFiles {
+            client_ca: Some(dir.path().join("ca.pem")),
+            ..files
+        };
+        let e = bad.load().unwrap_err().to_string();
+        assert!(e.contains("ca.pem"), "{e}");
+    }
+}

@@ -1,1 +1,666 @@
-//! (to be written)
+//! The trade payload (SPEC §3): parsed in two steps because of the order of checks.
+//!
+//! [`parse_object`] runs before authentication and only says whether the body is a JSON
+//! object (400 otherwise), so that an unauthenticated caller learns nothing about its
+//! trade's validity. [`Trade::from_object`] runs after authentication and enforces the
+//! schema, naming the first field that is wrong.
+//!
+//! The restricted charsets are not cosmetic: exchange, symbol and action become parts of
+//! the fingerprint key `trade:{exchange}:{symbol}:{action}:…`, so none may contain `:`.
+
+use bytes::Bytes;
+use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde_json::{Map, Value};
+use sha2::{Digest, Sha256};
+
+use crate::mutex::key::canonical_quantity;
+use crate::mutex::{Fingerprint, Mode, PayloadHash};
+
+pub const MAX_EXCHANGE: usize = 32;
+pub const MAX_SYMBOL: usize = 20;
+pub const MAX_QUANTITY: f64 = 1e6;
+/// Longest canonical quantity. Bounds the fingerprint key, and refuses absurd precision
+/// such as 1e-300, whose decimal form alone would be 300 characters.
+pub const MAX_QUANTITY_CHARS: usize = 24;
+pub const MAX_LEVERAGE: u64 = 125;
+
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+pub enum TradeError {
+    #[error("body is not valid JSON: {0}")]
+    Json(String),
+    #[error("body must be a JSON object")]
+    NotObject,
+    #[error("field `{field}` {problem}")]
+    Field {
+        field: &'static str,
+        problem: &'static str,
+    },
+}
+
+impl From<TradeError> for super::problem::Problem {
+    fn from(e: TradeError) -> Self {
+        super::problem::Problem::InvalidRequest(e.to_string())
+    }
+}
+
+fn field(field: &'static str, problem: &'static str) -> TradeError {
+    TradeError::Field { field, problem }
+}
+
+/// Parses the body as one JSON object. A member given twice is refused: which of the
+/// two counts would otherwise depend on the parser, here and downstream.
+pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, TradeError> {
+    let v: Value = serde_json::from_slice(body).map_err(|e| TradeError::Json(e.to_string()))?;
+    if !v.is_object() {
+        return Err(TradeError::NotObject);
+    }
+    // Parsed a second time with the strict visitor only when it is an object; a Value
+    // first keeps serde_json's own messages for syntax errors.
+    let strict: StrictObject =
+        serde_json::from_slice(body).map_err(|e| TradeError::Json(e.to_string()))?;
+    Ok(strict.0)
+}
+
+/// The body's `apiKey`, for authentication, which runs before the schema is checked.
+pub fn body_api_key(obj: &Map<String, Value>) -> Option<&str> {
+    obj.get("apiKey").and_then(Value::as_str)
+}
+
+struct StrictObject(Map<String, Value>);
+
+impl<'de> Deserialize<'de> for StrictObject {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        struct V;
+        impl<'de> Visitor<'de> for V {
+            type Value = StrictObject;
+            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                f.write_str("a JSON object")
+            }
+            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<StrictObject, A::Error> {
+                let mut map = Map::new();
+                while let Some((k, v)) = a.next_entry::<String, Value>()? {
+                    if map.contains_key(&k) {
+                        let shown: String = k.chars().take(40).collect();
+                        return Err(serde::de::Error::custom(format_args!(
+                            "duplicate field `{shown}`"
+                        )));
+                    }
+                    map.insert(k, v);
+                }
+                Ok(StrictObject(map))
+            }
+        }
+        d.deserialize_map(V)
+    }
+}
+
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum Action {
+    Long,
+    Short,
+    CloseLong,
+    CloseShort,
+}
+
+impl Action {
+    pub fn as_str(self) -> &'static str {
+        match self {
+            Action::Long => "LONG",
+            Action::Short => "SHORT",
+            Action::CloseLong => "CLOSE_LONG",
+            Action::CloseShort => "CLOSE_SHORT",
+        }
+    }
+
+    pub fn parse(s: &str) -> Option<Self> {
+        [
+            Action::Long,
+            Action::Short,
+            Action::CloseLong,
+            Action::CloseShort,
+        ]
+        .into_iter()
+        .find(|a| a.as_str().eq_ignore_ascii_case(s))
+    }
+}
+
+/// A trade that passed the schema. Keeps the object as received for forwarding.
+#[derive(Debug, Clone)]
+pub struct Trade {
+    /// As received, `apiKey` already removed.
+    obj: Map<String, Value>,
+    api_key: Option<String>,
+    pub exchange: String,
+    pub symbol: String,
+    pub action: Action,
+    pub quantity: f64,
+    pub price: Option<f64>,
+    pub leverage: Option<u8>,
+    pub test: bool,
+    pub idempotency_key: Option<String>,
+}
+
+impl Trade {
+    pub fn from_object(mut obj: Map<String, Value>) -> Result<Trade, TradeError> {
+        let api_key = match obj.remove("apiKey") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s),
+            Some(_) => return Err(field("apiKey", "must be a string")),
+        };
+        let exchange = required_str(&obj, "exchange")?;
+        if !(1..=MAX_EXCHANGE).contains(&exchange.len()) || !exchange.bytes().all(safe_byte) {
+            return Err(field(
+                "exchange",
+                "must be 1 to 32 characters of A-Z a-z 0-9 . _ -",
+            ));
+        }
+        let symbol = required_str(&obj, "symbol")?;
+        if !(1..=MAX_SYMBOL).contains(&symbol.len())
+            || !symbol.bytes().all(|b| safe_byte(b) || b == b'/')
+        {
+            return Err(field(
+                "symbol",
+                "must be 1 to 20 characters of A-Z a-z 0-9 . _ - /",
+            ));
+        }
+        let action = Action::parse(required_str(&obj, "action")?).ok_or(field(
+            "action",
+            "must be one of LONG, SHORT, CLOSE_LONG, CLOSE_SHORT",
+        ))?;
+
+        let quantity = match obj.get("quantity") {
+            None | Some(Value::Null) => return Err(field("quantity", "is required")),
+            Some(v) => v.as_f64().ok_or(field("quantity", "must be a number"))?,
+        };
+        // serde_json never yields NaN or infinity; the check keeps that an explicit rule.
+        if !quantity.is_finite() || quantity <= 0.0 {
+            return Err(field("quantity", "must be greater than 0"));
+        }
+        if quantity > MAX_QUANTITY {
+            return Err(field("quantity", "must be at most 1000000"));
+        }
+        if canonical_quantity(quantity).len() > MAX_QUANTITY_CHARS {
+            return Err(field("quantity", "has too many decimal places"));
+        }
+
+        let price = match obj.get("price") {
+            None | Some(Value::Null) => None,
+            Some(v) => {
+                let p = v.as_f64().ok_or(field("price", "must be a number"))?;
+                if !p.is_finite() || p <= 0.0 {
+                    return Err(field("price", "must be greater than 0"));
+                }
+                Some(p)
+            }
+        };
+        let leverage = match obj.get("leverage") {
+            None | Some(Value::Null) => None,
+            Some(v) => match v.as_u64() {
+                // 1..=125 fits in a u8.
+                Some(l @ 1..=MAX_LEVERAGE) => Some(l as u8),
+                _ => return Err(field("leverage", "must be an integer from 1 to 125")),
+            },
+        };
+        let test = match obj.get("test") {
+            None | Some(Value::Null) => false,
+            Some(Value::Bool(b)) => *b,
+            Some(_) => return Err(field("test", "must be true or false")),
+        };
+        let idempotency_key = match obj.get("idempotencyKey") {
+            None | Some(Value::Null) => None,
+            Some(Value::String(s)) => Some(s.clone()),
+            Some(_) => return Err(field("idempotencyKey", "must be a string")),
+        };
+
+        Ok(Trade {
+            exchange: exchange.to_ascii_lowercase(),
+            symbol: symbol.to_ascii_uppercase(),
+            action,
+            quantity,
+            price,
+            leverage,
+            test,
+            idempotency_key,
+            api_key,
+            obj,
+        })
+    }
+
+    pub fn mode(&self) -> Mode {
+        if self.test { Mode::Test } else { Mode::Live }
+    }
+
+    pub fn fingerprint(&self) -> Fingerprint<'_> {
+        Fingerprint {
+            exchange: &self.exchange,
+            symbol: &self.symbol,
+            action: self.action.as_str(),
+            quantity: self.quantity,
+            mode: self.mode(),
+        }
+    }
+
+    /// SHA-256 of the canonical trade: the known fields in their normalised form
+    /// (so `1` and `1.00`, `btcusdt` and `BTCUSDT`, a missing `test` and `false` are the
+    /// same trade), plus every pass-through field, keys sorted at every depth. The
+    /// credential and the idempotency key are not part of the trade.
+    pub fn payload_hash(&self) -> PayloadHash {
+        let mut canon: Vec<(String, Value)> = self
+            .obj
+            .iter()
+            .filter(|(k, v)| !KNOWN.contains(&k.as_str()) && !v.is_null())
+            .map(|(k, v)| (k.clone(), sorted(v)))
+            .collect();
+        canon.push(("exchange".into(), Value::from(self.exchange.as_str())));
+        canon.push(("symbol".into(), Value::from(self.symbol.as_str())));
+        canon.push(("action".into(), Value::from(self.action.as_str())));
+        canon.push(("quantity".into(), canonical_quantity(self.quantity).into()));
+        if let Some(p) = self.price {
+            canon.push(("price".into(), canonical_quantity(p).into()));
+        }
+        if let Some(l) = self.leverage {
+            canon.push(("leverage".into(), l.into()));
+        }
+        canon.push(("test".into(), self.test.into()));
+        canon.sort_by(|a, b| a.0.cmp(&b.0));
+        let map: Map<String, Value> = canon.into_iter().collect();
+
+        let mut h = Sha256::new();
+        h.update(b"hoox-edge trade v1\n");
+        h.update(Value::Object(map).to_string().as_bytes());
+        h.finalize().into()
+    }
+
+    /// The object as received, minus `apiKey`: the credential stops here.
+    pub fn forward_body(&self) -> Bytes {
+        Bytes::from(Value::Object(self.obj.clone()).to_string())
+    }
+
+    pub fn api_key(&self) -> Option<&str> {
+        self.api_key.as_deref()
+    }
+
+    pub fn idempotency_key(&self) -> Option<&str> {
+        self.idempotency_key.as_deref()
+    }
+}
+
+/// The fields with a meaning here; everything else is passed through as is.
+const KNOWN: &[&str] = &[
+    "exchange",
+    "symbol",
+    "action",
+    "quantity",
+    "price",
+    "leverage",
+    "test",
+    "idempotencyKey",
+    "apiKey",
+];
+
+fn safe_byte(b: u8) -> bool {
+    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')
+}
+
+fn required_str<'a>(
+    obj: &'a Map<String, Value>,
+    name: &'static str,
+) -> Result<&'a str, TradeError> {
+    match obj.get(name) {
+        None | Some(Value::Null) => Err(field(name, "is required")),
+        Some(Value::String(s)) => Ok(s),
+        Some(_) => Err(field(name, "must be a string")),
+    }
+}
+
+/// A copy with object keys in sorted order at every depth, whatever order the map type
+/// keeps (serde_json's `preserve_order` feature may be switched on by any dependency).
+fn sorted(v: &Value) -> Value {
+    match v {
+        Value::Object(m) => {
+            let mut entries: Vec<_> = m.iter().collect();
+            entries.sort_by(|a, b| a.0.cmp(b.0));
+            Value::Object(
+                entries
+                    .into_iter()
+                    .map(|(k, v)| (k.clone(), sorted(v)))
+                    .collect(),
+            )
+        }
+        Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
+        other => other.clone(),
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::mutex::Key;
+    use serde_json::json;
+
+    fn obj(v: Value) -> Map<String, Value> {
+        match v {
+            Value::Object(m) => m,
+            _ => panic!("not an object"),
+        }
+    }
+
+    fn base() -> Value {
+        json!({"exchange": "binance", "symbol": "BTCUSDT", "action": "LONG", "quantity": 1})
+    }
+
+    fn with(k: &str, v: Value) -> Result<Trade, TradeError> {
+        let mut b = base();
+        b[k] = v;
+        Trade::from_object(obj(b))
+    }
+
+    fn without(k: &str) -> Result<Trade, TradeError> {
+        let mut m = obj(base());
+        m.remove(k);
+        Trade::from_object(m)
+    }
+
+    fn err_field(r: Result<Trade, TradeError>) -> &'static str {
+        match r {
+            Err(TradeError::Field { field, .. }) => field,
+            other => panic!("expected a field error, got {other:?}"),
+        }
+    }
+
+    #[test]
+    fn parse_object_refuses_what_is_not_an_object() {
+        assert!(matches!(
+            parse_object(b"not json"),
+            Err(TradeError::Json(_))
+        ));
+        assert!(matches!(parse_object(b""), Err(TradeError::Json(_))));
+        assert!(matches!(
+            parse_object(b"{\"a\":1"),
+            Err(TradeError::Json(_))
+        ));
+        assert!(matches!(parse_object(b"{} x"), Err(TradeError::Json(_))));
+        for body in [&b"[]"[..], b"1", b"\"s\"", b"null", b"true"] {
+            assert_eq!(parse_object(body), Err(TradeError::NotObject));
+        }
+        assert!(parse_object(b" {\"a\": {\"b\": [1]}} \n").is_ok());
+        // Not UTF-8.
+        assert!(matches!(
+            parse_object(b"{\"a\":\"\xff\"}"),
+            Err(TradeError::Json(_))
+        ));
+    }
+
+    #[test]
+    fn parse_object_refuses_a_member_given_twice() {
+        let e = parse_object(br#"{"quantity": 1, "quantity": 100}"#).unwrap_err();
+        assert!(e.to_string().contains("duplicate field `quantity`"), "{e}");
+        // Only the top level: nested objects are the executor's business.
+        assert!(parse_object(br#"{"a": {"x": 1}, "b": {"x": 1}}"#).is_ok());
+    }
+
+    #[test]
+    fn parse_object_survives_deep_nesting() {
+        let deep = "[".repeat(100_000);
+        assert!(matches!(
+            parse_object(format!("{{\"a\":{deep}").as_bytes()),
+            Err(TradeError::Json(_))
+        ));
+    }
+
+    #[test]
+    fn body_api_key_is_read_before_the_schema() {
+        let m = parse_object(br#"{"apiKey": "s3cret", "quantity": "nonsense"}"#).unwrap();
+        assert_eq!(body_api_key(&m), Some("s3cret"));
+        assert_eq!(body_api_key(&obj(json!({"apiKey": 5}))), None);
+    }
+
+    #[test]
+    fn a_valid_trade_is_normalised() {
+        let t = Trade::from_object(obj(json!({
+            "exchange": "Binance", "symbol": "btc/usdt", "action": "close_long",
+            "quantity": 0.5, "price": 42000.5, "leverage": 10, "test": true,
+            "idempotencyKey": " raw key ", "apiKey": "k", "comment": "hi"
+        })))
+        .unwrap();
+        assert_eq!(t.exchange, "binance");
+        assert_eq!(t.symbol, "BTC/USDT");
+        assert_eq!(t.action, Action::CloseLong);
+        assert_eq!(t.quantity, 0.5);
+        assert_eq!(t.price, Some(42000.5));
+        assert_eq!(t.leverage, Some(10));
+        assert_eq!(t.mode(), Mode::Test);
+        assert_eq!(t.idempotency_key(), Some(" raw key "));
+        assert_eq!(t.api_key(), Some("k"));
+    }
+
+    #[test]
+    fn defaults() {
+        let t = Trade::from_object(obj(base())).unwrap();
+        assert_eq!(t.mode(), Mode::Live);
+        assert_eq!((t.price, t.leverage), (None, None));
+        assert_eq!((t.api_key(), t.idempotency_key()), (None, None));
+        // null means absent for the optional fields.
+        let t = with("price", Value::Null).unwrap();
+        assert_eq!(t.price, None);
+        assert_eq!(with("test", Value::Null).unwrap().mode(), Mode::Live);
+    }
+
+    #[test]
+    fn required_fields_are_named() {
+        for f in ["exchange", "symbol", "action", "quantity"] {
+            assert_eq!(err_field(without(f)), f);
+            assert_eq!(err_field(with(f, Value::Null)), f);
+        }
+        let e = without("quantity").unwrap_err();
+        assert_eq!(e.to_string(), "field `quantity` is required");
+    }
+
+    #[test]
+    fn exchange_and_symbol_charsets() {
+        assert_eq!(err_field(with("exchange", json!(""))), "exchange");
+        assert_eq!(
+            err_field(with("exchange", json!("a".repeat(33)))),
+            "exchange"
+        );
+        assert!(with("exchange", json!("a".repeat(32))).is_ok());
+        for bad in ["bin:ance", "bin ance", "bin/ance", "bïnance", "a\n"] {
+            assert_eq!(err_field(with("exchange", json!(bad))), "exchange", "{bad}");
+        }
+        assert!(with("exchange", json!("okx-v5.perp_1")).is_ok());
+        assert_eq!(err_field(with("exchange", json!(7))), "exchange");
+
+        assert_eq!(err_field(with("symbol", json!(""))), "symbol");
+        assert_eq!(err_field(with("symbol", json!("A".repeat(21)))), "symbol");
+        assert!(with("symbol", json!("A".repeat(20))).is_ok());
+        for bad in ["BTC:USDT", "BTC USDT", "BTC\\USDT", "€"] {
+            assert_eq!(err_field(with("symbol", json!(bad))), "symbol", "{bad}");
+        }
+        assert!(with("symbol", json!("ETH/USDT-PERP")).is_ok());
+    }
+
+    #[test]
+    fn action_is_case_insensitive_and_closed() {
+        for (s, a) in [
+            ("long", Action::Long),
+            ("Short", Action::Short),
+            ("CLOSE_LONG", Action::CloseLong),
+            ("close_short", Action::CloseShort),
+        ] {
+            assert_eq!(with("action", json!(s)).unwrap().action, a);
+        }
+        for bad in ["BUY", "", "LONG ", "close-long"] {
+            assert_eq!(err_field(with("action", json!(bad))), "action");
+        }
+        assert_eq!(err_field(with("action", json!(1))), "action");
+    }
+
+    #[test]
+    fn quantity_bounds() {
+        assert!(with("quantity", json!(1e6)).is_ok());
+        assert!(with("quantity", json!(0.00000001)).is_ok());
+        for bad in [
+            json!(0),
+            json!(-1),
+            json!(0.0),
+            json!(1000000.5),
+            json!("1"),
+        ] {
+            assert_eq!(
+                err_field(with("quantity", bad.clone())),
+                "quantity",
+                "{bad}"
+            );
+        }
+        assert_eq!(err_field(with("quantity", json!(1e-300))), "quantity");
+        // serde_json refuses numbers beyond f64 at parse time.
+        assert!(parse_object(br#"{"quantity": 1e400}"#).is_err());
+    }
+
+    #[test]
+    fn price_leverage_test_types() {
+        assert_eq!(err_field(with("price", json!(0))), "price");
+        assert_eq!(err_field(with("price", json!(-3.5))), "price");
+        assert_eq!(err_field(with("price", json!("1"))), "price");
+        assert!(with("price", json!(0.0001)).is_ok());
+
+        assert_eq!(with("leverage", json!(1)).unwrap().leverage, Some(1));
+        assert_eq!(with("leverage", json!(125)).unwrap().leverage, Some(125));
+        for bad in [
+            json!(0),
+            json!(126),
+            json!(-1),
+            json!(2.5),
+            json!(10.0),
+            json!("10"),
+        ] {
+            assert_eq!(
+                err_field(with("leverage", bad.clone())),
+                "leverage",
+                "{bad}"
+            );
+        }
+
+        assert_eq!(err_field(with("test", json!("true"))), "test");
+        assert_eq!(err_field(with("test", json!(1))), "test");
+        assert_eq!(
+            err_field(with("idempotencyKey", json!(5))),
+            "idempotencyKey"
+        );
+        assert_eq!(err_field(with("apiKey", json!(["k"]))), "apiKey");
+    }
+
+    #[test]
+    fn forward_body_drops_only_the_credential() {
+        let t = Trade::from_object(obj(json!({
+            "exchange": "Binance", "symbol": "BTCUSDT", "action": "long", "quantity": 2,
+            "apiKey": "s3cret", "idempotencyKey": "k1", "strategy": {"id": 7}
+        })))
+        .unwrap();
+        let fwd = t.forward_body();
+        assert!(!String::from_utf8_lossy(&fwd).contains("s3cret"));
+        let v: Value = serde_json::from_slice(&fwd).unwrap();
+        assert_eq!(
+            v,
+            json!({"exchange": "Binance", "symbol": "BTCUSDT", "action": "long",
+                   "quantity": 2, "idempotencyKey": "k1", "strategy": {"id": 7}})
+        );
+    }
+
+    #[test]
+    fn payload_hash_is_canonical() {
+        let h = |b: &[u8]| {
+            Trade::from_object(parse_object(b).unwrap())
+                .unwrap()
+                .payload_hash()
+        };
+        let a = h(br#"{"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1}"#);
+        // Same trade, written differently.
+        assert_eq!(a, h(br#"{"quantity":1.00,"action":"long","symbol":"btcusdt","exchange":"BINANCE","test":false}"#));
+        assert_eq!(a, h(br#"{"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1e0,"apiKey":"x","idempotencyKey":"k","price":null}"#));
+        // A different trade.
+        assert_ne!(
+            a,
+            h(br#"{"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":2}"#)
+        );
+        assert_ne!(
+            a,
+            h(br#"{"exchange":"binance","symbol":"BTCUSDT","action":"SHORT","quantity":1}"#)
+        );
+        assert_ne!(a, h(br#"{"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,"test":true}"#));
+        assert_ne!(a, h(br#"{"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,"price":5}"#));
+        assert_ne!(a, h(br#"{"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,"leverage":5}"#));
+        // Pass-through fields count, in any order.
+        let p = h(br#"{"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,"meta":{"a":1,"b":[2,{"c":3,"d":4}]}}"#);
+        assert_ne!(a, p);
+        assert_eq!(p, h(br#"{"meta":{"b":[2,{"d":4,"c":3}],"a":1},"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1}"#));
+        // A pass-through field cannot impersonate a known one.
+        assert_ne!(
+            h(br#"{"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,"Test":true}"#),
+            a
+        );
+    }
+
+    #[test]
+    fn fingerprint_feeds_the_key() {
+        let t = with("quantity", json!(1.50)).unwrap();
+        let k = Key::fingerprint(&t.fingerprint(), 7).unwrap();
+        assert_eq!(k.as_str(), "trade:binance:BTCUSDT:LONG:1.5:live:7");
+    }
+
+    #[test]
+    fn the_longest_fingerprint_fits_a_key() {
+        let t = Trade::from_object(obj(json!({
+            "exchange": "e".repeat(32), "symbol": "S".repeat(20), "action": "CLOSE_SHORT",
+            "quantity": 0.123456789012345, "test": true
+        })))
+        .unwrap();
+        assert!(Key::fingerprint(&t.fingerprint(), u64::MAX).is_ok());
+    }
+
+    #[test]
+    fn trade_error_becomes_invalid_request() {
+        let p: super::super::problem::Problem = without("symbol").unwrap_err().into();
+        assert_eq!(p.code(), "INVALID_REQUEST");
+        assert!(p.detail().contains("symbol"));
+    }
+
+    proptest::proptest! {
+        /// The same trade, however it is written, hashes the same.
+        #[test]
+        fn payload_hash_ignores_spelling(
+            units in 1u64..1_000_000,
+            frac in 0u32..10_000,
+            zeros in 0usize..4,
+            upper in proptest::bool::ANY,
+            reversed in proptest::bool::ANY,
+        ) {
+            let q = format!("{units}.{frac:04}");
+            let q2 = format!("{q}{}", "0".repeat(zeros));
+            let case = |s: &str| if upper { s.to_uppercase() } else { s.to_lowercase() };
+            let mut fields = [
+                format!(r#""exchange":"{}""#, case("Binance")),
+                format!(r#""symbol":"{}""#, case("btcusdt")),
+                format!(r#""action":"{}""#, case("Long")),
+                format!(r#""quantity":{q2}"#),
+                r#""extra":{"b":1,"a":2}"#.to_string(),
+            ];
+            if reversed {
+                fields.reverse();
+            }
+            let body = format!("{{{}}}", fields.join(","));
+            let canonical = format!(
+                r#"{{"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":{q},"extra":{{"a":2,"b":1}}}}"#
+            );
+            let h = |b: &str| Trade::from_object(parse_object(b.as_bytes()).unwrap()).unwrap().payload_hash();
+            proptest::prop_assert_eq!(h(&body), h(&canonical));
+        }
+
+        #[test]
+        fn parse_never_panics(v in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
+            if let Ok(o) = parse_object(&v) {
+                let _ = Trade::from_object(o);
+            }
+        }
+    }
+}

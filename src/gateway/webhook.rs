@@ -1,1 +1,457 @@
-//! (to be written)
+//! `POST /webhook`: the one place that orchestrates. The checks run in the order SPEC §3
+//! gives, so that an unauthenticated request learns nothing about its trade, a duplicate
+//! consumes no rate quota, and a rate-limited request leaves no reservation behind:
+//!
+//! route → IP allowlist → size → JSON → authentication → schema → key → kill switch →
+//! reserve → rate limit → executor → commit / release / hold → answer.
+
+use std::convert::Infallible;
+use std::net::IpAddr;
+use std::sync::{Arc, RwLock};
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Full, Limited};
+use hyper::body::Incoming;
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use hyper::{Method, Request, Response, StatusCode};
+
+use crate::config::{DuplicateResponse, OnUnknown};
+use crate::executor::{Executor, Order, Outcome};
+use crate::gateway::auth::{AuthInput, Authenticator};
+use crate::gateway::limits::{Allowlist, RateLimiter};
+use crate::gateway::problem::Problem;
+use crate::gateway::{idem, trade};
+use crate::metrics::Metrics;
+use crate::mutex::key::bucket_of;
+use crate::mutex::{ClientKey, Decision, Key, Mutex, Reserve, Snapshot};
+
+/// The largest webhook body (SPEC §3).
+pub const MAX_BODY: usize = 64 * 1024;
+
+/// Everything a webhook needs, shared by all connections.
+pub struct Gateway {
+    pub mutex: Mutex,
+    pub executor: Executor,
+    /// Swapped whole on SIGHUP; a request takes the one current when it starts.
+    pub auth: RwLock<Arc<Authenticator>>,
+    pub limiter: Option<RateLimiter>,
+    pub allowlist: Allowlist,
+    pub metrics: Arc<Metrics>,
+    pub ttl: Duration,
+    pub duplicate_response: DuplicateResponse,
+    pub on_unknown: OnUnknown,
+    pub require_client_key: bool,
+}
+
+/// Who is on the other end of a connection.
+#[derive(Debug, Clone)]
+pub struct Peer {
+    pub ip: IpAddr,
+    /// The common name of a verified client certificate (mTLS).
+    pub client_cn: Option<String>,
+}
+
+/// What the mutex did with the key, told to the client in `Hoox-Idempotency-Outcome`.
+#[derive(Debug, Clone, Copy)]
+enum Settled {
+    Committed,
+    Released,
+    Held,
+}
+
+impl Settled {
+    fn as_str(self) -> &'static str {
+        match self {
+            Settled::Committed => "committed",
+            Settled::Released => "released",
+            Settled::Held => "held",
+        }
+    }
+}
+
+/// An answer, and what the log line says about it.
+struct Answer {
+    response: Response<Full<Bytes>>,
+    key: Option<Key>,
+    settled: Option<Settled>,
+    client: Option<String>,
+    code: Option<&'static str>,
+}
+
+impl From<Problem> for Answer {
+    fn from(p: Problem) -> Self {
+        Answer {
+            code: Some(p.code()),
+            response: p.response(),
+            key: None,
+            settled: None,
+            client: None,
+        }
+    }
+}
+
+/// The hyper service: never fails; every failure is an answer.
+pub async fn handle(
+    gw: Arc<Gateway>,
+    peer: Arc<Peer>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, Infallible> {
+    let started = Instant::now();
+    let request_id = request_id(&req);
+    let answer = match pipeline(&gw, &peer, req, &request_id).await {
+        Ok(a) | Err(a) => a,
+    };
+    let mut response = answer.response;
+    let status = response.status().as_u16();
+    if let Ok(v) = HeaderValue::from_str(&request_id) {
+        response.headers_mut().insert("x-request-id", v);
+    }
+    if let Some(key) = &answer.key
+        && let Ok(v) = HeaderValue::from_str(key.as_str())
+    {
+        response.headers_mut().insert("idempotency-key", v);
+    }
+    if let Some(s) = answer.settled {
+        response.headers_mut().insert(
+            "hoox-idempotency-outcome",
+            HeaderValue::from_static(s.as_str()),
+        );
+    }
+    let elapsed = started.elapsed();
+    gw.metrics.request(status, answer.code, elapsed);
+    log::info!(
+        "webhook status={status} code={} key={} outcome={} client={} request_id={request_id} latency_us={}",
+        answer.code.unwrap_or("-"),
+        answer.key.as_ref().map(Key::as_str).unwrap_or("-"),
+        answer.settled.map(Settled::as_str).unwrap_or("-"),
+        answer.client.as_deref().unwrap_or("-"),
+        elapsed.as_micros(),
+    );
+    Ok(response)
+}
+
+async fn pipeline(
+    gw: &Arc<Gateway>,
+    peer: &Peer,
+    req: Request<Incoming>,
+    request_id: &str,
+) -> Result<Answer, Answer> {
+    // Route.
+    let path = req.uri().path();
+    if path != "/webhook" && path != "/" {
+        return Err(Problem::NotFound.into());
+    }
+    if req.method() != Method::POST {
+        return Err(Problem::MethodNotAllowed.into());
+    }
+    // IP allowlist.
+    if !gw.allowlist.allows(peer.ip) {
+        return Err(Problem::IpForbidden.into());
+    }
+    // Size: refuse an announced oversize body before reading a byte of it.
+    let announced = req
+        .headers()
+        .get(CONTENT_LENGTH)
+        .and_then(|v| v.to_str().ok())
+        .and_then(|v| v.parse::<u64>().ok());
+    if announced.is_some_and(|n| n > MAX_BODY as u64) {
+        return Err(Problem::PayloadTooLarge.into());
+    }
+    if !json_media_type(req.headers().get(CONTENT_TYPE)) {
+        return Err(Problem::UnsupportedMediaType.into());
+    }
+    let (parts, body) = req.into_parts();
+    let raw = match Limited::new(body, MAX_BODY).collect().await {
+        Ok(b) => b.to_bytes(),
+        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+            return Err(Problem::PayloadTooLarge.into());
+        }
+        Err(_) => return Err(Problem::InvalidRequest("body could not be read".into()).into()),
+    };
+    // JSON: anything but an object is refused before any credential is looked at.
+    let object = trade::parse_object(&raw).map_err(|e| Problem::InvalidRequest(e.to_string()))?;
+    // Authentication.
+    let body_api_key = object.get("apiKey").and_then(|v| v.as_str());
+    let authenticator = match gw.auth.read() {
+        Ok(a) => a.clone(),
+        // A poisoned lock means a reload panicked; the old value is still whole.
+        Err(p) => p.into_inner().clone(),
+    };
+    let identity = authenticator
+        .authenticate(&AuthInput {
+            headers: &parts.headers,
+            body_api_key,
+            raw_body: &raw,
+            client_cert_cn: peer.client_cn.as_deref(),
+            now_unix_s: (crate::mutex::clock::unix_ms() / 1000) as i64,
+        })
+        .map_err(|e| {
+            log::warn!(
+                "webhook auth refused: {e} ip={} request_id={request_id}",
+                peer.ip
+            );
+            Answer::from(Problem::AuthFailed)
+        })?;
+    let client = identity.to_string();
+    let fail = |p: Problem| {
+        let mut a = Answer::from(p);
+        a.client = Some(client.clone());
+        a
+    };
+    // Schema.
+    let trade = trade::Trade::from_object(object)
+        .map_err(|e| fail(Problem::InvalidRequest(e.to_string())))?;
+    // Key.
+    let header_key = match parts.headers.get("idempotency-key") {
+        None => None,
+        Some(v) => Some(
+            idem::parse_header(v.as_bytes())
+                .map_err(|e| fail(Problem::InvalidIdempotencyKey(e.to_string())))?,
+        ),
+    };
+    let body_key = match trade.idempotency_key() {
+        None => None,
+        Some(k) => Some(
+            ClientKey::parse(k).map_err(|e| fail(Problem::InvalidIdempotencyKey(e.to_string())))?,
+        ),
+    };
+    let client_key = match (header_key, body_key) {
+        (Some(h), Some(b)) if h != b => return Err(fail(Problem::IdempotencyKeyConflict)),
+        (Some(k), _) | (None, Some(k)) => Some(k),
+        (None, None) => None,
+    };
+    let now = crate::mutex::clock::unix_ms();
+    let reserve = match &client_key {
+        Some(k) => Reserve {
+            key: Key::client(&client, trade.mode(), k)
+                .map_err(|e| fail(Problem::InvalidIdempotencyKey(e.to_string())))?,
+            ttl: gw.ttl,
+            payload_hash: trade.payload_hash(),
+            sibling: None,
+        },
+        None if gw.require_client_key => return Err(fail(Problem::IdempotencyKeyRequired)),
+        None => {
+            let fp = trade.fingerprint();
+            let bucket = bucket_of(now);
+            let bad = |e: crate::mutex::KeyError| fail(Problem::InvalidRequest(e.to_string()));
+            Reserve {
+                key: Key::fingerprint(&fp, bucket).map_err(bad)?,
+                // A fingerprint is its own payload: the hash would only tell apart fields the
+                // seed deliberately ignores (price, extras), so all fingerprints hash alike.
+                ttl: gw.ttl,
+                payload_hash: [0; 32],
+                sibling: Some(Key::fingerprint(&fp, bucket.saturating_sub(1)).map_err(bad)?),
+            }
+        }
+    };
+    let key = reserve.key.clone();
+    let keyed = |p: Problem, settled: Option<Settled>| {
+        let mut a = fail(p);
+        a.key = Some(key.clone());
+        a.settled = settled;
+        a
+    };
+    // Kill switch.
+    if gw.mutex.is_halted() {
+        gw.metrics.refused("kill_switch");
+        return Err(keyed(Problem::KillSwitch, None));
+    }
+    // Reserve.
+    match gw.mutex.reserve(reserve).await {
+        Decision::Proceed => {}
+        Decision::Duplicate(d) => {
+            gw.metrics.duplicate();
+            if gw.duplicate_response == DuplicateResponse::Replay
+                && let Some(snap) = d.response
+            {
+                let mut response = json_response(snap.status, Bytes::from(snap.body));
+                response
+                    .headers_mut()
+                    .insert("idempotent-replayed", HeaderValue::from_static("true"));
+                return Ok(Answer {
+                    response,
+                    key: Some(key),
+                    settled: Some(Settled::Committed),
+                    client: Some(client),
+                    code: None,
+                });
+            }
+            return Err(keyed(Problem::from(&d), None));
+        }
+        Decision::Mismatch => return Err(keyed(Problem::KeyReused, None)),
+        Decision::Unavailable(u) => {
+            gw.metrics.refused(u.reason());
+            log::error!("mutex unavailable, refusing trade: {u} request_id={request_id}");
+            return Err(keyed(Problem::from(&u), None));
+        }
+    }
+    // Rate limit: after the reserve, so a duplicate costs no quota; a refusal releases.
+    if let Some(limiter) = &gw.limiter
+        && let Err(retry) = limiter.check(&client, Instant::now())
+    {
+        gw.metrics.rate_limited();
+        release(gw, &key).await;
+        return Err(keyed(
+            Problem::RateLimited {
+                retry_after_s: retry.as_secs().max(1),
+            },
+            Some(Settled::Released),
+        ));
+    }
+    // Executor, then settle the key. Run to completion in its own task: a client that
+    // hangs up must not cancel us between the order and its commit or release.
+    let order = Order {
+        key: key.as_str().to_string(),
+        request_id: request_id.to_string(),
+        body: trade.forward_body(),
+    };
+    let gw2 = gw.clone();
+    let key2 = key.clone();
+    let settled = tokio::spawn(async move { execute_and_settle(&gw2, key2, order).await }).await;
+    let (response, settled, code) = match settled {
+        Ok(r) => r,
+        // The task panicked: the key stays pending until its TTL, which is safe.
+        Err(_) => {
+            let p = Problem::OutcomeUnknown;
+            (p.response(), Settled::Held, Some(p.code()))
+        }
+    };
+    Ok(Answer {
+        response,
+        key: Some(key),
+        settled: Some(settled),
+        client: Some(client),
+        code,
+    })
+}
+
+async fn execute_and_settle(
+    gw: &Gateway,
+    key: Key,
+    order: Order,
+) -> (Response<Full<Bytes>>, Settled, Option<&'static str>) {
+    let started = Instant::now();
+    let outcome = gw.executor.execute(&order).await;
+    gw.metrics
+        .executor(outcome_label(&outcome), started.elapsed());
+    let problem = |p: Problem, s: Settled| {
+        let code = Some(p.code());
+        (p.response(), s, code)
+    };
+    match outcome {
+        Outcome::Success { status, body } => {
+            let snapshot = (gw.duplicate_response == DuplicateResponse::Replay).then(|| Snapshot {
+                status,
+                body: body.to_vec(),
+            });
+            let settled = match gw.mutex.commit(key.clone(), snapshot).await {
+                Ok(()) => Settled::Committed,
+                // The order went through but the commit did not: the key stays pending until
+                // its TTL, which blocks retries just as well. Say so.
+                Err(e) => {
+                    log::error!("commit failed, key held until TTL: {e} key={key}");
+                    Settled::Held
+                }
+            };
+            (json_response(status, body), settled, None)
+        }
+        Outcome::SoftFail { status, .. } | Outcome::Failed { status, .. } => {
+            release(gw, &key).await;
+            problem(
+                Problem::ExecutionFailed(format!("executor answered {status} without success")),
+                Settled::Released,
+            )
+        }
+        Outcome::NotSent(why) => {
+            log::warn!("executor unreachable, key released: {why} key={key}");
+            release(gw, &key).await;
+            problem(Problem::ExecutorUnreachable, Settled::Released)
+        }
+        Outcome::Unknown(why) => {
+            log::error!("executor outcome unknown: {why} key={key}");
+            match gw.on_unknown {
+                OnUnknown::Hold => problem(Problem::OutcomeUnknown, Settled::Held),
+                OnUnknown::Release => {
+                    release(gw, &key).await;
+                    problem(Problem::OutcomeUnknown, Settled::Released)
+                }
+            }
+        }
+    }
+}
+
+/// Releases soft-fail: a lost release leaves the key pending until its TTL, which is safe.
+async fn release(gw: &Gateway, key: &Key) {
+    if let Err(e) = gw.mutex.release(key.clone()).await {
+        crate::mutex::stats::inc(&gw.mutex.shared().stats.release_failures);
+        log::warn!("release failed, key expires at its TTL: {e} key={key}");
+    }
+}
+
+fn outcome_label(o: &Outcome) -> &'static str {
+    match o {
+        Outcome::Success { .. } => "success",
+        Outcome::SoftFail { .. } => "soft_fail",
+        Outcome::Failed { .. } => "failed",
+        Outcome::NotSent(_) => "not_sent",
+        Outcome::Unknown(_) => "unknown",
+    }
+}
+
+fn json_response(status: u16, body: Bytes) -> Response<Full<Bytes>> {
+    let mut r = Response::new(Full::new(body));
+    *r.status_mut() = StatusCode::from_u16(status).unwrap_or(StatusCode::OK);
+    r.headers_mut()
+        .insert(CONTENT_TYPE, HeaderValue::from_static("application/json"));
+    r
+}
+
+/// Signal engines send JSON as `application/json`, and some (TradingView among them) as
+/// `text/plain`; an absent type is accepted too. Forms and the like are not webhooks.
+fn json_media_type(v: Option<&HeaderValue>) -> bool {
+    let Some(v) = v else { return true };
+    let Ok(v) = v.to_str() else { return false };
+    let essence = v
+        .split(';')
+        .next()
+        .unwrap_or("")
+        .trim()
+        .to_ascii_lowercase();
+    essence == "application/json" || essence == "text/plain" || essence.ends_with("+json")
+}
+
+/// The sender's `X-Request-Id` if it is short and printable, else a fresh one.
+fn request_id<B>(req: &Request<B>) -> String {
+    if let Some(v) = req.headers().get("x-request-id")
+        && let Ok(s) = v.to_str()
+        && !s.is_empty()
+        && s.len() <= 64
+        && s.bytes().all(|b| b.is_ascii_graphic())
+    {
+        return s.to_string();
+    }
+    let mut b = [0u8; 8];
+    // Without randomness a time-based id still tells requests apart in the log.
+    if getrandom::fill(&mut b).is_err() {
+        b = (crate::mutex::clock::unix_ms() ^ u64::from(std::process::id())).to_be_bytes();
+    }
+    hex::encode(b)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn media_types() {
+        assert!(json_media_type(None));
+        let ok = |s: &'static str| json_media_type(Some(&HeaderValue::from_static(s)));
+        assert!(ok("application/json"));
+        assert!(ok("application/json; charset=utf-8"));
+        assert!(ok("text/plain"));
+        assert!(ok("application/vnd.hoox+json"));
+        assert!(!ok("application/x-www-form-urlencoded"));
+        assert!(!ok("multipart/form-data; boundary=x"));
+    }
+}

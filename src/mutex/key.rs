@@ -142,15 +142,6 @@ impl Key {
     pub fn as_str(&self) -> &str {
         &self.0
     }
-
-    /// The key as the client knows it: its own key, or the whole fingerprint.
-    pub fn public(&self) -> &str {
-        match self.0.strip_prefix("client:") {
-            // identity and mode never contain ':' before the key itself
-            Some(rest) => rest.splitn(3, ':').nth(2).unwrap_or(rest),
-            None => &self.0,
-        }
-    }
 }
 
 impl fmt::Display for Key {
@@ -194,9 +185,6 @@ mod tests {
         let c = Key::client("bob", Mode::Live, &k).unwrap();
         assert_ne!(a, b);
         assert_ne!(a, c);
-        assert_eq!(a.public(), "order-1");
-        let k2 = ClientKey::parse("a:b:c").unwrap();
-        assert_eq!(Key::client("x", Mode::Live, &k2).unwrap().public(), "a:b:c");
     }
 
     #[test]

@@ -25,6 +25,7 @@ use tokio::sync::oneshot;
 pub use clock::Clock;
 pub use key::{ClientKey, Fingerprint, Key, KeyError, Mode};
 pub use stats::Stats;
+pub use store::{DecodeError, Entry, decode_entry};
 
 /// A SHA-256 of the canonical trade, recorded with each entry so that the same client key
 /// with a different trade is recognised (SPEC §2, 422).
@@ -259,10 +260,20 @@ pub fn start_with(config: Config, clock: Clock, stall_hook: bool) -> (Mutex, Own
 impl Mutex {
     /// Reserve `req.key`. `Proceed` means the reservation is durable on disk.
     pub async fn reserve(&self, req: Reserve) -> Decision {
-        match self.call(|tx| Command::Reserve(req, tx)).await {
+        let d = match self.call(|tx| Command::Reserve(req, tx)).await {
             Ok(d) => d,
             Err(u) => Decision::Unavailable(u),
-        }
+        };
+        // Counted here, where every answer passes, including Busy and Timeout.
+        let s = &self.shared.stats;
+        stats::inc(&s.reserves);
+        stats::inc(match d {
+            Decision::Proceed => &s.proceeds,
+            Decision::Duplicate(_) => &s.duplicates,
+            Decision::Mismatch => &s.mismatches,
+            Decision::Unavailable(_) => &s.unavailable,
+        });
+        d
     }
 
     /// Pending becomes committed; the expiry does not move. Rides in the next batch.
@@ -273,7 +284,15 @@ impl Mutex {
     /// Frees the key so that a retry may reserve it. A failure is counted, and the key
     /// then simply lives until its TTL, which is safe.
     pub async fn release(&self, key: Key) -> Result<(), Unavailable> {
-        self.call(|tx| Command::Release(key, tx)).await?
+        let r = self
+            .call(|tx| Command::Release(key.clone(), tx))
+            .await
+            .and_then(|r| r);
+        if let Err(u) = &r {
+            stats::inc(&self.shared.stats.release_failures);
+            log::warn!("mutex: release of {key} failed ({u}); it stays held until its TTL");
+        }
+        r
     }
 
     pub async fn get(&self, key: Key) -> Result<Option<EntryInfo>, Unavailable> {

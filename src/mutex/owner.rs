@@ -1,37 +1,702 @@
-//! PLACEHOLDER until the owner loop lands: answers every command with Unavailable
-//! (fail closed). Replaced by the real owner.
+//! The owner thread: the one place that reads and writes the mutex's state.
+//!
+//! Each turn of the loop: wait for a command (or the next alarm, or the next reopen
+//! attempt), drain what else is queued up to `batch_limit`, apply it all to the in-memory
+//! index and to ONE redb write transaction, commit once, and only then answer. A batch
+//! that granted a key (or carries an operator write) commits with `Durability::Immediate`,
+//! so no Proceed leaves this thread before the fsync that makes it true. Anything else
+//! (commit, release, expiry, a batch of duplicates) commits with `Durability::None`: it
+//! rides into the next durable commit, and a crash that loses it leaves a key pending
+//! until its TTL, which only ever blocks a retry, never lets one through.
+//!
+//! Any storage error drops the database and the index, and the owner fails closed until a
+//! reopen (with exponential backoff) rebuilds both from disk.
 
+use std::collections::HashMap;
+use std::rc::Rc;
 use std::sync::Arc;
-use std::sync::mpsc::Receiver;
+use std::sync::atomic::Ordering;
+use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
+use std::time::{Duration, Instant};
 
-use super::{Clock, Command, Config, Decision, Shared, Status, Unavailable};
+use redb::{Database, Durability, Table};
+use tokio::sync::oneshot;
+
+use super::key::BUCKET_MS;
+use super::stats::inc;
+use super::store::{self, ENTRIES, Entry};
+use super::wheel::Wheel;
+use super::{
+    Clock, Command, Config, Decision, Duplicate, EntryInfo, Key, PayloadHash, Reserve, Shared,
+    Snapshot, State, Status, Unavailable,
+};
+
+/// First pause after a failure; doubled up to `Config::reopen_backoff_max`.
+const BACKOFF_START: Duration = Duration::from_millis(50);
 
 pub(super) fn spawn(
-    _config: Config,
-    _clock: Clock,
+    config: Config,
+    clock: Clock,
     rx: Receiver<Command>,
-    _shared: Arc<Shared>,
-    _stall_hook: bool,
+    shared: Arc<Shared>,
+    stall_hook: bool,
 ) -> std::thread::JoinHandle<()> {
-    std::thread::spawn(move || {
-        let u = || Unavailable::NotOpen("placeholder".into());
-        while let Ok(cmd) = rx.recv() {
-            match cmd {
-                Command::Reserve(_, tx) => drop(tx.send(Decision::Unavailable(u()))),
-                Command::Commit(_, _, tx) | Command::Release(_, tx) | Command::SetHalted(_, tx) => {
-                    drop(tx.send(Err(u())))
+    std::thread::Builder::new()
+        .name("hoox-mutex".into())
+        .spawn(move || Owner::new(config, clock, shared, stall_hook).run(rx))
+        // Spawning fails only when the OS cannot create a thread at all, at start-up, where
+        // there is nothing to fail closed *for* yet; `std::thread::spawn` would panic too.
+        .expect("cannot spawn the mutex owner thread")
+}
+
+/// What the index keeps per key: everything a decision needs, but not the response body,
+/// which is read from the transaction only when a duplicate asks for it.
+#[derive(Debug, Clone)]
+struct Live {
+    state: State,
+    stored_at: u64,
+    expires_at: u64,
+    payload_hash: PayloadHash,
+    has_response: bool,
+}
+
+/// An answer computed inside a batch, sent only once the batch's commit has returned.
+enum Reply {
+    Decision(oneshot::Sender<Decision>, Decision),
+    Unit(oneshot::Sender<Result<(), Unavailable>>),
+    Entry(
+        oneshot::Sender<Result<Option<EntryInfo>, Unavailable>>,
+        Option<EntryInfo>,
+    ),
+    List(
+        oneshot::Sender<Result<Vec<EntryInfo>, Unavailable>>,
+        Vec<EntryInfo>,
+    ),
+    Bool(oneshot::Sender<Result<bool, Unavailable>>, bool),
+    Status(oneshot::Sender<Status>, Status),
+}
+
+impl Reply {
+    fn send(self) {
+        // A caller that gave up (deadline) dropped its receiver; nothing to do about it.
+        let _ = match self {
+            Reply::Decision(tx, d) => tx.send(d).map_err(drop),
+            Reply::Unit(tx) => tx.send(Ok(())).map_err(drop),
+            Reply::Entry(tx, e) => tx.send(Ok(e)).map_err(drop),
+            Reply::List(tx, l) => tx.send(Ok(l)).map_err(drop),
+            Reply::Bool(tx, b) => tx.send(Ok(b)).map_err(drop),
+            Reply::Status(tx, s) => tx.send(s).map_err(drop),
+        };
+    }
+
+    /// The batch did not commit: whatever was decided is void.
+    fn fail(self, u: &Unavailable) {
+        let _ = match self {
+            Reply::Decision(tx, _) => tx.send(Decision::Unavailable(u.clone())).map_err(drop),
+            Reply::Unit(tx) => tx.send(Err(u.clone())).map_err(drop),
+            Reply::Entry(tx, _) => tx.send(Err(u.clone())).map_err(drop),
+            Reply::List(tx, _) => tx.send(Err(u.clone())).map_err(drop),
+            Reply::Bool(tx, _) => tx.send(Err(u.clone())).map_err(drop),
+            Reply::Status(tx, mut s) => {
+                s.fail_closed = Some(u.clone());
+                tx.send(s).map_err(drop)
+            }
+        };
+    }
+}
+
+struct Owner {
+    config: Config,
+    clock: Clock,
+    shared: Arc<Shared>,
+    stall_hook: bool,
+    db: Option<Database>,
+    index: HashMap<Rc<str>, Live>,
+    /// Alarms carry the expiry they were set for, so an alarm left behind by a released and
+    /// re-reserved key is recognised as stale and ignored.
+    wheel: Wheel<(Rc<str>, u64)>,
+    halted: bool,
+    /// `Some` while failing closed: what every reserve is answered.
+    failure: Option<Unavailable>,
+    backoff: Duration,
+    /// Real time, not the injected clock: the disk comes back in the real world.
+    retry_at: Instant,
+}
+
+impl Owner {
+    fn new(config: Config, clock: Clock, shared: Arc<Shared>, stall_hook: bool) -> Self {
+        let wheel = Wheel::new(clock.mono_ms());
+        Owner {
+            config,
+            clock,
+            shared,
+            stall_hook,
+            db: None,
+            index: HashMap::new(),
+            wheel,
+            halted: false,
+            failure: Some(Unavailable::NotOpen("not opened yet".into())),
+            backoff: Duration::ZERO,
+            retry_at: Instant::now(),
+        }
+    }
+
+    fn run(mut self, rx: Receiver<Command>) {
+        self.reopen();
+        let limit = self.config.batch_limit.max(1);
+        let mut batch = Vec::with_capacity(limit);
+        loop {
+            let first = match self.next_wake() {
+                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                Some(t) => rx.recv_timeout(t),
+            };
+            match first {
+                Ok(cmd) => batch.push(cmd),
+                Err(RecvTimeoutError::Timeout) => {}
+                // Every handle is gone: nobody can ask anything again.
+                Err(RecvTimeoutError::Disconnected) => break,
+            }
+            while batch.len() < limit && !matches!(batch.last(), Some(Command::Shutdown)) {
+                match rx.try_recv() {
+                    Ok(cmd) => batch.push(cmd),
+                    Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
                 }
-                Command::Get(_, tx) => drop(tx.send(Err(u()))),
-                Command::List(_, tx) => drop(tx.send(Err(u()))),
-                Command::ForceRelease(_, tx) => drop(tx.send(Err(u()))),
-                Command::Ping(tx) => drop(tx.send(Status {
-                    live_keys: 0,
-                    halted: false,
-                    fail_closed: Some(u()),
-                })),
-                Command::Stall(_) => {}
-                Command::Shutdown => break,
+            }
+            if self.db.is_none() && Instant::now() >= self.retry_at {
+                self.reopen();
+            }
+            let stop = self.turn(&mut batch);
+            if stop {
+                break;
             }
         }
-    })
+        self.close();
+    }
+
+    /// How long the loop may sleep: until the next alarm, or the next reopen attempt.
+    fn next_wake(&self) -> Option<Duration> {
+        let alarm = self
+            .wheel
+            .next_due_ms()
+            .map(|due| Duration::from_millis(due.saturating_sub(self.clock.mono_ms()).max(1)));
+        let reopen = self
+            .db
+            .is_none()
+            .then(|| self.retry_at.saturating_duration_since(Instant::now()));
+        match (alarm, reopen) {
+            (Some(a), Some(r)) => Some(a.min(r)),
+            (a, r) => a.or(r),
+        }
+    }
+
+    /// One batch: expiries that are due plus the queued commands. Returns true on Shutdown.
+    fn turn(&mut self, batch: &mut Vec<Command>) -> bool {
+        let stop = batch.iter().any(|c| matches!(c, Command::Shutdown));
+        let Some(db) = self.db.take() else {
+            let u = self.failure.clone().unwrap_or(Unavailable::Stopped);
+            for cmd in batch.drain(..) {
+                self.refuse(cmd, &u);
+            }
+            return stop;
+        };
+        let now_wall = self.clock.wall_ms();
+        let now_mono = self.clock.mono_ms();
+        let expired = self.due_expiries(now_wall, now_mono);
+        let writes = !expired.is_empty()
+            || batch.iter().any(|c| {
+                matches!(
+                    c,
+                    Command::Reserve(..)
+                        | Command::Commit(..)
+                        | Command::Release(..)
+                        | Command::ForceRelease(..)
+                        | Command::SetHalted(..)
+                )
+            });
+        let size = batch.len();
+        let mut replies = Vec::with_capacity(size);
+        let mut durable = false;
+        let outcome = if writes {
+            self.write_batch(
+                &db,
+                batch,
+                &expired,
+                now_wall,
+                now_mono,
+                &mut replies,
+                &mut durable,
+            )
+        } else {
+            for cmd in batch.drain(..) {
+                if let Some(r) = self.read_only(cmd, now_wall) {
+                    replies.push(r);
+                }
+            }
+            Ok(())
+        };
+        match outcome {
+            Ok(()) => {
+                self.db = Some(db);
+                if size > 0 {
+                    self.shared.stats.batch_size.observe(size as f64);
+                }
+                self.shared
+                    .stats
+                    .expired
+                    .fetch_add(expired.len() as u64, Ordering::Relaxed);
+                self.publish();
+                for r in replies {
+                    r.send();
+                }
+            }
+            Err(e) => {
+                log::error!("mutex: write failed, failing closed until reopened: {e}");
+                let u = Unavailable::CommitFailed(e.to_string());
+                // The index holds this batch's uncommitted changes: drop it with the
+                // database; a reopen rebuilds both from what is truly on disk.
+                drop(db);
+                self.fail(u.clone());
+                for r in replies {
+                    r.fail(&u);
+                }
+                for cmd in batch.drain(..) {
+                    self.refuse(cmd, &u);
+                }
+            }
+        }
+        stop
+    }
+
+    /// Applies a batch in one write transaction and commits it. On error, the commands not
+    /// yet applied stay in `batch`.
+    #[allow(clippy::too_many_arguments)]
+    fn write_batch(
+        &mut self,
+        db: &Database,
+        batch: &mut Vec<Command>,
+        expired: &[Rc<str>],
+        now_wall: u64,
+        now_mono: u64,
+        replies: &mut Vec<Reply>,
+        durable: &mut bool,
+    ) -> Result<(), redb::Error> {
+        let mut txn = db.begin_write()?;
+        {
+            let mut entries = txn.open_table(ENTRIES)?;
+            for k in expired {
+                self.index.remove(k);
+                entries.remove(&**k)?;
+            }
+            let mut cmds = std::mem::take(batch).into_iter();
+            while let Some(cmd) = cmds.next() {
+                match self.apply(cmd, &txn, &mut entries, now_wall, now_mono, durable) {
+                    Ok(Some(r)) => replies.push(r),
+                    Ok(None) => {}
+                    Err((e, cmd)) => {
+                        batch.extend(cmd);
+                        batch.extend(cmds);
+                        return Err(e);
+                    }
+                }
+            }
+        }
+        txn.set_durability(if *durable {
+            Durability::Immediate
+        } else {
+            Durability::None
+        })?;
+        let t = Instant::now();
+        txn.commit()?;
+        if *durable {
+            self.shared
+                .stats
+                .fsync_seconds
+                .observe(t.elapsed().as_secs_f64());
+        }
+        Ok(())
+    }
+
+    /// Applies one command to the index and the transaction. On a storage error, returns
+    /// the command (if it still needs an answer) with the error.
+    fn apply(
+        &mut self,
+        cmd: Command,
+        txn: &redb::WriteTransaction,
+        entries: &mut Table<&str, &[u8]>,
+        now_wall: u64,
+        now_mono: u64,
+        durable: &mut bool,
+    ) -> Result<Option<Reply>, (redb::Error, Option<Command>)> {
+        match cmd {
+            Command::Reserve(req, tx) => match self.reserve(&req, entries, now_wall, now_mono) {
+                Ok(d) => {
+                    *durable |= d == Decision::Proceed;
+                    Ok(Some(Reply::Decision(tx, d)))
+                }
+                Err(e) => Err((e, Some(Command::Reserve(req, tx)))),
+            },
+            Command::Commit(key, response, tx) => {
+                let Some(live) = self.live_mut(&key, now_wall) else {
+                    // Expired or released meanwhile: nothing left to mark.
+                    log::debug!("mutex: commit of {key} found no live entry");
+                    return Ok(Some(Reply::Unit(tx)));
+                };
+                live.state = State::Committed;
+                live.has_response = response.is_some();
+                let entry = Entry {
+                    state: State::Committed,
+                    stored_at: live.stored_at,
+                    expires_at: live.expires_at,
+                    payload_hash: live.payload_hash,
+                    response,
+                };
+                match entries.insert(key.as_str(), store::encode_entry(&entry).as_slice()) {
+                    Ok(_) => {
+                        inc(&self.shared.stats.commits);
+                        Ok(Some(Reply::Unit(tx)))
+                    }
+                    Err(e) => Err((e.into(), Some(Command::Commit(key, entry.response, tx)))),
+                }
+            }
+            Command::Release(key, tx) => match self.remove(&key, entries, now_wall) {
+                Ok(_) => {
+                    inc(&self.shared.stats.releases);
+                    Ok(Some(Reply::Unit(tx)))
+                }
+                Err(e) => Err((e, Some(Command::Release(key, tx)))),
+            },
+            Command::ForceRelease(key, tx) => match self.remove(&key, entries, now_wall) {
+                Ok(was_live) => {
+                    *durable = true;
+                    Ok(Some(Reply::Bool(tx, was_live)))
+                }
+                Err(e) => Err((e, Some(Command::ForceRelease(key, tx)))),
+            },
+            Command::SetHalted(halted, tx) => match store::set_halted(txn, halted) {
+                Ok(()) => {
+                    *durable = true;
+                    self.halted = halted;
+                    Ok(Some(Reply::Unit(tx)))
+                }
+                Err(e) => Err((e, Some(Command::SetHalted(halted, tx)))),
+            },
+            other => Ok(self.read_only(other, now_wall)),
+        }
+        .map(|r| {
+            // A duplicate of a committed key may want its stored answer; read it through
+            // the transaction, which sees what this batch wrote.
+            match r {
+                Some(Reply::Decision(tx, Decision::Duplicate(mut d)))
+                    if d.state == State::Committed
+                        && self
+                            .index
+                            .get(d.key.as_str())
+                            .is_some_and(|l| l.has_response) =>
+                {
+                    d.response = read_response(entries, d.key.as_str());
+                    Some(Reply::Decision(tx, Decision::Duplicate(d)))
+                }
+                r => r,
+            }
+        })
+    }
+
+    /// The decision for a reserve, from the index alone; writes the entry on Proceed.
+    fn reserve(
+        &mut self,
+        req: &Reserve,
+        entries: &mut Table<&str, &[u8]>,
+        now_wall: u64,
+        now_mono: u64,
+    ) -> Result<Decision, redb::Error> {
+        if let Some(live) = self.live(&req.key, now_wall) {
+            if live.payload_hash != req.payload_hash {
+                return Ok(Decision::Mismatch);
+            }
+            return Ok(Decision::Duplicate(duplicate(&req.key, live, now_wall)));
+        }
+        if let Some(sib) = &req.sibling
+            && let Some(live) = self.live(sib, now_wall)
+            && now_wall.saturating_sub(live.stored_at) < BUCKET_MS
+        {
+            return Ok(Decision::Duplicate(duplicate(sib, live, now_wall)));
+        }
+        // An expired entry of this same key is about to be replaced, so it does not count.
+        let held = self.index.len() - usize::from(self.index.contains_key(req.key.as_str()));
+        if held >= self.config.capacity {
+            return Ok(Decision::Unavailable(Unavailable::Capacity));
+        }
+        let ttl_ms = u64::try_from(req.ttl.as_millis())
+            .unwrap_or(u64::MAX)
+            .max(1);
+        let entry = Entry {
+            state: State::Pending,
+            stored_at: now_wall,
+            expires_at: now_wall.saturating_add(ttl_ms),
+            payload_hash: req.payload_hash,
+            response: None,
+        };
+        entries.insert(req.key.as_str(), store::encode_entry(&entry).as_slice())?;
+        self.track(Rc::from(req.key.as_str()), &entry, now_wall, now_mono);
+        Ok(Decision::Proceed)
+    }
+
+    /// Deletes a key's entry, live or not. Returns whether it was live.
+    fn remove(
+        &mut self,
+        key: &Key,
+        entries: &mut Table<&str, &[u8]>,
+        now_wall: u64,
+    ) -> Result<bool, redb::Error> {
+        match self.index.remove(key.as_str()) {
+            Some(live) => {
+                entries.remove(key.as_str())?;
+                Ok(live.expires_at > now_wall)
+            }
+            None => Ok(false),
+        }
+    }
+
+    /// Commands that only read: answered from the index.
+    fn read_only(&mut self, cmd: Command, now_wall: u64) -> Option<Reply> {
+        match cmd {
+            Command::Get(key, tx) => {
+                let info = self.live(&key, now_wall).map(|l| info(&key, l));
+                Some(Reply::Entry(tx, info))
+            }
+            Command::List(limit, tx) => {
+                let mut all: Vec<(&Rc<str>, &Live)> = self
+                    .index
+                    .iter()
+                    .filter(|(_, l)| l.expires_at > now_wall)
+                    .collect();
+                all.sort_unstable_by(|a, b| (a.1.expires_at, a.0).cmp(&(b.1.expires_at, b.0)));
+                let list = all
+                    .into_iter()
+                    .take(limit)
+                    // Keys in the index were built from a `Key` or checked by
+                    // `Key::from_stored` at load, so this never drops one.
+                    .filter_map(|(k, l)| Key::from_stored(k).ok().map(|k| info(&k, l)))
+                    .collect();
+                Some(Reply::List(tx, list))
+            }
+            Command::Ping(tx) => Some(Reply::Status(tx, self.status())),
+            Command::Stall(d) => {
+                if self.stall_hook {
+                    std::thread::sleep(d);
+                }
+                None
+            }
+            Command::Shutdown => None,
+            // Writes never reach here: `turn` routes them to `write_batch`.
+            cmd => {
+                self.refuse(cmd, &Unavailable::Stopped);
+                None
+            }
+        }
+    }
+
+    /// Answers a command while failing closed.
+    fn refuse(&mut self, cmd: Command, u: &Unavailable) {
+        let _ = match cmd {
+            Command::Reserve(_, tx) => tx.send(Decision::Unavailable(u.clone())).map_err(drop),
+            Command::Commit(_, _, tx) | Command::Release(_, tx) | Command::SetHalted(_, tx) => {
+                tx.send(Err(u.clone())).map_err(drop)
+            }
+            Command::Get(_, tx) => tx.send(Err(u.clone())).map_err(drop),
+            Command::List(_, tx) => tx.send(Err(u.clone())).map_err(drop),
+            Command::ForceRelease(_, tx) => tx.send(Err(u.clone())).map_err(drop),
+            Command::Ping(tx) => {
+                let mut s = self.status();
+                s.fail_closed = Some(u.clone());
+                tx.send(s).map_err(drop)
+            }
+            Command::Stall(d) => {
+                if self.stall_hook {
+                    std::thread::sleep(d);
+                }
+                Ok(())
+            }
+            Command::Shutdown => Ok(()),
+        };
+    }
+
+    /// Alarms that are due, checked against the index: only an entry still holding the
+    /// expiry its alarm was set for, and expired by the wall clock, is deleted.
+    fn due_expiries(&mut self, now_wall: u64, now_mono: u64) -> Vec<Rc<str>> {
+        let mut fired = Vec::new();
+        self.wheel
+            .poll(now_mono, self.config.batch_limit.max(1), &mut fired);
+        let mut expired = Vec::new();
+        for (key, at) in fired {
+            match self.index.get(&key) {
+                Some(l) if l.expires_at == at && at <= now_wall => expired.push(key),
+                // The wall clock is behind the monotonic one (stepped back): wait for it.
+                Some(l) if l.expires_at == at => {
+                    self.wheel
+                        .insert(now_mono + (at - now_wall).min(BUCKET_MS), (key, at));
+                }
+                _ => {}
+            }
+        }
+        expired
+    }
+
+    fn live(&self, key: &Key, now_wall: u64) -> Option<&Live> {
+        self.index
+            .get(key.as_str())
+            .filter(|l| l.expires_at > now_wall)
+    }
+
+    fn live_mut(&mut self, key: &Key, now_wall: u64) -> Option<&mut Live> {
+        self.index
+            .get_mut(key.as_str())
+            .filter(|l| l.expires_at > now_wall)
+    }
+
+    fn track(&mut self, key: Rc<str>, e: &Entry, now_wall: u64, now_mono: u64) {
+        let due = now_mono + e.expires_at.saturating_sub(now_wall);
+        self.wheel.insert(due, (key.clone(), e.expires_at));
+        self.index.insert(
+            key,
+            Live {
+                state: e.state,
+                stored_at: e.stored_at,
+                expires_at: e.expires_at,
+                payload_hash: e.payload_hash,
+                has_response: e.response.is_some(),
+            },
+        );
+    }
+
+    fn status(&self) -> Status {
+        Status {
+            live_keys: self.index.len(),
+            halted: self.halted,
+            fail_closed: self.failure.clone(),
+        }
+    }
+
+    /// Opens the database and rebuilds the index and wheel from it; on failure, schedules
+    /// the next attempt.
+    fn reopen(&mut self) {
+        if self.backoff > Duration::ZERO {
+            inc(&self.shared.stats.reopen_attempts);
+        }
+        let now_wall = self.clock.wall_ms();
+        let now_mono = self.clock.mono_ms();
+        let opened = store::open(&self.config.path)
+            .map_err(|e| e.to_string())
+            .and_then(|db| match store::load(&db, now_wall) {
+                Ok(loaded) => Ok((db, loaded)),
+                Err(e) => Err(e.to_string()),
+            });
+        match opened {
+            Ok((db, loaded)) => {
+                self.index.clear();
+                self.wheel = Wheel::new(now_mono);
+                let mut skipped = 0;
+                for (k, e) in loaded.live {
+                    // Only keys this version could have written are trusted.
+                    if Key::from_stored(&k).is_err() {
+                        skipped += 1;
+                        continue;
+                    }
+                    self.track(Rc::from(k.as_str()), &e, now_wall, now_mono);
+                }
+                if skipped > 0 {
+                    log::warn!("mutex: ignored {skipped} stored keys of an unknown shape");
+                }
+                self.shared
+                    .stats
+                    .expired
+                    .fetch_add(loaded.purged, Ordering::Relaxed);
+                self.halted = loaded.halted;
+                if self.backoff > Duration::ZERO {
+                    log::info!("mutex: database reopened, {} live keys", self.index.len());
+                }
+                self.db = Some(db);
+                self.failure = None;
+                self.backoff = Duration::ZERO;
+            }
+            Err(e) => {
+                log::error!(
+                    "mutex: cannot open {}: {e}; failing closed",
+                    self.config.path.display()
+                );
+                self.fail(Unavailable::NotOpen(e));
+            }
+        }
+        self.publish();
+    }
+
+    /// Enters the fail-closed state and schedules a reopen.
+    fn fail(&mut self, u: Unavailable) {
+        self.db = None;
+        self.index.clear();
+        self.wheel = Wheel::new(self.clock.mono_ms());
+        self.failure = Some(u);
+        self.backoff = (self.backoff * 2)
+            .max(BACKOFF_START)
+            .min(self.config.reopen_backoff_max.max(BACKOFF_START));
+        self.retry_at = Instant::now() + self.backoff;
+        self.publish();
+    }
+
+    fn publish(&self) {
+        self.shared.halted.store(self.halted, Ordering::Relaxed);
+        self.shared
+            .live_keys
+            .store(self.index.len(), Ordering::Relaxed);
+        self.shared
+            .serving
+            .store(self.db.is_some(), Ordering::Relaxed);
+    }
+
+    /// Makes every non-durable commit durable and closes the file cleanly.
+    fn close(&mut self) {
+        let Some(db) = self.db.take() else { return };
+        let flushed = db
+            .begin_write()
+            .map_err(redb::Error::from)
+            .and_then(|mut t| {
+                t.set_durability(Durability::Immediate)?;
+                Ok(t.commit()?)
+            });
+        if let Err(e) = flushed {
+            log::error!("mutex: final flush failed: {e}");
+        }
+        if let Err(e) = db.close() {
+            log::error!("mutex: close failed: {e}");
+        }
+        self.shared.serving.store(false, Ordering::Relaxed);
+    }
+}
+
+fn duplicate(key: &Key, l: &Live, now_wall: u64) -> Duplicate {
+    Duplicate {
+        key: key.clone(),
+        state: l.state,
+        age_ms: now_wall.saturating_sub(l.stored_at),
+        expires_in_ms: l.expires_at.saturating_sub(now_wall),
+        response: None,
+    }
+}
+
+fn info(key: &Key, l: &Live) -> EntryInfo {
+    EntryInfo {
+        key: key.clone(),
+        state: l.state,
+        stored_at: l.stored_at,
+        expires_at: l.expires_at,
+        has_response: l.has_response,
+    }
+}
+
+/// A stored response, or none if the record cannot be read (the duplicate is still a
+/// duplicate; only the replay is lost).
+fn read_response(entries: &Table<&str, &[u8]>, key: &str) -> Option<Snapshot> {
+    use redb::ReadableTable;
+    let got = entries.get(key).ok()??;
+    store::decode_entry(got.value()).ok()?.response
 }

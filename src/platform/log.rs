@@ -1,1 +1,142 @@
-//! (to be written)
+//! Logging: to the journal with structured fields under systemd, to stderr otherwise (SPEC §5).
+//!
+//! Callers use the `log` macros, with key-value fields for what an operator filters on:
+//! `log::info!(key = key.as_str(), outcome = "committed"; "trade accepted")`. In the journal
+//! each field becomes its own upper-cased journal field (`KEY=…`, `OUTCOME=…`, searchable with
+//! `journalctl -u hoox-edge OUTCOME=committed`); on stderr they follow the message as `k=v`.
+//!
+//! **Rule for every caller: no secret is ever logged**: not an API key, HMAC secret, bearer
+//! token, signature, private key, nor a request body (it may carry `apiKey`). Log the name of the
+//! file a secret came from, never its content. This module cannot enforce that; review does.
+
+use std::fmt::Write as _;
+use std::io::Write as _;
+use std::time::SystemTime;
+
+use log::kv::{Key, Value, VisitSource};
+use log::{LevelFilter, Log, Metadata, Record};
+
+/// Installs the process logger once; a second call keeps the first logger.
+///
+/// Under systemd (stderr is the journal stream, `$JOURNAL_STREAM` matches), records go to the
+/// journal natively, so fields stay structured and priorities map to journal levels. Anywhere
+/// else, one line per record on stderr.
+pub fn init(level: LevelFilter) {
+    let installed = if systemd_journal_logger::connected_to_journal() {
+        match systemd_journal_logger::JournalLog::new() {
+            Ok(journal) => journal.install(),
+            // The journal socket can be absent even when stderr is a journal stream (a
+            // container without /run/systemd/journal): stderr still reaches journald.
+            Err(_) => log::set_boxed_logger(Box::new(Stderr)),
+        }
+    } else {
+        log::set_boxed_logger(Box::new(Stderr))
+    };
+    if installed.is_ok() {
+        log::set_max_level(level);
+    }
+}
+
+/// The plain logger: `2026-11-30T04:50:00.123Z INFO hoox_edge::gateway: message k=v`.
+struct Stderr;
+
+impl Log for Stderr {
+    fn enabled(&self, _: &Metadata) -> bool {
+        // `log::set_max_level` already filters before a record is built.
+        true
+    }
+
+    fn log(&self, record: &Record) {
+        let line = format_line(SystemTime::now(), record);
+        // One write per record, so lines from concurrent threads do not interleave; a failed
+        // write to stderr has nowhere better to be reported.
+        let _ = std::io::stderr().lock().write_all(line.as_bytes());
+    }
+
+    fn flush(&self) {
+        let _ = std::io::stderr().flush();
+    }
+}
+
+fn format_line(now: SystemTime, record: &Record) -> String {
+    let mut line = format!(
+        "{} {:<5} {}: {}",
+        humantime::format_rfc3339_millis(now),
+        record.level(),
+        record.target(),
+        record.args()
+    );
+    let _ = record.key_values().visit(&mut Fields(&mut line));
+    // A message or value with a newline would forge a second record: keep one record, one line.
+    let mut line = line.replace('\n', "\\n");
+    line.push('\n');
+    line
+}
+
+/// Appends ` key=value` pairs; a value with spaces, quotes or `=` is quoted so that the line
+/// stays machine-splittable.
+struct Fields<'a>(&'a mut String);
+
+impl<'kvs> VisitSource<'kvs> for Fields<'_> {
+    fn visit_pair(&mut self, key: Key<'kvs>, value: Value<'kvs>) -> Result<(), log::kv::Error> {
+        let value = value.to_string();
+        let plain = !value.is_empty()
+            && !value
+                .chars()
+                .any(|c| c.is_whitespace() || c == '"' || c == '=');
+        let _ = if plain {
+            write!(self.0, " {key}={value}")
+        } else {
+            write!(self.0, " {key}={value:?}")
+        };
+        Ok(())
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::time::{Duration, UNIX_EPOCH};
+
+    fn line(args: std::fmt::Arguments, kvs: &[(&str, &str)]) -> String {
+        let at = UNIX_EPOCH + Duration::from_millis(1_764_478_200_123);
+        format_line(
+            at,
+            &Record::builder()
+                .level(log::Level::Warn)
+                .target("hoox_edge::mutex")
+                .args(args)
+                .key_values(&kvs)
+                .build(),
+        )
+    }
+
+    #[test]
+    fn a_line_has_time_level_target_message_and_fields() {
+        let got = line(
+            format_args!("release failed"),
+            &[("key", "acct1:live:abc"), ("error", "disk full")],
+        );
+        assert_eq!(
+            got,
+            "2025-11-30T04:50:00.123Z WARN  hoox_edge::mutex: release failed \
+             key=acct1:live:abc error=\"disk full\"\n"
+        );
+    }
+
+    #[test]
+    fn newlines_cannot_forge_a_second_record() {
+        let got = line(
+            format_args!("bad\n2025-01-01T00:00:00Z ERROR forged"),
+            &[("v", "a\nb")],
+        );
+        assert_eq!(got.matches('\n').count(), 1, "{got:?}");
+        assert!(got.ends_with('\n'));
+    }
+
+    #[test]
+    fn empty_and_quoted_values_are_quoted() {
+        let got = line(format_args!("m"), &[("a", ""), ("b", "x=\"y\"")]);
+        assert!(got.ends_with(" a=\"\" b=\"x=\\\"y\\\"\"\n"), "{got:?}");
+    }
+}

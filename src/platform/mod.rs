@@ -1,4 +1,5 @@
-//! The OS around us: systemd notification, journald or stderr logging. Uses nothing of ours.
+//! The OS around us: systemd notification (`notify`) and logging to the journal or stderr
+//! (`log`). Uses nothing of ours, so every other module may use it.
 
 pub mod log;
 pub mod notify;

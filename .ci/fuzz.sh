@@ -1,0 +1,42 @@
+#!/usr/bin/env bash
+# Runs every fuzz target for a bounded time and fails on the first crash found.
+#   FUZZ_SECONDS  time per target (default 20)
+#   FUZZ_TARGETS  space-separated targets (default: all of them)
+#   CARGO_TARGET_DIR  honoured: fuzz builds go to $CARGO_TARGET_DIR/fuzz
+# A crash leaves its input in fuzz/artifacts/<target>/; reproduce it with
+#   cargo +nightly fuzz run <target> fuzz/artifacts/<target>/<file>
+# and make it a unit test before fixing it.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+secs="${FUZZ_SECONDS:-20}"
+targets="${FUZZ_TARGETS:-webhook_body idem_header key_fingerprint hmac_header entry_decode}"
+
+if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
+    cargo install cargo-fuzz --locked
+fi
+
+dir_args=()
+if [ -n "${CARGO_TARGET_DIR:-}" ]; then
+    dir_args=(--target-dir "$CARGO_TARGET_DIR/fuzz")
+fi
+
+failed=()
+for t in $targets; do
+    corpus="fuzz/corpus/$t"
+    mkdir -p "$corpus"
+    # New inputs go to the first directory; the committed seeds stay untouched.
+    dirs=("$corpus")
+    if [ -d "fuzz/seeds/$t" ]; then dirs+=("fuzz/seeds/$t"); fi
+    echo "== $t: ${secs}s"
+    if ! cargo +nightly fuzz run "${dir_args[@]}" "$t" "${dirs[@]}" -- \
+        -max_total_time="$secs" -timeout=10 -rss_limit_mb=2048 -print_final_stats=1; then
+        failed+=("$t")
+    fi
+done
+
+if [ "${#failed[@]}" -ne 0 ]; then
+    echo "fuzz: crashes in: ${failed[*]}" >&2
+    exit 1
+fi
+echo "fuzz: no crash in: $targets"

@@ -1,0 +1,412 @@
+//! The admin face over real sockets (loopback TCP and a Unix socket) in front of a real
+//! mutex on a real redb file.
+
+use std::collections::HashMap;
+use std::os::unix::fs::PermissionsExt;
+use std::path::Path;
+use std::sync::Arc;
+use std::sync::atomic::AtomicBool;
+use std::time::Duration;
+
+use hoox_edge::admin::{self, Listen, State, client};
+use hoox_edge::metrics::Metrics;
+use hoox_edge::mutex::{self, ClientKey, Clock, Config, Decision, Key, Mode, Owner, Reserve};
+use serde_json::Value;
+use tokio::sync::oneshot;
+use tokio::task::JoinHandle;
+
+fn start_mutex(path: &Path) -> (mutex::Mutex, Owner) {
+    let config = Config {
+        path: path.to_path_buf(),
+        reopen_backoff_max: Duration::from_millis(200),
+        ..Config::default()
+    };
+    mutex::start(config, Clock::system())
+}
+
+/// One admin listener being served, and the means to stop it.
+struct Admin {
+    listen: Listen,
+    stop: oneshot::Sender<()>,
+    task: JoinHandle<std::io::Result<()>>,
+}
+
+impl Admin {
+    async fn start(listen: &Listen, state: State) -> Admin {
+        let bound = admin::bind(listen).await.unwrap();
+        let listen = bound.listen().unwrap();
+        let (stop, rx) = oneshot::channel::<()>();
+        let task = tokio::spawn(admin::serve(bound, state, async {
+            let _ = rx.await;
+        }));
+        Admin { listen, stop, task }
+    }
+
+    async fn stop(self) {
+        let _ = self.stop.send(());
+        self.task.await.unwrap().unwrap();
+    }
+
+    async fn call(&self, method: &str, path: &str) -> (u16, Value) {
+        let (status, body) = client::request(&self.listen, method, path).await.unwrap();
+        let v = serde_json::from_str(&body).unwrap_or_else(|e| panic!("{path}: {e}: {body}"));
+        (status, v)
+    }
+
+    async fn text(&self, path: &str) -> (u16, String) {
+        client::request(&self.listen, "GET", path).await.unwrap()
+    }
+}
+
+fn state(mutex: &mutex::Mutex, ready: bool) -> State {
+    State {
+        mutex: mutex.clone(),
+        metrics: Arc::new(Metrics::new()),
+        ready: Arc::new(AtomicBool::new(ready)),
+        stall_hook: false,
+    }
+}
+
+/// Both kinds of listener over the same state.
+async fn both(dir: &Path, state: &State) -> [Admin; 2] {
+    let tcp = Listen::parse("127.0.0.1:0").unwrap();
+    let unix = Listen::Unix(dir.join("admin.sock"));
+    [
+        Admin::start(&tcp, state.clone()).await,
+        Admin::start(&unix, state.clone()).await,
+    ]
+}
+
+/// Samples of a Prometheus text answer, by series (`name{labels}`).
+fn samples(text: &str) -> HashMap<String, f64> {
+    text.lines()
+        .filter(|l| !l.starts_with('#'))
+        .map(|l| {
+            let (series, v) = l.rsplit_once(' ').unwrap();
+            let v = if v == "+Inf" {
+                f64::INFINITY
+            } else {
+                v.parse().unwrap()
+            };
+            (series.to_string(), v)
+        })
+        .collect()
+}
+
+async fn wait_serving(m: &mutex::Mutex) {
+    for _ in 0..200 {
+        if let Ok(s) = m.ping().await
+            && s.fail_closed.is_none()
+        {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("the mutex never started serving");
+}
+
+fn reserve(key: &Key) -> Reserve {
+    Reserve {
+        key: key.clone(),
+        ttl: Duration::from_secs(300),
+        payload_hash: [7; 32],
+        sibling: None,
+    }
+}
+
+#[tokio::test]
+async fn failing_closed_is_not_ready_and_says_why() {
+    let dir = tempfile::tempdir().unwrap();
+    // A state directory that does not exist: the mutex can never open its database.
+    let (m, owner) = start_mutex(&dir.path().join("missing").join("mutex.redb"));
+    let st = state(&m, true);
+    for a in both(dir.path(), &st).await {
+        let (s, v) = a.call("GET", "/healthz").await;
+        assert_eq!((s, v["status"].as_str()), (200, Some("ok")));
+
+        let (s, v) = a.call("GET", "/readyz").await;
+        assert_eq!(s, 503, "{v}");
+        assert_eq!(v["code"], "NOT_READY");
+        assert_eq!(v["reason"], "not_open");
+        assert_eq!(v["status"], 503);
+
+        let (s, v) = a.call("GET", "/status").await;
+        assert_eq!(s, 200);
+        assert_eq!(v["serving"], false);
+        assert_eq!(v["ready"], false);
+        assert_eq!(v["fail_closed"], "not_open");
+        assert_eq!(v["version"], env!("CARGO_PKG_VERSION"));
+
+        // Everything that needs the owner answers 503, never a guess.
+        for (method, path) in [
+            ("GET", "/keys"),
+            ("GET", "/keys/client:psk:live:order-1"),
+            ("POST", "/keys/client:psk:live:order-1/release"),
+            ("POST", "/halt"),
+            ("POST", "/resume"),
+        ] {
+            let (s, v) = a.call(method, path).await;
+            assert_eq!(s, 503, "{method} {path}: {v}");
+            assert_eq!(v["code"], "IDEMPOTENCY_UNAVAILABLE");
+            assert_eq!(v["reason"], "not_open");
+        }
+
+        let (s, text) = a.text("/metrics").await;
+        assert_eq!(s, 200);
+        let m = samples(&text);
+        assert_eq!(m.get("hoox_mutex_serving"), Some(&0.0));
+        assert_eq!(m.get("hoox_mutex_live_keys"), Some(&0.0));
+        a.stop().await;
+    }
+    // A clean stop removed the socket file.
+    assert!(!dir.path().join("admin.sock").exists());
+    owner.stop();
+}
+
+#[tokio::test]
+async fn not_ready_until_the_gateway_listener_is_bound() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, owner) = start_mutex(&dir.path().join("mutex.redb"));
+    let st = state(&m, false);
+    let a = Admin::start(&Listen::parse("127.0.0.1:0").unwrap(), st).await;
+    let (s, v) = a.call("GET", "/readyz").await;
+    assert_eq!((s, v["reason"].as_str()), (503, Some("starting")));
+    // The process is alive all the same.
+    assert_eq!(a.call("GET", "/healthz").await.0, 200);
+    a.stop().await;
+    owner.stop();
+}
+
+#[tokio::test]
+async fn bad_requests_are_refused_before_the_mutex_is_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, owner) = start_mutex(&dir.path().join("mutex.redb"));
+    let a = Admin::start(&Listen::parse("127.0.0.1:0").unwrap(), state(&m, true)).await;
+    for (method, path, status, code) in [
+        ("GET", "/nope", 404, "NOT_FOUND"),
+        ("GET", "/", 404, "NOT_FOUND"),
+        ("POST", "/healthz", 405, "METHOD_NOT_ALLOWED"),
+        ("GET", "/halt", 405, "METHOD_NOT_ALLOWED"),
+        ("DELETE", "/keys/client:a:live:b", 405, "METHOD_NOT_ALLOWED"),
+        (
+            "GET",
+            "/keys/client:a:live:b/release",
+            405,
+            "METHOD_NOT_ALLOWED",
+        ),
+        ("GET", "/keys/other:x", 400, "INVALID_KEY"),
+        ("GET", "/keys/client:a:live:%zz", 400, "INVALID_KEY"),
+        ("GET", "/keys/client:a:live:%09", 400, "INVALID_KEY"),
+        ("GET", "/keys/client:a:live:%C3%A9", 400, "INVALID_KEY"),
+        ("POST", "/keys/%2Fx/release", 400, "INVALID_KEY"),
+        ("GET", "/keys?limit=0", 400, "INVALID_REQUEST"),
+        ("GET", "/keys?limit=ten", 400, "INVALID_REQUEST"),
+        ("GET", "/keys?limit=10001", 400, "INVALID_REQUEST"),
+        ("GET", "/keys?offset=3", 400, "INVALID_REQUEST"),
+    ] {
+        let (s, v) = a.call(method, path).await;
+        assert_eq!(
+            (s, v["code"].as_str()),
+            (status, Some(code)),
+            "{method} {path}"
+        );
+        assert_eq!(v["type"], "about:blank");
+        assert_eq!(v["status"], status);
+    }
+    let (s, body) = client::request(&a.listen, "POST", "/status").await.unwrap();
+    assert_eq!(s, 405, "{body}");
+    a.stop().await;
+    owner.stop();
+}
+
+#[tokio::test]
+async fn the_unix_socket_is_private_and_only_stale_files_are_replaced() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("admin.sock");
+    let listen = Listen::Unix(path.clone());
+
+    // A socket left behind by a dead process is replaced.
+    drop(std::os::unix::net::UnixListener::bind(&path).unwrap());
+    assert!(path.exists());
+    let bound = admin::bind(&listen).await.unwrap();
+    let mode = std::fs::metadata(&path).unwrap().permissions().mode();
+    assert_eq!(mode & 0o777, 0o600);
+
+    // A live one is not.
+    let err = admin::bind(&listen).await.err().unwrap();
+    assert_eq!(err.kind(), std::io::ErrorKind::AddrInUse);
+    drop(bound);
+    assert!(!path.exists(), "dropping the listener removes its socket");
+
+    // Nor is anything that is not a socket.
+    std::fs::write(&path, b"precious").unwrap();
+    assert!(admin::bind(&listen).await.is_err());
+    assert_eq!(std::fs::read(&path).unwrap(), b"precious");
+}
+
+#[tokio::test]
+async fn a_bound_port_is_reported_at_bind() {
+    let first = admin::bind(&Listen::parse("127.0.0.1:0").unwrap())
+        .await
+        .unwrap();
+    let addr = first.local_addr().unwrap();
+    assert_ne!(addr.port(), 0);
+    assert!(admin::bind(&Listen::Tcp(addr)).await.is_err());
+}
+
+#[tokio::test]
+async fn the_client_reports_a_listener_that_is_not_there() {
+    let dir = tempfile::tempdir().unwrap();
+    let gone = Listen::Unix(dir.path().join("nobody.sock"));
+    let err = client::request(&gone, "GET", "/healthz").await.unwrap_err();
+    assert!(matches!(err, client::ClientError::Connect { .. }), "{err}");
+}
+
+// The tests below need the real owner (branch `mutex`).
+
+#[tokio::test]
+async fn halt_is_persisted_and_readiness_follows_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let db = dir.path().join("mutex.redb");
+    let (m, owner) = start_mutex(&db);
+    wait_serving(&m).await;
+    let st = state(&m, true);
+    let a = Admin::start(&Listen::parse("127.0.0.1:0").unwrap(), st.clone()).await;
+    let (s, v) = a.call("GET", "/readyz").await;
+    assert_eq!(s, 200, "{v}");
+    let (_, v) = a.call("GET", "/status").await;
+    assert_eq!(
+        (v["serving"].as_bool(), v["halted"].as_bool()),
+        (Some(true), Some(false))
+    );
+    assert_eq!(v["fail_closed"], Value::Null);
+
+    let (s, v) = a.call("POST", "/halt").await;
+    assert_eq!((s, v["halted"].as_bool()), (200, Some(true)));
+    let (s, v) = a.call("GET", "/readyz").await;
+    assert_eq!((s, v["reason"].as_str()), (503, Some("halted")));
+    assert!(m.is_halted());
+    let (_, text) = a.text("/metrics").await;
+    assert_eq!(samples(&text).get("hoox_mutex_halted"), Some(&1.0));
+    a.stop().await;
+    owner.stop();
+
+    // Same file, new process: still halted.
+    let (m, owner) = start_mutex(&db);
+    wait_serving(&m).await;
+    let a = Admin::start(&Listen::parse("127.0.0.1:0").unwrap(), state(&m, true)).await;
+    let (_, v) = a.call("GET", "/status").await;
+    assert_eq!(v["halted"], true, "{v}");
+    assert_eq!(a.call("GET", "/readyz").await.0, 503);
+
+    let (s, v) = a.call("POST", "/resume").await;
+    assert_eq!((s, v["halted"].as_bool()), (200, Some(false)));
+    assert_eq!(a.call("GET", "/readyz").await.0, 200);
+    assert!(!m.is_halted());
+    a.stop().await;
+    owner.stop();
+}
+
+#[tokio::test]
+async fn an_owner_that_does_not_answer_is_not_ready() {
+    let dir = tempfile::tempdir().unwrap();
+    let config = Config {
+        path: dir.path().join("mutex.redb"),
+        deadline: Duration::from_millis(200),
+        ..Config::default()
+    };
+    let (m, owner) = mutex::start_with(config, Clock::system(), true);
+    wait_serving(&m).await;
+    let a = Admin::start(&Listen::parse("127.0.0.1:0").unwrap(), state(&m, true)).await;
+    assert_eq!(a.call("GET", "/readyz").await.0, 200);
+
+    // The disk stalls: the owner sleeps and misses the ping's deadline.
+    m.stall(Duration::from_secs(2));
+    let (s, v) = a.call("GET", "/readyz").await;
+    assert_eq!((s, v["reason"].as_str()), (503, Some("timeout")), "{v}");
+    let (s, v) = a.call("GET", "/status").await;
+    assert_eq!(s, 200);
+    assert_eq!(
+        (v["serving"].as_bool(), v["fail_closed"].as_str()),
+        (Some(false), Some("timeout"))
+    );
+    // Liveness is the process, not the owner: systemd's watchdog judges the owner.
+    assert_eq!(a.call("GET", "/healthz").await.0, 200);
+    a.stop().await;
+    owner.stop();
+}
+
+#[tokio::test]
+async fn keys_are_listed_shown_and_released_by_the_operator() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, owner) = start_mutex(&dir.path().join("mutex.redb"));
+    wait_serving(&m).await;
+    let st = state(&m, true);
+    // A client key with a slash and a space, so the path must be encoded to reach it.
+    let ck = ClientKey::parse("order/1 a%").unwrap();
+    let key = Key::client("psk", Mode::Live, &ck).unwrap();
+    let other = Key::from_stored("trade:binance:BTCUSDT:LONG:1:live:29312345").unwrap();
+    assert_eq!(m.reserve(reserve(&key)).await, Decision::Proceed);
+    assert_eq!(m.reserve(reserve(&other)).await, Decision::Proceed);
+    assert!(matches!(
+        m.reserve(reserve(&key)).await,
+        Decision::Duplicate(_)
+    ));
+
+    let encoded = client::encode_key(key.as_str());
+    for a in both(dir.path(), &st).await {
+        let (s, v) = a.call("GET", "/keys").await;
+        assert_eq!(s, 200, "{v}");
+        let listed: Vec<&str> = v["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .map(|e| e["key"].as_str().unwrap())
+            .collect();
+        assert_eq!(listed.len(), 2, "{v}");
+        assert!(listed.contains(&key.as_str()) && listed.contains(&other.as_str()));
+        assert_eq!(v["truncated"], false);
+
+        let (s, v) = a.call("GET", "/keys?limit=1").await;
+        assert_eq!(s, 200);
+        assert_eq!(v["keys"].as_array().unwrap().len(), 1);
+        assert_eq!(v["truncated"], true);
+
+        let (s, v) = a.call("GET", &format!("/keys/{encoded}")).await;
+        assert_eq!(s, 200, "{v}");
+        assert_eq!(v["key"], key.as_str());
+        assert_eq!(v["state"], "pending");
+        assert_eq!(v["has_response"], false);
+        let ttl = v["expires_at"].as_u64().unwrap() - v["stored_at"].as_u64().unwrap();
+        assert_eq!(ttl, 300_000);
+        assert!(v["expires_in_ms"].as_u64().unwrap() <= 300_000);
+
+        let (_, text) = a.text("/metrics").await;
+        let s = samples(&text);
+        assert_eq!(s.get("hoox_mutex_live_keys"), Some(&2.0));
+        assert_eq!(s.get("hoox_mutex_proceeds_total"), Some(&2.0));
+        assert_eq!(s.get("hoox_mutex_duplicates_total"), Some(&1.0));
+        assert!(s["hoox_mutex_reserves_total"] >= 3.0);
+        assert!(s["hoox_mutex_fsync_seconds_count"] >= 1.0);
+        a.stop().await;
+    }
+
+    let a = Admin::start(&Listen::Unix(dir.path().join("admin.sock")), st).await;
+    let release = format!("/keys/{encoded}/release");
+    let (s, v) = a.call("POST", &release).await;
+    assert_eq!((s, v["released"].as_bool()), (200, Some(true)), "{v}");
+    assert_eq!(v["key"], key.as_str());
+    let (s, v) = a.call("GET", &format!("/keys/{encoded}")).await;
+    assert_eq!((s, v["code"].as_str()), (404, Some("KEY_NOT_FOUND")));
+    let (s, _) = a.call("POST", &release).await;
+    assert_eq!(s, 404, "a second release finds nothing");
+
+    // The retry the operator unblocked now runs; the other key is untouched.
+    assert_eq!(m.reserve(reserve(&key)).await, Decision::Proceed);
+    let (s, _) = a.call("GET", &format!("/keys/{}", other.as_str())).await;
+    assert_eq!(s, 200);
+    let (_, text) = a.text("/metrics").await;
+    assert_eq!(samples(&text).get("hoox_mutex_live_keys"), Some(&2.0));
+    a.stop().await;
+    owner.stop();
+}

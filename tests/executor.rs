@@ -1,0 +1,453 @@
+//! The executor against a real HTTP server on loopback: every row of the SPEC §4 outcome table,
+//! the headers that travel downstream, connection reuse, and an https upstream on a private CA.
+//! Also the test-support TLS client, against a throwaway rustls server.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::{Duration, Instant};
+
+use bytes::Bytes;
+use hoox_edge::executor::{Executor, HttpConfig, HttpExecutor, Order, Outcome, Paper};
+use hyper::Version;
+use support::client::{Alpn, TlsClient};
+use support::executor::{MockExecutor, Mode, refused_url};
+use support::pki::Pki;
+
+const TRADE: &str = r#"{"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":0.5,"note":"passed through"}"#;
+
+fn order(key: &str) -> Order {
+    Order {
+        key: key.to_owned(),
+        request_id: format!("req-{key}"),
+        body: Bytes::from_static(TRADE.as_bytes()),
+    }
+}
+
+fn http(url: &str, timeout: Duration) -> Executor {
+    Executor::Http(
+        HttpExecutor::new(HttpConfig {
+            url: url.parse().unwrap(),
+            timeout,
+            ca_file: None,
+        })
+        .unwrap(),
+    )
+}
+
+#[tokio::test]
+async fn success_arrives_with_its_headers_and_body_as_sent() {
+    let mock = MockExecutor::start().await;
+    let exec = http(&mock.url(), Duration::from_secs(5));
+    let outcome = exec.execute(&order("trade-1")).await;
+    let Outcome::Success { status, body } = outcome else {
+        panic!("expected Success, got {outcome:?}");
+    };
+    assert_eq!(status, 200);
+    let answer: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(answer["idempotencyKey"], "trade-1");
+
+    let ledger = mock.ledger();
+    assert_eq!(ledger.len(), 1);
+    let got = &ledger[0];
+    assert_eq!(got.method, "POST");
+    assert_eq!(got.path, "/orders");
+    assert_eq!(got.idempotency_key.as_deref(), Some("trade-1"));
+    assert_eq!(got.request_id.as_deref(), Some("req-trade-1"));
+    assert_eq!(got.content_type.as_deref(), Some("application/json"));
+    assert_eq!(got.body, TRADE.as_bytes(), "the body arrives byte for byte");
+    assert!(got.json().get("apiKey").is_none());
+}
+
+#[tokio::test]
+async fn soft_fail_and_server_error_are_told_apart() {
+    let mock = MockExecutor::start().await;
+    let exec = http(&mock.url(), Duration::from_secs(5));
+
+    mock.set_mode(Mode::SoftFail);
+    let outcome = exec.execute(&order("soft")).await;
+    assert!(
+        matches!(outcome, Outcome::SoftFail { status: 200, .. }),
+        "{outcome:?}"
+    );
+
+    mock.set_mode(Mode::ServerError);
+    let outcome = exec.execute(&order("err")).await;
+    let Outcome::Failed { status, body } = outcome else {
+        panic!("expected Failed, got {outcome:?}");
+    };
+    assert_eq!(status, 500);
+    assert!(String::from_utf8_lossy(&body).contains("exchange down"));
+    assert_eq!(mock.calls(), 2, "both requests reached the executor");
+}
+
+#[tokio::test]
+async fn refused_is_not_sent() {
+    let exec = http(&refused_url(), Duration::from_secs(5));
+    let outcome = exec.execute(&order("refused")).await;
+    assert!(matches!(outcome, Outcome::NotSent(_)), "{outcome:?}");
+}
+
+#[tokio::test]
+async fn unresolvable_host_is_not_sent() {
+    // `.invalid` never resolves (RFC 6761); the resolver answers locally.
+    let exec = http("http://executor.invalid/orders", Duration::from_secs(5));
+    let outcome = exec.execute(&order("dns")).await;
+    assert!(matches!(outcome, Outcome::NotSent(_)), "{outcome:?}");
+}
+
+#[tokio::test]
+async fn stalled_tls_handshake_is_not_sent() {
+    // Accepts TCP and never speaks: the connect bound fires before the overall timeout.
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    let holder = tokio::spawn(async move {
+        let mut held = Vec::new();
+        while let Ok((tcp, _)) = listener.accept().await {
+            held.push(tcp);
+        }
+    });
+    let exec = http(
+        &format!("https://127.0.0.1:{port}/orders"),
+        Duration::from_secs(2),
+    );
+    let outcome = exec.execute(&order("stall")).await;
+    assert!(matches!(outcome, Outcome::NotSent(_)), "{outcome:?}");
+    holder.abort();
+}
+
+#[tokio::test]
+async fn hang_is_unknown_after_the_timeout() {
+    let mock = MockExecutor::start().await;
+    mock.set_mode(Mode::Hang);
+    let timeout = Duration::from_millis(300);
+    let exec = http(&mock.url(), timeout);
+    let started = Instant::now();
+    let outcome = exec.execute(&order("hang")).await;
+    assert!(matches!(outcome, Outcome::Unknown(_)), "{outcome:?}");
+    assert!(started.elapsed() >= timeout, "gave up before the timeout");
+    assert_eq!(mock.calls(), 1, "the order did arrive: holding is right");
+}
+
+#[tokio::test]
+async fn reset_after_send_is_unknown() {
+    let mock = MockExecutor::start().await;
+    mock.set_mode(Mode::Reset);
+    let exec = http(&mock.url(), Duration::from_secs(5));
+    let outcome = exec.execute(&order("reset")).await;
+    assert!(matches!(outcome, Outcome::Unknown(_)), "{outcome:?}");
+    assert_eq!(mock.calls(), 1);
+
+    // The pool drops the dead connection; the next order goes through on a new one, once.
+    mock.set_mode(Mode::Success);
+    let outcome = exec.execute(&order("after")).await;
+    assert!(matches!(outcome, Outcome::Success { .. }), "{outcome:?}");
+    assert_eq!(mock.calls(), 2, "no retry of the reset order");
+}
+
+#[tokio::test]
+async fn keep_alive_reuses_one_connection() {
+    let mock = MockExecutor::start().await;
+    let exec = http(&mock.url(), Duration::from_secs(5));
+    for i in 0..5 {
+        let outcome = exec.execute(&order(&format!("k{i}"))).await;
+        assert!(matches!(outcome, Outcome::Success { .. }), "{outcome:?}");
+    }
+    assert_eq!(mock.calls(), 5);
+    assert_eq!(mock.connections(), 1);
+}
+
+#[tokio::test]
+async fn concurrent_orders_all_arrive_once() {
+    let mock = MockExecutor::start().await;
+    mock.set_mode(Mode::Slow(Duration::from_millis(50)));
+    let exec = Arc::new(http(&mock.url(), Duration::from_secs(5)));
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..8 {
+        let exec = exec.clone();
+        tasks.spawn(async move { exec.execute(&order(&format!("c{i}"))).await });
+    }
+    while let Some(outcome) = tasks.join_next().await {
+        let outcome = outcome.unwrap();
+        assert!(matches!(outcome, Outcome::Success { .. }), "{outcome:?}");
+    }
+    let mut keys: Vec<String> = mock
+        .ledger()
+        .into_iter()
+        .map(|r| r.idempotency_key.unwrap())
+        .collect();
+    keys.sort();
+    assert_eq!(keys, (0..8).map(|i| format!("c{i}")).collect::<Vec<_>>());
+}
+
+#[tokio::test]
+async fn https_upstream_on_a_private_ca() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "upstream");
+    let mock = MockExecutor::start_tls(&pki.server).await;
+    for url in [mock.url(), mock.url_localhost()] {
+        let exec = Executor::Http(
+            HttpExecutor::new(HttpConfig {
+                url: url.parse().unwrap(),
+                timeout: Duration::from_secs(5),
+                ca_file: Some(pki.ca_cert.clone()),
+            })
+            .unwrap(),
+        );
+        let outcome = exec.execute(&order("tls")).await;
+        assert!(
+            matches!(outcome, Outcome::Success { .. }),
+            "{url}: {outcome:?}"
+        );
+    }
+    let ledger = mock.ledger();
+    assert_eq!(ledger.len(), 2);
+    assert!(
+        ledger.iter().all(|r| r.version == Version::HTTP_2),
+        "h2 by ALPN"
+    );
+    assert!(ledger.iter().all(|r| r.body == TRADE.as_bytes()));
+}
+
+#[tokio::test]
+async fn https_upstream_with_an_untrusted_certificate_is_not_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let real = Pki::new(dir.path(), "real");
+    let other = Pki::new(dir.path(), "other");
+    let mock = MockExecutor::start_tls(&real.server).await;
+    for ca_file in [Some(other.ca_cert.clone()), None] {
+        let exec = HttpExecutor::new(HttpConfig {
+            url: mock.url().parse().unwrap(),
+            timeout: Duration::from_secs(5),
+            ca_file,
+        })
+        .unwrap();
+        let outcome = exec.execute(&order("untrusted")).await;
+        assert!(matches!(outcome, Outcome::NotSent(_)), "{outcome:?}");
+    }
+    assert_eq!(mock.calls(), 0);
+}
+
+#[tokio::test]
+async fn paper_fills_through_the_executor_enum() {
+    let exec = Executor::Paper(Paper::new());
+    let outcome = exec.execute(&order("paper")).await;
+    let Outcome::Success { status: 200, body } = outcome else {
+        panic!("expected Success, got {outcome:?}");
+    };
+    let answer: serde_json::Value = serde_json::from_slice(&body).unwrap();
+    assert_eq!(answer["filled"], 0.5);
+    assert_eq!(answer["idempotencyKey"], "paper");
+    assert_eq!(answer["simulated"], true);
+}
+
+// ---- the test-support pieces themselves ----
+
+#[test]
+fn pki_writes_private_files() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "files");
+    let client = pki.client("alice");
+    for path in [
+        &pki.ca_cert,
+        &pki.server.cert,
+        &pki.server.key,
+        &client.cert,
+        &client.key,
+    ] {
+        let mode = std::fs::metadata(path).unwrap().permissions().mode();
+        assert_eq!(mode & 0o777, 0o600, "{}", path.display());
+        assert!(
+            std::fs::read_to_string(path)
+                .unwrap()
+                .starts_with("-----BEGIN")
+        );
+    }
+}
+
+#[tokio::test]
+async fn client_chooses_the_protocol_by_alpn() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "alpn");
+    let mock = MockExecutor::start_tls(&pki.server).await;
+    let cases = [
+        (Alpn::Any, Version::HTTP_2),
+        (Alpn::Http1, Version::HTTP_11),
+        (Alpn::Http2, Version::HTTP_2),
+    ];
+    for (alpn, want) in cases {
+        let client = TlsClient::with(&pki.ca_cert, alpn, None);
+        let (status, headers, json) = client
+            .post(&mock.url_localhost(), &[("idempotency-key", "abc")], TRADE)
+            .await;
+        assert_eq!(status, 200, "{alpn:?}");
+        assert_eq!(headers["content-type"], "application/json");
+        assert_eq!(json["success"], true);
+        assert_eq!(mock.ledger().last().unwrap().version, want, "{alpn:?}");
+    }
+    let ledger = mock.ledger();
+    assert!(
+        ledger
+            .iter()
+            .all(|r| r.idempotency_key.as_deref() == Some("abc"))
+    );
+    assert!(ledger.iter().all(|r| r.body == TRADE.as_bytes()));
+}
+
+#[tokio::test]
+async fn client_keeps_a_connection_alive() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "conn");
+    let mock = MockExecutor::start_tls(&pki.server).await;
+    for alpn in [Alpn::Http1, Alpn::Http2] {
+        let before = mock.connections();
+        let client = TlsClient::with(&pki.ca_cert, alpn, None);
+        let mut conn = client.connect(&mock.url()).await.unwrap();
+        for _ in 0..3 {
+            let reply = conn.post(&mock.url(), &[], TRADE).await.unwrap();
+            assert_eq!(reply.status, 200);
+            assert_eq!(reply.version, conn.version());
+        }
+        assert_eq!(mock.connections() - before, 1, "{alpn:?}");
+    }
+}
+
+#[tokio::test]
+async fn client_multiplexes_on_one_h2_connection() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "mux");
+    let mock = MockExecutor::start_tls(&pki.server).await;
+    mock.set_mode(Mode::Slow(Duration::from_millis(100)));
+    let client = TlsClient::with(&pki.ca_cert, Alpn::Http2, None);
+    let conn = client.connect(&mock.url()).await.unwrap();
+    let mut tasks = tokio::task::JoinSet::new();
+    for i in 0..4 {
+        let mut conn = conn
+            .try_clone()
+            .expect("an HTTP/2 connection can be shared");
+        let url = mock.url();
+        tasks.spawn(async move {
+            let key = format!("m{i}");
+            conn.post(&url, &[("idempotency-key", &key)], TRADE).await
+        });
+    }
+    while let Some(reply) = tasks.join_next().await {
+        assert_eq!(reply.unwrap().unwrap().status, 200);
+    }
+    assert_eq!(mock.calls(), 4);
+    assert_eq!(mock.connections(), 1);
+
+    let h1 = TlsClient::with(&pki.ca_cert, Alpn::Http1, None);
+    assert!(h1.connect(&mock.url()).await.unwrap().try_clone().is_none());
+}
+
+#[tokio::test]
+async fn client_sends_a_request_as_built() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "raw");
+    let mock = MockExecutor::start_tls(&pki.server).await;
+    let client = TlsClient::with(&pki.ca_cert, Alpn::Http1, None);
+    let mut conn = client.connect(&mock.url()).await.unwrap();
+    let req = hyper::Request::post("/orders")
+        .header("host", "localhost")
+        .body(http_body_util::Full::new(Bytes::from_static(b"raw")))
+        .unwrap();
+    let reply = conn.send(req).await.unwrap();
+    assert_eq!(reply.status, 200);
+    let got = mock.ledger().pop().unwrap();
+    assert_eq!(got.content_type, None, "no Content-Type was added");
+    assert_eq!(got.body, &b"raw"[..]);
+}
+
+#[tokio::test]
+async fn client_refuses_a_server_it_does_not_trust() {
+    let dir = tempfile::tempdir().unwrap();
+    let server = Pki::new(dir.path(), "server");
+    let stranger = Pki::new(dir.path(), "stranger");
+    let mock = MockExecutor::start_tls(&server.server).await;
+    let client = TlsClient::new(&stranger.ca_cert);
+    assert!(client.connect(&mock.url()).await.is_err());
+    assert_eq!(mock.calls(), 0);
+}
+
+/// A throwaway server that requires a client certificate signed by `pki`'s CA, and answers
+/// 200 to any request that gets through.
+async fn mtls_server(pki: &Pki) -> String {
+    use hyper_util::rt::{TokioExecutor, TokioIo};
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(&pki.ca_cert).unwrap())
+        .unwrap();
+    let verifier =
+        rustls::server::WebPkiClientVerifier::builder_with_provider(roots.into(), provider.clone())
+            .build()
+            .unwrap();
+    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+        .with_safe_default_protocol_versions()
+        .unwrap()
+        .with_client_cert_verifier(verifier)
+        .with_single_cert(
+            vec![CertificateDer::from_pem_file(&pki.server.cert).unwrap()],
+            PrivateKeyDer::from_pem_file(&pki.server.key).unwrap(),
+        )
+        .unwrap();
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((tcp, _)) = listener.accept().await {
+            let acceptor = acceptor.clone();
+            tokio::spawn(async move {
+                let Ok(tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let service = hyper::service::service_fn(|_req| async {
+                    Ok::<_, std::convert::Infallible>(hyper::Response::new(
+                        http_body_util::Full::new(Bytes::from_static(b"{\"ok\":true}")),
+                    ))
+                });
+                let _ = hyper_util::server::conn::auto::Builder::new(TokioExecutor::new())
+                    .serve_connection(TokioIo::new(tls), service)
+                    .await;
+            });
+        }
+    });
+    format!("https://localhost:{port}/webhook")
+}
+
+#[tokio::test]
+async fn client_presents_its_certificate_for_mtls() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "mtls");
+    let rogue = Pki::new(dir.path(), "rogue");
+    let url = mtls_server(&pki).await;
+
+    for alpn in [Alpn::Http1, Alpn::Http2] {
+        let alice = TlsClient::with(&pki.ca_cert, alpn, Some(&pki.client("alice")));
+        let (status, _, json) = alice.post(&url, &[], "{}").await;
+        assert_eq!(status, 200);
+        assert_eq!(json["ok"], true);
+    }
+
+    // Without a certificate, or with one from another CA, no request gets an answer. Under
+    // TLS 1.3 the client learns of the refusal only on its first read, hence both steps.
+    let rogue_id = rogue.client("mallory");
+    for identity in [None, Some(&rogue_id)] {
+        let client = TlsClient::with(&pki.ca_cert, Alpn::Any, identity);
+        let refused = match client.connect(&url).await {
+            Err(_) => true,
+            Ok(mut conn) => conn.post(&url, &[], "{}").await.is_err(),
+        };
+        assert!(
+            refused,
+            "identity {:?} was let in",
+            identity.map(|i| &i.cert)
+        );
+    }
+}

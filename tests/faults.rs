@@ -1,0 +1,218 @@
+//! The fault matrix against the running binary, with real OS mechanisms: a database locked by
+//! another process, a read-only state directory (a read-only bind mount), a file-size limit
+//! hit mid-run (RLIMIT_FSIZE set on the live process with prlimit), a corrupt file at start,
+//! and a stalled owner (the one test-only hook). Each must answer 503
+//! IDEMPOTENCY_UNAVAILABLE with `/readyz` 503 and zero executor calls, then recover without a
+//! restart once the fault is gone.
+//!
+//! The mounts need root, as CI has.
+
+mod support;
+
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::executor::MockExecutor;
+use support::gateway::{Gateway, Setup, trade};
+
+fn code(v: &Value) -> String {
+    v["code"].as_str().unwrap_or("").to_string()
+}
+
+fn keyed(k: &str) -> Value {
+    let mut t = trade("BTCUSDT");
+    t["idempotencyKey"] = json!(k);
+    t
+}
+
+/// Asserts the gateway fails closed: 503 IDEMPOTENCY_UNAVAILABLE, `/readyz` 503, and the
+/// executor untouched.
+async fn assert_fails_closed(gw: &Gateway, exec: &MockExecutor, k: &str) {
+    let calls = exec.calls();
+    gw.wait_ready_is(503).await;
+    let r = gw.post(&keyed(k), &[]).await;
+    assert_eq!(r.status, 503, "{:?}", r.json());
+    assert_eq!(code(&r.json()), "IDEMPOTENCY_UNAVAILABLE");
+    assert!(r.header("retry-after").is_some());
+    assert_eq!(
+        exec.calls(),
+        calls,
+        "a trade reached the executor while failing closed"
+    );
+}
+
+/// Waits for recovery, then proves service with a fresh key.
+async fn assert_recovers(gw: &Gateway, exec: &MockExecutor, k: &str) {
+    gw.wait_ready().await;
+    let calls = exec.calls();
+    let r = gw.post(&keyed(k), &[]).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    assert_eq!(exec.calls(), calls + 1);
+}
+
+fn sh(cmd: &str, args: &[&str]) {
+    let st = Command::new(cmd).args(args).status().unwrap();
+    assert!(st.success(), "{cmd} {args:?} failed");
+}
+
+/// A bind mount of a directory onto itself, unmounted on drop even if the test fails.
+struct BindMount(PathBuf);
+
+impl BindMount {
+    fn new(dir: &Path) -> BindMount {
+        let d = dir.to_str().unwrap();
+        sh("mount", &["--bind", d, d]);
+        BindMount(dir.to_path_buf())
+    }
+    fn read_only(&self, ro: bool) {
+        let opt = if ro {
+            "remount,bind,ro"
+        } else {
+            "remount,bind,rw"
+        };
+        sh("mount", &["-o", opt, self.0.to_str().unwrap()]);
+    }
+}
+
+impl Drop for BindMount {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg(&self.0).status();
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn locked_by_another_process() {
+    let exec = MockExecutor::start().await;
+    let holder_setup = Setup::new(None);
+    let holder = holder_setup.start();
+    holder.wait_ready().await;
+    let mut setup = Setup::new(Some(&exec.url()));
+    let held = holder_setup.dir.path().join("state/mutex.redb");
+    setup.set("store", "path", held.display().to_string());
+    let gw = setup.start();
+    assert_fails_closed(&gw, &exec, "locked-1").await;
+    // The holder goes away: recovery without a restart.
+    drop(holder);
+    assert_recovers(&gw, &exec, "locked-2").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn read_only_state_directory() {
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let state = setup.dir.path().join("state");
+    let mount = BindMount::new(&state);
+    mount.read_only(true);
+    let gw = setup.start();
+    assert_fails_closed(&gw, &exec, "ro-1").await;
+    mount.read_only(false);
+    assert_recovers(&gw, &exec, "ro-2").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn missing_state_directory() {
+    let exec = MockExecutor::start().await;
+    let mut setup = Setup::new(Some(&exec.url()));
+    setup.set("store", "path", "later/mutex.redb");
+    let gw = setup.start();
+    assert_fails_closed(&gw, &exec, "missing-1").await;
+    std::fs::create_dir(setup.dir.path().join("later")).unwrap();
+    assert_recovers(&gw, &exec, "missing-2").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn corrupt_file_at_start() {
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let db = setup.dir.path().join("state/mutex.redb");
+    let garbage: Vec<u8> = (0..256 * 1024u32)
+        .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
+        .collect();
+    std::fs::write(&db, garbage).unwrap();
+    let gw = setup.start();
+    assert_fails_closed(&gw, &exec, "corrupt-1").await;
+    // The operator moves the broken file aside: the gateway starts a fresh one by itself.
+    std::fs::rename(&db, setup.dir.path().join("state/mutex.redb.broken")).unwrap();
+    assert_recovers(&gw, &exec, "corrupt-2").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn owner_stalled() {
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let gw = setup.start_with(&[(hoox_edge::app::STALL_HOOK_ENV, "1")]);
+    gw.wait_ready().await;
+    let (s, _) = gw.admin("POST", "/debug/stall?ms=8000").await;
+    assert_eq!(s, 200);
+    assert_fails_closed(&gw, &exec, "stall-1").await;
+    assert_recovers(&gw, &exec, "stall-2").await;
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn file_size_limit_mid_run() {
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let mut cmd = setup.command();
+    // SIGXFSZ would kill the process; ignored, a write past the limit fails with EFBIG
+    // instead, which is the fault we want the gateway to see. The disposition survives exec.
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let gw = Gateway::spawn(cmd, &setup.pki.ca_cert);
+    gw.wait_ready().await;
+    assert_eq!(gw.post(&keyed("fsize-0"), &[]).await.status, 200);
+
+    // Cap the file below where it stands: a commit that writes past the cap fails.
+    let db = setup.dir.path().join("state/mutex.redb");
+    let size = std::fs::metadata(&db).unwrap().len();
+    let set_limit = |cur: u64| {
+        let lim = libc::rlimit {
+            rlim_cur: cur,
+            rlim_max: libc::RLIM_INFINITY,
+        };
+        let rc = unsafe {
+            libc::prlimit(
+                gw.child.id() as i32,
+                libc::RLIMIT_FSIZE,
+                &lim,
+                std::ptr::null_mut(),
+            )
+        };
+        assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
+    };
+    set_limit(size / 2);
+    let mut accepted = Vec::new();
+    let mut refused = 0;
+    for i in 0..200 {
+        let k = format!("fsize-{i}-{}", "p".repeat(200));
+        let r = gw.post(&keyed(&k), &[]).await;
+        match r.status.as_u16() {
+            200 => accepted.push(k),
+            503 => {
+                assert_eq!(code(&r.json()), "IDEMPOTENCY_UNAVAILABLE");
+                refused += 1;
+                if refused >= 3 {
+                    break;
+                }
+            }
+            s => panic!("unexpected {s}: {:?}", r.json()),
+        }
+    }
+    assert!(refused > 0, "the file-size limit was never hit");
+    // Exactly the accepted trades were forwarded: nothing refused reached the executor.
+    assert_eq!(exec.calls(), accepted.len() + 1);
+
+    // The limit is lifted: service resumes by itself, and every accepted key is still held.
+    set_limit(libc::RLIM_INFINITY);
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    assert_recovers(&gw, &exec, "fsize-after").await;
+    for k in accepted.iter().rev().take(20) {
+        assert_eq!(gw.post(&keyed(k), &[]).await.status, 409);
+    }
+}

@@ -1,0 +1,211 @@
+//! The mutex's answers, one rule at a time, on a real redb file.
+
+mod mutex_support;
+
+use std::time::Duration;
+
+use hoox_edge::mutex::{Clock, Decision, Key, Snapshot, State, Unavailable, key::BUCKET_MS};
+use mutex_support::*;
+
+const T0: u64 = 1_800_000_000_000;
+
+#[test]
+fn reserve_commit_release_and_duplicates() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, time) = Clock::manual(T0);
+    let (m, owner) = start(&dir.path().join("m.redb"), clock);
+    rt().block_on(async {
+        let a = key("a");
+        assert_eq!(m.reserve(reserve(&a, 300_000, 1)).await, Decision::Proceed);
+        time.advance_ms(1_000);
+        match m.reserve(reserve(&a, 300_000, 1)).await {
+            Decision::Duplicate(d) => {
+                assert_eq!(d.key, a);
+                assert_eq!(d.state, State::Pending);
+                assert_eq!(d.age_ms, 1_000);
+                assert_eq!(d.expires_in_ms, 299_000);
+                assert_eq!(d.response, None);
+            }
+            other => panic!("expected duplicate, got {other:?}"),
+        }
+        assert_eq!(m.reserve(reserve(&a, 300_000, 2)).await, Decision::Mismatch);
+
+        let snap = Snapshot {
+            status: 200,
+            body: b"{\"success\":true}".to_vec(),
+        };
+        m.commit(a.clone(), Some(snap.clone())).await.unwrap();
+        match m.reserve(reserve(&a, 300_000, 1)).await {
+            Decision::Duplicate(d) => {
+                assert_eq!(d.state, State::Committed);
+                assert_eq!(d.response, Some(snap.clone()));
+                assert_eq!(d.expires_in_ms, 299_000, "commit keeps the expiry");
+            }
+            other => panic!("expected duplicate, got {other:?}"),
+        }
+        let info = m.get(a.clone()).await.unwrap().unwrap();
+        assert!(info.has_response);
+        assert_eq!(info.expires_at, T0 + 300_000);
+
+        let b = key("b");
+        assert_eq!(m.reserve(reserve(&b, 300_000, 1)).await, Decision::Proceed);
+        m.release(b.clone()).await.unwrap();
+        assert_eq!(m.get(b.clone()).await.unwrap(), None);
+        assert_eq!(m.reserve(reserve(&b, 300_000, 1)).await, Decision::Proceed);
+
+        assert!(m.force_release(a.clone()).await.unwrap());
+        assert!(!m.force_release(a.clone()).await.unwrap());
+        assert_eq!(m.reserve(reserve(&a, 300_000, 9)).await, Decision::Proceed);
+
+        let list = m.list(10).await.unwrap();
+        assert_eq!(list.len(), 2);
+        assert!(list[0].expires_at <= list[1].expires_at);
+        let s = &m.shared().stats;
+        assert_eq!(s.proceeds.load(std::sync::atomic::Ordering::Relaxed), 4);
+        assert_eq!(s.mismatches.load(std::sync::atomic::Ordering::Relaxed), 1);
+    });
+    owner.stop();
+}
+
+#[test]
+fn expired_keys_are_absent_before_and_after_the_wheel() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, time) = Clock::manual(T0);
+    let (m, owner) = start(&dir.path().join("m.redb"), clock);
+    rt().block_on(async {
+        let a = key("a");
+        assert_eq!(m.reserve(reserve(&a, 1_000, 1)).await, Decision::Proceed);
+        time.advance_ms(999);
+        assert!(matches!(
+            m.reserve(reserve(&a, 1_000, 1)).await,
+            Decision::Duplicate(_)
+        ));
+        time.advance_ms(1);
+        // Expired at exactly expires_at, whether or not the wheel has run.
+        assert_eq!(m.reserve(reserve(&a, 1_000, 2)).await, Decision::Proceed);
+        time.advance_ms(5_000);
+        let st = m.ping().await.unwrap();
+        assert_eq!(st.live_keys, 0, "the wheel purged the expired entry");
+        assert_eq!(st.fail_closed, None);
+    });
+    owner.stop();
+}
+
+#[test]
+fn a_fingerprint_sibling_younger_than_a_bucket_is_a_duplicate() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, time) = Clock::manual(T0);
+    let (m, owner) = start(&dir.path().join("m.redb"), clock);
+    let old = Key::from_stored("trade:x:BTC:LONG:1:live:100").unwrap();
+    let new = Key::from_stored("trade:x:BTC:LONG:1:live:101").unwrap();
+    rt().block_on(async {
+        assert_eq!(
+            m.reserve(reserve(&old, 300_000, 1)).await,
+            Decision::Proceed
+        );
+        time.advance_ms(BUCKET_MS - 1);
+        let mut r = reserve(&new, 300_000, 1);
+        r.sibling = Some(old.clone());
+        match m.reserve(r.clone()).await {
+            Decision::Duplicate(d) => assert_eq!(d.key, old),
+            other => panic!("expected duplicate of the sibling, got {other:?}"),
+        }
+        time.advance_ms(1);
+        assert_eq!(m.reserve(r).await, Decision::Proceed);
+    });
+    owner.stop();
+}
+
+#[test]
+fn capacity_refuses_new_keys_but_not_duplicates() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, time) = Clock::manual(T0);
+    let mut cfg = config(&dir.path().join("m.redb"));
+    cfg.capacity = 2;
+    let (m, owner) = hoox_edge::mutex::start(cfg, clock);
+    rt().block_on(async {
+        assert_eq!(
+            m.reserve(reserve(&key("a"), 1_000, 1)).await,
+            Decision::Proceed
+        );
+        assert_eq!(
+            m.reserve(reserve(&key("b"), 5_000, 1)).await,
+            Decision::Proceed
+        );
+        assert_eq!(
+            m.reserve(reserve(&key("c"), 1_000, 1)).await,
+            Decision::Unavailable(Unavailable::Capacity)
+        );
+        assert!(matches!(
+            m.reserve(reserve(&key("a"), 1_000, 1)).await,
+            Decision::Duplicate(_)
+        ));
+        time.advance_ms(1_000);
+        m.ping().await.unwrap();
+        assert_eq!(
+            m.reserve(reserve(&key("c"), 1_000, 1)).await,
+            Decision::Proceed
+        );
+    });
+    owner.stop();
+}
+
+#[test]
+fn state_and_kill_switch_survive_a_restart() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let (clock, time) = Clock::manual(T0);
+    let (m, owner) = start(&path, clock.clone());
+    rt().block_on(async {
+        m.reserve(reserve(&key("short"), 2_000, 1)).await;
+        m.reserve(reserve(&key("long"), 60_000, 1)).await;
+        m.commit(key("long"), None).await.unwrap();
+        m.set_halted(true).await.unwrap();
+        assert!(m.is_halted());
+    });
+    owner.stop();
+    time.advance_ms(10_000);
+    let (m, owner) = start(&path, clock);
+    rt().block_on(async {
+        let st = m.ping().await.unwrap();
+        assert!(st.halted && m.is_halted());
+        assert_eq!(st.live_keys, 1, "the expired key was purged at start");
+        assert_eq!(
+            m.get(key("long")).await.unwrap().unwrap().state,
+            State::Committed
+        );
+        assert_eq!(
+            m.reserve(reserve(&key("short"), 2_000, 1)).await,
+            Decision::Proceed
+        );
+        m.set_halted(false).await.unwrap();
+        assert!(!m.is_halted());
+    });
+    owner.stop();
+}
+
+#[test]
+fn a_missing_directory_fails_closed_then_recovers() {
+    let dir = tempfile::tempdir().unwrap();
+    let sub = dir.path().join("later");
+    let (m, owner) = start(&sub.join("m.redb"), Clock::system());
+    rt().block_on(async {
+        match m.reserve(reserve(&key("a"), 1_000, 1)).await {
+            Decision::Unavailable(Unavailable::NotOpen(_)) => {}
+            other => panic!("expected NotOpen, got {other:?}"),
+        }
+        assert!(m.ping().await.unwrap().fail_closed.is_some());
+        std::fs::create_dir(&sub).unwrap();
+        let ok = eventually(Duration::from_secs(5), async || {
+            m.reserve(reserve(&key("a"), 1_000, 1)).await == Decision::Proceed
+        })
+        .await;
+        assert!(ok, "serves again once the directory exists");
+        assert!(
+            m.shared()
+                .serving
+                .load(std::sync::atomic::Ordering::Relaxed)
+        );
+    });
+    owner.stop();
+}

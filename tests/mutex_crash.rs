@@ -1,0 +1,120 @@
+//! Durability under SIGKILL: a child process reserves keys and prints each Proceed it
+//! received; the parent kills it at random moments, again and again, on the same file.
+//! Every printed key must still be held after reopening, and none may be granted twice.
+
+mod mutex_support;
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Write};
+use std::path::Path;
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use hoox_edge::mutex::{Clock, Decision};
+use mutex_support::*;
+
+const TEST: &str = "sigkill_never_loses_a_granted_key";
+const KEYSPACE: u64 = 3000;
+
+#[test]
+fn sigkill_never_loses_a_granted_key() {
+    if let Ok(path) = std::env::var(CHILD_ENV) {
+        return reserve_until_killed(Path::new(&path));
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let mut seed = SystemTime::now()
+        .duration_since(UNIX_EPOCH)
+        .unwrap()
+        .as_nanos() as u64
+        | 1;
+    let mut granted = HashSet::new();
+    let mut killed_mid_run = 0;
+    for cycle in 0..15 {
+        let mut c = child(TEST, path.to_str().unwrap()).spawn().unwrap();
+        let out = c.stdout.take().unwrap();
+        let reader = std::thread::spawn(move || {
+            BufReader::new(out)
+                .lines()
+                .map_while(Result::ok)
+                .filter_map(|l| l.strip_prefix("PROCEED ").map(str::to_string))
+                .collect::<Vec<_>>()
+        });
+        seed ^= seed << 13;
+        seed ^= seed >> 7;
+        seed ^= seed << 17;
+        std::thread::sleep(Duration::from_millis(150 + seed % 400));
+        c.kill().unwrap(); // SIGKILL
+        let status = c.wait().unwrap();
+        if status.code().is_none() {
+            killed_mid_run += 1;
+        }
+        let lines = reader.join().unwrap();
+        for k in &lines {
+            assert!(
+                granted.insert(k.clone()),
+                "cycle {cycle}: {k} granted twice"
+            );
+        }
+    }
+    assert!(
+        killed_mid_run >= 10,
+        "the child must die by the signal, not by itself"
+    );
+    eprintln!("{} keys granted over 15 SIGKILLed children", granted.len());
+    assert!(
+        granted.len() > 50,
+        "children made progress: {}",
+        granted.len()
+    );
+    let (m, owner) = start(&path, Clock::system());
+    rt().block_on(async {
+        for k in &granted {
+            match m.reserve(reserve(&key(k), 3_600_000, 1)).await {
+                Decision::Duplicate(_) => {}
+                other => panic!("{k} was granted before the crash but now: {other:?}"),
+            }
+        }
+    });
+    owner.stop();
+}
+
+/// The child: 16 concurrent callers reserving random keys forever, printing each grant
+/// only once the mutex has answered Proceed.
+fn reserve_until_killed(path: &Path) {
+    let (m, _owner) = start(path, Clock::system());
+    let rt = rt();
+    rt.block_on(async {
+        let tasks: Vec<_> = (0..16u64)
+            .map(|t| {
+                let m = m.clone();
+                tokio::spawn(async move {
+                    let mut x = (SystemTime::now()
+                        .duration_since(UNIX_EPOCH)
+                        .unwrap()
+                        .as_nanos() as u64)
+                        ^ (t + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15);
+                    loop {
+                        x ^= x << 13;
+                        x ^= x >> 7;
+                        x ^= x << 17;
+                        let name = format!("k{}", x % KEYSPACE);
+                        let k = key(&name);
+                        if m.reserve(reserve(&k, 3_600_000, 1)).await == Decision::Proceed {
+                            {
+                                let mut out = std::io::stdout().lock();
+                                writeln!(out, "PROCEED {name}").unwrap();
+                                out.flush().unwrap();
+                            }
+                            if x % 3 == 0 {
+                                m.commit(k, None).await.unwrap();
+                            }
+                        }
+                    }
+                })
+            })
+            .collect();
+        for t in tasks {
+            t.await.unwrap();
+        }
+    });
+}

@@ -1,0 +1,191 @@
+//! Model-based test: random sequences of operations against the real mutex (real redb
+//! file, restarts included) and against a plain HashMap model must give identical answers.
+
+mod mutex_support;
+
+use std::collections::HashMap;
+
+use hoox_edge::mutex::{Clock, Decision, Duplicate, Key, Snapshot, State, key::BUCKET_MS};
+use mutex_support::*;
+use proptest::prelude::*;
+
+const T0: u64 = 1_800_000_000_000;
+
+#[derive(Debug, Clone)]
+enum Op {
+    /// key index, ttl in seconds, payload hash, sibling key index
+    Reserve(usize, u64, u8, Option<usize>),
+    Commit(usize, bool),
+    Release(usize),
+    Advance(u64),
+    Restart,
+}
+
+fn op() -> impl Strategy<Value = Op> {
+    prop_oneof![
+        5 => (0..KEYS, prop_oneof![1..5u64, Just(90), Just(300)], 0..2u8, proptest::option::weighted(0.5, 0..KEYS))
+            .prop_map(|(k, t, h, s)| Op::Reserve(k, t, h, s)),
+        2 => (0..KEYS, any::<bool>()).prop_map(|(k, r)| Op::Commit(k, r)),
+        2 => (0..KEYS).prop_map(Op::Release),
+        3 => prop_oneof![3 => 0..1_500u64, 1 => Just(1), 1 => Just(BUCKET_MS - 1), 1 => Just(BUCKET_MS)].prop_map(Op::Advance),
+        1 => Just(Op::Restart),
+    ]
+}
+
+const KEYS: usize = 3;
+
+fn keys() -> Vec<Key> {
+    (0..KEYS)
+        .map(|i| Key::from_stored(&format!("trade:x:S:LONG:1:live:{i}")).unwrap())
+        .collect()
+}
+
+#[derive(Debug, Clone)]
+struct ModelEntry {
+    state: State,
+    stored_at: u64,
+    expires_at: u64,
+    hash: u8,
+    response: Option<Snapshot>,
+}
+
+/// The specification, as plainly as it can be written.
+#[derive(Default)]
+struct Model {
+    now: u64,
+    map: HashMap<usize, ModelEntry>,
+}
+
+impl Model {
+    fn live(&self, k: usize) -> Option<&ModelEntry> {
+        self.map.get(&k).filter(|e| self.now < e.expires_at)
+    }
+
+    fn dup(&self, keys: &[Key], k: usize, e: &ModelEntry) -> Decision {
+        Decision::Duplicate(Duplicate {
+            key: keys[k].clone(),
+            state: e.state,
+            age_ms: self.now - e.stored_at,
+            expires_in_ms: e.expires_at - self.now,
+            response: if e.state == State::Committed {
+                e.response.clone()
+            } else {
+                None
+            },
+        })
+    }
+
+    fn reserve(
+        &mut self,
+        keys: &[Key],
+        k: usize,
+        ttl_ms: u64,
+        hash: u8,
+        sib: Option<usize>,
+    ) -> Decision {
+        if let Some(e) = self.live(k) {
+            if e.hash != hash {
+                return Decision::Mismatch;
+            }
+            return self.dup(keys, k, e);
+        }
+        if let Some(s) = sib
+            && let Some(e) = self.live(s)
+            && self.now - e.stored_at < BUCKET_MS
+        {
+            return self.dup(keys, s, e);
+        }
+        self.map.insert(
+            k,
+            ModelEntry {
+                state: State::Pending,
+                stored_at: self.now,
+                expires_at: self.now + ttl_ms,
+                hash,
+                response: None,
+            },
+        );
+        Decision::Proceed
+    }
+}
+
+fn snapshot(k: usize) -> Snapshot {
+    Snapshot {
+        status: 200,
+        body: format!("{{\"k\":{k}}}").into_bytes(),
+    }
+}
+
+fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let (clock, time) = Clock::manual(T0);
+    let keys = keys();
+    let mut model = Model {
+        now: T0,
+        ..Model::default()
+    };
+    let rt = tokio::runtime::Builder::new_current_thread()
+        .enable_all()
+        .build()
+        .unwrap();
+    let (mut m, mut owner) = start(&path, clock.clone());
+    for op in ops {
+        match op {
+            Op::Reserve(k, ttl, h, sib) => {
+                let mut r = reserve(&keys[k], ttl * 1_000, h);
+                r.sibling = sib.map(|s| keys[s].clone());
+                let got = rt.block_on(m.reserve(r));
+                let want = model.reserve(&keys, k, ttl * 1_000, h, sib);
+                prop_assert_eq!(got, want, "reserve {} at {}", k, model.now - T0);
+            }
+            Op::Commit(k, with_response) => {
+                let snap = with_response.then(|| snapshot(k));
+                rt.block_on(m.commit(keys[k].clone(), snap.clone()))
+                    .unwrap();
+                let now = model.now;
+                if let Some(e) = model.map.get_mut(&k).filter(|e| now < e.expires_at) {
+                    e.state = State::Committed;
+                    e.response = snap;
+                }
+            }
+            Op::Release(k) => {
+                rt.block_on(m.release(keys[k].clone())).unwrap();
+                model.map.remove(&k);
+            }
+            Op::Advance(ms) => {
+                time.advance_ms(ms);
+                model.now += ms;
+            }
+            Op::Restart => {
+                owner.stop();
+                (m, owner) = start(&path, clock.clone());
+            }
+        }
+        // The published count and the owner's own count agree with the model's live keys.
+        let live = model
+            .map
+            .values()
+            .filter(|e| model.now < e.expires_at)
+            .count();
+        let listed = rt.block_on(m.list(usize::MAX)).unwrap();
+        prop_assert_eq!(listed.len(), live);
+        for info in listed {
+            let k = keys.iter().position(|x| *x == info.key).unwrap();
+            let e = model.live(k).unwrap();
+            prop_assert_eq!(info.state, e.state);
+            prop_assert_eq!(info.expires_at, e.expires_at);
+        }
+    }
+    owner.stop();
+    Ok(())
+}
+
+proptest! {
+    #![proptest_config(ProptestConfig { cases: 64, ..ProptestConfig::default() })]
+
+    #[test]
+    fn the_mutex_behaves_like_the_model(ops in proptest::collection::vec(op(), 1..60)) {
+        run(ops)?;
+    }
+}

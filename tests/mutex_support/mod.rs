@@ -1,0 +1,69 @@
+//! Helpers shared by the mutex integration tests.
+#![allow(dead_code)]
+
+use std::path::Path;
+use std::time::Duration;
+
+use hoox_edge::mutex::{self, ClientKey, Clock, Config, Key, Mode, Reserve};
+
+pub fn config(path: &Path) -> Config {
+    Config {
+        path: path.to_path_buf(),
+        deadline: Duration::from_secs(10),
+        reopen_backoff_max: Duration::from_millis(200),
+        ..Config::default()
+    }
+}
+
+pub fn key(name: &str) -> Key {
+    let ck = ClientKey::parse(name).expect("test key is valid");
+    Key::client("tester", Mode::Live, &ck).expect("test key fits")
+}
+
+pub fn reserve(k: &Key, ttl_ms: u64, hash: u8) -> Reserve {
+    Reserve {
+        key: k.clone(),
+        ttl: Duration::from_millis(ttl_ms),
+        payload_hash: [hash; 32],
+        sibling: None,
+    }
+}
+
+pub fn start(path: &Path, clock: Clock) -> (mutex::Mutex, mutex::Owner) {
+    mutex::start(config(path), clock)
+}
+
+pub fn rt() -> tokio::runtime::Runtime {
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(2)
+        .enable_all()
+        .build()
+        .expect("tokio runtime")
+}
+
+/// Polls `f` every 20 ms until it returns true or `limit` passes.
+pub async fn eventually(limit: Duration, mut f: impl AsyncFnMut() -> bool) -> bool {
+    let end = std::time::Instant::now() + limit;
+    while std::time::Instant::now() < end {
+        if f().await {
+            return true;
+        }
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    }
+    false
+}
+
+/// When set, the test binary was re-executed as a child process with this role.
+pub const CHILD_ENV: &str = "HOOX_MUTEX_TEST_CHILD";
+
+/// Re-executes this very test (by exact name) as a child process with `role` set.
+pub fn child(test: &str, role: &str) -> std::process::Command {
+    let exe = std::env::current_exe().expect("test binary path");
+    let mut c = std::process::Command::new(exe);
+    c.args([test, "--exact", "--nocapture", "--test-threads=1"])
+        .env(CHILD_ENV, role)
+        .stdin(std::process::Stdio::piped())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::inherit());
+    c
+}

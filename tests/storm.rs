@@ -1,0 +1,62 @@
+//! Storm: 1000 concurrent identical webhooks, repeated over trials (20 by default,
+//! `HOOX_STORM_TRIALS` to change), each trial a fresh trade. Exactly one forward each.
+
+mod support;
+
+use std::sync::Arc;
+use std::time::Duration;
+
+use serde_json::json;
+use support::client::{Alpn, TlsClient};
+use support::executor::{MockExecutor, Mode};
+use support::gateway::{SECRET, Setup};
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_thousand_identical_webhooks_forward_once_per_trial() {
+    let trials: usize = std::env::var("HOOX_STORM_TRIALS")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or(20);
+    let exec = MockExecutor::start().await;
+    exec.set_mode(Mode::Slow(Duration::from_millis(50)));
+    let setup = Setup::new(Some(&exec.url()));
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let client = TlsClient::with(&setup.pki.ca_cert, Alpn::Http2, None);
+    // 25 HTTP/2 connections carry 40 streams each.
+    let mut conns = Vec::new();
+    for _ in 0..25 {
+        conns.push(client.connect(&gw.url()).await.unwrap());
+    }
+    for trial in 0..trials {
+        // No client key: the fingerprint decides, as for a signal engine that sends none.
+        let body = json!({"exchange":"bybit","symbol":format!("T{trial}USDT"),"action":"LONG",
+                          "quantity":1,"apiKey":SECRET})
+        .to_string();
+        let before = exec.calls();
+        let barrier = Arc::new(tokio::sync::Barrier::new(1000));
+        let mut tasks = Vec::new();
+        for i in 0..1000 {
+            let mut conn = conns[i % conns.len()]
+                .try_clone()
+                .expect("an HTTP/2 connection");
+            let url = gw.url();
+            let body = body.clone();
+            let barrier = barrier.clone();
+            tasks.push(tokio::spawn(async move {
+                barrier.wait().await;
+                conn.post(&url, &[], body).await.unwrap().status.as_u16()
+            }));
+        }
+        let mut ok = 0;
+        for t in tasks {
+            match t.await.unwrap() {
+                200 => ok += 1,
+                409 => {}
+                s => panic!("trial {trial}: unexpected status {s}"),
+            }
+        }
+        assert_eq!(ok, 1, "trial {trial}");
+        assert_eq!(exec.calls(), before + 1, "trial {trial}");
+    }
+}

@@ -1,0 +1,304 @@
+//! The real `hoox-edge` binary, started on port 0 with a config written into a temp folder,
+//! talked to over real TLS. Killed when dropped.
+
+use std::io::{BufRead, BufReader};
+use std::net::SocketAddr;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Path, PathBuf};
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+use hoox_edge::admin::Listen;
+
+use super::client::{Reply, TlsClient};
+use super::pki::Pki;
+
+pub const BIN: &str = env!("CARGO_BIN_EXE_hoox-edge");
+
+/// The shared secret every test gateway accepts (api key, HMAC and bearer alike).
+pub const SECRET: &str = "test-secret-0123456789abcdef";
+
+/// A folder with certificates, secrets and a config for one gateway.
+pub struct Setup {
+    pub dir: tempfile::TempDir,
+    pub pki: Pki,
+    /// The config as a TOML table; tests change it before `start`.
+    pub config: toml::Table,
+}
+
+impl Setup {
+    /// A config whose executor is `executor_url` (or the paper executor when `None`).
+    pub fn new(executor_url: Option<&str>) -> Setup {
+        let dir = tempfile::tempdir().unwrap();
+        let pki = Pki::new(dir.path(), "gw");
+        let secrets = dir.path().join("secrets");
+        std::fs::create_dir(&secrets).unwrap();
+        for f in ["api-keys", "hmac", "bearer"] {
+            write_secret(
+                &secrets.join(f),
+                &format!("# rotation: old and new\nold-secret-xyz\n{SECRET}\n"),
+            );
+        }
+        std::fs::create_dir(dir.path().join("state")).unwrap();
+        let executor = match executor_url {
+            Some(url) => format!("kind = \"http\"\nurl = \"{url}\"\ntimeout = \"1s\"\n"),
+            None => "kind = \"paper\"\n".to_string(),
+        };
+        let text = format!(
+            r#"
+[server]
+listen = "127.0.0.1:0"
+cert = "{cert}"
+key = "{key}"
+header_timeout = "1s"
+handshake_timeout = "2s"
+
+[admin]
+listen = "127.0.0.1:0"
+
+[store]
+path = "state/mutex.redb"
+ttl = "300s"
+
+[auth]
+api_keys_file = "secrets/api-keys"
+hmac_secrets_file = "secrets/hmac"
+bearer_tokens_file = "secrets/bearer"
+
+[executor]
+{executor}
+"#,
+            cert = pki.server.cert.display(),
+            key = pki.server.key.display(),
+        );
+        let config: toml::Table = toml::from_str(&text).unwrap();
+        Setup { dir, pki, config }
+    }
+
+    /// Sets `section.key = value` in the config.
+    pub fn set(&mut self, section: &str, key: &str, value: impl Into<toml::Value>) -> &mut Self {
+        let t = self
+            .config
+            .entry(section)
+            .or_insert_with(|| toml::Value::Table(toml::Table::new()));
+        t.as_table_mut().unwrap().insert(key.into(), value.into());
+        self
+    }
+
+    pub fn remove(&mut self, section: &str, key: &str) -> &mut Self {
+        if let Some(t) = self.config.get_mut(section).and_then(|t| t.as_table_mut()) {
+            t.remove(key);
+        }
+        self
+    }
+
+    pub fn config_path(&self) -> PathBuf {
+        self.dir.path().join("config.toml")
+    }
+
+    pub fn write_config(&self) -> PathBuf {
+        let p = self.config_path();
+        std::fs::write(&p, toml::to_string(&self.config).unwrap()).unwrap();
+        p
+    }
+
+    /// Starts the binary and waits until it listens (not until the database is open: see
+    /// [`Gateway::wait_ready`]).
+    pub fn start(&self) -> Gateway {
+        self.start_with(&[])
+    }
+
+    pub fn start_with(&self, env: &[(&str, &str)]) -> Gateway {
+        let mut cmd = self.command();
+        for (k, v) in env {
+            cmd.env(k, v);
+        }
+        Gateway::spawn(cmd, &self.pki.ca_cert)
+    }
+
+    /// The command that starts this gateway, for tests that change how it runs.
+    pub fn command(&self) -> Command {
+        let config = self.write_config();
+        let mut cmd = Command::new(BIN);
+        cmd.args(["serve", "--config"])
+            .arg(&config)
+            .stdout(Stdio::piped())
+            .stderr(Stdio::piped())
+            .env_remove("NOTIFY_SOCKET")
+            .env_remove("WATCHDOG_USEC");
+        cmd
+    }
+
+    pub fn client(&self) -> TlsClient {
+        TlsClient::new(&self.pki.ca_cert)
+    }
+}
+
+pub fn write_secret(path: &Path, text: &str) {
+    std::fs::write(path, text).unwrap();
+    std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
+}
+
+/// A running gateway process.
+pub struct Gateway {
+    pub child: Child,
+    pub addr: SocketAddr,
+    pub admin: Listen,
+    pub client: TlsClient,
+    /// Everything it wrote to stderr so far, collected by a thread.
+    stderr: std::sync::Arc<std::sync::Mutex<String>>,
+}
+
+impl Gateway {
+    pub fn spawn(mut cmd: Command, ca: &Path) -> Gateway {
+        let mut child = cmd.spawn().expect("start hoox-edge");
+        let stdout = child.stdout.take().unwrap();
+        let stderr = child.stderr.take().unwrap();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                log2.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        let (tx, rx) = mpsc::channel();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stdout).lines().map_while(Result::ok) {
+                let _ = tx.send(line);
+            }
+        });
+        let deadline = Instant::now() + Duration::from_secs(30);
+        loop {
+            let left = deadline.saturating_duration_since(Instant::now());
+            match rx.recv_timeout(left) {
+                Ok(line) => {
+                    // "hoox-edge: gateway on https://ADDR admin ADDR"
+                    if let Some(rest) = line.strip_prefix("hoox-edge: gateway on https://") {
+                        let mut it = rest.split(" admin ");
+                        let addr = it.next().unwrap().parse().unwrap();
+                        let admin = Listen::parse(it.next().unwrap()).unwrap();
+                        return Gateway {
+                            child,
+                            addr,
+                            admin,
+                            client: TlsClient::new(ca),
+                            stderr: log,
+                        };
+                    }
+                }
+                Err(_) => {
+                    let _ = child.kill();
+                    let status = child.wait().unwrap();
+                    panic!(
+                        "hoox-edge did not start ({status}); stderr:\n{}",
+                        log.lock().unwrap()
+                    );
+                }
+            }
+        }
+    }
+
+    pub fn url(&self) -> String {
+        format!("https://localhost:{}/webhook", self.addr.port())
+    }
+
+    pub fn stderr(&self) -> String {
+        self.stderr.lock().unwrap().clone()
+    }
+
+    /// An admin request: (status, body as JSON or string).
+    pub async fn admin(&self, method: &str, path: &str) -> (u16, serde_json::Value) {
+        let (status, body) = hoox_edge::admin::client::request(&self.admin, method, path)
+            .await
+            .expect("admin request");
+        let v = serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body));
+        (status, v)
+    }
+
+    /// Waits until `/readyz` answers `want` (200 or 503), for at most 20 s.
+    pub async fn wait_ready_is(&self, want: u16) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            if let Ok((s, _)) =
+                hoox_edge::admin::client::request(&self.admin, "GET", "/readyz").await
+                && s == want
+            {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "/readyz never answered {want}; stderr:\n{}",
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    /// Waits until `/readyz` is 503 for `reason` (e.g. "halted", "not_open"), for at most 20 s.
+    pub async fn wait_unready_because(&self, reason: &str) {
+        let deadline = Instant::now() + Duration::from_secs(20);
+        loop {
+            let (s, body) = self.admin("GET", "/readyz").await;
+            if s == 503 && body["reason"] == reason {
+                return;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "/readyz never said {reason}: {s} {body}; stderr:\n{}",
+                self.stderr()
+            );
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+
+    pub async fn wait_ready(&self) {
+        self.wait_ready_is(200).await
+    }
+
+    /// POSTs a webhook with extra headers.
+    pub async fn post(&self, body: &serde_json::Value, headers: &[(&str, &str)]) -> Reply {
+        self.client
+            .request(hyper::Method::POST, &self.url(), headers, body.to_string())
+            .await
+    }
+
+    /// SIGTERM, then wait for the exit status (bounded).
+    pub fn terminate(&mut self) -> std::process::ExitStatus {
+        unsafe { libc::kill(self.child.id() as i32, libc::SIGTERM) };
+        let deadline = Instant::now() + Duration::from_secs(40);
+        loop {
+            if let Some(s) = self.child.try_wait().unwrap() {
+                return s;
+            }
+            assert!(
+                Instant::now() < deadline,
+                "hoox-edge did not stop on SIGTERM"
+            );
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    pub fn kill9(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+impl Drop for Gateway {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// A valid HOOX trade, authenticated by body api key.
+pub fn trade(symbol: &str) -> serde_json::Value {
+    serde_json::json!({
+        "exchange": "binance",
+        "symbol": symbol,
+        "action": "long",
+        "quantity": 1.5,
+        "apiKey": SECRET,
+    })
+}

@@ -1,0 +1,98 @@
+//! Throwaway certificates: a CA, a server certificate for loopback, and client certificates for
+//! mTLS, written as PEM files (mode 0600, as a real deployment keeps its keys).
+
+use std::fs::OpenOptions;
+use std::io::Write;
+use std::os::unix::fs::OpenOptionsExt;
+use std::path::{Path, PathBuf};
+
+use rcgen::{
+    BasicConstraints, CertificateParams, CertifiedIssuer, DnType, ExtendedKeyUsagePurpose, IsCa,
+    KeyPair, KeyUsagePurpose,
+};
+
+/// A certificate and its private key on disk.
+#[derive(Debug, Clone)]
+pub struct CertFiles {
+    pub cert: PathBuf,
+    pub key: PathBuf,
+}
+
+/// A private CA in a directory, and the server certificate it signed.
+pub struct Pki {
+    dir: PathBuf,
+    ca: CertifiedIssuer<'static, KeyPair>,
+    /// The CA certificate: what clients trust, and what the server's `client_ca` names.
+    pub ca_cert: PathBuf,
+    /// For `localhost`, 127.0.0.1 and ::1.
+    pub server: CertFiles,
+}
+
+impl Pki {
+    /// A fresh CA named `name` (two `Pki`s never trust each other) with its server certificate,
+    /// written into `dir` as `<name>-ca.pem`, `<name>-server.pem`, `<name>-server.key`.
+    pub fn new(dir: &Path, name: &str) -> Pki {
+        let mut params = CertificateParams::new(Vec::<String>::new()).unwrap();
+        params
+            .distinguished_name
+            .push(DnType::CommonName, format!("{name} test CA"));
+        params.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        params.key_usages = vec![KeyUsagePurpose::KeyCertSign, KeyUsagePurpose::CrlSign];
+        let ca = CertifiedIssuer::self_signed(params, KeyPair::generate().unwrap()).unwrap();
+        let ca_cert = dir.join(format!("{name}-ca.pem"));
+        write_private(&ca_cert, &ca.pem());
+
+        let mut pki = Pki {
+            dir: dir.to_owned(),
+            ca,
+            ca_cert,
+            server: CertFiles {
+                cert: PathBuf::new(),
+                key: PathBuf::new(),
+            },
+        };
+        pki.server = pki.issue(
+            &format!("{name}-server"),
+            &["localhost", "127.0.0.1", "::1"],
+            ExtendedKeyUsagePurpose::ServerAuth,
+        );
+        pki
+    }
+
+    /// A client certificate with common name `cn`, signed by this CA, as
+    /// `<cn>.pem` / `<cn>.key`.
+    pub fn client(&self, cn: &str) -> CertFiles {
+        self.issue(cn, &[], ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
+    fn issue(&self, cn: &str, names: &[&str], usage: ExtendedKeyUsagePurpose) -> CertFiles {
+        let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
+        let mut params = CertificateParams::new(names).unwrap();
+        params.distinguished_name.push(DnType::CommonName, cn);
+        params.key_usages = vec![
+            KeyUsagePurpose::DigitalSignature,
+            KeyUsagePurpose::KeyEncipherment,
+        ];
+        params.extended_key_usages = vec![usage];
+        let key = KeyPair::generate().unwrap();
+        let cert = params.signed_by(&key, &*self.ca).unwrap();
+        let files = CertFiles {
+            cert: self.dir.join(format!("{cn}.pem")),
+            key: self.dir.join(format!("{cn}.key")),
+        };
+        write_private(&files.cert, &cert.pem());
+        write_private(&files.key, &key.serialize_pem());
+        files
+    }
+}
+
+fn write_private(path: &Path, pem: &str) {
+    let mut file = OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(path)
+        .unwrap_or_else(|e| panic!("create {}: {e}", path.display()));
+    file.write_all(pem.as_bytes()).unwrap();
+}

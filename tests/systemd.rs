@@ -1,0 +1,180 @@
+//! The systemd contract, without systemd: a NOTIFY_SOCKET datagram socket we own, the real
+//! binary started with it, and the messages it sends asserted in order.
+
+mod support;
+
+use std::os::unix::net::UnixDatagram;
+use std::time::{Duration, Instant};
+
+use support::gateway::{Setup, trade};
+
+/// Collects notify datagrams until `pred` holds for one of them or `within` passes.
+fn wait_for(
+    sock: &UnixDatagram,
+    seen: &mut Vec<String>,
+    within: Duration,
+    pred: impl Fn(&str) -> bool,
+) -> Option<String> {
+    let deadline = Instant::now() + within;
+    let mut buf = [0u8; 4096];
+    while Instant::now() < deadline {
+        sock.set_read_timeout(Some(Duration::from_millis(100)))
+            .unwrap();
+        if let Ok(n) = sock.recv(&mut buf) {
+            let msg = String::from_utf8_lossy(&buf[..n]).into_owned();
+            seen.push(msg.clone());
+            if msg.lines().any(&pred) {
+                return Some(msg);
+            }
+        }
+    }
+    None
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_watchdog_status_stopping_and_a_stalled_owner() {
+    let setup = Setup::new(None);
+    let sock_path = setup.dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    let sock_env = sock_path.display().to_string();
+    let mut gw = setup.start_with(&[
+        ("NOTIFY_SOCKET", sock_env.as_str()),
+        // 1 s: the gateway pings the owner and notifies every 500 ms.
+        ("WATCHDOG_USEC", "1000000"),
+        (hoox_edge::app::STALL_HOOK_ENV, "1"),
+    ]);
+    let mut seen = Vec::new();
+
+    // READY=1 comes once the database is open, and the listener then accepts.
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l
+            == "READY=1")
+        .is_some(),
+        "no READY=1; got {seen:?}"
+    );
+    let r = gw.post(&trade("BTCUSDT"), &[]).await;
+    assert_eq!(r.status, 200);
+
+    // STATUS= tells the state and the live keys.
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| {
+            l.starts_with("STATUS=serving; 1 live keys")
+        })
+        .is_some(),
+        "no STATUS with one live key; got {seen:?}"
+    );
+    // WATCHDOG=1 keeps coming while the owner answers.
+    for _ in 0..3 {
+        assert!(
+            wait_for(&sock, &mut seen, Duration::from_secs(3), |l| l
+                == "WATCHDOG=1")
+            .is_some(),
+            "no periodic WATCHDOG=1; got {seen:?}"
+        );
+    }
+
+    // Stall the owner for 4 s: no WATCHDOG=1 may arrive during the stall.
+    let (s, _) = gw.admin("POST", "/debug/stall?ms=4000").await;
+    assert_eq!(s, 200);
+    // Let a ping already in flight land, then watch.
+    std::thread::sleep(Duration::from_millis(1200));
+    let mut during = Vec::new();
+    let got = wait_for(&sock, &mut during, Duration::from_millis(2000), |l| {
+        l == "WATCHDOG=1"
+    });
+    assert!(
+        got.is_none(),
+        "WATCHDOG=1 while the owner was stalled: {during:?}"
+    );
+    // And it resumes once the owner answers again.
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l
+            == "WATCHDOG=1")
+        .is_some(),
+        "WATCHDOG=1 did not resume"
+    );
+
+    // SIGTERM: STOPPING=1, then a clean exit.
+    unsafe { libc::kill(gw.child.id() as i32, libc::SIGTERM) };
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l
+            == "STOPPING=1")
+        .is_some(),
+        "no STOPPING=1; got {seen:?}"
+    );
+    assert!(gw.terminate().success());
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
+    let setup = Setup::new(None);
+    let sock_path = setup.dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    let sock_env = sock_path.display().to_string();
+    let gw = setup.start_with(&[("NOTIFY_SOCKET", sock_env.as_str())]);
+    let mut seen = Vec::new();
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l
+            == "READY=1")
+        .is_some()
+    );
+
+    let bearer = |token: &str| format!("Bearer {token}");
+    let body = |k: &str| {
+        let mut t = trade("BTCUSDT");
+        t.as_object_mut().unwrap().remove("apiKey");
+        t["idempotencyKey"] = serde_json::json!(k);
+        t
+    };
+    // Rotate: a new bearer token replaces the old ones.
+    support::gateway::write_secret(
+        &setup.dir.path().join("secrets/bearer"),
+        "rotated-token-123\n",
+    );
+    unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l
+            .starts_with("RELOADING=1"))
+        .is_some(),
+        "no RELOADING=1; got {seen:?}"
+    );
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l
+            == "READY=1")
+        .is_some()
+    );
+    let new = bearer("rotated-token-123");
+    let r = gw
+        .post(&body("hup-1"), &[("authorization", new.as_str())])
+        .await;
+    assert_eq!(r.status, 200);
+    let old = bearer(support::gateway::SECRET);
+    let r = gw
+        .post(&body("hup-2"), &[("authorization", old.as_str())])
+        .await;
+    assert_eq!(r.status, 401);
+
+    // A broken file (world-readable) is refused: the current secrets stay.
+    let path = setup.dir.path().join("secrets/bearer");
+    std::fs::write(&path, "leaked-token\n").unwrap();
+    std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l
+            == "READY=1")
+        .is_some()
+    );
+    let r = gw
+        .post(&body("hup-3"), &[("authorization", new.as_str())])
+        .await;
+    assert_eq!(r.status, 200);
+    let leaked = bearer("leaked-token");
+    let r = gw
+        .post(&body("hup-4"), &[("authorization", leaked.as_str())])
+        .await;
+    assert_eq!(r.status, 401);
+    assert!(
+        !gw.stderr().contains("leaked-token"),
+        "a secret reached the log"
+    );
+}

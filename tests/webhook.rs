@@ -1,0 +1,673 @@
+//! The webhook endpoint end to end: the real binary, real TLS on loopback, a real redb file,
+//! and a mock executor that is a real HTTP server recording what it receives. One test per
+//! row of SPEC §3's status table and §4's outcome table, each asserting the status, the
+//! `code`, whether the executor was called, and the key's state afterwards.
+
+mod support;
+
+use std::time::Duration;
+
+use serde_json::{Value, json};
+use support::client::{Alpn, TlsClient};
+use support::executor::{MockExecutor, Mode, refused_url};
+use support::gateway::{SECRET, Setup, trade};
+
+/// The key's state as the admin API tells it: "pending", "committed", or "absent".
+async fn key_state(gw: &support::gateway::Gateway, key: &str) -> String {
+    let path = format!("/keys/{}", hoox_edge::admin::client::encode_key(key));
+    let (status, body) = gw.admin("GET", &path).await;
+    match status {
+        404 => "absent".into(),
+        200 => body["state"].as_str().unwrap_or("?").to_string(),
+        s => panic!("admin {path}: {s} {body}"),
+    }
+}
+
+fn code(v: &Value) -> &str {
+    v["code"].as_str().unwrap_or("")
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn success_commits_and_a_retry_is_a_duplicate() {
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let gw = setup.start();
+    gw.wait_ready().await;
+
+    let r = gw
+        .post(&trade("BTCUSDT"), &[("x-request-id", "req-1")])
+        .await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    assert_eq!(r.json()["success"], true);
+    assert_eq!(r.header("hoox-idempotency-outcome"), Some("committed"));
+    let key = r.header("idempotency-key").unwrap().to_string();
+    assert!(
+        key.starts_with("trade:binance:BTCUSDT:LONG:1.5:live:"),
+        "{key}"
+    );
+    assert_eq!(exec.calls(), 1);
+    let sent = &exec.ledger()[0];
+    // The body credential never reaches the executor; the key and request id do.
+    assert!(sent.json().get("apiKey").is_none());
+    assert_eq!(sent.json()["symbol"], "BTCUSDT");
+    assert_eq!(sent.idempotency_key.as_deref(), Some(key.as_str()));
+    assert_eq!(sent.request_id.as_deref(), Some("req-1"));
+    assert_eq!(key_state(&gw, &key).await, "committed");
+
+    // The retry: 409, executor not called again.
+    let r = gw.post(&trade("BTCUSDT"), &[]).await;
+    assert_eq!(r.status, 409);
+    let v = r.json();
+    assert_eq!(code(&v), "DUPLICATE");
+    assert_eq!(v["key"], key.as_str());
+    assert_eq!(v["state"], "committed");
+    assert!(v["expires_in_ms"].as_u64().unwrap() > 290_000);
+    assert!(v["age_ms"].as_u64().is_some());
+    assert_eq!(exec.calls(), 1);
+    assert_eq!(r.header("content-type"), Some("application/problem+json"));
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn soft_fail_and_errors_release_so_a_retry_runs() {
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let body = |k: &str| {
+        let mut t = trade("ETHUSDT");
+        t["idempotencyKey"] = json!(k);
+        t
+    };
+    for (mode, k) in [(Mode::SoftFail, "soft-1"), (Mode::ServerError, "err-1")] {
+        exec.set_mode(mode);
+        let before = exec.calls();
+        let r = gw.post(&body(k), &[]).await;
+        assert_eq!(r.status, 502, "{mode:?}");
+        assert_eq!(code(&r.json()), "EXECUTION_FAILED");
+        assert_eq!(r.header("hoox-idempotency-outcome"), Some("released"));
+        assert_eq!(exec.calls(), before + 1);
+        assert_eq!(
+            key_state(&gw, &format!("client:psk:live:{k}")).await,
+            "absent"
+        );
+        // The retry reaches the executor again, and now succeeds.
+        exec.set_mode(Mode::Success);
+        let r = gw.post(&body(k), &[]).await;
+        assert_eq!(r.status, 200);
+        assert_eq!(exec.calls(), before + 2);
+        assert_eq!(
+            key_state(&gw, &format!("client:psk:live:{k}")).await,
+            "committed"
+        );
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unreachable_executor_releases_with_502() {
+    let url = refused_url();
+    let setup = Setup::new(Some(&url));
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let mut t = trade("SOLUSDT");
+    t["idempotencyKey"] = json!("unreach-1");
+    let r = gw.post(&t, &[]).await;
+    assert_eq!(r.status, 502);
+    assert_eq!(code(&r.json()), "EXECUTOR_UNREACHABLE");
+    assert_eq!(r.header("hoox-idempotency-outcome"), Some("released"));
+    assert_eq!(key_state(&gw, "client:psk:live:unreach-1").await, "absent");
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn timeout_after_send_holds_the_key() {
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let gw = setup.start();
+    gw.wait_ready().await;
+    for (mode, k) in [(Mode::Hang, "hang-1"), (Mode::Reset, "reset-1")] {
+        exec.set_mode(mode);
+        let mut t = trade("BNBUSDT");
+        t["idempotencyKey"] = json!(k);
+        let r = gw.post(&t, &[]).await;
+        assert_eq!(r.status, 504, "{mode:?} {:?}", r.json());
+        assert_eq!(code(&r.json()), "EXECUTION_OUTCOME_UNKNOWN");
+        assert_eq!(r.header("hoox-idempotency-outcome"), Some("held"));
+        assert_eq!(
+            key_state(&gw, &format!("client:psk:live:{k}")).await,
+            "pending"
+        );
+        // The order may have filled: a retry is refused.
+        exec.set_mode(Mode::Success);
+        let calls = exec.calls();
+        let r = gw.post(&t, &[]).await;
+        assert_eq!(r.status, 409);
+        assert_eq!(r.json()["state"], "pending");
+        assert_eq!(exec.calls(), calls);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn on_unknown_release_lets_the_retry_run() {
+    let exec = MockExecutor::start().await;
+    let mut setup = Setup::new(Some(&exec.url()));
+    setup.set("executor", "on_unknown_outcome", "release");
+    let gw = setup.start();
+    gw.wait_ready().await;
+    exec.set_mode(Mode::Hang);
+    let mut t = trade("BNBUSDT");
+    t["idempotencyKey"] = json!("hang-rel");
+    let r = gw.post(&t, &[]).await;
+    assert_eq!(r.status, 504);
+    assert_eq!(r.header("hoox-idempotency-outcome"), Some("released"));
+    exec.set_mode(Mode::Success);
+    let r = gw.post(&t, &[]).await;
+    assert_eq!(r.status, 200);
+    assert_eq!(exec.calls(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bad_requests_are_refused_before_the_executor() {
+    let exec = MockExecutor::start().await;
+    let mut setup = Setup::new(Some(&exec.url()));
+    setup.set("keys", "require_client_key", false);
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let c = &gw.client;
+    let raw = |body: &'static str, headers: Vec<(&'static str, &'static str)>| {
+        let url = gw.url();
+        async move { c.request(hyper::Method::POST, &url, &headers, body).await }
+    };
+
+    // Not JSON, and a JSON array: 400 even without a credential (nothing is learnt).
+    let r = raw("{not json", vec![]).await;
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (400, "INVALID_REQUEST")
+    );
+    let r = raw("[1,2]", vec![]).await;
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (400, "INVALID_REQUEST")
+    );
+    // A JSON object without credential: 401 before any schema check.
+    let r = raw(r#"{"symbol":"x"}"#, vec![]).await;
+    assert_eq!((r.status.as_u16(), code(&r.json())), (401, "AUTH_FAILED"));
+    // Authenticated but invalid: the error names the field.
+    let mut t = trade("BTCUSDT");
+    t["quantity"] = json!(-1);
+    let r = gw.post(&t, &[]).await;
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (400, "INVALID_REQUEST")
+    );
+    assert!(r.json()["detail"].as_str().unwrap().contains("quantity"));
+    let mut t = trade("BTCUSDT");
+    t["action"] = json!("BUY");
+    let r = gw.post(&t, &[]).await;
+    assert!(r.json()["detail"].as_str().unwrap().contains("action"));
+
+    // Keys: header and body disagree; too long; not printable.
+    let mut t = trade("BTCUSDT");
+    t["idempotencyKey"] = json!("body-key");
+    let r = gw.post(&t, &[("idempotency-key", "\"header-key\"")]).await;
+    assert_eq!(code(&r.json()), "IDEMPOTENCY_KEY_CONFLICT");
+    // The same key in both, in RFC 8941 string form, is fine.
+    let r = gw.post(&t, &[("idempotency-key", "\"body-key\"")]).await;
+    assert_eq!(r.status, 200);
+    let long = "k".repeat(256);
+    let r = gw
+        .post(&trade("BTCUSDT"), &[("idempotency-key", long.as_str())])
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (400, "INVALID_IDEMPOTENCY_KEY")
+    );
+    let mut t = trade("BTCUSDT");
+    t["idempotencyKey"] = json!("caf\u{e9}");
+    let r = gw.post(&t, &[]).await;
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (400, "INVALID_IDEMPOTENCY_KEY")
+    );
+
+    // Routes, methods, size, media type.
+    let r = c
+        .request(
+            hyper::Method::POST,
+            &gw.url().replace("/webhook", "/nope"),
+            &[],
+            "{}",
+        )
+        .await;
+    assert_eq!((r.status.as_u16(), code(&r.json())), (404, "NOT_FOUND"));
+    let r = c.request(hyper::Method::GET, &gw.url(), &[], "").await;
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (405, "METHOD_NOT_ALLOWED")
+    );
+    let big = format!("{{\"pad\":\"{}\"}}", "x".repeat(70 * 1024));
+    let r = c.request(hyper::Method::POST, &gw.url(), &[], big).await;
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (413, "PAYLOAD_TOO_LARGE")
+    );
+    let r = raw(
+        "a=b",
+        vec![("content-type", "application/x-www-form-urlencoded")],
+    )
+    .await;
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (415, "UNSUPPORTED_MEDIA_TYPE")
+    );
+    // The alias POST / works.
+    let mut t = trade("ADAUSDT");
+    t["idempotencyKey"] = json!("alias-1");
+    let r = c
+        .request(
+            hyper::Method::POST,
+            &gw.url().replace("/webhook", "/"),
+            &[],
+            t.to_string(),
+        )
+        .await;
+    assert_eq!(r.status, 200);
+
+    // Only the two good trades reached the executor.
+    assert_eq!(exec.calls(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn same_client_key_with_another_trade_is_422() {
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let mut t = trade("BTCUSDT");
+    t["idempotencyKey"] = json!("reuse-1");
+    assert_eq!(gw.post(&t, &[]).await.status, 200);
+    // 1.5 written as 1.50: the same trade, a plain duplicate.
+    let same = t.to_string().replace("1.5", "1.50");
+    let r = gw
+        .client
+        .request(hyper::Method::POST, &gw.url(), &[], same)
+        .await;
+    assert_eq!(r.status, 409);
+    t["quantity"] = json!(3);
+    let r = gw.post(&t, &[]).await;
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (422, "IDEMPOTENCY_KEY_REUSED")
+    );
+    assert_eq!(exec.calls(), 1);
+    // Test mode never shares a key with live.
+    t["quantity"] = json!(1.5);
+    t["test"] = json!(true);
+    assert_eq!(gw.post(&t, &[]).await.status, 200);
+    assert_eq!(exec.calls(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn require_client_key() {
+    let mut setup = Setup::new(None);
+    setup.set("keys", "require_client_key", true);
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let r = gw.post(&trade("BTCUSDT"), &[]).await;
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (400, "IDEMPOTENCY_KEY_REQUIRED")
+    );
+    let r = gw
+        .post(&trade("BTCUSDT"), &[("idempotency-key", "k-1")])
+        .await;
+    assert_eq!(r.status, 200);
+    assert_eq!(r.json()["simulated"], true);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn authentication_methods_and_failures() {
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let body = |k: &str| {
+        json!({"exchange":"kraken","symbol":"XBTUSD","action":"SHORT","quantity":2,"idempotencyKey":k})
+            .to_string()
+    };
+    let post = |b: String, h: Vec<(&'static str, String)>| {
+        let url = gw.url();
+        let c = gw.client.clone();
+        async move {
+            let h: Vec<(&str, &str)> = h.iter().map(|(k, v)| (*k, v.as_str())).collect();
+            c.request(hyper::Method::POST, &url, &h, b).await
+        }
+    };
+    let now = (std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs()) as i64;
+    let sign =
+        |ts: i64, b: &str| hoox_edge::gateway::auth::sign(SECRET.as_bytes(), ts, b.as_bytes());
+
+    // Missing and wrong credentials, and a stale or forged signature: all 401, nothing sent.
+    let b = body("auth-1");
+    for h in [
+        vec![],
+        vec![("authorization", "Bearer wrong".to_string())],
+        vec![
+            ("x-hoox-timestamp", (now - 301).to_string()),
+            ("x-hoox-signature", sign(now - 301, &b)),
+        ],
+        vec![
+            ("x-hoox-timestamp", now.to_string()),
+            ("x-hoox-signature", sign(now, "another body")),
+        ],
+    ] {
+        let r = post(b.clone(), h.clone()).await;
+        assert_eq!(
+            (r.status.as_u16(), code(&r.json())),
+            (401, "AUTH_FAILED"),
+            "{h:?}"
+        );
+    }
+    let mut wrong = trade("BTCUSDT");
+    wrong["apiKey"] = json!("not-the-key");
+    assert_eq!(gw.post(&wrong, &[]).await.status, 401);
+    assert_eq!(exec.calls(), 0);
+
+    // Each method works, with either secret of the rotation.
+    let r = post(
+        body("auth-bearer"),
+        vec![("authorization", format!("Bearer {SECRET}"))],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let r = post(
+        body("auth-old"),
+        vec![("authorization", "Bearer old-secret-xyz".to_string())],
+    )
+    .await;
+    assert_eq!(r.status, 200);
+    let b = body("auth-hmac");
+    let signed = vec![
+        ("x-hoox-timestamp", now.to_string()),
+        ("x-hoox-signature", sign(now, &b)),
+    ];
+    assert_eq!(post(b.clone(), signed.clone()).await.status, 200);
+    // A replayed signature inside the window is caught by the mutex, not accepted twice.
+    let r = post(b, signed).await;
+    assert_eq!(r.status, 409);
+    assert_eq!(exec.calls(), 3);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ip_allowlist_forbids_others() {
+    let mut setup = Setup::new(None);
+    setup.set("limits", "allow_ips", vec!["10.0.0.0/8"]);
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let r = gw.post(&trade("BTCUSDT"), &[]).await;
+    assert_eq!((r.status.as_u16(), code(&r.json())), (403, "IP_FORBIDDEN"));
+    drop(gw);
+    setup.set("limits", "allow_ips", vec!["127.0.0.0/8", "::1/128"]);
+    let gw = setup.start();
+    gw.wait_ready().await;
+    assert_eq!(gw.post(&trade("BTCUSDT"), &[]).await.status, 200);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limit_spares_duplicates_and_leaves_no_reservation() {
+    let exec = MockExecutor::start().await;
+    let mut setup = Setup::new(Some(&exec.url()));
+    setup
+        .set("limits", "rate_per_s", 0.01)
+        .set("limits", "burst", 2);
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let with_key = |k: &str| {
+        let mut t = trade("BTCUSDT");
+        t["idempotencyKey"] = json!(k);
+        t
+    };
+    assert_eq!(gw.post(&with_key("rl-1"), &[]).await.status, 200);
+    // Duplicates cost no quota...
+    for _ in 0..3 {
+        assert_eq!(gw.post(&with_key("rl-1"), &[]).await.status, 409);
+    }
+    // ...so the burst's second token is still there.
+    assert_eq!(gw.post(&with_key("rl-2"), &[]).await.status, 200);
+    let r = gw.post(&with_key("rl-3"), &[]).await;
+    assert_eq!((r.status.as_u16(), code(&r.json())), (429, "RATE_LIMITED"));
+    assert!(r.header("retry-after").unwrap().parse::<u64>().unwrap() >= 1);
+    // The refused trade left no reservation behind.
+    assert_eq!(key_state(&gw, "client:psk:live:rl-3").await, "absent");
+    assert_eq!(exec.calls(), 2);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn kill_switch_halts_and_persists() {
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let mut gw = setup.start();
+    gw.wait_ready().await;
+    assert_eq!(gw.admin("POST", "/halt").await.0, 200);
+    let r = gw.post(&trade("BTCUSDT"), &[]).await;
+    assert_eq!((r.status.as_u16(), code(&r.json())), (503, "KILL_SWITCH"));
+    assert!(r.header("retry-after").is_some());
+    gw.wait_unready_because("halted").await;
+    // Still halted after a restart.
+    assert!(gw.terminate().success());
+    let gw = setup.start();
+    gw.wait_unready_because("halted").await;
+    let r = gw.post(&trade("BTCUSDT"), &[]).await;
+    assert_eq!(code(&r.json()), "KILL_SWITCH");
+    assert_eq!(gw.admin("POST", "/resume").await.0, 200);
+    gw.wait_ready().await;
+    assert_eq!(gw.post(&trade("BTCUSDT"), &[]).await.status, 200);
+    assert_eq!(exec.calls(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn five_hundred_concurrent_identical_webhooks_forward_once() {
+    let exec = MockExecutor::start().await;
+    exec.set_mode(Mode::Slow(Duration::from_millis(200)));
+    let setup = Setup::new(Some(&exec.url()));
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let body = trade("DOGEUSDT").to_string();
+    // 500 requests in flight together: 50 HTTP/2 connections carrying 10 streams each,
+    // all released at once.
+    let client = TlsClient::with(&setup.pki.ca_cert, Alpn::Http2, None);
+    let mut conns = Vec::new();
+    for _ in 0..50 {
+        conns.push(client.connect(&gw.url()).await.unwrap());
+    }
+    let barrier = std::sync::Arc::new(tokio::sync::Barrier::new(500));
+    let mut tasks = Vec::new();
+    for i in 0..500 {
+        let mut conn = conns[i % 50].try_clone().expect("an HTTP/2 connection");
+        let url = gw.url();
+        let body = body.clone();
+        let barrier = barrier.clone();
+        tasks.push(tokio::spawn(async move {
+            barrier.wait().await;
+            vec![conn.post(&url, &[], body).await.unwrap().status.as_u16()]
+        }));
+    }
+    let mut ok = 0;
+    let mut dup = 0;
+    for t in tasks {
+        for s in t.await.unwrap() {
+            match s {
+                200 => ok += 1,
+                409 => dup += 1,
+                other => panic!("unexpected status {other}"),
+            }
+        }
+    }
+    assert_eq!((ok, dup), (1, 499));
+    assert_eq!(exec.calls(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn replay_answers_a_duplicate_with_the_stored_response() {
+    let exec = MockExecutor::start().await;
+    let mut setup = Setup::new(Some(&exec.url()));
+    setup.set("server", "duplicate_response", "replay");
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let first = gw.post(&trade("BTCUSDT"), &[]).await;
+    assert_eq!(first.status, 200);
+    let again = gw.post(&trade("BTCUSDT"), &[]).await;
+    assert_eq!(again.status, 200);
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.body, first.body);
+    assert_eq!(exec.calls(), 1);
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http1_http2_plaintext_and_slow_clients() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let setup = Setup::new(None);
+    let gw = setup.start();
+    gw.wait_ready().await;
+    for (alpn, want) in [
+        (Alpn::Http1, hyper::Version::HTTP_11),
+        (Alpn::Http2, hyper::Version::HTTP_2),
+    ] {
+        let c = TlsClient::with(&setup.pki.ca_cert, alpn, None);
+        let mut t = trade("BTCUSDT");
+        t["idempotencyKey"] = json!(format!("{alpn:?}"));
+        let r = c
+            .request(hyper::Method::POST, &gw.url(), &[], t.to_string())
+            .await;
+        assert_eq!((r.status.as_u16(), r.version), (200, want));
+    }
+    // Plaintext HTTP on the TLS port gets no HTTP answer.
+    let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    s.write_all(b"POST /webhook HTTP/1.1\r\nHost: x\r\nContent-Length: 2\r\n\r\n{}")
+        .await
+        .unwrap();
+    let mut buf = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
+    assert!(!buf.starts_with(b"HTTP/"), "plaintext got an HTTP answer");
+
+    // A client that completes TLS but never finishes its headers is dropped.
+    let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Http1, None);
+    let mut raw = c.connect_raw(&gw.url()).await.unwrap();
+    raw.write_all(b"POST /webhook HTTP/1.1\r\nHost: localhost\r\n")
+        .await
+        .unwrap();
+    let mut buf = [0u8; 256];
+    let n = tokio::time::timeout(Duration::from_secs(10), raw.read(&mut buf))
+        .await
+        .expect("the gateway must drop a slow client");
+    // Closed (0 bytes or an error), or a 408 before closing: never left hanging.
+    if let Ok(n) = n
+        && n > 0
+    {
+        assert!(buf.starts_with(b"HTTP/1.1 408"), "{:?}", &buf[..n]);
+    }
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn mtls_requires_a_client_certificate_and_namespaces_by_it() {
+    let exec = MockExecutor::start().await;
+    let mut setup = Setup::new(Some(&exec.url()));
+    setup.set(
+        "server",
+        "client_ca",
+        setup.pki.ca_cert.display().to_string(),
+    );
+    setup.set("auth", "require", vec!["mtls"]);
+    let gw = setup.start();
+    gw.wait_ready().await;
+    // Without a certificate: the handshake or the request fails, nothing is sent.
+    let anon = TlsClient::new(&setup.pki.ca_cert);
+    let failed = match anon.connect(&gw.url()).await {
+        Err(_) => true,
+        Ok(mut c) => c
+            .post(&gw.url(), &[], trade("BTCUSDT").to_string())
+            .await
+            .is_err(),
+    };
+    assert!(failed, "a client without certificate got through");
+    assert_eq!(exec.calls(), 0);
+    // Two clients, the same key: two namespaces, two orders.
+    let mut t = json!({"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,"idempotencyKey":"shared"});
+    for cn in ["desk-a", "desk-b"] {
+        let id = setup.pki.client(cn);
+        let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Any, Some(&id));
+        let r = c
+            .request(hyper::Method::POST, &gw.url(), &[], t.to_string())
+            .await;
+        assert_eq!(r.status, 200, "{cn}: {:?}", r.json());
+        assert_eq!(
+            r.header("idempotency-key").unwrap(),
+            format!("client:cert.{cn}:live:shared")
+        );
+    }
+    assert_eq!(exec.calls(), 2);
+    t["quantity"] = json!(1);
+}
+
+#[test]
+fn config_errors_exit_78_naming_key_and_file() {
+    let mut setup = Setup::new(None);
+    // No credential at all: refused (fail closed).
+    setup
+        .remove("auth", "api_keys_file")
+        .remove("auth", "hmac_secrets_file")
+        .remove("auth", "bearer_tokens_file");
+    let path = setup.write_config();
+    let out = std::process::Command::new(support::gateway::BIN)
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert!(err.contains("config.toml") && err.contains("auth"), "{err}");
+    let out = std::process::Command::new(support::gateway::BIN)
+        .args(["serve", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    assert_eq!(out.status.code(), Some(78));
+
+    // A world-readable secret file, an unknown key, a bad duration: each named.
+    let mut setup = Setup::new(None);
+    let secret = setup.dir.path().join("secrets/api-keys");
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let check = |setup: &Setup| {
+        let path = setup.write_config();
+        let out = std::process::Command::new(support::gateway::BIN)
+            .args(["check-config", "--config"])
+            .arg(&path)
+            .output()
+            .unwrap();
+        (
+            out.status.code(),
+            String::from_utf8_lossy(&out.stderr).into_owned(),
+        )
+    };
+    let (code, err) = check(&setup);
+    assert_eq!(code, Some(78));
+    assert!(
+        err.contains("auth.api_keys_file") && err.contains("api-keys"),
+        "{err}"
+    );
+    assert!(!err.contains(SECRET), "a secret leaked into an error");
+    std::fs::set_permissions(&secret, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    assert_eq!(check(&setup).0, Some(0));
+    setup.set("store", "ttl", "300");
+    let (code, err) = check(&setup);
+    assert_eq!(code, Some(78));
+    assert!(err.contains("store.ttl"), "{err}");
+    setup
+        .set("store", "ttl", "300s")
+        .set("server", "lissen", "x");
+    let (code, err) = check(&setup);
+    assert_eq!(code, Some(78));
+    assert!(err.contains("lissen"), "{err}");
+}
