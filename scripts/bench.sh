@@ -221,12 +221,14 @@ if [ "$MAIN" = 1 ] && [ "$GATEWAY" = 1 ]; then
     echo
     awk -v rate="$RATE" -v b99="$(jget "$WORK/bare-rate.json" p99)" \
         -v g99="$(jget "$WORK/gateway-rate.json" p99)" -v g50="$(jget "$WORK/gateway-rate.json" p50)" \
-        -v f="$FSYNC_P50" 'BEGIN {
-            added = g99 - b99; budget = 1000 + f
+        -v f="$FSYNC_P50" -v f99="$FSYNC_P99" 'BEGIN {
+            added = g99 - b99
             printf "open loop %s req/s: gateway p50 %d us, p99 %d us; bare p99 %d us; gateway-added p99 %d us\n",
                 rate, g50, g99, b99, added
-            printf "target: added p99 <= 1 ms + one fsync p50 (%d us) = %d us: %s\n", f, budget,
-                (added <= budget ? "MET" : "MISSED") }'
+            printf "target: added p99 <= 1 ms + one fsync p50 (%d us) = %d us: %s\n", f, 1000 + f,
+                (added <= 1000 + f ? "MET" : "MISSED")
+            printf "        (against 1 ms + one fsync p99 (%d us) = %d us: %s)\n", f99, 1000 + f99,
+                (added <= 1000 + f99 ? "MET" : "MISSED") }'
     c16=$(awk -v br="$(jget "$WORK/bare-c16.json" throughput_rps 2>/dev/null)" \
         -v gr="$(jget "$WORK/gateway-c16.json" throughput_rps 2>/dev/null)" \
         'BEGIN { if (br > 0) printf "%.2f", gr / br; else print "n/a" }')

@@ -313,6 +313,9 @@ struct Plan {
     auth: Auth,
     key_prefix: String,
     next: AtomicU64,
+    /// Keys issued so far: key numbers 0..fresh. A repeat draws from these, so a run of N
+    /// fresh keys is exactly keys 0..N, and a later run with the same prefix replays them.
+    fresh: AtomicU64,
     limit: Option<u64>,
     start: Instant,
     deadline: Option<Instant>,
@@ -363,8 +366,8 @@ impl Plan {
         Ok(req.body(Full::new(Bytes::from(body)))?)
     }
 
-    /// The next request's number and when it is due, or None when the run is over.
-    async fn next_slot(&self) -> Option<(u64, Instant)> {
+    /// When the next request is due, or None when the run is over.
+    async fn next_slot(&self) -> Option<Instant> {
         let i = self.next.fetch_add(1, Ordering::Relaxed);
         if self.limit.is_some_and(|n| i >= n) {
             return None;
@@ -377,18 +380,19 @@ impl Plan {
             return None;
         }
         tokio::time::sleep_until(due.into()).await;
-        Some((i, due))
+        Some(due)
     }
 }
 
 async fn connection(plan: Arc<Plan>, mut conn: Option<Conn>, seed: u64) -> Result<Stats, Error> {
     let mut stats = Stats::new()?;
     let mut rng = Rng(seed | 1);
-    while let Some((i, due)) = plan.next_slot().await {
+    while let Some(due) = plan.next_slot().await {
+        let issued = plan.fresh.load(Ordering::Relaxed);
         let j = match plan.keys {
             Some(k) => rng.next() % k,
-            None if i > 0 && rng.chance(plan.dup_ratio) => rng.next() % i,
-            None => i,
+            None if issued > 0 && rng.chance(plan.dup_ratio) => rng.next() % issued,
+            None => plan.fresh.fetch_add(1, Ordering::Relaxed),
         };
         let sender = match conn.as_mut() {
             Some(c) => c,
@@ -491,6 +495,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
             .clone()
             .unwrap_or_else(|| format!("load-{:08x}", seed as u32)),
         next: AtomicU64::new(0),
+        fresh: AtomicU64::new(0),
         limit: args.requests,
         start,
         deadline: duration.map(|d| start + d),
@@ -626,6 +631,7 @@ mod tests {
             auth,
             key_prefix: "p".into(),
             next: AtomicU64::new(0),
+            fresh: AtomicU64::new(0),
             limit: Some(3),
             start,
             deadline: None,
