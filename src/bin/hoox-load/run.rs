@@ -366,6 +366,16 @@ impl Plan {
         Ok(req.body(Full::new(Bytes::from(body)))?)
     }
 
+    /// Which key the next request carries: a fresh one, or (at `dup_ratio`) one already issued.
+    fn key_number(&self, rng: &mut Rng) -> u64 {
+        let issued = self.fresh.load(Ordering::Relaxed);
+        match self.keys {
+            Some(k) => rng.next() % k,
+            None if issued > 0 && rng.chance(self.dup_ratio) => rng.next() % issued,
+            None => self.fresh.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
     /// When the next request is due, or None when the run is over.
     async fn next_slot(&self) -> Option<Instant> {
         let i = self.next.fetch_add(1, Ordering::Relaxed);
@@ -388,12 +398,7 @@ async fn connection(plan: Arc<Plan>, mut conn: Option<Conn>, seed: u64) -> Resul
     let mut stats = Stats::new()?;
     let mut rng = Rng(seed | 1);
     while let Some(due) = plan.next_slot().await {
-        let issued = plan.fresh.load(Ordering::Relaxed);
-        let j = match plan.keys {
-            Some(k) => rng.next() % k,
-            None if issued > 0 && rng.chance(plan.dup_ratio) => rng.next() % issued,
-            None => plan.fresh.fetch_add(1, Ordering::Relaxed),
-        };
+        let j = plan.key_number(&mut rng);
         let sender = match conn.as_mut() {
             Some(c) => c,
             None => match tokio::time::timeout(plan.timeout, plan.target.connect()).await {
@@ -683,6 +688,24 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, 3);
+    }
+
+    #[test]
+    fn repeats_draw_only_from_issued_keys() {
+        let mut p = plan(Auth::None);
+        let mut rng = Rng(7);
+        // No repeats: keys 0, 1, 2, ... in order, so a replay run covers exactly these.
+        assert_eq!(
+            (0..5).map(|_| p.key_number(&mut rng)).collect::<Vec<_>>(),
+            [0, 1, 2, 3, 4]
+        );
+        // Always repeat: never a new key, always one of the five issued.
+        p.dup_ratio = 1.0;
+        assert!((0..1000).all(|_| p.key_number(&mut rng) < 5));
+        assert_eq!(p.fresh.load(Ordering::Relaxed), 5);
+        // A storm: every key within --keys.
+        p.keys = Some(3);
+        assert!((0..1000).all(|_| p.key_number(&mut rng) < 3));
     }
 
     #[test]
