@@ -185,7 +185,7 @@ check_deb() {
         ./etc/hoox-edge/config.toml ./usr/share/doc/hoox-edge/README.md; do
         grep -q " $f\$" <<<"$contents" || fail "$deb lacks $f"
     done
-    grep -q '^-rwxr-xr-x root/root .* ./usr/bin/hoox-edge$' <<<"$contents" ||
+    grep -Eq '^-rwxr-xr-x (root/root|0/0) .* ./usr/bin/hoox-edge$' <<<"$contents" ||
         fail "$deb: /usr/bin/hoox-edge is not root 0755"
     x=$(mktemp -d)
     dpkg-deb -e "$deb" "$x/DEBIAN"
@@ -255,14 +255,15 @@ install_test() {
         fail "config.toml not registered as a conffile"
     [[ -L $CHROOT/etc/systemd/system/multi-user.target.wants/hoox-edge.service ]] ||
         fail "unit not enabled"
-    # The installed unit verifies against the installed binary.
-    systemd-analyze verify --root="$CHROOT" /usr/lib/systemd/system/hoox-edge.service ||
-        fail "installed unit does not verify"
+    # check_unit verified this unit against the built binary and check_deb that the package
+    # carries it unchanged (the minbase root has no systemd units to verify against).
+    cmp -s "$CHROOT/usr/lib/systemd/system/hoox-edge.service" "$UNIT" || fail "installed unit differs"
+    [[ -x $CHROOT/bin/kill ]] || fail "no /bin/kill for ExecReload (procps dependency)"
     if in_root /usr/bin/hoox-edge check-config --help >/dev/null 2>&1; then
         in_root /usr/bin/hoox-edge check-config --config /etc/hoox-edge/config.toml ||
             fail "the installed default config does not pass check-config"
     fi
-    echo "ok: user, directories and modes, secrets, conffile, unit enabled and verified"
+    echo "ok: user, directories and modes, secrets, conffile, unit installed and enabled"
 
     local secret
     secret=$(cat "$CHROOT/etc/hoox-edge/secrets/hmac")

@@ -40,6 +40,9 @@ enum Cmd {
         /// Override the webhook listen address (e.g. 127.0.0.1:0).
         #[arg(long)]
         listen: Option<std::net::SocketAddr>,
+        /// Override the admin listener (host:port on loopback, or unix:/path).
+        #[arg(long)]
+        admin: Option<String>,
     },
     /// Check a config file, its certificate and its secret files; exit 78 on any error.
     CheckConfig {
@@ -109,10 +112,10 @@ enum KeysOp {
 #[derive(clap::Args)]
 struct AdminArgs {
     /// Admin listener: host:port or unix:/path. Default: the config's [admin] listen.
-    #[arg(long)]
+    #[arg(long, global = true)]
     admin: Option<String>,
     /// Config file to read [admin] listen from.
-    #[arg(long)]
+    #[arg(long, global = true)]
     config: Option<PathBuf>,
 }
 
@@ -131,7 +134,8 @@ pub fn main() -> ExitCode {
             config,
             state_dir,
             listen,
-        } => serve(config, &state_dir, listen),
+            admin,
+        } => serve(config, &state_dir, listen, admin),
         Cmd::CheckConfig { config } => match Config::load(&config) {
             Ok(_) => {
                 println!("{}: ok", config.display());
@@ -179,6 +183,7 @@ fn serve(
     config: Option<PathBuf>,
     state_dir: &Path,
     listen: Option<std::net::SocketAddr>,
+    admin: Option<String>,
 ) -> ExitCode {
     let embedded = config.is_none();
     let loaded = match &config {
@@ -191,6 +196,15 @@ fn serve(
     };
     if let Some(l) = listen {
         config.listen = l;
+    }
+    if let Some(a) = admin {
+        match Listen::parse(&a) {
+            Ok(l) => config.admin = Some(l),
+            Err(e) => {
+                eprintln!("hoox-edge: --admin: {e}");
+                return ExitCode::from(EX_CONFIG as u8);
+            }
+        }
     }
     let rt = match runtime() {
         Ok(rt) => rt,

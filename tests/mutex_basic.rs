@@ -195,6 +195,10 @@ fn a_missing_directory_fails_closed_then_recovers() {
             other => panic!("expected NotOpen, got {other:?}"),
         }
         assert!(m.ping().await.unwrap().fail_closed.is_some());
+        // A release while failing closed is soft: an error for the caller, counted.
+        assert!(m.release(key("a")).await.is_err());
+        let failures = &m.shared().stats.release_failures;
+        assert_eq!(failures.load(std::sync::atomic::Ordering::Relaxed), 1);
         std::fs::create_dir(&sub).unwrap();
         let ok = eventually(Duration::from_secs(5), async || {
             m.reserve(reserve(&key("a"), 1_000, 1)).await == Decision::Proceed
@@ -208,4 +212,25 @@ fn a_missing_directory_fails_closed_then_recovers() {
         );
     });
     owner.stop();
+}
+
+#[test]
+fn a_stalled_owner_answers_timeout_and_only_with_the_hook() {
+    let dir = tempfile::tempdir().unwrap();
+    for hook in [false, true] {
+        let mut cfg = config(&dir.path().join(format!("m{hook}.redb")));
+        cfg.deadline = Duration::from_millis(300);
+        let (m, owner) = hoox_edge::mutex::start_with(cfg, Clock::system(), hook);
+        rt().block_on(async {
+            m.ping().await.unwrap();
+            m.stall(Duration::from_millis(1_500));
+            let d = m.reserve(reserve(&key("s"), 60_000, 1)).await;
+            if hook {
+                assert_eq!(d, Decision::Unavailable(Unavailable::Timeout));
+            } else {
+                assert_eq!(d, Decision::Proceed);
+            }
+        });
+        owner.stop();
+    }
 }

@@ -671,3 +671,38 @@ fn config_errors_exit_78_naming_key_and_file() {
     assert_eq!(code, Some(78));
     assert!(err.contains("lissen"), "{err}");
 }
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_lets_in_flight_orders_commit_then_closes_cleanly() {
+    let exec = MockExecutor::start().await;
+    exec.set_mode(Mode::Slow(Duration::from_millis(700)));
+    let setup = Setup::new(Some(&exec.url()));
+    let mut gw = setup.start();
+    gw.wait_ready().await;
+    let mut t = trade("BTCUSDT");
+    t["idempotencyKey"] = json!("in-flight-1");
+    let client = gw.client.clone();
+    let url = gw.url();
+    let body = t.to_string();
+    let inflight =
+        tokio::spawn(async move { client.request(hyper::Method::POST, &url, &[], body).await });
+    // Wait until the order is at the executor, then ask the gateway to stop.
+    while exec.calls() == 0 {
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    unsafe { libc::kill(gw.child.id() as i32, libc::SIGTERM) };
+    let r = inflight.await.unwrap();
+    assert_eq!(r.status, 200, "the in-flight order was cut off");
+    assert_eq!(r.header("hoox-idempotency-outcome"), Some("committed"));
+    assert!(gw.terminate().success());
+    assert!(gw.stderr().contains("database closed"));
+    // Its commit was durable: after a restart the key is committed and blocks a retry.
+    let gw = setup.start();
+    gw.wait_ready().await;
+    assert_eq!(
+        key_state(&gw, "client:psk:live:in-flight-1").await,
+        "committed"
+    );
+    assert_eq!(gw.post(&t, &[]).await.status, 409);
+    assert_eq!(exec.calls(), 1);
+}

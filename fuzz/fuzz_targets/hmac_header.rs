@@ -85,7 +85,17 @@ fuzz_target!(|i: Input<'_>| {
     let now = i.now.clamp(0, 999_999_999_999);
     let mut good = HeaderMap::new();
     good.insert(TIMESTAMP_HEADER, HeaderValue::from(now));
-    good.insert(SIGNATURE_HEADER, HeaderValue::try_from(sign(HMAC, now, i.body)).unwrap());
-    let ok = AuthInput { headers: &good, now_unix_s: now, ..input };
-    assert!(hmac_only.authenticate(&ok).is_ok(), "a genuine signature was refused");
+    good.insert(
+        SIGNATURE_HEADER,
+        HeaderValue::try_from(sign(HMAC, now, i.body)).unwrap(),
+    );
+    let ok = AuthInput {
+        headers: &good,
+        now_unix_s: now,
+        ..input
+    };
+    assert!(
+        hmac_only.authenticate(&ok).is_ok(),
+        "a genuine signature was refused"
+    );
 });

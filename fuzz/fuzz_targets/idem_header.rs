@@ -11,5 +11,8 @@ fuzz_target!(|data: &[u8]| {
     assert!(s.bytes().all(|b| (0x20..=0x7e).contains(&b)));
     // Any accepted key, written back as an sf-string, reads the same.
     let quoted = format!("\"{}\"", s.replace('\\', "\\\\").replace('"', "\\\""));
-    assert_eq!(parse_header(quoted.as_bytes()).expect("re-quoted key parses"), key);
+    assert_eq!(
+        parse_header(quoted.as_bytes()).expect("re-quoted key parses"),
+        key
+    );
 });

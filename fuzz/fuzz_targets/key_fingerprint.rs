@@ -27,7 +27,11 @@ fuzz_target!(|i: Input<'_>| {
             None => Identity::psk(),
         };
         let k = Key::client(id.as_str(), mode, &ck).expect("a client key always fits");
-        assert_eq!(k.public(), ck.as_str(), "public() must give back the client's key");
+        assert_eq!(
+            k.public(),
+            ck.as_str(),
+            "public() must give back the client's key"
+        );
         assert_eq!(Key::from_stored(k.as_str()).as_ref(), Ok(&k));
     }
     let fp = Fingerprint {

@@ -8,7 +8,9 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let Ok(obj) = parse_object(data) else { return };
     let _ = body_api_key(&obj);
-    let Ok(trade) = Trade::from_object(obj) else { return };
+    let Ok(trade) = Trade::from_object(obj) else {
+        return;
+    };
     let hash = trade.payload_hash();
     let fwd = trade.forward_body();
 

@@ -401,7 +401,7 @@ mod tests {
         assert_eq!(
             Problem::from(&d),
             Problem::Duplicate {
-                key: "order-9".into(),
+                key: "client:psk:live:order-9".into(),
                 state: "committed",
                 age_ms: 10,
                 expires_in_ms: 20

@@ -13,6 +13,7 @@ use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
+use super::auth::Secret;
 use crate::mutex::key::canonical_quantity;
 use crate::mutex::{Fingerprint, Mode, PayloadHash};
 
@@ -50,15 +51,15 @@ fn field(field: &'static str, problem: &'static str) -> TradeError {
 /// Parses the body as one JSON object. A member given twice is refused: which of the
 /// two counts would otherwise depend on the parser, here and downstream.
 pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, TradeError> {
-    let v: Value = serde_json::from_slice(body).map_err(|e| TradeError::Json(e.to_string()))?;
-    if !v.is_object() {
-        return Err(TradeError::NotObject);
+    match serde_json::from_slice::<StrictObject>(body) {
+        Ok(strict) => Ok(strict.0),
+        // The hot path parses once; only a refused body is parsed again, to tell "not an
+        // object" from a syntax error.
+        Err(e) => match serde_json::from_slice::<Value>(body) {
+            Ok(v) if !v.is_object() => Err(TradeError::NotObject),
+            _ => Err(TradeError::Json(e.to_string())),
+        },
     }
-    // Parsed a second time with the strict visitor only when it is an object; a Value
-    // first keeps serde_json's own messages for syntax errors.
-    let strict: StrictObject =
-        serde_json::from_slice(body).map_err(|e| TradeError::Json(e.to_string()))?;
-    Ok(strict.0)
 }
 
 /// The body's `apiKey`, for authentication, which runs before the schema is checked.
@@ -129,7 +130,8 @@ impl Action {
 pub struct Trade {
     /// As received, `apiKey` already removed.
     obj: Map<String, Value>,
-    api_key: Option<String>,
+    /// A `Secret`, so that printing a trade never prints the credential.
+    api_key: Option<Secret>,
     pub exchange: String,
     pub symbol: String,
     pub action: Action,
@@ -144,7 +146,7 @@ impl Trade {
     pub fn from_object(mut obj: Map<String, Value>) -> Result<Trade, TradeError> {
         let api_key = match obj.remove("apiKey") {
             None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(s),
+            Some(Value::String(s)) => Some(Secret::new(s)),
             Some(_) => return Err(field("apiKey", "must be a string")),
         };
         let exchange = required_str(&obj, "exchange")?;
@@ -277,7 +279,10 @@ impl Trade {
     }
 
     pub fn api_key(&self) -> Option<&str> {
-        self.api_key.as_deref()
+        // Built from a `String` above, so always UTF-8.
+        self.api_key
+            .as_ref()
+            .and_then(|s| std::str::from_utf8(s.expose()).ok())
     }
 
     pub fn idempotency_key(&self) -> Option<&str> {
@@ -559,12 +564,37 @@ mod tests {
         .unwrap();
         let fwd = t.forward_body();
         assert!(!String::from_utf8_lossy(&fwd).contains("s3cret"));
+        assert!(!format!("{t:?}").contains("s3cret"));
+        assert_eq!(t.api_key(), Some("s3cret"));
         let v: Value = serde_json::from_slice(&fwd).unwrap();
         assert_eq!(
             v,
             json!({"exchange": "Binance", "symbol": "BTCUSDT", "action": "long",
                    "quantity": 2, "idempotencyKey": "k1", "strategy": {"id": 7}})
         );
+    }
+
+    /// Fuzz regression (webhook_body): a long number in a pass-through field came back
+    /// different after forwarding, because serde_json parses floats approximately unless
+    /// its `float_roundtrip` feature is on. The executor must get the trade we hashed.
+    #[test]
+    fn forwarded_numbers_read_back_the_same() {
+        let long = format!("20{}", "5".repeat(121));
+        for n in [
+            long.as_str(),
+            "0.30000000000000004",
+            "5e-324",
+            "1.7976931348623157e308",
+            "3120.123456789012345678",
+        ] {
+            let body = format!(
+                r#"{{"exchange":"x","symbol":"y","action":"long","quantity":1.1000000000000001,"price":{n},"n":{n}}}"#
+            );
+            let t = Trade::from_object(parse_object(body.as_bytes()).unwrap()).unwrap();
+            let again = Trade::from_object(parse_object(&t.forward_body()).unwrap()).unwrap();
+            assert_eq!(again.payload_hash(), t.payload_hash(), "{n}");
+            assert_eq!(again.price, t.price, "{n}");
+        }
     }
 
     #[test]

@@ -24,7 +24,7 @@ use crate::gateway::problem::Problem;
 use crate::gateway::{idem, trade};
 use crate::metrics::Metrics;
 use crate::mutex::key::bucket_of;
-use crate::mutex::{ClientKey, Decision, Key, Mutex, Reserve, Snapshot};
+use crate::mutex::{Decision, Key, Mutex, Reserve, Snapshot};
 
 /// The largest webhook body (SPEC §3).
 pub const MAX_BODY: usize = 64 * 1024;
@@ -120,13 +120,16 @@ pub async fn handle(
     }
     let elapsed = started.elapsed();
     gw.metrics.request(status, answer.code, elapsed);
+    // Structured: under journald each field is its own journal field (KEY=, OUTCOME=, ...).
     log::info!(
-        "webhook status={status} code={} key={} outcome={} client={} request_id={request_id} latency_us={}",
-        answer.code.unwrap_or("-"),
-        answer.key.as_ref().map(Key::as_str).unwrap_or("-"),
-        answer.settled.map(Settled::as_str).unwrap_or("-"),
-        answer.client.as_deref().unwrap_or("-"),
-        elapsed.as_micros(),
+        status = status,
+        code = answer.code.unwrap_or("-"),
+        key = answer.key.as_ref().map(Key::as_str).unwrap_or("-"),
+        outcome = answer.settled.map(Settled::as_str).unwrap_or("-"),
+        client = answer.client.as_deref().unwrap_or("-"),
+        request_id = request_id.as_str(),
+        latency_us = elapsed.as_micros() as u64;
+        "webhook"
     );
     Ok(response)
 }
@@ -170,9 +173,9 @@ async fn pipeline(
         Err(_) => return Err(Problem::InvalidRequest("body could not be read".into()).into()),
     };
     // JSON: anything but an object is refused before any credential is looked at.
-    let object = trade::parse_object(&raw).map_err(|e| Problem::InvalidRequest(e.to_string()))?;
+    let object = trade::parse_object(&raw).map_err(Problem::from)?;
     // Authentication.
-    let body_api_key = object.get("apiKey").and_then(|v| v.as_str());
+    let body_api_key = trade::body_api_key(&object);
     let authenticator = match gw.auth.read() {
         Ok(a) => a.clone(),
         // A poisoned lock means a reload panicked; the old value is still whole.
@@ -200,27 +203,9 @@ async fn pipeline(
         a
     };
     // Schema.
-    let trade = trade::Trade::from_object(object)
-        .map_err(|e| fail(Problem::InvalidRequest(e.to_string())))?;
+    let trade = trade::Trade::from_object(object).map_err(|e| fail(Problem::from(e)))?;
     // Key.
-    let header_key = match parts.headers.get("idempotency-key") {
-        None => None,
-        Some(v) => Some(
-            idem::parse_header(v.as_bytes())
-                .map_err(|e| fail(Problem::InvalidIdempotencyKey(e.to_string())))?,
-        ),
-    };
-    let body_key = match trade.idempotency_key() {
-        None => None,
-        Some(k) => Some(
-            ClientKey::parse(k).map_err(|e| fail(Problem::InvalidIdempotencyKey(e.to_string())))?,
-        ),
-    };
-    let client_key = match (header_key, body_key) {
-        (Some(h), Some(b)) if h != b => return Err(fail(Problem::IdempotencyKeyConflict)),
-        (Some(k), _) | (None, Some(k)) => Some(k),
-        (None, None) => None,
-    };
+    let client_key = idem::resolve(&parts.headers, trade.idempotency_key()).map_err(fail)?;
     let now = crate::mutex::clock::unix_ms();
     let reserve = match &client_key {
         Some(k) => Reserve {

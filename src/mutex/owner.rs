@@ -53,6 +53,8 @@ pub(super) fn spawn(
 /// which is read from the transaction only when a duplicate asks for it.
 #[derive(Debug, Clone)]
 struct Live {
+    /// Where the entry sits in the table.
+    seq: u64,
     state: State,
     stored_at: u64,
     expires_at: u64,
@@ -116,6 +118,8 @@ struct Owner {
     /// re-reserved key is recognised as stale and ignored.
     wheel: Wheel<(Rc<str>, u64)>,
     halted: bool,
+    /// The table key of the next reserved entry.
+    next_seq: u64,
     /// `Some` while failing closed: what every reserve is answered.
     failure: Option<Unavailable>,
     backoff: Duration,
@@ -135,6 +139,7 @@ impl Owner {
             index: HashMap::new(),
             wheel,
             halted: false,
+            next_seq: 0,
             failure: Some(Unavailable::NotOpen("not opened yet".into())),
             backoff: Duration::ZERO,
             retry_at: Instant::now(),
@@ -237,6 +242,9 @@ impl Owner {
         match outcome {
             Ok(()) => {
                 self.db = Some(db);
+                if writes {
+                    self.backoff = Duration::ZERO;
+                }
                 if size > 0 {
                     self.shared.stats.batch_size.observe(size as f64);
                 }
@@ -284,15 +292,17 @@ impl Owner {
         {
             let mut entries = txn.open_table(ENTRIES)?;
             for k in expired {
-                self.index.remove(k);
-                entries.remove(&**k)?;
+                if let Some(l) = self.index.remove(k) {
+                    entries.remove(l.seq)?;
+                }
             }
             let mut cmds = std::mem::take(batch).into_iter();
             while let Some(cmd) = cmds.next() {
                 match self.apply(cmd, &txn, &mut entries, now_wall, now_mono, durable) {
                     Ok(Some(r)) => replies.push(r),
                     Ok(None) => {}
-                    Err((e, cmd)) => {
+                    Err(failed) => {
+                        let (e, cmd) = *failed;
                         batch.extend(cmd);
                         batch.extend(cmds);
                         return Err(e);
@@ -322,18 +332,18 @@ impl Owner {
         &mut self,
         cmd: Command,
         txn: &redb::WriteTransaction,
-        entries: &mut Table<&str, &[u8]>,
+        entries: &mut Table<u64, &[u8]>,
         now_wall: u64,
         now_mono: u64,
         durable: &mut bool,
-    ) -> Result<Option<Reply>, (redb::Error, Option<Command>)> {
+    ) -> Result<Option<Reply>, Box<(redb::Error, Option<Command>)>> {
         match cmd {
             Command::Reserve(req, tx) => match self.reserve(&req, entries, now_wall, now_mono) {
                 Ok(d) => {
                     *durable |= d == Decision::Proceed;
                     Ok(Some(Reply::Decision(tx, d)))
                 }
-                Err(e) => Err((e, Some(Command::Reserve(req, tx)))),
+                Err(e) => Err(Box::new((e, Some(Command::Reserve(req, tx))))),
             },
             Command::Commit(key, response, tx) => {
                 let Some(live) = self.live_mut(&key, now_wall) else {
@@ -343,19 +353,24 @@ impl Owner {
                 };
                 live.state = State::Committed;
                 live.has_response = response.is_some();
+                let seq = live.seq;
                 let entry = Entry {
+                    key: key.as_str().to_string(),
                     state: State::Committed,
                     stored_at: live.stored_at,
                     expires_at: live.expires_at,
                     payload_hash: live.payload_hash,
                     response,
                 };
-                match entries.insert(key.as_str(), store::encode_entry(&entry).as_slice()) {
+                match entries.insert(seq, store::encode_entry(&entry).as_slice()) {
                     Ok(_) => {
                         inc(&self.shared.stats.commits);
                         Ok(Some(Reply::Unit(tx)))
                     }
-                    Err(e) => Err((e.into(), Some(Command::Commit(key, entry.response, tx)))),
+                    Err(e) => Err(Box::new((
+                        e.into(),
+                        Some(Command::Commit(key, entry.response, tx)),
+                    ))),
                 }
             }
             Command::Release(key, tx) => match self.remove(&key, entries, now_wall) {
@@ -363,14 +378,14 @@ impl Owner {
                     inc(&self.shared.stats.releases);
                     Ok(Some(Reply::Unit(tx)))
                 }
-                Err(e) => Err((e, Some(Command::Release(key, tx)))),
+                Err(e) => Err(Box::new((e, Some(Command::Release(key, tx))))),
             },
             Command::ForceRelease(key, tx) => match self.remove(&key, entries, now_wall) {
                 Ok(was_live) => {
                     *durable = true;
                     Ok(Some(Reply::Bool(tx, was_live)))
                 }
-                Err(e) => Err((e, Some(Command::ForceRelease(key, tx)))),
+                Err(e) => Err(Box::new((e, Some(Command::ForceRelease(key, tx))))),
             },
             Command::SetHalted(halted, tx) => match store::set_halted(txn, halted) {
                 Ok(()) => {
@@ -378,7 +393,7 @@ impl Owner {
                     self.halted = halted;
                     Ok(Some(Reply::Unit(tx)))
                 }
-                Err(e) => Err((e, Some(Command::SetHalted(halted, tx)))),
+                Err(e) => Err(Box::new((e, Some(Command::SetHalted(halted, tx))))),
             },
             other => Ok(self.read_only(other, now_wall)),
         }
@@ -393,7 +408,8 @@ impl Owner {
                             .get(d.key.as_str())
                             .is_some_and(|l| l.has_response) =>
                 {
-                    d.response = read_response(entries, d.key.as_str());
+                    let seq = self.index.get(d.key.as_str()).map(|l| l.seq);
+                    d.response = seq.and_then(|s| read_response(entries, s));
                     Some(Reply::Decision(tx, Decision::Duplicate(d)))
                 }
                 r => r,
@@ -405,7 +421,7 @@ impl Owner {
     fn reserve(
         &mut self,
         req: &Reserve,
-        entries: &mut Table<&str, &[u8]>,
+        entries: &mut Table<u64, &[u8]>,
         now_wall: u64,
         now_mono: u64,
     ) -> Result<Decision, redb::Error> {
@@ -422,22 +438,28 @@ impl Owner {
             return Ok(Decision::Duplicate(duplicate(sib, live, now_wall)));
         }
         // An expired entry of this same key is about to be replaced, so it does not count.
-        let held = self.index.len() - usize::from(self.index.contains_key(req.key.as_str()));
-        if held >= self.config.capacity {
+        let stale = self.index.get(req.key.as_str()).map(|l| l.seq);
+        if self.index.len() - usize::from(stale.is_some()) >= self.config.capacity {
             return Ok(Decision::Unavailable(Unavailable::Capacity));
+        }
+        if let Some(seq) = stale {
+            entries.remove(seq)?;
         }
         let ttl_ms = u64::try_from(req.ttl.as_millis())
             .unwrap_or(u64::MAX)
             .max(1);
         let entry = Entry {
+            key: req.key.as_str().to_string(),
             state: State::Pending,
             stored_at: now_wall,
             expires_at: now_wall.saturating_add(ttl_ms),
             payload_hash: req.payload_hash,
             response: None,
         };
-        entries.insert(req.key.as_str(), store::encode_entry(&entry).as_slice())?;
-        self.track(Rc::from(req.key.as_str()), &entry, now_wall, now_mono);
+        let seq = self.next_seq;
+        entries.insert(seq, store::encode_entry(&entry).as_slice())?;
+        self.next_seq += 1;
+        self.track(seq, Rc::from(req.key.as_str()), &entry, now_wall, now_mono);
         Ok(Decision::Proceed)
     }
 
@@ -445,12 +467,12 @@ impl Owner {
     fn remove(
         &mut self,
         key: &Key,
-        entries: &mut Table<&str, &[u8]>,
+        entries: &mut Table<u64, &[u8]>,
         now_wall: u64,
     ) -> Result<bool, redb::Error> {
         match self.index.remove(key.as_str()) {
             Some(live) => {
-                entries.remove(key.as_str())?;
+                entries.remove(live.seq)?;
                 Ok(live.expires_at > now_wall)
             }
             None => Ok(false),
@@ -554,12 +576,13 @@ impl Owner {
             .filter(|l| l.expires_at > now_wall)
     }
 
-    fn track(&mut self, key: Rc<str>, e: &Entry, now_wall: u64, now_mono: u64) {
+    fn track(&mut self, seq: u64, key: Rc<str>, e: &Entry, now_wall: u64, now_mono: u64) {
         let due = now_mono + e.expires_at.saturating_sub(now_wall);
         self.wheel.insert(due, (key.clone(), e.expires_at));
         self.index.insert(
             key,
             Live {
+                seq,
                 state: e.state,
                 stored_at: e.stored_at,
                 expires_at: e.expires_at,
@@ -596,14 +619,15 @@ impl Owner {
                 self.index.clear();
                 self.wheel = Wheel::new(now_mono);
                 let mut skipped = 0;
-                for (k, e) in loaded.live {
+                for (seq, e) in loaded.live {
                     // Only keys this version could have written are trusted.
-                    if Key::from_stored(&k).is_err() {
+                    if Key::from_stored(&e.key).is_err() {
                         skipped += 1;
                         continue;
                     }
-                    self.track(Rc::from(k.as_str()), &e, now_wall, now_mono);
+                    self.track(seq, Rc::from(e.key.as_str()), &e, now_wall, now_mono);
                 }
+                self.next_seq = loaded.next_seq;
                 if skipped > 0 {
                     log::warn!("mutex: ignored {skipped} stored keys of an unknown shape");
                 }
@@ -617,7 +641,9 @@ impl Owner {
                 }
                 self.db = Some(db);
                 self.failure = None;
-                self.backoff = Duration::ZERO;
+                // The backoff is reset by the first batch that commits, not here: a disk
+                // that opens but cannot take a write (full) must not be reopened, and
+                // rescanned, every 50 ms.
             }
             Err(e) => {
                 log::error!(
@@ -695,8 +721,8 @@ fn info(key: &Key, l: &Live) -> EntryInfo {
 
 /// A stored response, or none if the record cannot be read (the duplicate is still a
 /// duplicate; only the replay is lost).
-fn read_response(entries: &Table<&str, &[u8]>, key: &str) -> Option<Snapshot> {
+fn read_response(entries: &Table<u64, &[u8]>, seq: u64) -> Option<Snapshot> {
     use redb::ReadableTable;
-    let got = entries.get(key).ok()??;
+    let got = entries.get(seq).ok()??;
     store::decode_entry(got.value()).ok()?.response
 }

@@ -1,8 +1,15 @@
 //! redb tables and the versioned postcard entry.
 //!
-//! Two tables: `entries` maps a stored key to its encoded [`Entry`]; `meta` holds the
-//! kill switch. The table holds live keys only: the owner deletes what expires, so the
-//! file stays the size of the working set.
+//! Two tables: `entries` maps a sequence number to an encoded [`Entry`] (which carries its
+//! key); `meta` holds the kill switch. The table holds live keys only: the owner deletes
+//! what expires, so the file stays the size of the working set.
+//!
+//! Why a sequence number and not the idempotency key as the table key: keys arrive in
+//! random order, so a batch of N reserves keyed by key dirties ~N B-tree leaves, and the
+//! group commit writes (and fsyncs) N pages. Keyed by an increasing sequence, the batch
+//! appends to the last leaf or two; commits and releases touch recent entries (the same
+//! few leaves) and expiries delete from the oldest end. The lookup by key never needs the
+//! table: the owner's in-memory index maps key → sequence.
 //!
 //! An entry on disk is a postcard enum whose variant index is the format version. postcard
 //! writes that index as the first varint, so a later version adds `V2` and still reads
@@ -15,7 +22,7 @@ use serde::{Deserialize, Serialize};
 
 use super::{PayloadHash, Snapshot, State};
 
-pub(super) const ENTRIES: TableDefinition<&str, &[u8]> = TableDefinition::new("entries");
+pub(super) const ENTRIES: TableDefinition<u64, &[u8]> = TableDefinition::new("entries");
 pub(super) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const HALTED: &str = "halted";
 
@@ -26,6 +33,8 @@ const CACHE_BYTES: usize = 64 * 1024 * 1024;
 /// One key's record, as the current version understands it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
 pub struct Entry {
+    /// The stored key (`Key::as_str`), checked again by `Key::from_stored` at load.
+    pub key: String,
     pub state: State,
     /// Unix ms when the key was reserved.
     pub stored_at: u64,
@@ -88,7 +97,10 @@ pub(super) fn open(path: &Path) -> Result<Database, redb::Error> {
 
 /// What a scan at open finds.
 pub(super) struct Loaded {
-    pub live: Vec<(String, Entry)>,
+    /// `(sequence, entry)` in sequence order.
+    pub live: Vec<(u64, Entry)>,
+    /// The next sequence number to use.
+    pub next_seq: u64,
     pub purged: u64,
     pub halted: bool,
 }
@@ -100,8 +112,8 @@ pub(super) enum LoadError {
     Db(#[from] redb::Error),
     /// A record this version cannot read might be a live reservation: refuse to serve
     /// rather than forget it.
-    #[error("entry {key:?} cannot be read: {err}")]
-    Entry { key: String, err: DecodeError },
+    #[error("entry #{seq} cannot be read: {err}")]
+    Entry { seq: u64, err: DecodeError },
 }
 
 /// Reads every entry, deletes those expired at `now_wall`, and commits durably, so the
@@ -110,20 +122,19 @@ pub(super) fn load(db: &Database, now_wall: u64) -> Result<Loaded, LoadError> {
     let txn = db.begin_write().map_err(redb::Error::from)?;
     let mut live = Vec::new();
     let mut expired = Vec::new();
+    let mut next_seq = 0;
     let halted;
     {
         let entries = txn.open_table(ENTRIES).map_err(redb::Error::from)?;
         for row in entries.iter().map_err(redb::Error::from)? {
             let (k, v) = row.map_err(redb::Error::from)?;
-            let key = k.value().to_string();
-            let entry = decode_entry(v.value()).map_err(|err| LoadError::Entry {
-                key: key.clone(),
-                err,
-            })?;
+            let seq = k.value();
+            next_seq = seq + 1;
+            let entry = decode_entry(v.value()).map_err(|err| LoadError::Entry { seq, err })?;
             if entry.expires_at <= now_wall {
-                expired.push(key);
+                expired.push(seq);
             } else {
-                live.push((key, entry));
+                live.push((seq, entry));
             }
         }
         let meta = txn.open_table(META).map_err(redb::Error::from)?;
@@ -134,13 +145,14 @@ pub(super) fn load(db: &Database, now_wall: u64) -> Result<Loaded, LoadError> {
     }
     {
         let mut entries = txn.open_table(ENTRIES).map_err(redb::Error::from)?;
-        for k in &expired {
-            entries.remove(k.as_str()).map_err(redb::Error::from)?;
+        for seq in &expired {
+            entries.remove(seq).map_err(redb::Error::from)?;
         }
     }
     txn.commit().map_err(redb::Error::from)?;
     Ok(Loaded {
         live,
+        next_seq,
         purged: expired.len() as u64,
         halted,
     })
@@ -158,6 +170,7 @@ mod tests {
 
     fn sample() -> Entry {
         Entry {
+            key: "client:a:live:order-1".into(),
             state: State::Committed,
             stored_at: 1_700_000_000_000,
             expires_at: 1_700_000_300_000,
@@ -175,6 +188,35 @@ mod tests {
         let bytes = encode_entry(&e);
         assert_eq!(bytes[0], 0, "V1 is variant 0");
         assert_eq!(decode_entry(&bytes), Ok(e));
+    }
+
+    proptest::proptest! {
+        #[test]
+        fn any_bytes_decode_or_error_without_panic(
+            bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..600)
+        ) {
+            let _ = decode_entry(&bytes);
+        }
+
+        #[test]
+        fn any_entry_round_trips(
+            key in "[ -~]{1,384}",
+            committed: bool,
+            stored_at: u64,
+            expires_at: u64,
+            hash: [u8; 32],
+            response in proptest::option::of((100u16..600, proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300))),
+        ) {
+            let e = Entry {
+                key,
+                state: if committed { State::Committed } else { State::Pending },
+                stored_at,
+                expires_at,
+                payload_hash: hash,
+                response: response.map(|(status, body)| Snapshot { status, body }),
+            };
+            proptest::prop_assert_eq!(decode_entry(&encode_entry(&e)), Ok(e));
+        }
     }
 
     #[test]

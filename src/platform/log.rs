@@ -134,6 +134,66 @@ mod tests {
         assert!(got.ends_with('\n'));
     }
 
+    /// `init` installs a process-wide logger, so it runs in a child: the test binary re-run
+    /// with a role, its stderr in a file the parent reads.
+    #[test]
+    fn init_logs_to_stderr_at_the_level_given_once() {
+        const NAME: &str = "platform::log::tests::init_logs_to_stderr_at_the_level_given_once";
+        const ROLE: &str = "HOOX_LOG_TEST_ROLE";
+        if std::env::var_os(ROLE).is_some() {
+            init(LevelFilter::Info);
+            log::info!(trade = "k1", outcome = "committed"; "accepted");
+            log::debug!("hidden");
+            init(LevelFilter::Trace); // ignored: the first logger and level stay
+            log::debug!("still hidden");
+            log::warn!("last");
+            return;
+        }
+        use std::os::unix::fs::MetadataExt;
+        let run = |journal_stream: bool| {
+            let dir = tempfile::tempdir().expect("tempdir");
+            let path = dir.path().join("stderr");
+            let file = std::fs::File::create(&path).expect("stderr file");
+            let meta = file.metadata().expect("stat");
+            let mut cmd = std::process::Command::new(std::env::current_exe().expect("exe"));
+            cmd.args([NAME, "--exact", "--test-threads=1", "--nocapture"])
+                .env(ROLE, "child")
+                .env_remove("JOURNAL_STREAM")
+                .stdout(std::process::Stdio::null())
+                .stderr(file);
+            if journal_stream {
+                // stderr *is* the journal stream, but no journald listens: fall back to stderr.
+                cmd.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()));
+            }
+            assert!(cmd.status().expect("run child").success());
+            std::fs::read_to_string(&path).expect("read stderr")
+        };
+
+        let mut cases = vec![run(false)];
+        // Where a journald listens (a test run under systemd), that case would go to the journal.
+        if !std::path::Path::new("/run/systemd/journal/socket").exists() {
+            cases.push(run(true));
+        }
+        for out in cases {
+            let lines: Vec<&str> = out
+                .lines()
+                .filter(|l| l.contains("platform::log"))
+                .collect();
+            assert_eq!(lines.len(), 2, "{out}");
+            assert!(
+                lines[0].contains(
+                    " INFO  hoox_edge::platform::log::tests: accepted trade=k1 outcome=committed"
+                ),
+                "{out}"
+            );
+            assert!(
+                lines[1].contains(" WARN  hoox_edge::platform::log::tests: last"),
+                "{out}"
+            );
+            assert!(!out.contains("hidden"), "{out}");
+        }
+    }
+
     #[test]
     fn empty_and_quoted_values_are_quoted() {
         let got = line(format_args!("m"), &[("a", ""), ("b", "x=\"y\"")]);

@@ -7,7 +7,9 @@
 //!
 //! The unit runs with `NotifyAccess=main`: systemd accepts only datagrams whose sender is the
 //! main PID. Threads share that PID, so any thread (the tokio workers, the mutex owner) may call
-//! these; a forked child may not.
+//! these; a forked child may not. sd-notify 0.5 speaks to a path socket (systemd's
+//! `/run/systemd/notify`); an abstract `@…` socket, used by some container managers, fails
+//! and is logged.
 
 use std::time::Duration;
 

@@ -56,6 +56,12 @@ pub async fn eventually(limit: Duration, mut f: impl AsyncFnMut() -> bool) -> bo
 /// When set, the test binary was re-executed as a child process with this role.
 pub const CHILD_ENV: &str = "HOOX_MUTEX_TEST_CHILD";
 
+/// Marks the start of a child's report. libtest prints `test name ... ` without a newline
+/// before the test runs, which would otherwise prefix the child's first line.
+pub fn child_begin() {
+    println!();
+}
+
 /// Re-executes this very test (by exact name) as a child process with `role` set.
 pub fn child(test: &str, role: &str) -> std::process::Command {
     let exe = std::env::current_exe().expect("test binary path");

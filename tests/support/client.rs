@@ -136,7 +136,7 @@ impl TlsClient {
         let name = ServerName::try_from(bare.to_owned()).map_err(std::io::Error::other)?;
         let tcp = tokio::time::timeout(DEADLINE, TcpStream::connect((bare, port))).await??;
         tcp.set_nodelay(true)?;
-        Ok(tokio::time::timeout(DEADLINE, self.connector.connect(name, tcp)).await??)
+        tokio::time::timeout(DEADLINE, self.connector.connect(name, tcp)).await?
     }
 
     /// POSTs `body` on a fresh connection; answers status, headers and the body as JSON

@@ -1,0 +1,420 @@
+//! Real OS faults. Each must end in Unavailable (never a Proceed that is not durable),
+//! and service must resume by itself once the fault is removed.
+//!
+//! These tests need root (they mount small tmpfs filesystems); as root, `chmod` does not
+//! stop writes, so a read-only state directory is a tmpfs remounted read-only.
+
+mod mutex_support;
+
+use std::collections::HashSet;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::os::unix::process::CommandExt;
+use std::path::{Path, PathBuf};
+use std::process::Command;
+use std::time::{Duration, Instant};
+
+use hoox_edge::mutex::{Clock, Decision, Unavailable};
+use mutex_support::*;
+
+/// A tmpfs mounted for the length of a test; unmounted (lazily, so a failing test still
+/// cleans up) on drop.
+struct Tmpfs(PathBuf);
+
+impl Tmpfs {
+    fn mount(dir: &Path, opts: &str) -> Tmpfs {
+        std::fs::create_dir_all(dir).unwrap();
+        sh(
+            "mount",
+            &["-t", "tmpfs", "-o", opts, "tmpfs", dir.to_str().unwrap()],
+        );
+        Tmpfs(dir.to_path_buf())
+    }
+
+    fn remount(&self, opts: &str) {
+        sh(
+            "mount",
+            &["-o", &format!("remount,{opts}"), self.0.to_str().unwrap()],
+        );
+    }
+}
+
+impl Drop for Tmpfs {
+    fn drop(&mut self) {
+        let _ = Command::new("umount").arg("-l").arg(&self.0).status();
+    }
+}
+
+fn sh(cmd: &str, args: &[&str]) {
+    let st = Command::new(cmd).args(args).status().unwrap();
+    assert!(
+        st.success(),
+        "{cmd} {args:?} failed (these tests need root)"
+    );
+}
+
+fn unavailable(d: &Decision) -> bool {
+    matches!(
+        d,
+        Decision::Unavailable(Unavailable::NotOpen(_) | Unavailable::CommitFailed(_))
+    )
+}
+
+/// Reserves fresh keys until the mutex serves again.
+async fn wait_recovered(m: &hoox_edge::mutex::Mutex, prefix: &str) -> bool {
+    let mut n = 0;
+    eventually(Duration::from_secs(10), async || {
+        n += 1;
+        m.reserve(reserve(&key(&format!("{prefix}-{n}")), 3_600_000, 1))
+            .await
+            == Decision::Proceed
+    })
+    .await
+}
+
+/// Every key in `granted` must still be held in the file at `path`.
+fn assert_all_held(path: &Path, granted: &HashSet<String>) {
+    let (m, owner) = start(path, Clock::system());
+    rt().block_on(async {
+        for k in granted {
+            let d = m.reserve(reserve(&key(k), 3_600_000, 1)).await;
+            assert!(
+                matches!(d, Decision::Duplicate(_)),
+                "{k} was granted, now {d:?}"
+            );
+        }
+    });
+    owner.stop();
+}
+
+#[test]
+fn read_only_state_directory() {
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("state");
+    let fs = Tmpfs::mount(&mnt, "size=16m,mode=0755");
+    let path = mnt.join("m.redb");
+    // A database that exists but sits on a read-only filesystem cannot be opened for
+    // writing: both the first start and an existing file must fail closed.
+    let (m, owner) = start(&path, Clock::system());
+    rt().block_on(async {
+        assert_eq!(
+            m.reserve(reserve(&key("before"), 3_600_000, 1)).await,
+            Decision::Proceed
+        );
+    });
+    owner.stop();
+    fs.remount("ro");
+    let (m, owner) = start(&path, Clock::system());
+    rt().block_on(async {
+        for i in 0..5 {
+            let d = m
+                .reserve(reserve(&key(&format!("ro-{i}")), 3_600_000, 1))
+                .await;
+            assert!(
+                matches!(d, Decision::Unavailable(Unavailable::NotOpen(_))),
+                "{d:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(60)).await;
+        }
+        assert!(
+            !m.shared()
+                .serving
+                .load(std::sync::atomic::Ordering::Relaxed)
+        );
+        fs.remount("rw");
+        assert!(wait_recovered(&m, "rw").await, "serves again once writable");
+        assert!(matches!(
+            m.reserve(reserve(&key("before"), 3_600_000, 1)).await,
+            Decision::Duplicate(_)
+        ));
+    });
+    owner.stop();
+}
+
+#[test]
+fn database_held_by_another_process() {
+    if let Ok(path) = std::env::var(CHILD_ENV) {
+        child_begin();
+        // The other process: hold the file open until our stdin closes.
+        let _db = redb::Database::create(&path).unwrap();
+        println!("HOLDING");
+        std::io::stdout().flush().unwrap();
+        let _ = std::io::stdin().read_to_end(&mut Vec::new());
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let mut holder = child("database_held_by_another_process", path.to_str().unwrap())
+        .spawn()
+        .unwrap();
+    let mut lines = BufReader::new(holder.stdout.take().unwrap()).lines();
+    assert!(lines.any(|l| l.unwrap() == "HOLDING"));
+    let (m, owner) = start(&path, Clock::system());
+    rt().block_on(async {
+        for i in 0..5 {
+            let d = m
+                .reserve(reserve(&key(&format!("held-{i}")), 3_600_000, 1))
+                .await;
+            assert!(
+                matches!(d, Decision::Unavailable(Unavailable::NotOpen(_))),
+                "{d:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(60)).await;
+        }
+        drop(holder.stdin.take()); // the other process lets go
+        assert!(holder.wait().unwrap().success());
+        assert!(
+            wait_recovered(&m, "free").await,
+            "serves again once the file is free"
+        );
+    });
+    owner.stop();
+}
+
+/// Runs the child's side of a commit fault: reserve fresh keys, reporting each answer,
+/// until Unavailable; keep trying for a while under the fault; then `lift` it and wait for
+/// service to come back.
+fn reserve_through_fault(path: &Path, lift: impl FnOnce()) {
+    let (m, owner) = start(path, Clock::system());
+    let say = |s: String| {
+        let mut out = std::io::stdout().lock();
+        writeln!(out, "{s}").unwrap();
+        out.flush().unwrap();
+    };
+    rt().block_on(async {
+        let mut failed = 0;
+        for i in 0..200_000 {
+            let name = format!("f{i}");
+            // 16 at a time, so the batches (and the file) grow quickly.
+            let answers = futures_join(&m, &name).await;
+            for (n, d) in answers {
+                match d {
+                    Decision::Proceed => say(format!("PROCEED {n}")),
+                    d if unavailable(&d) => {
+                        failed += 1;
+                        say(format!("UNAVAILABLE {n} {d:?}"));
+                    }
+                    d => say(format!("OTHER {n} {d:?}")),
+                }
+            }
+            if failed >= 200 {
+                break;
+            }
+        }
+        lift();
+        let ok = wait_recovered(&m, "after").await;
+        say(format!("RECOVERED {ok}"));
+    });
+    owner.stop();
+}
+
+async fn futures_join(m: &hoox_edge::mutex::Mutex, base: &str) -> Vec<(String, Decision)> {
+    let tasks: Vec<_> = (0..16)
+        .map(|j| {
+            let m = m.clone();
+            let n = format!("{base}-{j}");
+            tokio::spawn(async move {
+                let d = m.reserve(reserve(&key(&n), 3_600_000, 1)).await;
+                (n, d)
+            })
+        })
+        .collect();
+    let mut out = Vec::new();
+    for t in tasks {
+        out.push(t.await.unwrap());
+    }
+    out
+}
+
+/// Reads a child's report and checks the rules every commit fault must obey.
+fn check_report(report: &str, path: &Path) {
+    let mut granted = HashSet::new();
+    let mut unavailable = 0;
+    let mut recovered = false;
+    let mut after_fault = 0;
+    for l in report.lines() {
+        if let Some(k) = l.strip_prefix("PROCEED ") {
+            assert!(granted.insert(k.to_string()));
+            after_fault += usize::from(unavailable > 0);
+        } else if l.starts_with("UNAVAILABLE ") {
+            unavailable += 1;
+        } else if l.starts_with("OTHER ") {
+            panic!("unexpected answer: {l}");
+        } else if l == "RECOVERED true" {
+            recovered = true;
+        }
+    }
+    eprintln!(
+        "{} granted ({after_fault} of them after the first failure), {unavailable} unavailable",
+        granted.len()
+    );
+    assert!(unavailable > 0, "the fault never showed");
+    assert!(
+        recovered,
+        "service did not resume once the fault was lifted"
+    );
+    // A Proceed given while the fault was on is only legitimate if it is durable.
+    assert_all_held(path, &granted);
+}
+
+fn run_child(mut c: std::process::Command) -> String {
+    let mut child = c.spawn().unwrap();
+    drop(child.stdin.take());
+    let mut out = String::new();
+    let mut stdout = child.stdout.take().unwrap();
+    let reader = std::thread::spawn(move || {
+        stdout.read_to_string(&mut out).unwrap();
+        out
+    });
+    let end = Instant::now() + Duration::from_secs(120);
+    while child.try_wait().unwrap().is_none() {
+        if Instant::now() > end {
+            child.kill().unwrap();
+            panic!("child hung");
+        }
+        std::thread::sleep(Duration::from_millis(50));
+    }
+    assert!(child.wait().unwrap().success(), "child failed");
+    reader.join().unwrap()
+}
+
+#[test]
+fn file_size_limit_during_commits() {
+    if let Ok(path) = std::env::var(CHILD_ENV) {
+        child_begin();
+        return reserve_through_fault(Path::new(&path), || {
+            let unlimited = libc::rlimit {
+                rlim_cur: libc::RLIM_INFINITY,
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            // SAFETY: setrlimit with a valid pointer to an initialised struct.
+            assert_eq!(
+                unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &unlimited) },
+                0
+            );
+        });
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    // Create the file first, so the limit bites on growth, not on creation.
+    let (m, owner) = start(&path, Clock::system());
+    rt().block_on(async { m.reserve(reserve(&key("seed"), 3_600_000, 1)).await });
+    owner.stop();
+    let limit = std::fs::metadata(&path).unwrap().len();
+    let mut c = child("file_size_limit_during_commits", path.to_str().unwrap());
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        c.pre_exec(move || {
+            let lim = libc::rlimit {
+                rlim_cur: limit,
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            if libc::setrlimit(libc::RLIMIT_FSIZE, &lim) != 0 {
+                return Err(std::io::Error::last_os_error());
+            }
+            // Without this the first write past the limit kills the process (SIGXFSZ)
+            // instead of failing with EFBIG.
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let report = run_child(c);
+    assert!(
+        report.contains("CommitFailed"),
+        "EFBIG must surface as CommitFailed"
+    );
+    check_report(&report, &path);
+}
+
+#[test]
+fn full_filesystem() {
+    if let Ok(path) = std::env::var(CHILD_ENV) {
+        child_begin();
+        let filler = Path::new(&path).with_file_name("filler");
+        let path = Path::new(&path);
+        // Fill what is left of the filesystem once the database exists.
+        let (m, owner) = start(path, Clock::system());
+        rt().block_on(async { m.ping().await.unwrap() });
+        owner.stop();
+        let mut f = std::fs::File::create(&filler).unwrap();
+        let block = vec![0xa5u8; 64 * 1024];
+        while f.write_all(&block).is_ok() {}
+        let small = [0u8; 512];
+        while f.write_all(&small).is_ok() {}
+        drop(f);
+        return reserve_through_fault(path, || std::fs::remove_file(&filler).unwrap());
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let mnt = dir.path().join("small");
+    let _fs = Tmpfs::mount(&mnt, "size=4m");
+    let path = mnt.join("m.redb");
+    let report = run_child(child("full_filesystem", path.to_str().unwrap()));
+    assert!(
+        report.contains("CommitFailed"),
+        "ENOSPC must surface as CommitFailed"
+    );
+    check_report(&report, &path);
+}
+
+#[test]
+fn corrupted_file() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let (m, owner) = start(&path, Clock::system());
+    rt().block_on(async {
+        for i in 0..100 {
+            m.reserve(reserve(&key(&format!("c{i}")), 3_600_000, 1))
+                .await;
+        }
+    });
+    owner.stop();
+    let mut bytes = std::fs::read(&path).unwrap();
+    // Garbage over the header and over the rest of the first pages.
+    for (i, b) in bytes.iter_mut().take(64 * 1024).enumerate() {
+        *b = (i as u8).wrapping_mul(31) ^ 0x5a;
+    }
+    std::fs::write(&path, &bytes).unwrap();
+    let (m, owner) = start(&path, Clock::system());
+    rt().block_on(async {
+        for i in 0..3 {
+            let d = m
+                .reserve(reserve(&key(&format!("c{i}")), 3_600_000, 1))
+                .await;
+            assert!(
+                matches!(d, Decision::Unavailable(Unavailable::NotOpen(_))),
+                "{d:?}"
+            );
+            tokio::time::sleep(Duration::from_millis(60)).await;
+        }
+        // The operator moves the damaged file aside: a fresh one is created and served.
+        std::fs::rename(&path, path.with_extension("corrupt")).unwrap();
+        assert!(wait_recovered(&m, "fresh").await);
+    });
+    owner.stop();
+}
+
+#[test]
+fn an_entry_this_version_cannot_read_fails_closed() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    {
+        let db = redb::Database::create(&path).unwrap();
+        let t = db.begin_write().unwrap();
+        {
+            let def: redb::TableDefinition<u64, &[u8]> = redb::TableDefinition::new("entries");
+            let mut tab = t.open_table(def).unwrap();
+            // Version 7 of an entry, from some future release.
+            tab.insert(41, [7u8, 1, 2, 3].as_slice()).unwrap();
+        }
+        t.commit().unwrap();
+    }
+    let (m, owner) = start(&path, Clock::system());
+    rt().block_on(async {
+        match m.reserve(reserve(&key("x"), 3_600_000, 1)).await {
+            Decision::Unavailable(Unavailable::NotOpen(why)) => {
+                assert!(why.contains("#41"), "{why}")
+            }
+            d => panic!("an unreadable entry might be a live key: {d:?}"),
+        }
+    });
+    owner.stop();
+}
