@@ -237,7 +237,7 @@ fi
 if [ "$MAIN" = 1 ]; then
     if [ "$MUTEX_BENCH" = 1 ] && [ -f benches/mutex.rs ]; then
         echo "-- cargo bench --bench mutex"
-        timeout 900 cargo bench --bench mutex 2>&1 | grep -v '^\s*\(Compiling\|Finished\|Running\)' |
+        HOOX_BENCH_DIR="$WORK/state" timeout 900 cargo bench --bench mutex 2>&1 | grep -v '^\s*\(Compiling\|Finished\|Running\)' |
             tail -n 40 || true
     fi
 fi
