@@ -90,6 +90,7 @@ trap 'exit 130' INT TERM
 start() {
     local name=$1 pattern=$2
     shift 2
+    : >"$WORK/$name.log" # exists before the first grep below, whoever runs first
     "$@" >"$WORK/$name.log" 2>&1 &
     STARTED_PID=$!
     PIDS+=("$STARTED_PID")
