@@ -55,23 +55,27 @@ arch_of() {
     esac
 }
 
-install_tools() {
-    step "tools"
-    local pkgs=(gcc-aarch64-linux-gnu qemu-user-static musl-tools systemd file dpkg-dev
-        debootstrap curl)
+PKGS=(gcc-aarch64-linux-gnu qemu-user-static musl-tools systemd file dpkg-dev debootstrap curl)
+
+apt_tools() {
     local missing=()
-    for p in "${pkgs[@]}"; do
+    for p in "${PKGS[@]}"; do
         dpkg -s "$p" >/dev/null 2>&1 || missing+=("$p")
     done
     if ((${#missing[@]})); then
         apt-get update -qq
         DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
     fi
+}
+
+install_tools() {
+    step "tools"
+    apt_tools
     rustup target add "${TARGETS[@]}" >/dev/null 2>&1 || rustup target add "${TARGETS[@]}"
     if ! cargo deb --version >/dev/null 2>&1; then
         cargo install cargo-deb --locked
     fi
-    echo "ok: ${pkgs[*]}, musl targets, $(cargo deb --version)"
+    echo "ok: ${PKGS[*]}, musl targets, $(cargo deb --version)"
 }
 
 build() {
@@ -217,8 +221,9 @@ check_debs() {
 # does not run there, so deb-systemd-invoke only enables; starting is the systemd test's job.
 in_root() { chroot "$CHROOT" "$@"; }
 
-install_test() {
-    step "install test in a Debian 12 root ($CHROOT)"
+# The Debian root, made once and cached. Network-bound, so .ci/run starts it (`prefetch`)
+# in the background while the CPU compiles.
+make_root() {
     if [[ ! -x $CHROOT/usr/bin/dpkg ]]; then
         local t0=$SECONDS
         rm -rf "$CHROOT.tmp"
@@ -228,6 +233,11 @@ install_test() {
         mv "$CHROOT.tmp" "$CHROOT"
         echo "debootstrap: $((SECONDS - t0))s"
     fi
+}
+
+install_test() {
+    step "install test in a Debian 12 root ($CHROOT)"
+    make_root
     local deb
     deb=$(ls "$OUT"/hoox-edge_"$(version)"*_amd64.deb)
     cp "$deb" "$CHROOT/tmp/hoox-edge.deb"
@@ -303,6 +313,12 @@ expect_mode() {
 main() {
     local t0=$SECONDS
     [[ $(id -u) == 0 ]] || fail "run as root (apt-get, chroot)"
+    if [[ ${1:-} == prefetch ]]; then
+        apt_tools
+        [[ -n ${SKIP_INSTALL_TEST:-} ]] || make_root
+        echo "prefetch done in $((SECONDS - t0))s"
+        return
+    fi
     install_tools
     build
     check_static
