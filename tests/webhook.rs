@@ -552,6 +552,16 @@ async fn http1_http2_plaintext_and_slow_clients() {
     let _ = tokio::time::timeout(Duration::from_secs(5), s.read_to_end(&mut buf)).await;
     assert!(!buf.starts_with(b"HTTP/"), "plaintext got an HTTP answer");
 
+    // A client that connects but never starts the TLS handshake is dropped too
+    // (handshake_timeout is 2 s in the test config).
+    let mut silent = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    let mut one = [0u8; 1];
+    let closed = tokio::time::timeout(Duration::from_secs(10), silent.read(&mut one)).await;
+    assert!(
+        matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+        "a silent connection was kept open: {closed:?}"
+    );
+
     // A client that completes TLS but never finishes its headers is dropped.
     let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Http1, None);
     let mut raw = c.connect_raw(&gw.url()).await.unwrap();
