@@ -41,6 +41,17 @@ pub enum Outcome {
 }
 
 impl Outcome {
+    /// A stable label for metrics and logs.
+    pub fn label(&self) -> &'static str {
+        match self {
+            Outcome::Success { .. } => "success",
+            Outcome::SoftFail { .. } => "soft_fail",
+            Outcome::Failed { .. } => "failed",
+            Outcome::NotSent(_) => "not_sent",
+            Outcome::Unknown(_) => "unknown",
+        }
+    }
+
     /// The executor's status code, when it answered.
     pub fn status(&self) -> Option<u16> {
         match self {
@@ -100,13 +111,7 @@ mod tests {
     use super::*;
 
     fn kind(o: &Outcome) -> &'static str {
-        match o {
-            Outcome::Success { .. } => "success",
-            Outcome::SoftFail { .. } => "softfail",
-            Outcome::Failed { .. } => "failed",
-            Outcome::NotSent(_) => "notsent",
-            Outcome::Unknown(_) => "unknown",
-        }
+        o.label()
     }
 
     #[test]
@@ -115,14 +120,14 @@ mod tests {
             (200, r#"{"success":true}"#, "success"),
             (201, r#"{"success":true,"orderId":"x"}"#, "success"),
             (299, r#"{"success":true}"#, "success"),
-            (200, r#"{"success":false}"#, "softfail"),
-            (200, r#"{"orderId":"x"}"#, "softfail"),
-            (200, r#"{"success":"true"}"#, "softfail"),
-            (200, r#"{"success":1}"#, "softfail"),
-            (200, r#"{"data":{"success":true}}"#, "softfail"),
-            (200, r#"[{"success":true}]"#, "softfail"),
-            (200, "not json", "softfail"),
-            (204, "", "softfail"),
+            (200, r#"{"success":false}"#, "soft_fail"),
+            (200, r#"{"orderId":"x"}"#, "soft_fail"),
+            (200, r#"{"success":"true"}"#, "soft_fail"),
+            (200, r#"{"success":1}"#, "soft_fail"),
+            (200, r#"{"data":{"success":true}}"#, "soft_fail"),
+            (200, r#"[{"success":true}]"#, "soft_fail"),
+            (200, "not json", "soft_fail"),
+            (204, "", "soft_fail"),
             (199, r#"{"success":true}"#, "failed"),
             (300, r#"{"success":true}"#, "failed"),
             (400, r#"{"success":false}"#, "failed"),

@@ -318,8 +318,7 @@ async fn execute_and_settle(
 ) -> (Response<Full<Bytes>>, Settled, Option<&'static str>) {
     let started = Instant::now();
     let outcome = gw.executor.execute(&order).await;
-    gw.metrics
-        .executor(outcome_label(&outcome), started.elapsed());
+    gw.metrics.executor(outcome.label(), started.elapsed());
     let problem = |p: Problem, s: Settled| {
         let code = Some(p.code());
         (p.response(), s, code)
@@ -370,16 +369,6 @@ async fn execute_and_settle(
 /// The handle counts and logs a failure; the trade's answer does not change.
 async fn release(gw: &Gateway, key: &Key) {
     let _ = gw.mutex.release(key.clone()).await;
-}
-
-fn outcome_label(o: &Outcome) -> &'static str {
-    match o {
-        Outcome::Success { .. } => "success",
-        Outcome::SoftFail { .. } => "soft_fail",
-        Outcome::Failed { .. } => "failed",
-        Outcome::NotSent(_) => "not_sent",
-        Outcome::Unknown(_) => "unknown",
-    }
 }
 
 fn json_response(status: u16, body: Bytes) -> Response<Full<Bytes>> {
