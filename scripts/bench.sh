@@ -1,0 +1,306 @@
+#!/usr/bin/env bash
+# scripts/bench.sh: what does the gateway cost, and does it keep its promise under fire?
+#
+#   scripts/bench.sh             fsync baseline, bare TLS vs gateway (paper executor) at
+#                                1/16/64 connections, open loop at 1k req/s, mutex bench
+#   scripts/bench.sh --storm     also: many connections, few keys, http executor -> ledger
+#   scripts/bench.sh --chaos     also: SIGKILL the gateway under load again and again, restart,
+#                                then check the ledger: no key forwarded twice
+#   scripts/bench.sh --no-main --chaos   only the chaos part
+#
+# Everything listens on 127.0.0.1, every process started here is killed by PID on exit, and
+# every step is bounded in time. Knobs (environment):
+#   DURATION_S=10  CONNECTIONS="1 16 64"  RATE=1000  RATE_CONNECTIONS=16  PROTOCOL=http1|http2
+#   AUTH=bearer|apikey|hmac  FSYNC_COUNT=1000  PORT_BASE=18440 (uses PORT_BASE..+3)
+#   BENCH_DIR (state; default a fresh folder in $TMPDIR or /var/tmp)  KEEP=1 (keep it)
+#   SKIP_BUILD=1  MUTEX_BENCH=0 (skip cargo bench --bench mutex)
+#   STORM_CONNECTIONS=64 STORM_KEYS=8 STORM_S=5
+#   CHAOS_ROUNDS=10 CHAOS_CONNECTIONS=16 CHAOS_DUP=0.3 CHAOS_REPLAY=3000
+set -euo pipefail
+
+MAIN=1 STORM=0 CHAOS=0
+for arg in "$@"; do
+    case "$arg" in
+        --storm) STORM=1 ;;
+        --chaos) CHAOS=1 ;;
+        --no-main) MAIN=0 ;;
+        -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
+        *) echo "bench.sh: unknown argument $arg" >&2; exit 64 ;;
+    esac
+done
+
+DURATION_S=${DURATION_S:-10}
+CONNECTIONS=${CONNECTIONS:-"1 16 64"}
+RATE=${RATE:-1000}
+RATE_CONNECTIONS=${RATE_CONNECTIONS:-16}
+PROTOCOL=${PROTOCOL:-http1}
+AUTH=${AUTH:-bearer}
+FSYNC_COUNT=${FSYNC_COUNT:-1000}
+PORT_BASE=${PORT_BASE:-18440}
+MUTEX_BENCH=${MUTEX_BENCH:-1}
+STORM_CONNECTIONS=${STORM_CONNECTIONS:-64}
+STORM_KEYS=${STORM_KEYS:-8}
+STORM_S=${STORM_S:-5}
+CHAOS_ROUNDS=${CHAOS_ROUNDS:-10}
+CHAOS_CONNECTIONS=${CHAOS_CONNECTIONS:-16}
+CHAOS_DUP=${CHAOS_DUP:-0.3}
+CHAOS_REPLAY=${CHAOS_REPLAY:-3000}
+
+GW_PORT=$PORT_BASE
+BARE_PORT=$((PORT_BASE + 1))
+ADMIN_PORT=$((PORT_BASE + 2))
+LEDGER_PORT=$((PORT_BASE + 3))
+
+cd "$(dirname "$0")/.."
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+    cargo build --release --bins
+fi
+BIN="${CARGO_TARGET_DIR:-target}/release"
+for b in hoox-load bare-tls; do
+    [ -x "$BIN/$b" ] || { echo "bench.sh: $BIN/$b not built" >&2; exit 1; }
+done
+if [ ! -x "$BIN/hoox-edge" ]; then
+    # Baselines alone are still worth having; the gateway parts need the gateway.
+    echo "bench.sh: $BIN/hoox-edge not built: baselines only" >&2
+    STORM=0 CHAOS=0 GATEWAY=0
+else
+    GATEWAY=1
+fi
+
+WORK=${BENCH_DIR:-$(mktemp -d "${TMPDIR:-/var/tmp}/hoox-bench.XXXXXX")}
+mkdir -p "$WORK"
+PIDS=()
+
+# shellcheck disable=SC2317  # called by the EXIT trap
+cleanup() {
+    local pid
+    for pid in ${PIDS[@]+"${PIDS[@]}"}; do
+        kill "$pid" 2>/dev/null || true
+    done
+    for pid in ${PIDS[@]+"${PIDS[@]}"}; do
+        wait "$pid" 2>/dev/null || true
+    done
+    if [ "${KEEP:-0}" != 1 ]; then rm -rf "$WORK"; else echo "bench.sh: kept $WORK"; fi
+}
+trap cleanup EXIT
+trap 'exit 130' INT TERM
+
+# start NAME PATTERN CMD...: run CMD in the background, wait (bounded) for PATTERN on its
+# output; sets STARTED_PID.
+start() {
+    local name=$1 pattern=$2
+    shift 2
+    "$@" >"$WORK/$name.log" 2>&1 &
+    STARTED_PID=$!
+    PIDS+=("$STARTED_PID")
+    for _ in $(seq 200); do
+        grep -q "$pattern" "$WORK/$name.log" && return 0
+        if ! kill -0 "$STARTED_PID" 2>/dev/null; then break; fi
+        sleep 0.1
+    done
+    echo "bench.sh: $name did not start:" >&2
+    tail -n 20 "$WORK/$name.log" >&2
+    exit 1
+}
+
+# forget PID: a reaped PID may be reused by someone else's process; never signal it again.
+forget() {
+    local keep=() pid
+    for pid in ${PIDS[@]+"${PIDS[@]}"}; do
+        [ "$pid" = "$1" ] || keep+=("$pid")
+    done
+    PIDS=(${keep[@]+"${keep[@]}"})
+}
+
+# stop PID [SIGNAL]: signal one process we started and reap it.
+stop() {
+    kill "-${2:-TERM}" "$1" 2>/dev/null || true
+    wait "$1" 2>/dev/null || true
+    forget "$1"
+}
+
+# jget FILE FIELD: a number from hoox-load's one-line JSON (field names are unique in it).
+jget() {
+    { grep -o "\"$2\":[-0-9.e+]*" "$1" 2>/dev/null || true; } | head -n 1 | cut -d: -f2
+}
+
+# load NAME PORT ARGS...: one bounded hoox-load run against 127.0.0.1:PORT, JSON kept as NAME.json.
+load() {
+    local name=$1 port=$2
+    shift 2
+    timeout 600 "$BIN/hoox-load" run --url "https://127.0.0.1:$port/webhook" --ca "$WORK/tls/cert.pem" \
+        "--$PROTOCOL" --auth "$AUTH" --secret-file "$WORK/secrets/token" --json "$@" \
+        >"$WORK/$name.json" || true
+    printf '  %-22s %9.0f req/s  p50 %6s us  p99 %6s us  max %7s us  %s\n' "$name" \
+        "$(jget "$WORK/$name.json" throughput_rps)" "$(jget "$WORK/$name.json" p50)" \
+        "$(jget "$WORK/$name.json" p99)" "$(jget "$WORK/$name.json" max)" \
+        "$(grep -o '"status":{[^}]*}' "$WORK/$name.json" | cut -c10-)"
+}
+
+# gateway_config DIR KIND: a config for the gateway in DIR, executor KIND (paper | http).
+gateway_config() {
+    mkdir -p "$1"
+    {
+        printf '[server]\nlisten = "127.0.0.1:%s"\ncert = "%s"\nkey = "%s"\n\n' \
+            "$GW_PORT" "$WORK/tls/cert.pem" "$WORK/tls/key.pem"
+        printf '[admin]\nlisten = "127.0.0.1:%s"\n\n' "$ADMIN_PORT"
+        printf '[store]\npath = "%s"\nttl = "300s"\n\n' "$1/mutex.redb"
+        printf '[auth]\napi_keys_file = "%s"\nhmac_secrets_file = "%s"\nbearer_tokens_file = "%s"\n\n' \
+            "$WORK/secrets/token" "$WORK/secrets/token" "$WORK/secrets/token"
+        if [ "$2" = http ]; then
+            printf '[executor]\nkind = "http"\nurl = "http://127.0.0.1:%s/orders"\ntimeout = "2s"\n' \
+                "$LEDGER_PORT"
+        else
+            printf '[executor]\nkind = "paper"\n'
+        fi
+    } >"$1/config.toml"
+}
+
+start_gateway() {
+    start "gateway-$(basename "$1")" "gateway on" "$BIN/hoox-edge" serve --config "$1/config.toml"
+    GW_PID=$STARTED_PID
+}
+
+# The shared pieces: one certificate for both servers, one secret for every auth method.
+"$BIN/hoox-load" gen-cert --dir "$WORK/tls" >/dev/null
+mkdir -p "$WORK/secrets" "$WORK/state"
+chmod 700 "$WORK/secrets"
+(umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$WORK/secrets/token")
+
+FS=$(df -T "$WORK" | awk 'NR == 2 { print $2 " on " $1 }')
+echo "== hoox-edge bench, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores," \
+    "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), state on $FS"
+echo "   protocol $PROTOCOL, auth $AUTH, ${DURATION_S}s per run, work dir $WORK"
+FAILED=0
+
+if [ "$MAIN" = 1 ]; then
+    echo "-- fsync baseline (write 4 KiB + fdatasync, $FSYNC_COUNT times, in the state dir)"
+    "$BIN/hoox-load" fsync --dir "$WORK/state" --count "$FSYNC_COUNT" --json >"$WORK/fsync.json"
+    FSYNC_P50=$(jget "$WORK/fsync.json" p50_us)
+    FSYNC_P99=$(jget "$WORK/fsync.json" p99_us)
+    echo "  fsync p50 $FSYNC_P50 us  p99 $FSYNC_P99 us"
+
+    echo "-- bare TLS (hyper + rustls, no work)"
+    start bare "listening on" "$BIN/bare-tls" --listen "127.0.0.1:$BARE_PORT" \
+        --cert "$WORK/tls/cert.pem" --key "$WORK/tls/key.pem"
+    BARE_PID=$STARTED_PID
+    for c in $CONNECTIONS; do
+        load "bare-c$c" "$BARE_PORT" --connections "$c" --duration "${DURATION_S}s"
+    done
+    load "bare-rate" "$BARE_PORT" --connections "$RATE_CONNECTIONS" --duration "${DURATION_S}s" \
+        --rate "$RATE"
+    stop "$BARE_PID"
+
+    [ "$GATEWAY" = 1 ] && echo "-- gateway (paper executor, fresh store per run)"
+    for c in $CONNECTIONS rate; do
+        [ "$GATEWAY" = 1 ] || break
+        gateway_config "$WORK/state/paper-$c" paper
+        start_gateway "$WORK/state/paper-$c"
+        if [ "$c" = rate ]; then
+            load "gateway-rate" "$GW_PORT" --connections "$RATE_CONNECTIONS" \
+                --duration "${DURATION_S}s" --rate "$RATE"
+        else
+            load "gateway-c$c" "$GW_PORT" --connections "$c" --duration "${DURATION_S}s"
+        fi
+        stop "$GW_PID"
+    done
+
+fi
+if [ "$MAIN" = 1 ] && [ "$GATEWAY" = 1 ]; then
+    echo
+    echo "| connections | bare req/s | gateway req/s | gateway/bare | added p50 (us) | added p99 (us) |"
+    echo "|---|---|---|---|---|---|"
+    for c in $CONNECTIONS; do
+        b="$WORK/bare-c$c.json" g="$WORK/gateway-c$c.json"
+        awk -v c="$c" -v br="$(jget "$b" throughput_rps)" -v gr="$(jget "$g" throughput_rps)" \
+            -v b50="$(jget "$b" p50)" -v g50="$(jget "$g" p50)" \
+            -v b99="$(jget "$b" p99)" -v g99="$(jget "$g" p99)" 'BEGIN {
+                printf "| %s | %.0f | %.0f | %.2f | %d | %d |\n", c, br, gr, (br > 0 ? gr / br : 0),
+                    g50 - b50, g99 - b99 }'
+    done
+    echo
+    awk -v rate="$RATE" -v b99="$(jget "$WORK/bare-rate.json" p99)" \
+        -v g99="$(jget "$WORK/gateway-rate.json" p99)" -v g50="$(jget "$WORK/gateway-rate.json" p50)" \
+        -v f="$FSYNC_P50" -v f99="$FSYNC_P99" 'BEGIN {
+            added = g99 - b99
+            printf "open loop %s req/s: gateway p50 %d us, p99 %d us; bare p99 %d us; gateway-added p99 %d us\n",
+                rate, g50, g99, b99, added
+            printf "target: added p99 <= 1 ms + one fsync p50 (%d us) = %d us: %s\n", f, 1000 + f,
+                (added <= 1000 + f ? "MET" : "MISSED")
+            printf "        (against 1 ms + one fsync p99 (%d us) = %d us: %s)\n", f99, 1000 + f99,
+                (added <= 1000 + f99 ? "MET" : "MISSED") }'
+    c16=$(awk -v br="$(jget "$WORK/bare-c16.json" throughput_rps 2>/dev/null)" \
+        -v gr="$(jget "$WORK/gateway-c16.json" throughput_rps 2>/dev/null)" \
+        'BEGIN { if (br > 0) printf "%.2f", gr / br; else print "n/a" }')
+    echo "target: gateway >= 0.50 x bare req/s at 16 connections: $c16"
+fi
+if [ "$MAIN" = 1 ]; then
+    if [ "$MUTEX_BENCH" = 1 ] && [ -f benches/mutex.rs ]; then
+        echo "-- cargo bench --bench mutex"
+        HOOX_BENCH_DIR="$WORK/state" timeout 900 cargo bench --bench mutex 2>&1 | grep -v '^\s*\(Compiling\|Finished\|Running\)' |
+            tail -n 40 || true
+    fi
+fi
+
+if [ "$STORM" = 1 ] || [ "$CHAOS" = 1 ]; then
+    start ledger "ledger on" "$BIN/hoox-load" ledger --listen "127.0.0.1:$LEDGER_PORT"
+    LEDGER="http://127.0.0.1:$LEDGER_PORT/ledger"
+fi
+
+if [ "$STORM" = 1 ]; then
+    echo "-- storm: $STORM_CONNECTIONS connections, $STORM_KEYS keys, ${STORM_S}s, http executor -> ledger"
+    gateway_config "$WORK/state/storm" http
+    start_gateway "$WORK/state/storm"
+    before=$("$BIN/hoox-load" check-ledger --ledger "$LEDGER" --json | grep -o '"total":[0-9]*' | cut -d: -f2)
+    load storm "$GW_PORT" --connections "$STORM_CONNECTIONS" --duration "${STORM_S}s" \
+        --keys "$STORM_KEYS" --key-prefix "storm-$$"
+    stop "$GW_PID"
+    after=$("$BIN/hoox-load" check-ledger --ledger "$LEDGER" --json | grep -o '"total":[0-9]*' | cut -d: -f2)
+    forwarded=$((after - before))
+    if [ "$forwarded" -le "$STORM_KEYS" ] &&
+        "$BIN/hoox-load" check-ledger --ledger "$LEDGER" >/dev/null; then
+        echo "storm: OK, $forwarded orders forwarded for $STORM_KEYS keys"
+    else
+        echo "storm: FAIL, $forwarded orders forwarded for $STORM_KEYS keys"
+        FAILED=1
+    fi
+fi
+
+if [ "$CHAOS" = 1 ]; then
+    echo "-- chaos: $CHAOS_ROUNDS x SIGKILL under load ($CHAOS_CONNECTIONS connections, dup ratio $CHAOS_DUP)"
+    gateway_config "$WORK/state/chaos" http
+    start_gateway "$WORK/state/chaos"
+    prefix="chaos-$$"
+    # One load across every crash: its connections reconnect, and a share of its requests
+    # repeat earlier keys, some of them in flight when the gateway died.
+    timeout 900 "$BIN/hoox-load" run --url "https://127.0.0.1:$GW_PORT/webhook" \
+        --ca "$WORK/tls/cert.pem" "--$PROTOCOL" --auth "$AUTH" --secret-file "$WORK/secrets/token" \
+        --connections "$CHAOS_CONNECTIONS" --duration "$((CHAOS_ROUNDS * 3 + 3))s" \
+        --dup-ratio "$CHAOS_DUP" --key-prefix "$prefix" --timeout 3s --json \
+        >"$WORK/chaos-load.json" 2>&1 &
+    LOAD_PID=$!
+    PIDS+=("$LOAD_PID")
+    for round in $(seq "$CHAOS_ROUNDS"); do
+        ms=$((RANDOM % 2200 + 300))
+        sleep "$((ms / 1000)).$(printf '%03d' $((ms % 1000)))"
+        stop "$GW_PID" KILL
+        echo "  round $round: SIGKILL after ${ms} ms, restarting"
+        start_gateway "$WORK/state/chaos"
+    done
+    wait "$LOAD_PID" || true
+    forget "$LOAD_PID"
+    echo "  load: $(grep -o '"status":{[^}]*}' "$WORK/chaos-load.json" | cut -c10-)" \
+        "errors $(grep -o '"errors":{[^}]*}' "$WORK/chaos-load.json" | cut -c10-)"
+    # Replay the first keys once more, calmly: whatever was pending at a crash must still
+    # not be forwarded a second time.
+    load chaos-replay "$GW_PORT" --connections 4 --requests "$CHAOS_REPLAY" --key-prefix "$prefix"
+    stop "$GW_PID"
+    if "$BIN/hoox-load" check-ledger --ledger "$LEDGER"; then
+        echo "chaos: OK"
+    else
+        echo "chaos: FAIL"
+        FAILED=1
+    fi
+fi
+
+exit "$FAILED"

@@ -1,0 +1,242 @@
+//! The ledger: an executor that remembers. It fills every order it is sent and counts each
+//! `Idempotency-Key`; a key seen twice is an order placed twice, the one thing the gateway
+//! exists to prevent. Plain HTTP/1.1 on loopback, as an exchange adapter next door would be.
+
+use std::collections::HashMap;
+use std::net::SocketAddr;
+use std::process::ExitCode;
+use std::sync::{Arc, Mutex};
+
+use bytes::Bytes;
+use http_body_util::{BodyExt, Empty, Full};
+use hyper::body::Incoming;
+use hyper::{Method, Request, Response, StatusCode};
+use hyper_util::rt::TokioIo;
+use serde::{Deserialize, Serialize};
+use tokio::net::{TcpListener, TcpStream};
+
+use crate::Error;
+
+/// What `GET /ledger` answers.
+#[derive(Serialize, Deserialize, Debug, Default)]
+pub struct Counts {
+    /// Orders received.
+    pub total: u64,
+    /// Distinct keys among them.
+    pub unique: u64,
+    /// Keys received more than once.
+    pub duplicates: Vec<String>,
+    /// Orders that came without an Idempotency-Key.
+    #[serde(default)]
+    pub missing_key: u64,
+}
+
+#[derive(Default)]
+struct Book {
+    seen: HashMap<String, u32>,
+    total: u64,
+    missing_key: u64,
+}
+
+impl Book {
+    fn counts(&self) -> Counts {
+        let mut duplicates: Vec<String> = self
+            .seen
+            .iter()
+            .filter(|(_, n)| **n > 1)
+            .map(|(k, _)| k.clone())
+            .collect();
+        duplicates.sort();
+        Counts {
+            total: self.total,
+            unique: self.seen.len() as u64,
+            duplicates,
+            missing_key: self.missing_key,
+        }
+    }
+}
+
+fn json(status: StatusCode, body: Vec<u8>) -> Response<Full<Bytes>> {
+    let mut res = Response::new(Full::new(Bytes::from(body)));
+    *res.status_mut() = status;
+    res.headers_mut().insert(
+        hyper::header::CONTENT_TYPE,
+        hyper::header::HeaderValue::from_static("application/json"),
+    );
+    res
+}
+
+async fn answer(
+    book: Arc<Mutex<Book>>,
+    req: Request<Incoming>,
+) -> Result<Response<Full<Bytes>>, hyper::Error> {
+    if req.method() == Method::GET && req.uri().path() == "/ledger" {
+        let counts = lock(&book).counts();
+        let body = serde_json::to_vec(&counts).unwrap_or_default();
+        return Ok(json(StatusCode::OK, body));
+    }
+    if req.method() != Method::POST {
+        return Ok(json(StatusCode::METHOD_NOT_ALLOWED, b"{}".to_vec()));
+    }
+    let key = req
+        .headers()
+        .get("idempotency-key")
+        .map(|v| String::from_utf8_lossy(v.as_bytes()).into_owned());
+    req.into_body().collect().await?;
+    {
+        let mut book = lock(&book);
+        book.total += 1;
+        match key {
+            Some(key) => *book.seen.entry(key).or_insert(0) += 1,
+            None => book.missing_key += 1,
+        }
+    }
+    Ok(json(StatusCode::OK, b"{\"success\":true}".to_vec()))
+}
+
+/// A poisoned lock only means a handler panicked mid-update of plain counters; the counts are
+/// still the best record we have, so keep serving them.
+fn lock(book: &Mutex<Book>) -> std::sync::MutexGuard<'_, Book> {
+    book.lock().unwrap_or_else(|poisoned| poisoned.into_inner())
+}
+
+pub async fn serve(listen: SocketAddr) -> Result<ExitCode, Error> {
+    let listener = TcpListener::bind(listen).await?;
+    println!(
+        "hoox-load: ledger on http://{}/orders (counts at /ledger)",
+        listener.local_addr()?
+    );
+    serve_on(listener).await
+}
+
+async fn serve_on(listener: TcpListener) -> Result<ExitCode, Error> {
+    let book = Arc::new(Mutex::new(Book::default()));
+    loop {
+        let (tcp, _) = match listener.accept().await {
+            Ok(conn) => conn,
+            Err(e) => {
+                eprintln!("hoox-load: ledger accept: {e}");
+                tokio::time::sleep(std::time::Duration::from_millis(10)).await;
+                continue;
+            }
+        };
+        let _ = tcp.set_nodelay(true);
+        let book = book.clone();
+        tokio::spawn(async move {
+            let service = hyper::service::service_fn(move |req| answer(book.clone(), req));
+            let _ = hyper::server::conn::http1::Builder::new()
+                .serve_connection(TokioIo::new(tcp), service)
+                .await;
+        });
+    }
+}
+
+/// GET the ledger's counts over plain HTTP/1.1 (`http://HOST:PORT/PATH`).
+pub async fn fetch(url: &str) -> Result<Counts, Error> {
+    let uri: hyper::Uri = url.parse()?;
+    if uri.scheme_str() != Some("http") {
+        return Err(format!("ledger URL must be http://: {url}").into());
+    }
+    let authority = uri.authority().ok_or("ledger URL has no host")?.clone();
+    let tcp = TcpStream::connect(authority.as_str()).await?;
+    let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
+    tokio::spawn(conn);
+    let req = Request::get(uri.path())
+        .header(hyper::header::HOST, authority.as_str())
+        .body(Empty::<Bytes>::new())?;
+    let res = sender.send_request(req).await?;
+    if !res.status().is_success() {
+        return Err(format!("ledger answered {}", res.status()).into());
+    }
+    let body = res.into_body().collect().await?.to_bytes();
+    Ok(serde_json::from_slice(&body)?)
+}
+
+/// Print the counts; the verdict is whether any key was forwarded twice.
+pub fn report(counts: &Counts, json: bool) -> ExitCode {
+    let ok = counts.duplicates.is_empty();
+    if json {
+        println!(
+            "{}",
+            serde_json::json!({ "ledger": counts, "no_key_forwarded_twice": ok })
+        );
+    } else {
+        println!(
+            "ledger: {} orders, {} unique keys, {} without key, {} keys forwarded twice",
+            counts.total,
+            counts.unique,
+            counts.missing_key,
+            counts.duplicates.len()
+        );
+        if ok {
+            println!("ledger: OK, no key forwarded twice");
+        } else {
+            let shown: Vec<&str> = counts
+                .duplicates
+                .iter()
+                .take(10)
+                .map(String::as_str)
+                .collect();
+            println!("ledger: FAIL, keys forwarded twice: {}", shown.join(", "));
+        }
+    }
+    if ok {
+        ExitCode::SUCCESS
+    } else {
+        ExitCode::from(1)
+    }
+}
+
+pub async fn check(url: &str, json: bool) -> Result<ExitCode, Error> {
+    Ok(report(&fetch(url).await?, json))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    async fn post(addr: SocketAddr, key: Option<&str>) -> StatusCode {
+        let tcp = TcpStream::connect(addr).await.unwrap();
+        let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
+            .await
+            .unwrap();
+        tokio::spawn(conn);
+        let mut req = Request::post("/orders").header(hyper::header::HOST, addr.to_string());
+        if let Some(key) = key {
+            req = req.header("idempotency-key", key);
+        }
+        let res = sender.send_request(req.body(Full::new(Bytes::from_static(b"{}"))).unwrap());
+        let res = res.await.unwrap();
+        let status = res.status();
+        let body = res.into_body().collect().await.unwrap().to_bytes();
+        assert_eq!(&body[..], b"{\"success\":true}");
+        status
+    }
+
+    #[tokio::test]
+    async fn ledger_counts_and_names_keys_forwarded_twice() {
+        let listener = TcpListener::bind("127.0.0.1:0").await.unwrap();
+        let addr = listener.local_addr().unwrap();
+        let server = tokio::spawn(serve_on(listener));
+        for key in [Some("a"), Some("b"), Some("a"), None, Some("c"), Some("a")] {
+            assert_eq!(post(addr, key).await, StatusCode::OK);
+        }
+        let counts = fetch(&format!("http://{addr}/ledger")).await.unwrap();
+        assert_eq!(counts.total, 6);
+        assert_eq!(counts.unique, 3);
+        assert_eq!(counts.missing_key, 1);
+        assert_eq!(counts.duplicates, vec!["a".to_string()]);
+        assert_eq!(report(&counts, true), ExitCode::from(1));
+        server.abort();
+    }
+
+    #[test]
+    fn no_duplicates_is_success() {
+        let counts = Counts {
+            total: 2,
+            unique: 2,
+            ..Counts::default()
+        };
+        assert_eq!(report(&counts, true), ExitCode::SUCCESS);
+    }
+}

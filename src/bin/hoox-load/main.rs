@@ -1,0 +1,117 @@
+//! hoox-load: size your box. Drives the gateway over its public TLS interface only, plays the
+//! executor it forwards to (the ledger, which notices a key forwarded twice), and measures the
+//! one thing no webhook can beat, a write + fdatasync on the state directory's filesystem.
+
+mod fsync;
+mod ledger;
+mod run;
+
+use std::net::SocketAddr;
+use std::path::PathBuf;
+use std::process::ExitCode;
+
+use clap::{Parser, Subcommand};
+
+pub type Error = Box<dyn std::error::Error + Send + Sync>;
+
+#[derive(Parser)]
+#[command(about = "Load generator, ledger executor and fsync baseline for hoox-edge")]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Send trade webhooks over N TLS connections and report throughput and latency.
+    Run(Box<run::Args>),
+    /// Run a ledger executor: answers 200 {"success":true}, records every Idempotency-Key.
+    Ledger {
+        #[arg(long, default_value = "127.0.0.1:9000")]
+        listen: SocketAddr,
+    },
+    /// Fetch a ledger's counts; exit 1 if any key was forwarded twice.
+    CheckLedger {
+        /// e.g. http://127.0.0.1:9000/ledger
+        #[arg(long)]
+        ledger: String,
+        #[arg(long)]
+        json: bool,
+    },
+    /// Write a self-signed certificate for 127.0.0.1 and localhost: DIR/cert.pem, DIR/key.pem.
+    GenCert {
+        #[arg(long)]
+        dir: PathBuf,
+    },
+    /// Time write + fdatasync in DIR: the floor under any durable reserve.
+    Fsync {
+        #[arg(long)]
+        dir: PathBuf,
+        #[arg(long, default_value_t = 1000)]
+        count: u32,
+        /// Bytes written before each fdatasync.
+        #[arg(long, default_value_t = 4096)]
+        size: usize,
+        #[arg(long)]
+        json: bool,
+    },
+}
+
+fn main() -> ExitCode {
+    let cli = Cli::parse();
+    match tokio_main(cli.command) {
+        Ok(code) => code,
+        Err(e) => {
+            eprintln!("hoox-load: {e}");
+            ExitCode::from(2)
+        }
+    }
+}
+
+fn tokio_main(command: Command) -> Result<ExitCode, Error> {
+    let rt = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()?;
+    rt.block_on(async move {
+        match command {
+            Command::Run(args) => run::run(*args).await,
+            Command::Ledger { listen } => ledger::serve(listen).await,
+            Command::CheckLedger { ledger, json } => ledger::check(&ledger, json).await,
+            Command::GenCert { dir } => gen_cert(&dir),
+            // Blocking on purpose: nothing else runs, and the timings must not include a hop.
+            Command::Fsync {
+                dir,
+                count,
+                size,
+                json,
+            } => fsync::run(&dir, count, size, json),
+        }
+    })
+}
+
+/// The benchmark's certificate, so the bare server and the gateway present the very same one.
+fn gen_cert(dir: &std::path::Path) -> Result<ExitCode, Error> {
+    use std::io::Write;
+    use std::os::unix::fs::OpenOptionsExt;
+    let names = vec![
+        "localhost".to_string(),
+        "127.0.0.1".to_string(),
+        "::1".to_string(),
+    ];
+    let certified = rcgen::generate_simple_self_signed(names)?;
+    std::fs::create_dir_all(dir)?;
+    std::fs::write(dir.join("cert.pem"), certified.cert.pem())?;
+    // The key is a secret: owner-only from the moment it exists.
+    let mut key = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(true)
+        .mode(0o600)
+        .open(dir.join("key.pem"))?;
+    key.write_all(certified.signing_key.serialize_pem().as_bytes())?;
+    println!(
+        "hoox-load: wrote {0}/cert.pem and {0}/key.pem",
+        dir.display()
+    );
+    Ok(ExitCode::SUCCESS)
+}

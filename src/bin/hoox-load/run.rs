@@ -1,0 +1,720 @@
+//! `hoox-load run`: N TLS connections sending HOOX-shaped trades, closed loop (each connection
+//! sends its next request when the last one is answered) or open loop (`--rate`: requests are
+//! due on a fixed schedule, and latency counts from when a request was due, not when it was
+//! sent, so a stalled server cannot hide its stall by slowing the client down).
+
+use std::collections::BTreeMap;
+use std::path::PathBuf;
+use std::process::ExitCode;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant, SystemTime, UNIX_EPOCH};
+
+use bytes::Bytes;
+use hdrhistogram::Histogram;
+use hmac::{KeyInit, Mac};
+use http_body_util::{BodyExt, Full};
+use hyper::body::Incoming;
+use hyper::{Request, Response, Uri};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::{CertificateDer, ServerName};
+use tokio::net::TcpStream;
+use tokio_rustls::TlsConnector;
+
+use crate::{Error, ledger};
+
+#[derive(clap::Args)]
+pub struct Args {
+    /// Webhook URL, e.g. https://127.0.0.1:8443/webhook
+    #[arg(long)]
+    url: String,
+    /// PEM file of the certificate(s) to trust (the gateway's self-signed cert).
+    #[arg(long)]
+    ca: PathBuf,
+    /// TLS server name to verify, if not the URL's host.
+    #[arg(long)]
+    server_name: Option<String>,
+    #[arg(long, short = 'c', default_value_t = 16)]
+    connections: u32,
+    /// Use HTTP/2 (one request in flight per connection).
+    #[arg(long, conflicts_with = "http1")]
+    http2: bool,
+    /// Use HTTP/1.1 keep-alive (the default).
+    #[arg(long)]
+    http1: bool,
+    /// How long to send, e.g. 10s (default 10s unless --requests is given).
+    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "requests")]
+    duration: Option<Duration>,
+    /// Send exactly this many requests.
+    #[arg(long)]
+    requests: Option<u64>,
+    /// Open loop at this rate, e.g. 1000/s; latency counts from each request's due time.
+    #[arg(long, value_parser = parse_rate)]
+    rate: Option<f64>,
+    /// Share of requests that repeat an earlier key (same trade), 0.0..=1.0.
+    #[arg(long, default_value_t = 0.0, value_parser = parse_ratio)]
+    dup_ratio: f64,
+    /// Draw every key from this many (a storm: many connections, few keys); overrides --dup-ratio.
+    #[arg(long)]
+    keys: Option<u64>,
+    /// Key prefix; runs that share it share keys (the chaos test retries across restarts).
+    #[arg(long)]
+    key_prefix: Option<String>,
+    /// How to authenticate; the secret is read from --secret-file, never from the command line.
+    #[arg(long, value_enum, requires = "secret_file")]
+    auth: Option<AuthKind>,
+    /// File whose first line is the secret.
+    #[arg(long)]
+    secret_file: Option<PathBuf>,
+    /// Per-request timeout.
+    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    timeout: Duration,
+    /// Ledger to check at the end (http://HOST:PORT/ledger); exit 1 if a key was forwarded twice.
+    #[arg(long)]
+    ledger: Option<String>,
+    /// Machine-readable output, one JSON object.
+    #[arg(long)]
+    json: bool,
+}
+
+#[derive(clap::ValueEnum, Clone, Copy)]
+enum AuthKind {
+    Bearer,
+    Apikey,
+    Hmac,
+}
+
+fn parse_rate(s: &str) -> Result<f64, String> {
+    let n = s.strip_suffix("/s").unwrap_or(s);
+    match n.parse::<f64>() {
+        Ok(r) if r > 0.0 && r.is_finite() => Ok(r),
+        _ => Err(format!(
+            "rate must be a positive number per second, like 1000/s: {s}"
+        )),
+    }
+}
+
+fn parse_ratio(s: &str) -> Result<f64, String> {
+    match s.parse::<f64>() {
+        Ok(r) if (0.0..=1.0).contains(&r) => Ok(r),
+        _ => Err(format!("ratio must be within 0.0..=1.0: {s}")),
+    }
+}
+
+/// The credential, ready to attach. Debug is not derived: it holds a secret.
+enum Auth {
+    None,
+    Bearer(hyper::header::HeaderValue),
+    /// The JSON-encoded secret, spliced into the body as `apiKey`.
+    ApiKey(String),
+    Hmac(Vec<u8>),
+}
+
+impl Auth {
+    fn load(kind: Option<AuthKind>, file: Option<&PathBuf>) -> Result<Auth, Error> {
+        let (Some(kind), Some(file)) = (kind, file) else {
+            return Ok(Auth::None);
+        };
+        let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
+        let secret = text.lines().next().map(str::trim).unwrap_or("");
+        if secret.is_empty() {
+            return Err(format!("{}: no secret on the first line", file.display()).into());
+        }
+        Ok(match kind {
+            AuthKind::Bearer => {
+                let mut value = hyper::header::HeaderValue::try_from(format!("Bearer {secret}"))
+                    .map_err(|_| {
+                        format!("{}: secret is not a valid header value", file.display())
+                    })?;
+                value.set_sensitive(true);
+                Auth::Bearer(value)
+            }
+            AuthKind::Apikey => Auth::ApiKey(serde_json::to_string(secret)?),
+            AuthKind::Hmac => Auth::Hmac(secret.as_bytes().to_vec()),
+        })
+    }
+}
+
+/// Where and how to connect; shared by every connection.
+struct Target {
+    uri: Uri,
+    /// What goes on the request line or in `:path`: relative for HTTP/1.1, absolute for h2.
+    request_uri: Uri,
+    authority: String,
+    addr: String,
+    server_name: ServerName<'static>,
+    tls: TlsConnector,
+    http2: bool,
+}
+
+impl Target {
+    fn new(args: &Args) -> Result<Target, Error> {
+        let uri: Uri = args.url.parse()?;
+        if uri.scheme_str() != Some("https") {
+            return Err(format!("URL must be https://: {}", args.url).into());
+        }
+        let authority = uri.authority().ok_or("URL has no host")?.clone();
+        let host = authority
+            .host()
+            .trim_start_matches('[')
+            .trim_end_matches(']')
+            .to_string();
+        let addr = format!(
+            "{}:{}",
+            authority.host(),
+            authority.port_u16().unwrap_or(443)
+        );
+        let name = args.server_name.clone().unwrap_or(host);
+        let server_name = ServerName::try_from(name.clone())
+            .map_err(|_| format!("bad TLS server name: {name}"))?;
+
+        let mut roots = rustls::RootCertStore::empty();
+        for cert in CertificateDer::pem_file_iter(&args.ca)
+            .map_err(|e| format!("{}: {e}", args.ca.display()))?
+        {
+            roots.add(cert.map_err(|e| format!("{}: {e}", args.ca.display()))?)?;
+        }
+        let provider = Arc::new(rustls::crypto::ring::default_provider());
+        let mut config = rustls::ClientConfig::builder_with_provider(provider)
+            .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
+            .with_root_certificates(roots)
+            .with_no_client_auth();
+        config.alpn_protocols = vec![if args.http2 {
+            b"h2".to_vec()
+        } else {
+            b"http/1.1".to_vec()
+        }];
+
+        let path = uri.path_and_query().map(|p| p.as_str()).unwrap_or("/");
+        let request_uri = if args.http2 {
+            uri.clone()
+        } else {
+            path.parse()?
+        };
+        Ok(Target {
+            uri,
+            request_uri,
+            authority: authority.to_string(),
+            addr,
+            server_name,
+            tls: TlsConnector::from(Arc::new(config)),
+            http2: args.http2,
+        })
+    }
+
+    async fn connect(&self) -> Result<Conn, Error> {
+        let tcp = TcpStream::connect(&self.addr).await?;
+        tcp.set_nodelay(true)?;
+        let tls = self.tls.connect(self.server_name.clone(), tcp).await?;
+        let io = TokioIo::new(tls);
+        // The connection futures end when the peer goes away; their errors surface on send.
+        if self.http2 {
+            let (sender, conn) =
+                hyper::client::conn::http2::handshake(TokioExecutor::new(), io).await?;
+            tokio::spawn(conn);
+            Ok(Conn::H2(sender))
+        } else {
+            let (sender, conn) = hyper::client::conn::http1::handshake(io).await?;
+            tokio::spawn(conn);
+            Ok(Conn::H1(sender))
+        }
+    }
+}
+
+enum Conn {
+    H1(hyper::client::conn::http1::SendRequest<Full<Bytes>>),
+    H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
+}
+
+impl Conn {
+    async fn send(
+        &mut self,
+        req: Request<Full<Bytes>>,
+    ) -> Result<Response<Incoming>, hyper::Error> {
+        match self {
+            Conn::H1(s) => {
+                s.ready().await?;
+                s.send_request(req).await
+            }
+            Conn::H2(s) => {
+                s.ready().await?;
+                s.send_request(req).await
+            }
+        }
+    }
+}
+
+/// What one connection measured; merged at the end.
+struct Stats {
+    latency_us: Histogram<u64>,
+    status: BTreeMap<u16, u64>,
+    errors: BTreeMap<&'static str, u64>,
+}
+
+impl Stats {
+    fn new() -> Result<Stats, Error> {
+        Ok(Stats {
+            // 1 µs .. 60 s at 3 significant figures: a few hundred KiB per connection.
+            latency_us: Histogram::new_with_bounds(1, 60_000_000, 3)?,
+            status: BTreeMap::new(),
+            errors: BTreeMap::new(),
+        })
+    }
+
+    fn error(&mut self, kind: &'static str) {
+        *self.errors.entry(kind).or_insert(0) += 1;
+    }
+
+    fn merge(&mut self, other: Stats) {
+        // Same bounds on both sides, so adding cannot fail.
+        let _ = self.latency_us.add(&other.latency_us);
+        for (k, v) in other.status {
+            *self.status.entry(k).or_insert(0) += v;
+        }
+        for (k, v) in other.errors {
+            *self.errors.entry(k).or_insert(0) += v;
+        }
+    }
+}
+
+/// A small xorshift generator: picking keys to repeat needs speed, not secrecy.
+struct Rng(u64);
+
+impl Rng {
+    fn next(&mut self) -> u64 {
+        let mut x = self.0;
+        x ^= x << 13;
+        x ^= x >> 7;
+        x ^= x << 17;
+        self.0 = x;
+        x
+    }
+
+    fn chance(&mut self, p: f64) -> bool {
+        ((self.next() >> 11) as f64 / (1u64 << 53) as f64) < p
+    }
+}
+
+/// `X-Hoox-Signature`: `sha256=` and the hex HMAC-SHA256 of `"{timestamp}.{raw body}"`.
+fn sign(secret: &[u8], ts: u64, body: &[u8]) -> Result<String, Error> {
+    let mut mac = hmac::Hmac::<sha2::Sha256>::new_from_slice(secret)?;
+    mac.update(format!("{ts}.").as_bytes());
+    mac.update(body);
+    Ok(format!(
+        "sha256={}",
+        hex::encode(mac.finalize().into_bytes())
+    ))
+}
+
+/// Everything the connections share while the run lasts.
+struct Plan {
+    target: Target,
+    auth: Auth,
+    key_prefix: String,
+    next: AtomicU64,
+    /// Keys issued so far: key numbers 0..fresh. A repeat draws from these, so a run of N
+    /// fresh keys is exactly keys 0..N, and a later run with the same prefix replays them.
+    fresh: AtomicU64,
+    limit: Option<u64>,
+    start: Instant,
+    deadline: Option<Instant>,
+    rate: Option<f64>,
+    dup_ratio: f64,
+    keys: Option<u64>,
+    timeout: Duration,
+}
+
+impl Plan {
+    /// The trade for key number `j`: a repeated key carries the very same trade, so the gateway
+    /// sees a duplicate (409) rather than a reused key with a different trade (422).
+    fn body(&self, j: u64) -> String {
+        let milli = 1 + j % 1000;
+        let action = if j.is_multiple_of(2) { "LONG" } else { "SHORT" };
+        let api_key = match &self.auth {
+            Auth::ApiKey(json) => format!(",\"apiKey\":{json}"),
+            _ => String::new(),
+        };
+        format!(
+            "{{\"exchange\":\"binance\",\"symbol\":\"BTCUSDT\",\"action\":\"{action}\",\"quantity\":{}.{:03},\"idempotencyKey\":\"{}-{j}\"{api_key}}}",
+            milli / 1000,
+            milli % 1000,
+            self.key_prefix
+        )
+    }
+
+    fn request(&self, body: String) -> Result<Request<Full<Bytes>>, Error> {
+        let mut req = Request::post(self.target.request_uri.clone())
+            .header(hyper::header::CONTENT_TYPE, "application/json");
+        if !self.target.http2 {
+            req = req.header(hyper::header::HOST, self.target.authority.as_str());
+        }
+        match &self.auth {
+            Auth::Bearer(value) => req = req.header(hyper::header::AUTHORIZATION, value.clone()),
+            Auth::Hmac(secret) => {
+                let ts = SystemTime::now()
+                    .duration_since(UNIX_EPOCH)
+                    .map(|d| d.as_secs())
+                    .unwrap_or(0);
+                let sig = sign(secret, ts, body.as_bytes())?;
+                req = req
+                    .header("x-hoox-timestamp", ts.to_string())
+                    .header("x-hoox-signature", sig);
+            }
+            Auth::None | Auth::ApiKey(_) => {}
+        }
+        Ok(req.body(Full::new(Bytes::from(body)))?)
+    }
+
+    /// Which key the next request carries: a fresh one, or (at `dup_ratio`) one already issued.
+    fn key_number(&self, rng: &mut Rng) -> u64 {
+        let issued = self.fresh.load(Ordering::Relaxed);
+        match self.keys {
+            Some(k) => rng.next() % k,
+            None if issued > 0 && rng.chance(self.dup_ratio) => rng.next() % issued,
+            None => self.fresh.fetch_add(1, Ordering::Relaxed),
+        }
+    }
+
+    /// When the next request is due, or None when the run is over.
+    async fn next_slot(&self) -> Option<Instant> {
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        if self.limit.is_some_and(|n| i >= n) {
+            return None;
+        }
+        let due = match self.rate {
+            Some(r) => self.start + Duration::from_secs_f64(i as f64 / r),
+            None => Instant::now(),
+        };
+        if self.deadline.is_some_and(|d| due >= d) {
+            return None;
+        }
+        tokio::time::sleep_until(due.into()).await;
+        Some(due)
+    }
+}
+
+async fn connection(plan: Arc<Plan>, mut conn: Option<Conn>, seed: u64) -> Result<Stats, Error> {
+    let mut stats = Stats::new()?;
+    let mut rng = Rng(seed | 1);
+    while let Some(due) = plan.next_slot().await {
+        let j = plan.key_number(&mut rng);
+        let sender = match conn.as_mut() {
+            Some(c) => c,
+            None => match tokio::time::timeout(plan.timeout, plan.target.connect()).await {
+                Ok(Ok(c)) => conn.insert(c),
+                _ => {
+                    // The gateway is down (restarting, in the chaos test): back off a little
+                    // rather than spin, and count the request as failed.
+                    stats.error("connect");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+        };
+        let req = match plan.request(plan.body(j)) {
+            Ok(req) => req,
+            Err(_) => {
+                stats.error("build");
+                continue;
+            }
+        };
+        let exchange = async {
+            let res = sender.send(req).await?;
+            let status = res.status().as_u16();
+            res.into_body().collect().await?;
+            Ok::<u16, hyper::Error>(status)
+        };
+        match tokio::time::timeout(plan.timeout, exchange).await {
+            Ok(Ok(status)) => {
+                stats
+                    .latency_us
+                    .saturating_record(due.elapsed().as_micros() as u64);
+                *stats.status.entry(status).or_insert(0) += 1;
+            }
+            Ok(Err(_)) => {
+                stats.error("io");
+                conn = None;
+            }
+            Err(_) => {
+                stats.error("timeout");
+                conn = None;
+            }
+        }
+    }
+    Ok(stats)
+}
+
+pub async fn run(args: Args) -> Result<ExitCode, Error> {
+    let target = Target::new(&args)?;
+    let auth = Auth::load(args.auth, args.secret_file.as_ref())?;
+    let seed = getrandom::u64()?;
+    // The prefix goes into JSON and headers unescaped, and keys are at most 255 characters.
+    if let Some(p) = &args.key_prefix {
+        let ok = p.len() <= 200
+            && p.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
+        if !ok {
+            return Err("--key-prefix: at most 200 of A-Z a-z 0-9 - _ . :".into());
+        }
+    }
+    let duration = match (args.duration, args.requests) {
+        (Some(d), _) => Some(d),
+        (None, Some(_)) => None,
+        (None, None) => Some(Duration::from_secs(10)),
+    };
+
+    // Handshakes happen before the clock starts: the run measures requests, not TLS setup.
+    let target = Arc::new(target);
+    let mut handshakes = Vec::new();
+    for _ in 0..args.connections {
+        let target = target.clone();
+        handshakes.push(tokio::spawn(async move { target.connect().await }));
+    }
+    let mut ready = Vec::new();
+    let mut failed = 0;
+    for h in handshakes {
+        match h.await {
+            Ok(Ok(c)) => ready.push(Some(c)),
+            _ => {
+                failed += 1;
+                ready.push(None);
+            }
+        }
+    }
+    if failed == args.connections as usize {
+        // One more attempt for the message: the first error is what the user needs to see.
+        target
+            .connect()
+            .await
+            .map_err(|e| format!("cannot connect to {}: {e}", args.url))?;
+    }
+    let target = Arc::try_unwrap(target).map_err(|_| "connection setup still holds the target")?;
+
+    let start = Instant::now();
+    let plan = Arc::new(Plan {
+        target,
+        auth,
+        key_prefix: args
+            .key_prefix
+            .clone()
+            .unwrap_or_else(|| format!("load-{:08x}", seed as u32)),
+        next: AtomicU64::new(0),
+        fresh: AtomicU64::new(0),
+        limit: args.requests,
+        start,
+        deadline: duration.map(|d| start + d),
+        rate: args.rate,
+        dup_ratio: args.dup_ratio,
+        keys: args.keys.filter(|&k| k > 0),
+        timeout: args.timeout,
+    });
+    let mut workers = Vec::new();
+    for (n, conn) in ready.into_iter().enumerate() {
+        let s = seed.wrapping_add((n as u64 + 1).wrapping_mul(0x9e37_79b9_7f4a_7c15));
+        workers.push(tokio::spawn(connection(plan.clone(), conn, s)));
+    }
+    let mut total = Stats::new()?;
+    for w in workers {
+        total.merge(w.await??);
+    }
+    let elapsed = start.elapsed();
+
+    let ledger = match &args.ledger {
+        Some(url) => Some(ledger::fetch(url).await?),
+        None => None,
+    };
+    print_report(&args, &plan, &total, elapsed, failed);
+    match ledger {
+        Some(counts) => Ok(ledger::report(&counts, args.json)),
+        None if total.latency_us.is_empty() => Ok(ExitCode::from(3)),
+        None => Ok(ExitCode::SUCCESS),
+    }
+}
+
+fn print_report(
+    args: &Args,
+    plan: &Plan,
+    total: &Stats,
+    elapsed: Duration,
+    failed_handshakes: usize,
+) {
+    let h = &total.latency_us;
+    let responses = h.len();
+    let secs = elapsed.as_secs_f64();
+    let rps = if secs > 0.0 {
+        responses as f64 / secs
+    } else {
+        0.0
+    };
+    let q = |x: f64| h.value_at_quantile(x);
+    let protocol = if args.http2 { "h2" } else { "http/1.1" };
+    let mode = match args.rate {
+        Some(r) => format!("open loop {r}/s"),
+        None => "closed loop".to_string(),
+    };
+    if args.json {
+        let status: BTreeMap<String, u64> = total
+            .status
+            .iter()
+            .map(|(k, v)| (k.to_string(), *v))
+            .collect();
+        let out = serde_json::json!({
+            "url": plan.target.uri.to_string(), "protocol": protocol, "connections": args.connections,
+            "mode": mode, "rate": args.rate, "dup_ratio": args.dup_ratio,
+            "elapsed_s": secs, "responses": responses, "throughput_rps": rps,
+            "latency_us": { "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "p99_9": q(0.999),
+                            "max": h.max(), "mean": h.mean() },
+            "status": status, "errors": total.errors, "failed_handshakes": failed_handshakes,
+        });
+        println!("{out}");
+        return;
+    }
+    println!(
+        "hoox-load: {} {protocol}, {} connections, {mode}, {secs:.2} s",
+        plan.target.uri, args.connections
+    );
+    println!("  responses  {responses}   throughput {rps:.1} req/s");
+    println!(
+        "  latency us p50 {}  p90 {}  p99 {}  p99.9 {}  max {}",
+        q(0.5),
+        q(0.9),
+        q(0.99),
+        q(0.999),
+        h.max()
+    );
+    let status: Vec<String> = total
+        .status
+        .iter()
+        .map(|(k, v)| format!("{k} x {v}"))
+        .collect();
+    println!(
+        "  status     {}",
+        if status.is_empty() {
+            "none".to_string()
+        } else {
+            status.join(", ")
+        }
+    );
+    if !total.errors.is_empty() || failed_handshakes > 0 {
+        let errors: Vec<String> = total
+            .errors
+            .iter()
+            .map(|(k, v)| format!("{k} x {v}"))
+            .collect();
+        println!(
+            "  errors     {} (failed initial handshakes: {failed_handshakes})",
+            errors.join(", ")
+        );
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn plan(auth: Auth) -> Plan {
+        let start = Instant::now();
+        Plan {
+            target: Target {
+                uri: Uri::from_static("https://127.0.0.1:1/webhook"),
+                request_uri: Uri::from_static("/webhook"),
+                authority: "127.0.0.1:1".into(),
+                addr: "127.0.0.1:1".into(),
+                server_name: ServerName::try_from("localhost").unwrap(),
+                tls: TlsConnector::from(Arc::new(
+                    rustls::ClientConfig::builder_with_provider(Arc::new(
+                        rustls::crypto::ring::default_provider(),
+                    ))
+                    .with_safe_default_protocol_versions()
+                    .unwrap()
+                    .with_root_certificates(rustls::RootCertStore::empty())
+                    .with_no_client_auth(),
+                )),
+                http2: false,
+            },
+            auth,
+            key_prefix: "p".into(),
+            next: AtomicU64::new(0),
+            fresh: AtomicU64::new(0),
+            limit: Some(3),
+            start,
+            deadline: None,
+            rate: None,
+            dup_ratio: 0.0,
+            keys: None,
+            timeout: Duration::from_secs(1),
+        }
+    }
+
+    #[test]
+    fn body_is_a_hoox_trade_and_a_repeated_key_repeats_the_trade() {
+        let p = plan(Auth::ApiKey(serde_json::to_string("s\"cret").unwrap()));
+        let v: serde_json::Value = serde_json::from_str(&p.body(1999)).unwrap();
+        assert_eq!(v["exchange"], "binance");
+        assert_eq!(v["symbol"], "BTCUSDT");
+        assert_eq!(v["action"], "SHORT");
+        assert_eq!(v["quantity"].as_f64(), Some(1.0));
+        assert_eq!(v["idempotencyKey"], "p-1999");
+        assert_eq!(v["apiKey"], "s\"cret");
+        assert_eq!(p.body(7), p.body(7));
+        assert_ne!(p.body(7), p.body(8));
+    }
+
+    #[test]
+    fn hmac_signature_matches_openssl() {
+        // printf '1700000000.{"a":1}' | openssl dgst -sha256 -hmac 'k3y'
+        assert_eq!(
+            sign(b"k3y", 1_700_000_000, br#"{"a":1}"#).unwrap(),
+            "sha256=fd5a70e965043f7df6309c2c3b5ff5a8ffa99b1f5175e9a311459e73c4634d4a"
+        );
+    }
+
+    #[test]
+    fn bearer_header_and_request_shape() {
+        let value = hyper::header::HeaderValue::from_static("Bearer t0k");
+        let p = plan(Auth::Bearer(value));
+        let req = p.request(p.body(0)).unwrap();
+        assert_eq!(req.uri(), "/webhook");
+        assert_eq!(req.headers()[hyper::header::HOST], "127.0.0.1:1");
+        assert_eq!(req.headers()[hyper::header::AUTHORIZATION], "Bearer t0k");
+    }
+
+    #[tokio::test]
+    async fn request_limit_ends_the_run() {
+        let p = plan(Auth::None);
+        let mut n = 0;
+        while p.next_slot().await.is_some() {
+            n += 1;
+        }
+        assert_eq!(n, 3);
+    }
+
+    #[test]
+    fn repeats_draw_only_from_issued_keys() {
+        let mut p = plan(Auth::None);
+        let mut rng = Rng(7);
+        // No repeats: keys 0, 1, 2, ... in order, so a replay run covers exactly these.
+        assert_eq!(
+            (0..5).map(|_| p.key_number(&mut rng)).collect::<Vec<_>>(),
+            [0, 1, 2, 3, 4]
+        );
+        // Always repeat: never a new key, always one of the five issued.
+        p.dup_ratio = 1.0;
+        assert!((0..1000).all(|_| p.key_number(&mut rng) < 5));
+        assert_eq!(p.fresh.load(Ordering::Relaxed), 5);
+        // A storm: every key within --keys.
+        p.keys = Some(3);
+        assert!((0..1000).all(|_| p.key_number(&mut rng) < 3));
+    }
+
+    #[test]
+    fn rate_and_ratio_parsing() {
+        assert_eq!(parse_rate("1000/s"), Ok(1000.0));
+        assert_eq!(parse_rate("250"), Ok(250.0));
+        assert!(parse_rate("0/s").is_err());
+        assert!(parse_rate("fast").is_err());
+        assert!(parse_ratio("1.5").is_err());
+        assert_eq!(parse_ratio("0.25"), Ok(0.25));
+    }
+}
