@@ -14,7 +14,26 @@
 #   KEYS=100000  ROUNDS=5  CONNECTIONS=64  PORT_BASE=18470 (uses PORT_BASE..+1)
 #   MEM_DIR (state; default a fresh folder in /var/tmp, the local disk)  KEEP=1 (keep it)
 #   SKIP_BUILD=1  GATEWAY=path/to/hoox-edge (measure another build, e.g. musl)
+#
+#   scripts/memstart.sh --alloc BIN_A BIN_B ...   compare builds (e.g. musl malloc vs
+#       mimalloc): ROUNDS x, binaries interleaved within each round so the shared machine's
+#       drift hits all alike: fresh state on tmpfs (ALLOC_DIR=/dev/shm) so the disk does not
+#       dominate, paper executor, idle RSS, then hoox-load for ALLOC_S=10 s at each of
+#       ALLOC_CONNECTIONS="16 64" (HTTP/1.1, unique keys). Prints req/s, p50/p99 and VmHWM
+#       per run and the medians per binary.
 set -euo pipefail
+
+ALLOC=()
+if [ "${1:-}" = --alloc ]; then
+    shift
+    ALLOC=("$@")
+    [ ${#ALLOC[@]} -gt 0 ] || { echo "memstart.sh: --alloc needs binaries" >&2; exit 64; }
+    SKIP_BUILD=1
+    MEM_DIR=${MEM_DIR:-$(mktemp -d "${ALLOC_DIR:-/dev/shm}/hoox-alloc.XXXXXX")}
+elif [ $# -gt 0 ]; then
+    sed -n '2,25p' "$0"
+    exit 64
+fi
 
 KEYS=${KEYS:-100000}
 ROUNDS=${ROUNDS:-5}
@@ -142,6 +161,51 @@ chmod 700 "$WORK/secrets"
     printf '[auth]\nbearer_tokens_file = "%s"\n\n' "$WORK/secrets/token"
     printf '[executor]\nkind = "paper"\n'
 } >"$WORK/config.toml"
+
+# jget FILE FIELD: a number from hoox-load's one-line JSON (field names are unique in it).
+jget() {
+    { grep -o "\"$2\":[-0-9.e+]*" "$1" 2>/dev/null || true; } | head -n 1 | cut -d: -f2
+}
+
+if [ ${#ALLOC[@]} -gt 0 ]; then
+    ALLOC_S=${ALLOC_S:-10}
+    ALLOC_CONNECTIONS=${ALLOC_CONNECTIONS:-"16 64"}
+    echo "== allocator comparison, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores, state on" \
+        "$(df -T "$WORK" | awk 'NR == 2 { print $2 }'), ${ALLOC_S}s per run, $ROUNDS rounds"
+    : >"$WORK/alloc.tsv"
+    for round in $(seq "$ROUNDS"); do
+        echo "-- round $round, $(uptime | sed 's/.*load average/load average/')"
+        for i in "${!ALLOC[@]}"; do
+            GATEWAY=${ALLOC[$i]}
+            rm -rf "$WORK/state" && mkdir -p "$WORK/state"
+            start_ready "alloc-$i-$round"
+            sleep 1
+            idle=$(mem VmRSS)
+            for c in $ALLOC_CONNECTIONS; do
+                timeout 120 "$BIN/hoox-load" run --url "https://127.0.0.1:$GW_PORT/webhook" \
+                    --ca "$WORK/tls/cert.pem" --http1 --auth bearer --secret-file "$WORK/secrets/token" \
+                    --connections "$c" --duration "${ALLOC_S}s" --key-prefix "alloc-$$-$round-$i-$c" \
+                    --json >"$WORK/run.json" || true
+                rps=$(jget "$WORK/run.json" throughput_rps)
+                p50=$(jget "$WORK/run.json" p50) p99=$(jget "$WORK/run.json" p99)
+                printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$i" "$c" "$rps" "$p50" "$p99" "$idle" >>"$WORK/alloc.tsv"
+                printf '  %-60s c%-3s %7.0f req/s  p50 %6s us  p99 %6s us  idle RSS %s MB  VmHWM %s MB\n' \
+                    "$GATEWAY" "$c" "$rps" "$p50" "$p99" "$idle" "$(mem VmHWM)"
+            done
+            stop_gateway
+        done
+    done
+    echo
+    echo "| build | connections | req/s (median) | p50 us (median) | p99 us (median) | idle RSS MB (median) |"
+    echo "|---|---|---|---|---|---|"
+    for i in "${!ALLOC[@]}"; do
+        for c in $ALLOC_CONNECTIONS; do
+            col() { awk -F'\t' -v i="$i" -v c="$c" -v k="$1" '$1 == i && $2 == c { print $k }' "$WORK/alloc.tsv" | median; }
+            printf '| %s | %s | %.0f | %s | %s | %s |\n' "${ALLOC[$i]}" "$c" "$(col 3)" "$(col 4)" "$(col 5)" "$(col 6)"
+        done
+    done
+    exit 0
+fi
 
 FS=$(df -T "$WORK" | awk 'NR == 2 { print $2 " on " $1 }')
 echo "== hoox-edge memory and start, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores," \
