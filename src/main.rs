@@ -2,7 +2,7 @@
 
 /// musl's own malloc takes one lock for every allocation, and the gateway allocates on every
 /// request from every tokio worker: under load the workers queue on that lock (mimalloc:
-/// +50% req/s at 64 connections, docs/MEMSTART.md). glibc's malloc has per-thread arenas,
+/// +26% req/s at 16 connections, +112% at 64, docs/BENCHMARKS.md). glibc's malloc has per-thread arenas,
 /// so only the static musl build swaps allocator.
 #[cfg(target_env = "musl")]
 #[global_allocator]
