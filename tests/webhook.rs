@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use support::client::{Alpn, TlsClient};
 use support::executor::{MockExecutor, Mode, refused_url};
-use support::gateway::{SECRET, Setup, trade};
+use support::gateway::{SECRET, Setup, trade, with_mock};
 
 /// The key's state as the admin API tells it: "pending", "committed", or "absent".
 async fn key_state(gw: &support::gateway::Gateway, key: &str) -> String {
@@ -29,10 +29,7 @@ fn code(v: &Value) -> &str {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn success_commits_and_a_retry_is_a_duplicate() {
-    let exec = MockExecutor::start().await;
-    let setup = Setup::new(Some(&exec.url()));
-    let gw = setup.start();
-    gw.wait_ready().await;
+    let (exec, _setup, gw) = with_mock().await;
 
     let r = gw
         .post(&trade("BTCUSDT"), &[("x-request-id", "req-1")])
@@ -69,10 +66,7 @@ async fn success_commits_and_a_retry_is_a_duplicate() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soft_fail_and_errors_release_so_a_retry_runs() {
-    let exec = MockExecutor::start().await;
-    let setup = Setup::new(Some(&exec.url()));
-    let gw = setup.start();
-    gw.wait_ready().await;
+    let (exec, _setup, gw) = with_mock().await;
     let body = |k: &str| {
         let mut t = trade("ETHUSDT");
         t["idempotencyKey"] = json!(k);
@@ -119,10 +113,7 @@ async fn unreachable_executor_releases_with_502() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn timeout_after_send_holds_the_key() {
-    let exec = MockExecutor::start().await;
-    let setup = Setup::new(Some(&exec.url()));
-    let gw = setup.start();
-    gw.wait_ready().await;
+    let (exec, _setup, gw) = with_mock().await;
     for (mode, k) in [(Mode::Hang, "hang-1"), (Mode::Reset, "reset-1")] {
         exec.set_mode(mode);
         let mut t = trade("BNBUSDT");
@@ -278,10 +269,7 @@ async fn bad_requests_are_refused_before_the_executor() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_client_key_with_another_trade_is_422() {
-    let exec = MockExecutor::start().await;
-    let setup = Setup::new(Some(&exec.url()));
-    let gw = setup.start();
-    gw.wait_ready().await;
+    let (exec, _setup, gw) = with_mock().await;
     let mut t = trade("BTCUSDT");
     t["idempotencyKey"] = json!("reuse-1");
     assert_eq!(gw.post(&t, &[]).await.status, 200);
@@ -326,10 +314,7 @@ async fn require_client_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn authentication_methods_and_failures() {
-    let exec = MockExecutor::start().await;
-    let setup = Setup::new(Some(&exec.url()));
-    let gw = setup.start();
-    gw.wait_ready().await;
+    let (exec, _setup, gw) = with_mock().await;
     let body = |k: &str| {
         json!({"exchange":"kraken","symbol":"XBTUSD","action":"SHORT","quantity":2,"idempotencyKey":k})
             .to_string()

@@ -12,6 +12,7 @@ use std::time::{Duration, Instant};
 use hoox_edge::admin::Listen;
 
 use super::client::{Reply, TlsClient};
+use super::executor::MockExecutor;
 use super::pki::Pki;
 
 pub const BIN: &str = env!("CARGO_BIN_EXE_hoox-edge");
@@ -290,6 +291,15 @@ impl Drop for Gateway {
         let _ = self.child.kill();
         let _ = self.child.wait();
     }
+}
+
+/// The usual rig: a mock executor, a gateway configured for it, started and ready.
+pub async fn with_mock() -> (MockExecutor, Setup, Gateway) {
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let gw = setup.start();
+    gw.wait_ready().await;
+    (exec, setup, gw)
 }
 
 /// A valid HOOX trade, authenticated by body api key.
