@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use hoox_edge::mutex::{Clock, Decision};
+use hoox_edge::mutex::{Clock, Decision, Snapshot, State, Unavailable};
 use mutex_support::*;
 
 const TEST: &str = "sigkill_never_loses_a_granted_key";
@@ -117,4 +117,93 @@ fn reserve_until_killed(path: &Path) {
         // Runs until the parent's SIGKILL.
         std::future::pending::<()>().await
     });
+}
+
+const JOURNAL_TEST: &str = "the_journal_alone_brings_back_reserves_commits_and_releases";
+
+/// After a SIGKILL, redb holds only its last checkpoint; everything since lives in the
+/// journal. A child reserves four keys, commits one, releases one, says so and waits to be
+/// killed: too few records to fill the journal, so no checkpoint after its open has taken
+/// place and the state after the kill comes from the replay alone. Then the same journal
+/// with a synced record damaged (and later ones intact) must fail the open, not be skipped.
+#[test]
+fn the_journal_alone_brings_back_reserves_commits_and_releases() {
+    if let Ok(path) = std::env::var(CHILD_ENV) {
+        child_begin();
+        let (m, _owner) = start(Path::new(&path), Clock::system());
+        rt().block_on(async {
+            for k in ["pending", "committed", "released", "later"] {
+                assert_eq!(
+                    m.reserve(reserve(&key(k), 3_600_000, 1)).await,
+                    Decision::Proceed
+                );
+            }
+            let response = Snapshot {
+                status: 200,
+                body: b"filled".to_vec(),
+            };
+            m.commit(key("committed"), Some(response)).await.unwrap();
+            m.release(key("released")).await.unwrap();
+            // Commit and release are answered before any fsync; a ping round trip after
+            // them means their record is written (a SIGKILL keeps the page cache).
+            m.ping().await.unwrap();
+            println!("READY");
+            std::future::pending::<()>().await
+        });
+        return;
+    }
+    let dir = tempfile::tempdir().unwrap();
+    // Runs the child on a fresh database and SIGKILLs it once it is done; returns the
+    // database's path.
+    let crashed = |name: &str| {
+        let path = dir.path().join(name);
+        let mut c = child(JOURNAL_TEST, path.to_str().unwrap()).spawn().unwrap();
+        let mut lines = BufReader::new(c.stdout.take().unwrap()).lines();
+        assert!(lines.any(|l| l.unwrap() == "READY"), "child did not finish");
+        c.kill().unwrap(); // SIGKILL
+        c.wait().unwrap();
+        path
+    };
+    let path = crashed("m.redb");
+    let (m, owner) = start(&path, Clock::system());
+    rt().block_on(async {
+        assert_eq!(m.ping().await.unwrap().live_keys, 3);
+        assert_eq!(
+            m.get(key("pending")).await.unwrap().unwrap().state,
+            State::Pending
+        );
+        match m.reserve(reserve(&key("committed"), 3_600_000, 1)).await {
+            Decision::Duplicate(d) => {
+                assert_eq!(d.state, State::Committed);
+                assert_eq!(d.response.unwrap().body, b"filled");
+            }
+            other => panic!("committed key: {other:?}"),
+        }
+        assert!(m.get(key("later")).await.unwrap().is_some());
+        assert_eq!(
+            m.reserve(reserve(&key("released"), 3_600_000, 1)).await,
+            Decision::Proceed,
+            "the release came back too"
+        );
+    });
+    owner.stop();
+
+    // The same crash, but the first record (the first reserve, synced before it was
+    // answered) damaged on disk while later records are intact.
+    let path = crashed("d.redb");
+    let journal = dir.path().join("d.redb-journal");
+    let mut bytes = std::fs::read(&journal).unwrap();
+    assert_eq!(&bytes[..4], b"HXJ1", "a record at the start of the journal");
+    bytes[40] ^= 0xff;
+    std::fs::write(&journal, &bytes).unwrap();
+    let (m, owner) = start(&path, Clock::system());
+    rt().block_on(async {
+        match m.reserve(reserve(&key("pending"), 3_600_000, 1)).await {
+            Decision::Unavailable(Unavailable::NotOpen(why)) => {
+                assert!(why.contains("damaged"), "{why}")
+            }
+            other => panic!("a damaged journal must fail closed: {other:?}"),
+        }
+    });
+    owner.stop();
 }

@@ -1,9 +1,17 @@
-//! A stored entry read back from redb: any bytes must decode or be refused, never panic.
-//! `decode_entry` comes with the mutex engineer's branch.
+//! What the mutex reads back from disk: any bytes must decode or be refused, never panic.
+//! The same bytes are tried as a stored entry and as a journal file (scan, then decode
+//! every record found).
 #![no_main]
 
+use hoox_edge::mutex::journal;
 use libfuzzer_sys::fuzz_target;
 
 fuzz_target!(|data: &[u8]| {
     let _ = hoox_edge::mutex::decode_entry(data);
+    // An id and checkpoint of 0 accept any record whose crc holds.
+    if let Ok(records) = journal::scan(data, 0, 0) {
+        for (lsn, payload) in records {
+            let _ = journal::decode(lsn, payload);
+        }
+    }
 });

@@ -9,6 +9,7 @@
 //! This module knows nothing of HTTP.
 
 pub mod clock;
+pub mod journal;
 pub mod key;
 mod owner;
 pub mod stats;
@@ -46,6 +47,10 @@ pub struct Config {
     pub deadline: Duration,
     /// Longest pause between two attempts to reopen a failed database.
     pub reopen_backoff_max: Duration,
+    /// Size of the journal file beside the database (`NAME-journal`), written in full at
+    /// creation. When a batch no longer fits, redb takes a checkpoint and the journal
+    /// starts over; bigger means rarer checkpoints and a longer replay after a crash.
+    pub journal_bytes: usize,
 }
 
 impl Default for Config {
@@ -57,6 +62,7 @@ impl Default for Config {
             queue_depth: 16 * 1024,
             deadline: Duration::from_secs(2),
             reopen_backoff_max: Duration::from_secs(5),
+            journal_bytes: 4 * 1024 * 1024,
         }
     }
 }

@@ -2,12 +2,13 @@
 //!
 //! Each turn of the loop: wait for a command (or the next alarm, or the next reopen
 //! attempt), drain what else is queued up to `batch_limit`, apply it all to the in-memory
-//! index and to ONE redb write transaction, commit once, and only then answer. A batch
-//! that granted a key (or carries an operator write) commits with `Durability::Immediate`,
-//! so no Proceed leaves this thread before the fsync that makes it true. Anything else
-//! (commit, release, expiry, a batch of duplicates) commits with `Durability::None`: it
-//! rides into the next durable commit, and a crash that loses it leaves a key pending
-//! until its TTL, which only ever blocks a retry, never lets one through.
+//! index and to ONE redb write transaction, write the batch's operations as ONE journal
+//! record, and only then answer. The record is synced (fdatasync) if the batch granted a
+//! key or carries an operator write, so no Proceed leaves this thread before the fsync
+//! that makes it true. Anything else (commit, release, expiry) is written unsynced: it
+//! rides the next sync, and a crash that loses it leaves a key pending until its TTL,
+//! which only ever blocks a retry, never lets one through. redb takes each batch in memory
+//! and is checkpointed to disk when the journal fills (`journal.rs`).
 //!
 //! Any storage error drops the database and the index, and the owner fails closed until a
 //! reopen (with exponential backoff) rebuilds both from disk.
@@ -19,16 +20,16 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
-use redb::{Database, Durability, Table};
+use redb::Durability;
 use tokio::sync::oneshot;
 
 use super::key::BUCKET_MS;
 use super::stats::inc;
-use super::store::{self, ENTRIES, Entry};
+use super::store::{self, Batch, Entry, Store, WriteError};
 use super::wheel::Wheel;
 use super::{
     Clock, Command, Config, Decision, Duplicate, EntryInfo, Key, PayloadHash, Reserve, Shared,
-    Snapshot, State, Status, Unavailable,
+    State, Status, Unavailable,
 };
 
 /// First pause after a failure; doubled up to `Config::reopen_backoff_max`.
@@ -117,7 +118,10 @@ struct Owner {
     clock: Clock,
     shared: Arc<Shared>,
     stall_hook: bool,
-    db: Option<Database>,
+    /// `None` while failing closed.
+    store: Option<Store>,
+    /// The journal record being built, kept to reuse its allocation.
+    record: Vec<u8>,
     index: HashMap<Rc<str>, Live>,
     /// Alarms carry the expiry they were set for, so an alarm left behind by a released and
     /// re-reserved key is recognised as stale and ignored.
@@ -140,7 +144,8 @@ impl Owner {
             clock,
             shared,
             stall_hook,
-            db: None,
+            store: None,
+            record: Vec::new(),
             index: HashMap::new(),
             wheel,
             halted: false,
@@ -172,7 +177,7 @@ impl Owner {
                     Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
                 }
             }
-            if self.db.is_none() && Instant::now() >= self.retry_at {
+            if self.store.is_none() && Instant::now() >= self.retry_at {
                 self.reopen();
             }
             let stop = self.turn(&mut batch);
@@ -190,7 +195,7 @@ impl Owner {
             .next_due_ms()
             .map(|due| Duration::from_millis(due.saturating_sub(self.clock.mono_ms()).max(1)));
         let reopen = self
-            .db
+            .store
             .is_none()
             .then(|| self.retry_at.saturating_duration_since(Instant::now()));
         match (alarm, reopen) {
@@ -202,7 +207,7 @@ impl Owner {
     /// One batch: expiries that are due plus the queued commands. Returns true on Shutdown.
     fn turn(&mut self, batch: &mut Vec<Command>) -> bool {
         let stop = batch.iter().any(|c| matches!(c, Command::Shutdown));
-        let Some(db) = self.db.take() else {
+        let Some(mut store) = self.store.take() else {
             let u = self.failure.clone().unwrap_or(Unavailable::Stopped);
             for cmd in batch.drain(..) {
                 self.refuse(cmd, &u);
@@ -225,16 +230,14 @@ impl Owner {
             });
         let size = batch.len();
         let mut replies = Vec::with_capacity(size);
-        let mut durable = false;
         let outcome = if writes {
             self.write_batch(
-                &db,
+                &mut store,
                 batch,
                 &expired,
                 now_wall,
                 now_mono,
                 &mut replies,
-                &mut durable,
             )
         } else {
             for cmd in batch.drain(..) {
@@ -246,7 +249,7 @@ impl Owner {
         };
         match outcome {
             Ok(()) => {
-                self.db = Some(db);
+                self.store = Some(store);
                 if writes {
                     self.backoff = Duration::ZERO;
                 }
@@ -267,7 +270,7 @@ impl Owner {
                 let u = Unavailable::CommitFailed(e.to_string());
                 // The index holds this batch's uncommitted changes: drop it with the
                 // database; a reopen rebuilds both from what is truly on disk.
-                drop(db);
+                drop(store);
                 self.fail(u.clone());
                 for r in replies {
                     r.fail(&u);
@@ -280,30 +283,37 @@ impl Owner {
         stop
     }
 
-    /// Applies a batch in one write transaction and commits it. On error, the commands not
-    /// yet applied stay in `batch`.
-    #[allow(clippy::too_many_arguments)]
+    /// Applies a batch to the index and one write transaction, makes it durable, and
+    /// answers it. On error, the commands not yet applied stay in `batch`, and the replies
+    /// not yet sent in `replies`.
+    ///
+    /// Durable means: the batch's journal record is written, and synced if the batch
+    /// granted a key or holds an operator write. Then the replies go out, and only then
+    /// does redb take the batch, in memory (`Durability::None`): should that fail, the
+    /// owner fails closed and the reopen replays the journal. When the journal is full,
+    /// the batch instead commits to redb with `Durability::Immediate`, a checkpoint,
+    /// before it is answered.
     fn write_batch(
         &mut self,
-        db: &Database,
+        store: &mut Store,
         batch: &mut Vec<Command>,
         expired: &[Rc<str>],
         now_wall: u64,
         now_mono: u64,
         replies: &mut Vec<Reply>,
-        durable: &mut bool,
-    ) -> Result<(), redb::Error> {
-        let mut txn = db.begin_write()?;
-        {
-            let mut entries = txn.open_table(ENTRIES)?;
+    ) -> Result<(), WriteError> {
+        let mut txn = store.db.begin_write()?;
+        let mut durable = false;
+        let record = {
+            let mut w = Batch::new(&txn, std::mem::take(&mut self.record))?;
             for k in expired {
                 if let Some(l) = self.index.remove(k) {
-                    entries.remove(l.seq)?;
+                    w.delete(l.seq)?;
                 }
             }
             let mut cmds = std::mem::take(batch).into_iter();
             while let Some(cmd) = cmds.next() {
-                match self.apply(cmd, &txn, &mut entries, now_wall, now_mono, durable) {
+                match self.apply(cmd, &mut w, now_wall, now_mono, &mut durable) {
                     Ok(Some(r @ Reply::Applied(_))) => r.send(),
                     Ok(Some(r)) => replies.push(r),
                     Ok(None) => {}
@@ -315,20 +325,35 @@ impl Owner {
                     }
                 }
             }
-        }
-        txn.set_durability(if *durable {
-            Durability::Immediate
-        } else {
-            Durability::None
-        })?;
+            w.finish()
+        };
         let t = Instant::now();
-        txn.commit()?;
-        if *durable {
+        if record.is_empty() {
+            // Only duplicates (or no-ops): nothing to make durable.
+            txn.abort()?;
+        } else if store.journal.fits(record.len()) {
+            store.journal.append(&record, durable)?;
+            if durable {
+                self.shared
+                    .stats
+                    .fsync_seconds
+                    .observe(t.elapsed().as_secs_f64());
+            }
+            self.publish_index();
+            for r in replies.drain(..) {
+                r.send();
+            }
+            txn.set_durability(Durability::None)?;
+            txn.commit()?;
+        } else {
+            store::checkpoint(store, txn)?;
             self.shared
                 .stats
                 .fsync_seconds
                 .observe(t.elapsed().as_secs_f64());
         }
+        self.record = record;
+        self.record.clear();
         Ok(())
     }
 
@@ -337,14 +362,13 @@ impl Owner {
     fn apply(
         &mut self,
         cmd: Command,
-        txn: &redb::WriteTransaction,
-        entries: &mut Table<u64, &[u8]>,
+        w: &mut Batch,
         now_wall: u64,
         now_mono: u64,
         durable: &mut bool,
-    ) -> Result<Option<Reply>, Box<(redb::Error, Option<Command>)>> {
+    ) -> Result<Option<Reply>, Box<(WriteError, Option<Command>)>> {
         match cmd {
-            Command::Reserve(req, tx) => match self.reserve(&req, entries, now_wall, now_mono) {
+            Command::Reserve(req, tx) => match self.reserve(&req, w, now_wall, now_mono) {
                 Ok(d) => {
                     *durable |= d == Decision::Proceed;
                     Ok(Some(Reply::Decision(tx, d)))
@@ -368,32 +392,32 @@ impl Owner {
                     payload_hash: live.payload_hash,
                     response,
                 };
-                match entries.insert(seq, store::encode_entry(&entry).as_slice()) {
-                    Ok(_) => {
+                match w.put(seq, &entry) {
+                    Ok(()) => {
                         inc(&self.shared.stats.commits);
                         Ok(Some(Reply::Applied(tx)))
                     }
                     Err(e) => Err(Box::new((
-                        e.into(),
+                        e,
                         Some(Command::Commit(key, entry.response, tx)),
                     ))),
                 }
             }
-            Command::Release(key, tx) => match self.remove(&key, entries, now_wall) {
+            Command::Release(key, tx) => match self.remove(&key, w, now_wall) {
                 Ok(_) => {
                     inc(&self.shared.stats.releases);
                     Ok(Some(Reply::Applied(tx)))
                 }
                 Err(e) => Err(Box::new((e, Some(Command::Release(key, tx))))),
             },
-            Command::ForceRelease(key, tx) => match self.remove(&key, entries, now_wall) {
+            Command::ForceRelease(key, tx) => match self.remove(&key, w, now_wall) {
                 Ok(was_live) => {
                     *durable = true;
                     Ok(Some(Reply::Bool(tx, was_live)))
                 }
                 Err(e) => Err(Box::new((e, Some(Command::ForceRelease(key, tx))))),
             },
-            Command::SetHalted(halted, tx) => match store::set_halted(txn, halted) {
+            Command::SetHalted(halted, tx) => match w.set_halted(halted) {
                 Ok(()) => {
                     *durable = true;
                     self.halted = halted;
@@ -415,7 +439,7 @@ impl Owner {
                             .is_some_and(|l| l.has_response) =>
                 {
                     let seq = self.index.get(d.key.as_str()).map(|l| l.seq);
-                    d.response = seq.and_then(|s| read_response(entries, s));
+                    d.response = seq.and_then(|s| w.response(s));
                     Some(Reply::Decision(tx, Decision::Duplicate(d)))
                 }
                 r => r,
@@ -427,10 +451,10 @@ impl Owner {
     fn reserve(
         &mut self,
         req: &Reserve,
-        entries: &mut Table<u64, &[u8]>,
+        w: &mut Batch,
         now_wall: u64,
         now_mono: u64,
-    ) -> Result<Decision, redb::Error> {
+    ) -> Result<Decision, WriteError> {
         if let Some(live) = self.live(&req.key, now_wall) {
             if live.payload_hash != req.payload_hash {
                 return Ok(Decision::Mismatch);
@@ -449,7 +473,7 @@ impl Owner {
             return Ok(Decision::Unavailable(Unavailable::Capacity));
         }
         if let Some(seq) = stale {
-            entries.remove(seq)?;
+            w.delete(seq)?;
         }
         let ttl_ms = u64::try_from(req.ttl.as_millis())
             .unwrap_or(u64::MAX)
@@ -463,22 +487,17 @@ impl Owner {
             response: None,
         };
         let seq = self.next_seq;
-        entries.insert(seq, store::encode_entry(&entry).as_slice())?;
+        w.put(seq, &entry)?;
         self.next_seq += 1;
         self.track(seq, Rc::from(req.key.as_str()), &entry, now_wall, now_mono);
         Ok(Decision::Proceed)
     }
 
     /// Deletes a key's entry, live or not. Returns whether it was live.
-    fn remove(
-        &mut self,
-        key: &Key,
-        entries: &mut Table<u64, &[u8]>,
-        now_wall: u64,
-    ) -> Result<bool, redb::Error> {
+    fn remove(&mut self, key: &Key, w: &mut Batch, now_wall: u64) -> Result<bool, WriteError> {
         match self.index.remove(key.as_str()) {
             Some(live) => {
-                entries.remove(live.seq)?;
+                w.delete(live.seq)?;
                 Ok(live.expires_at > now_wall)
             }
             None => Ok(false),
@@ -614,14 +633,8 @@ impl Owner {
         }
         let now_wall = self.clock.wall_ms();
         let now_mono = self.clock.mono_ms();
-        let opened = store::open(&self.config.path)
-            .map_err(|e| e.to_string())
-            .and_then(|db| match store::load(&db, now_wall) {
-                Ok(loaded) => Ok((db, loaded)),
-                Err(e) => Err(e.to_string()),
-            });
-        match opened {
-            Ok((db, loaded)) => {
+        match store::open(&self.config.path, self.config.journal_bytes, now_wall) {
+            Ok((store, loaded)) => {
                 self.index.clear();
                 self.wheel = Wheel::new(now_mono);
                 let mut skipped = 0;
@@ -637,6 +650,9 @@ impl Owner {
                 if skipped > 0 {
                     log::warn!("mutex: ignored {skipped} stored keys of an unknown shape");
                 }
+                if loaded.replayed > 0 {
+                    log::info!("mutex: replayed {} journal records", loaded.replayed);
+                }
                 self.shared
                     .stats
                     .expired
@@ -645,7 +661,7 @@ impl Owner {
                 if self.backoff > Duration::ZERO {
                     log::info!("mutex: database reopened, {} live keys", self.index.len());
                 }
-                self.db = Some(db);
+                self.store = Some(store);
                 self.failure = None;
                 // The backoff is reset by the first batch that commits, not here: a disk
                 // that opens but cannot take a write (full) must not be reopened, and
@@ -656,7 +672,7 @@ impl Owner {
                     "mutex: cannot open {}: {e}; failing closed",
                     self.config.path.display()
                 );
-                self.fail(Unavailable::NotOpen(e));
+                self.fail(Unavailable::NotOpen(e.to_string()));
             }
         }
         self.publish();
@@ -664,7 +680,7 @@ impl Owner {
 
     /// Enters the fail-closed state and schedules a reopen.
     fn fail(&mut self, u: Unavailable) {
-        self.db = None;
+        self.store = None;
         self.index.clear();
         self.wheel = Wheel::new(self.clock.mono_ms());
         self.failure = Some(u);
@@ -676,29 +692,35 @@ impl Owner {
     }
 
     fn publish(&self) {
+        self.publish_index();
+        self.shared
+            .serving
+            .store(self.store.is_some(), Ordering::Relaxed);
+    }
+
+    /// What handles read without a round trip; published before a batch's replies, so a
+    /// caller that was answered sees its own write.
+    fn publish_index(&self) {
         self.shared.halted.store(self.halted, Ordering::Relaxed);
         self.shared
             .live_keys
             .store(self.index.len(), Ordering::Relaxed);
-        self.shared
-            .serving
-            .store(self.db.is_some(), Ordering::Relaxed);
     }
 
-    /// Makes every non-durable commit durable and closes the file cleanly.
+    /// A last checkpoint, so the next start has no journal to replay, and a clean close.
     fn close(&mut self) {
-        let Some(db) = self.db.take() else { return };
-        let flushed = db
+        let Some(mut store) = self.store.take() else {
+            return;
+        };
+        let flushed = store
+            .db
             .begin_write()
-            .map_err(redb::Error::from)
-            .and_then(|mut t| {
-                t.set_durability(Durability::Immediate)?;
-                Ok(t.commit()?)
-            });
+            .map_err(WriteError::from)
+            .and_then(|t| store::checkpoint(&mut store, t));
         if let Err(e) = flushed {
-            log::error!("mutex: final flush failed: {e}");
+            log::error!("mutex: final checkpoint failed: {e}");
         }
-        if let Err(e) = db.close() {
+        if let Err(e) = store.db.close() {
             log::error!("mutex: close failed: {e}");
         }
         self.shared.serving.store(false, Ordering::Relaxed);
@@ -723,12 +745,4 @@ fn info(key: &Key, l: &Live) -> EntryInfo {
         expires_at: l.expires_at,
         has_response: l.has_response,
     }
-}
-
-/// A stored response, or none if the record cannot be read (the duplicate is still a
-/// duplicate; only the replay is lost).
-fn read_response(entries: &Table<u64, &[u8]>, seq: u64) -> Option<Snapshot> {
-    use redb::ReadableTable;
-    let got = entries.get(seq).ok()??;
-    store::decode_entry(got.value()).ok()?.response
 }

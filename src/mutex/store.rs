@@ -1,8 +1,10 @@
-//! redb tables and the versioned postcard entry.
+//! redb tables, the versioned postcard entry, and opening the database with its journal.
 //!
 //! Two tables: `entries` maps a sequence number to an encoded [`Entry`] (which carries its
-//! key); `meta` holds the kill switch. The table holds live keys only: the owner deletes
-//! what expires, so the file stays the size of the working set.
+//! key); `meta` holds the kill switch, the journal id and the checkpoint lsn. The table
+//! holds live keys only: the owner deletes what expires, so the file stays the size of the
+//! working set. Every write goes through a [`Batch`], which applies it to the tables and
+//! records it for the journal in one step.
 //!
 //! Why a sequence number and not the idempotency key as the table key: keys arrive in
 //! random order, so a batch of N reserves keyed by key dirties ~N B-tree leaves, and the
@@ -17,14 +19,19 @@
 
 use std::path::Path;
 
-use redb::{Database, ReadableTable, TableDefinition, WriteTransaction};
+use redb::{Database, ReadableTable, Table, TableDefinition, WriteTransaction};
 use serde::{Deserialize, Serialize};
 
+use super::journal::{self, Journal, JournalError, Op};
 use super::{PayloadHash, Snapshot, State};
 
-pub(super) const ENTRIES: TableDefinition<u64, &[u8]> = TableDefinition::new("entries");
-pub(super) const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
+const ENTRIES: TableDefinition<u64, &[u8]> = TableDefinition::new("entries");
+const META: TableDefinition<&str, &[u8]> = TableDefinition::new("meta");
 const HALTED: &str = "halted";
+/// This database's journal id (u64 LE): records of any other id are not ours.
+const JOURNAL_ID: &str = "journal_id";
+/// The last journal record this database holds durably (u64 LE).
+const CHECKPOINT: &str = "journal_lsn";
 
 /// redb caches pages in memory; the default (1 GiB) is too much for a Raspberry Pi, and
 /// the hot path never reads the database anyway (decisions come from the index).
@@ -85,14 +92,11 @@ pub fn encode_entry(e: &Entry) -> Vec<u8> {
     postcard::to_stdvec(&VersionedRef::V1(e)).unwrap_or_default()
 }
 
-/// Opens (or creates) the database file. Integrity is checked on every open: a plain
-/// redb open trusts the file and may panic on one damaged outside redb, and a panic in
-/// the owner would take the process down instead of failing closed.
-pub(super) fn open(path: &Path) -> Result<Database, redb::Error> {
-    Ok(Database::builder()
-        .set_cache_size(CACHE_BYTES)
-        .set_check_integrity_on_open(true)
-        .create(path)?)
+/// The database and its journal, opened together: the journal holds what redb has taken
+/// in memory but not yet made durable itself (see `journal.rs`).
+pub(super) struct Store {
+    pub db: Database,
+    pub journal: Journal,
 }
 
 /// What a scan at open finds.
@@ -103,31 +107,117 @@ pub(super) struct Loaded {
     pub next_seq: u64,
     pub purged: u64,
     pub halted: bool,
+    /// Journal records replayed into the database.
+    pub replayed: usize,
 }
 
-/// Why the table cannot be trusted at open.
+/// Why the store cannot be trusted at open.
 #[derive(Debug, thiserror::Error)]
 pub(super) enum LoadError {
     #[error(transparent)]
     Db(#[from] redb::Error),
+    #[error(transparent)]
+    Journal(#[from] JournalError),
     /// A record this version cannot read might be a live reservation: refuse to serve
     /// rather than forget it.
     #[error("entry #{seq} cannot be read: {err}")]
     Entry { seq: u64, err: DecodeError },
 }
 
-/// Reads every entry, deletes those expired at `now_wall`, and commits durably, so the
-/// file holds only live keys from here on.
-pub(super) fn load(db: &Database, now_wall: u64) -> Result<Loaded, LoadError> {
-    let txn = db.begin_write().map_err(redb::Error::from)?;
+/// Why a batch could not be written. The owner fails closed on any of them.
+#[derive(Debug, thiserror::Error)]
+pub(super) enum WriteError {
+    #[error(transparent)]
+    Db(#[from] redb::Error),
+    #[error("journal: {0}")]
+    Journal(#[from] std::io::Error),
+    #[error("cannot encode a journal record: {0}")]
+    Encode(#[from] postcard::Error),
+}
+
+macro_rules! via_redb_error {
+    ($($t:ty),*) => {$(
+        impl From<$t> for WriteError {
+            fn from(e: $t) -> Self {
+                WriteError::Db(e.into())
+            }
+        }
+        impl From<$t> for LoadError {
+            fn from(e: $t) -> Self {
+                LoadError::Db(e.into())
+            }
+        }
+    )*};
+}
+via_redb_error!(
+    redb::DatabaseError,
+    redb::TransactionError,
+    redb::TableError,
+    redb::StorageError,
+    redb::CommitError,
+    redb::SetDurabilityError
+);
+
+/// Opens (or creates) the database and its journal, replays the journal into the database,
+/// reads every entry, deletes those expired at `now_wall`, and commits all that durably:
+/// a checkpoint, after which the journal starts empty and the file holds only live keys.
+///
+/// Integrity is checked on every open: a plain redb open trusts the file and may panic on
+/// one damaged outside redb, and a panic in the owner would take the process down instead
+/// of failing closed. The database is opened before the journal, so a second process is
+/// refused by redb's lock before it can touch either.
+pub(super) fn open(
+    path: &Path,
+    journal_bytes: usize,
+    now_wall: u64,
+) -> Result<(Store, Loaded), LoadError> {
+    let db = Database::builder()
+        .set_cache_size(CACHE_BYTES)
+        .set_check_integrity_on_open(true)
+        .create(path)?;
+    let file =
+        Journal::open_file(&journal::path_for(path), journal_bytes).map_err(JournalError::from)?;
+    let txn = db.begin_write()?;
+    let (id, checkpoint, replayed, halted) = {
+        let mut meta = txn.open_table(META)?;
+        let mut entries = txn.open_table(ENTRIES)?;
+        let id = match read_u64(&meta, JOURNAL_ID)? {
+            Some(id) => id,
+            None => {
+                let id = getrandom::u64()
+                    .map_err(|e| JournalError::Io(std::io::Error::other(e.to_string())))?;
+                meta.insert(JOURNAL_ID, id.to_le_bytes().as_slice())?;
+                id
+            }
+        };
+        let mut checkpoint = read_u64(&meta, CHECKPOINT)?.unwrap_or(0);
+        let bytes = Journal::read_all(&file).map_err(JournalError::from)?;
+        let records = journal::scan(&bytes, id, checkpoint)?;
+        for (lsn, payload) in &records {
+            for op in journal::decode(*lsn, payload)? {
+                match op {
+                    Op::Put(seq, entry) => drop(entries.insert(seq, entry)?),
+                    Op::Del(seq) => drop(entries.remove(seq)?),
+                    Op::Halted(h) => drop(meta.insert(HALTED, [u8::from(h)].as_slice())?),
+                }
+            }
+            checkpoint = *lsn;
+        }
+        // Written only when it moved: an open that changes nothing writes nothing, so a
+        // full disk or a file-size limit does not stop a database from opening.
+        if !records.is_empty() {
+            meta.insert(CHECKPOINT, checkpoint.to_le_bytes().as_slice())?;
+        }
+        let halted = meta.get(HALTED)?.is_some_and(|v| v.value() == [1]);
+        (id, checkpoint, records.len(), halted)
+    };
     let mut live = Vec::new();
     let mut expired = Vec::new();
     let mut next_seq = 0;
-    let halted;
     {
-        let entries = txn.open_table(ENTRIES).map_err(redb::Error::from)?;
-        for row in entries.iter().map_err(redb::Error::from)? {
-            let (k, v) = row.map_err(redb::Error::from)?;
+        let mut entries = txn.open_table(ENTRIES)?;
+        for row in entries.iter()? {
+            let (k, v) = row?;
             let seq = k.value();
             next_seq = seq + 1;
             let entry = decode_entry(v.value()).map_err(|err| LoadError::Entry { seq, err })?;
@@ -137,31 +227,91 @@ pub(super) fn load(db: &Database, now_wall: u64) -> Result<Loaded, LoadError> {
                 live.push((seq, entry));
             }
         }
-        let meta = txn.open_table(META).map_err(redb::Error::from)?;
-        halted = meta
-            .get(HALTED)
-            .map_err(redb::Error::from)?
-            .is_some_and(|v| v.value() == [1]);
-    }
-    {
-        let mut entries = txn.open_table(ENTRIES).map_err(redb::Error::from)?;
         for seq in &expired {
-            entries.remove(seq).map_err(redb::Error::from)?;
+            entries.remove(seq)?;
         }
     }
-    txn.commit().map_err(redb::Error::from)?;
-    Ok(Loaded {
+    txn.commit()?;
+    let journal = Journal::new(file, id, journal_bytes, checkpoint);
+    let loaded = Loaded {
         live,
         next_seq,
         purged: expired.len() as u64,
         halted,
-    })
+        replayed,
+    };
+    Ok((Store { db, journal }, loaded))
 }
 
-pub(super) fn set_halted(txn: &WriteTransaction, halted: bool) -> Result<(), redb::Error> {
+fn read_u64(meta: &Table<&str, &[u8]>, key: &str) -> Result<Option<u64>, redb::StorageError> {
+    Ok(meta
+        .get(key)?
+        .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
+        .map(u64::from_le_bytes))
+}
+
+/// Makes everything the journal holds durable in redb, so the journal can start over.
+pub(super) fn checkpoint(store: &mut Store, txn: WriteTransaction) -> Result<(), WriteError> {
+    let mut txn = txn;
     txn.open_table(META)?
-        .insert(HALTED, [u8::from(halted)].as_slice())?;
+        .insert(CHECKPOINT, store.journal.last().to_le_bytes().as_slice())?;
+    txn.set_durability(redb::Durability::Immediate)?;
+    txn.commit()?;
+    store.journal.checkpointed();
     Ok(())
+}
+
+/// One batch's writes: applied to redb's tables and recorded, in the same order, as the
+/// journal record that makes them durable. The one way the owner writes, so the record and
+/// the tables cannot disagree.
+pub(super) struct Batch<'t> {
+    txn: &'t WriteTransaction,
+    entries: Table<'t, u64, &'static [u8]>,
+    record: Vec<u8>,
+}
+
+impl<'t> Batch<'t> {
+    /// `record` is an empty buffer to reuse.
+    pub fn new(txn: &'t WriteTransaction, record: Vec<u8>) -> Result<Batch<'t>, WriteError> {
+        Ok(Batch {
+            txn,
+            entries: txn.open_table(ENTRIES)?,
+            record,
+        })
+    }
+
+    pub fn put(&mut self, seq: u64, e: &Entry) -> Result<(), WriteError> {
+        let bytes = encode_entry(e);
+        self.entries.insert(seq, bytes.as_slice())?;
+        Op::Put(seq, &bytes).encode_into(&mut self.record)?;
+        Ok(())
+    }
+
+    pub fn delete(&mut self, seq: u64) -> Result<(), WriteError> {
+        self.entries.remove(seq)?;
+        Op::Del(seq).encode_into(&mut self.record)?;
+        Ok(())
+    }
+
+    pub fn set_halted(&mut self, halted: bool) -> Result<(), WriteError> {
+        self.txn
+            .open_table(META)?
+            .insert(HALTED, [u8::from(halted)].as_slice())?;
+        Op::Halted(halted).encode_into(&mut self.record)?;
+        Ok(())
+    }
+
+    /// The stored response of an entry, as this batch sees it; none if it cannot be read
+    /// (the duplicate is still a duplicate, only its replay is lost).
+    pub fn response(&self, seq: u64) -> Option<Snapshot> {
+        let got = self.entries.get(seq).ok()??;
+        decode_entry(got.value()).ok()?.response
+    }
+
+    /// The journal record's payload: every operation, in order. Empty if nothing changed.
+    pub fn finish(self) -> Vec<u8> {
+        self.record
+    }
 }
 
 #[cfg(test)]

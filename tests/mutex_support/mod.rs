@@ -11,6 +11,9 @@ pub fn config(path: &Path) -> Config {
         path: path.to_path_buf(),
         deadline: Duration::from_secs(10),
         reopen_backoff_max: Duration::from_millis(200),
+        // 16 records: the journal fills and checkpoints every few batches, so every test
+        // runs the checkpoint and wrap-around path, not only the append path.
+        journal_bytes: 64 * 1024,
         ..Config::default()
     }
 }
