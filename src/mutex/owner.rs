@@ -20,7 +20,6 @@ use std::sync::atomic::Ordering;
 use std::sync::mpsc::{Receiver, RecvTimeoutError, TryRecvError};
 use std::time::{Duration, Instant};
 
-use redb::Durability;
 use tokio::sync::oneshot;
 
 use super::key::BUCKET_MS;
@@ -283,11 +282,11 @@ impl Owner {
         stop
     }
 
-    /// Applies a batch to the index and one write transaction, makes it durable, and
-    /// answers it. On error, the commands not yet applied stay in `batch`, and the replies
-    /// not yet sent in `replies`.
+    /// Applies a batch to the index and to its journal record, makes the record durable,
+    /// answers, and then hands the record to redb. On error, the commands not yet applied
+    /// stay in `batch`, and the replies not yet sent in `replies`.
     ///
-    /// Durable means: the batch's journal record is written, and synced if the batch
+    /// Durable means: the record is written to the journal, and synced if the batch
     /// granted a key or holds an operator write. Then the replies go out, and only then
     /// does redb take the batch, in memory (`Durability::None`): should that fail, the
     /// owner fails closed and the reopen replays the journal. When the journal is full,
@@ -302,10 +301,9 @@ impl Owner {
         now_mono: u64,
         replies: &mut Vec<Reply>,
     ) -> Result<(), WriteError> {
-        let mut txn = store.db.begin_write()?;
         let mut durable = false;
         let record = {
-            let mut w = Batch::new(&txn, std::mem::take(&mut self.record))?;
+            let mut w = Batch::new(&store.db, std::mem::take(&mut self.record));
             for k in expired {
                 if let Some(l) = self.index.remove(k) {
                     w.delete(l.seq)?;
@@ -327,11 +325,14 @@ impl Owner {
             }
             w.finish()
         };
-        let t = Instant::now();
         if record.is_empty() {
             // Only duplicates (or no-ops): nothing to make durable.
-            txn.abort()?;
-        } else if store.journal.fits(record.len()) {
+            self.record = record;
+            return Ok(());
+        }
+        let t = Instant::now();
+        let journaled = store.journal.fits(record.len());
+        if journaled {
             store.journal.append(&record, durable)?;
             if durable {
                 self.shared
@@ -343,10 +344,9 @@ impl Owner {
             for r in replies.drain(..) {
                 r.send();
             }
-            txn.set_durability(Durability::None)?;
-            txn.commit()?;
-        } else {
-            store::checkpoint(store, txn)?;
+        }
+        store::apply(store, &record, !journaled)?;
+        if !journaled {
             self.shared
                 .stats
                 .fsync_seconds
@@ -712,11 +712,7 @@ impl Owner {
         let Some(mut store) = self.store.take() else {
             return;
         };
-        let flushed = store
-            .db
-            .begin_write()
-            .map_err(WriteError::from)
-            .and_then(|t| store::checkpoint(&mut store, t));
+        let flushed = store::apply(&mut store, &[], true);
         if let Err(e) = flushed {
             log::error!("mutex: final checkpoint failed: {e}");
         }

@@ -19,7 +19,7 @@
 
 use std::path::Path;
 
-use redb::{Database, ReadableTable, Table, TableDefinition, WriteTransaction};
+use redb::{Database, ReadableDatabase, ReadableTable, Table, TableDefinition};
 use serde::{Deserialize, Serialize};
 
 use super::journal::{self, Journal, JournalError, Op};
@@ -129,10 +129,24 @@ pub(super) enum LoadError {
 pub(super) enum WriteError {
     #[error(transparent)]
     Db(#[from] redb::Error),
+    #[error(transparent)]
+    Record(#[from] JournalError),
     #[error("journal: {0}")]
     Journal(#[from] std::io::Error),
     #[error("cannot encode a journal record: {0}")]
     Encode(#[from] postcard::Error),
+}
+
+/// A replay fails the open on what would fail a live write.
+impl From<WriteError> for LoadError {
+    fn from(e: WriteError) -> Self {
+        match e {
+            WriteError::Db(e) => LoadError::Db(e),
+            WriteError::Record(e) => LoadError::Journal(e),
+            WriteError::Journal(e) => LoadError::Journal(JournalError::Io(e)),
+            WriteError::Encode(e) => LoadError::Journal(JournalError::Io(std::io::Error::other(e))),
+        }
+    }
 }
 
 macro_rules! via_redb_error {
@@ -194,13 +208,7 @@ pub(super) fn open(
         let bytes = Journal::read_all(&file).map_err(JournalError::from)?;
         let records = journal::scan(&bytes, id, checkpoint)?;
         for (lsn, payload) in &records {
-            for op in journal::decode(*lsn, payload)? {
-                match op {
-                    Op::Put(seq, entry) => drop(entries.insert(seq, entry)?),
-                    Op::Del(seq) => drop(entries.remove(seq)?),
-                    Op::Halted(h) => drop(meta.insert(HALTED, [u8::from(h)].as_slice())?),
-                }
-            }
+            apply_ops(&mut entries, &mut meta, *lsn, payload)?;
             checkpoint = *lsn;
         }
         // Written only when it moved: an open that changes nothing writes nothing, so a
@@ -250,62 +258,95 @@ fn read_u64(meta: &Table<&str, &[u8]>, key: &str) -> Result<Option<u64>, redb::S
         .map(u64::from_le_bytes))
 }
 
-/// Makes everything the journal holds durable in redb, so the journal can start over.
-pub(super) fn checkpoint(store: &mut Store, txn: WriteTransaction) -> Result<(), WriteError> {
-    let mut txn = txn;
-    txn.open_table(META)?
-        .insert(CHECKPOINT, store.journal.last().to_le_bytes().as_slice())?;
-    txn.set_durability(redb::Durability::Immediate)?;
-    txn.commit()?;
-    store.journal.checkpointed();
+/// Applies one journal record's operations to the tables, in order: the one way redb is
+/// written, for a live batch and for a replay alike.
+fn apply_ops(
+    entries: &mut Table<u64, &[u8]>,
+    meta: &mut Table<&str, &[u8]>,
+    lsn: u64,
+    payload: &[u8],
+) -> Result<(), WriteError> {
+    for op in journal::decode(lsn, payload)? {
+        match op {
+            Op::Put(seq, entry) => drop(entries.insert(seq, entry)?),
+            Op::Del(seq) => drop(entries.remove(seq)?),
+            Op::Halted(h) => drop(meta.insert(HALTED, [u8::from(h)].as_slice())?),
+        }
+    }
     Ok(())
 }
 
-/// One batch's writes: applied to redb's tables and recorded, in the same order, as the
-/// journal record that makes them durable. The one way the owner writes, so the record and
-/// the tables cannot disagree.
-pub(super) struct Batch<'t> {
-    txn: &'t WriteTransaction,
-    entries: Table<'t, u64, &'static [u8]>,
+/// Applies a batch's record to redb: in memory (`Durability::None`) when the journal holds
+/// it, or as a checkpoint when it does not fit there.
+pub(super) fn apply(store: &mut Store, record: &[u8], checkpoint: bool) -> Result<(), WriteError> {
+    let mut txn = store.db.begin_write()?;
+    {
+        let mut entries = txn.open_table(ENTRIES)?;
+        let mut meta = txn.open_table(META)?;
+        apply_ops(&mut entries, &mut meta, 0, record)?;
+        if checkpoint {
+            meta.insert(CHECKPOINT, store.journal.last().to_le_bytes().as_slice())?;
+        }
+    }
+    if checkpoint {
+        txn.set_durability(redb::Durability::Immediate)?;
+        txn.commit()?;
+        store.journal.checkpointed();
+    } else {
+        txn.set_durability(redb::Durability::None)?;
+        txn.commit()?;
+    }
+    Ok(())
+}
+
+/// A batch's writes, as the journal record that will make them durable. Nothing touches
+/// redb until the record is on disk and the batch answered: then [`apply`] replays the
+/// very same record into redb, so the journal and the tables cannot disagree.
+pub(super) struct Batch<'d> {
+    db: &'d Database,
     record: Vec<u8>,
 }
 
-impl<'t> Batch<'t> {
+impl<'d> Batch<'d> {
     /// `record` is an empty buffer to reuse.
-    pub fn new(txn: &'t WriteTransaction, record: Vec<u8>) -> Result<Batch<'t>, WriteError> {
-        Ok(Batch {
-            txn,
-            entries: txn.open_table(ENTRIES)?,
-            record,
-        })
+    pub fn new(db: &'d Database, record: Vec<u8>) -> Batch<'d> {
+        Batch { db, record }
     }
 
     pub fn put(&mut self, seq: u64, e: &Entry) -> Result<(), WriteError> {
-        let bytes = encode_entry(e);
-        self.entries.insert(seq, bytes.as_slice())?;
-        Op::Put(seq, &bytes).encode_into(&mut self.record)?;
+        Op::Put(seq, &encode_entry(e)).encode_into(&mut self.record)?;
         Ok(())
     }
 
     pub fn delete(&mut self, seq: u64) -> Result<(), WriteError> {
-        self.entries.remove(seq)?;
         Op::Del(seq).encode_into(&mut self.record)?;
         Ok(())
     }
 
     pub fn set_halted(&mut self, halted: bool) -> Result<(), WriteError> {
-        self.txn
-            .open_table(META)?
-            .insert(HALTED, [u8::from(halted)].as_slice())?;
         Op::Halted(halted).encode_into(&mut self.record)?;
         Ok(())
     }
 
-    /// The stored response of an entry, as this batch sees it; none if it cannot be read
-    /// (the duplicate is still a duplicate, only its replay is lost).
+    /// The stored response of an entry, as this batch sees it: its own last write of that
+    /// entry, else the database. None if it cannot be read (the duplicate is still a
+    /// duplicate, only its replay is lost). Rare: only duplicates of committed keys that
+    /// kept a response ask.
     pub fn response(&self, seq: u64) -> Option<Snapshot> {
-        let got = self.entries.get(seq).ok()??;
-        decode_entry(got.value()).ok()?.response
+        let ops = journal::decode(0, &self.record).ok()?;
+        let mine = ops.iter().rev().find_map(|op| match op {
+            Op::Put(s, bytes) if *s == seq => Some(Some(*bytes)),
+            Op::Del(s) if *s == seq => Some(None),
+            _ => None,
+        });
+        match mine {
+            Some(bytes) => decode_entry(bytes?).ok()?.response,
+            None => {
+                let txn = self.db.begin_read().ok()?;
+                let got = txn.open_table(ENTRIES).ok()?.get(seq).ok()??;
+                decode_entry(got.value()).ok()?.response
+            }
+        }
     }
 
     /// The journal record's payload: every operation, in order. Empty if nothing changed.
