@@ -136,6 +136,14 @@ load() {
         "$(jget "$WORK/$name.json" throughput_rps)" "$(jget "$WORK/$name.json" p50)" \
         "$(jget "$WORK/$name.json" p99)" "$(jget "$WORK/$name.json" max)" \
         "$(grep -o '"status":{[^}]*}' "$WORK/$name.json" | cut -c10-)"
+    # Open loop: how late the generator was against its schedule (its own clock: pacer; a send
+    # also waits for a free connection). Small next to the p99 means the server is measured.
+    local late
+    late=$(jget "$WORK/$name.json" send_late_p99_us)
+    if [ -n "$late" ]; then
+        printf '  %-22s generator late p99: pacer %s us, send %s us\n' "" \
+            "$(jget "$WORK/$name.json" pacer_late_p99_us)" "$late"
+    fi
 }
 
 # gateway_config DIR KIND: a config for the gateway in DIR, executor KIND (paper | http).

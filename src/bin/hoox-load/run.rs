@@ -1,7 +1,13 @@
 //! `hoox-load run`: N TLS connections sending HOOX-shaped trades, closed loop (each connection
-//! sends its next request when the last one is answered) or open loop (`--rate`: requests are
-//! due on a fixed schedule, and latency counts from when a request was due, not when it was
+//! sends its next request the moment the last one is answered) or open loop (`--rate`: requests
+//! are due on a fixed schedule, and latency counts from when a request was due, not when it was
 //! sent, so a stalled server cannot hide its stall by slowing the client down).
+//!
+//! No tokio timer stands between two requests: tokio's timer wheel ticks every millisecond and
+//! rounds a deadline up to the next tick, which would add up to 1 ms to every request and
+//! measure the generator, not the server. Open loop is paced by one OS thread sleeping with
+//! `std::thread::sleep` (an hrtimer, microsecond-precise), which releases one permit per due
+//! request; a connection takes a permit, claims the next request number and sends it.
 
 use std::collections::BTreeMap;
 use std::path::PathBuf;
@@ -20,6 +26,7 @@ use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, ServerName};
 use tokio::net::TcpStream;
+use tokio::sync::Semaphore;
 use tokio_rustls::TlsConnector;
 
 use crate::{Error, ledger};
@@ -35,7 +42,7 @@ pub struct Args {
     /// TLS server name to verify, if not the URL's host.
     #[arg(long)]
     server_name: Option<String>,
-    #[arg(long, short = 'c', default_value_t = 16)]
+    #[arg(long, short = 'c', default_value_t = 16, value_parser = clap::value_parser!(u32).range(1..))]
     connections: u32,
     /// Use HTTP/2 (one request in flight per connection).
     #[arg(long, conflicts_with = "http1")]
@@ -245,9 +252,17 @@ impl Conn {
     }
 }
 
+/// 1 µs .. 60 s at 3 significant figures: a few hundred KiB each.
+fn histogram() -> Result<Histogram<u64>, Error> {
+    Ok(Histogram::new_with_bounds(1, 60_000_000, 3)?)
+}
+
 /// What one connection measured; merged at the end.
 struct Stats {
     latency_us: Histogram<u64>,
+    /// Open loop only: how long after its due time each request went out. Includes waiting for
+    /// a free connection, so it grows when the server falls behind, not only when we do.
+    send_late_us: Histogram<u64>,
     status: BTreeMap<u16, u64>,
     errors: BTreeMap<&'static str, u64>,
 }
@@ -255,8 +270,8 @@ struct Stats {
 impl Stats {
     fn new() -> Result<Stats, Error> {
         Ok(Stats {
-            // 1 µs .. 60 s at 3 significant figures: a few hundred KiB per connection.
-            latency_us: Histogram::new_with_bounds(1, 60_000_000, 3)?,
+            latency_us: histogram()?,
+            send_late_us: histogram()?,
             status: BTreeMap::new(),
             errors: BTreeMap::new(),
         })
@@ -269,6 +284,7 @@ impl Stats {
     fn merge(&mut self, other: Stats) {
         // Same bounds on both sides, so adding cannot fail.
         let _ = self.latency_us.add(&other.latency_us);
+        let _ = self.send_late_us.add(&other.send_late_us);
         for (k, v) in other.status {
             *self.status.entry(k).or_insert(0) += v;
         }
@@ -320,6 +336,8 @@ struct Plan {
     start: Instant,
     deadline: Option<Instant>,
     rate: Option<f64>,
+    /// Open loop: one permit per request that has come due, released by the pacer thread.
+    paced: Option<Semaphore>,
     dup_ratio: f64,
     keys: Option<u64>,
     timeout: Duration,
@@ -376,28 +394,65 @@ impl Plan {
         }
     }
 
-    /// When the next request is due, or None when the run is over.
-    async fn next_slot(&self) -> Option<Instant> {
-        let i = self.next.fetch_add(1, Ordering::Relaxed);
+    /// When request number `i` is due: its place on the schedule in open loop, `now` in closed
+    /// loop; None once it is past the end of the run.
+    fn due(&self, i: u64, now: Instant) -> Option<Instant> {
         if self.limit.is_some_and(|n| i >= n) {
             return None;
         }
         let due = match self.rate {
             Some(r) => self.start + Duration::from_secs_f64(i as f64 / r),
-            None => Instant::now(),
+            None => now,
         };
         if self.deadline.is_some_and(|d| due >= d) {
             return None;
         }
-        tokio::time::sleep_until(due.into()).await;
         Some(due)
     }
+
+    /// The next request's number and due time, once it is due; None when the run is over.
+    async fn next_slot(&self) -> Option<(u64, Instant)> {
+        if let Some(paced) = &self.paced {
+            // The pacer never closes the semaphore; at the end it releases one extra permit per
+            // connection, so each finds the run over below.
+            paced.acquire().await.ok()?.forget();
+        }
+        let i = self.next.fetch_add(1, Ordering::Relaxed);
+        Some((i, self.due(i, Instant::now())?))
+    }
+}
+
+/// The open-loop clock, on its own OS thread: sleep to each request's due time and release one
+/// permit for it. A permit is released only once its request is due, and a late request keeps
+/// its due time, so a slow server (or a slow pacer) cannot thin out the schedule. Returns how
+/// late the pacer itself woke, to show the generator is not what is being measured.
+fn pace(plan: &Plan, connections: u32) -> Result<Histogram<u64>, Error> {
+    let mut late_us = histogram()?;
+    let Some(paced) = &plan.paced else {
+        return Ok(late_us);
+    };
+    // A thread's default timer slack lets the kernel wake it up to 50 µs late, to batch
+    // wake-ups; the pacer wants its microseconds. Failure only costs precision.
+    // SAFETY: PR_SET_TIMERSLACK takes one integer and touches only the calling thread.
+    unsafe { libc::prctl(libc::PR_SET_TIMERSLACK, 1 as libc::c_ulong) };
+    let mut i = 0;
+    while let Some(due) = plan.due(i, Instant::now()) {
+        let now = Instant::now();
+        if due > now {
+            std::thread::sleep(due - now);
+        }
+        paced.add_permits(1);
+        late_us.saturating_record(due.elapsed().as_micros() as u64);
+        i += 1;
+    }
+    paced.add_permits(connections as usize);
+    Ok(late_us)
 }
 
 async fn connection(plan: Arc<Plan>, mut conn: Option<Conn>, seed: u64) -> Result<Stats, Error> {
     let mut stats = Stats::new()?;
     let mut rng = Rng(seed | 1);
-    while let Some(due) = plan.next_slot().await {
+    while let Some((_, due)) = plan.next_slot().await {
         let j = plan.key_number(&mut rng);
         let sender = match conn.as_mut() {
             Some(c) => c,
@@ -419,6 +474,16 @@ async fn connection(plan: Arc<Plan>, mut conn: Option<Conn>, seed: u64) -> Resul
                 continue;
             }
         };
+        // Closed loop: the clock starts as the request goes out, after building it.
+        let sent = Instant::now();
+        let start = if plan.paced.is_some() {
+            stats
+                .send_late_us
+                .saturating_record(sent.saturating_duration_since(due).as_micros() as u64);
+            due
+        } else {
+            sent
+        };
         let exchange = async {
             let res = sender.send(req).await?;
             let status = res.status().as_u16();
@@ -429,7 +494,7 @@ async fn connection(plan: Arc<Plan>, mut conn: Option<Conn>, seed: u64) -> Resul
             Ok(Ok(status)) => {
                 stats
                     .latency_us
-                    .saturating_record(due.elapsed().as_micros() as u64);
+                    .saturating_record(start.elapsed().as_micros() as u64);
                 *stats.status.entry(status).or_insert(0) += 1;
             }
             Ok(Err(_)) => {
@@ -505,9 +570,14 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
         start,
         deadline: duration.map(|d| start + d),
         rate: args.rate,
+        paced: args.rate.map(|_| Semaphore::new(0)),
         dup_ratio: args.dup_ratio,
         keys: args.keys.filter(|&k| k > 0),
         timeout: args.timeout,
+    });
+    let pacer = plan.paced.is_some().then(|| {
+        let (plan, connections) = (plan.clone(), args.connections);
+        std::thread::spawn(move || pace(&plan, connections))
     });
     let mut workers = Vec::new();
     for (n, conn) in ready.into_iter().enumerate() {
@@ -519,12 +589,25 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
         total.merge(w.await??);
     }
     let elapsed = start.elapsed();
+    // Every connection has seen the run end, which the pacer signals as its last act: this
+    // join returns at once.
+    let pacer_late_us = match pacer {
+        Some(p) => Some(p.join().map_err(|_| "the pacer thread panicked")??),
+        None => None,
+    };
 
     let ledger = match &args.ledger {
         Some(url) => Some(ledger::fetch(url).await?),
         None => None,
     };
-    print_report(&args, &plan, &total, elapsed, failed);
+    print_report(
+        &args,
+        &plan,
+        &total,
+        pacer_late_us.as_ref(),
+        elapsed,
+        failed,
+    );
     match ledger {
         Some(counts) => Ok(ledger::report(&counts, args.json)),
         None if total.latency_us.is_empty() => Ok(ExitCode::from(3)),
@@ -536,6 +619,7 @@ fn print_report(
     args: &Args,
     plan: &Plan,
     total: &Stats,
+    pacer_late_us: Option<&Histogram<u64>>,
     elapsed: Duration,
     failed_handshakes: usize,
 ) {
@@ -553,7 +637,32 @@ fn print_report(
         Some(r) => format!("open loop {r}/s"),
         None => "closed loop".to_string(),
     };
+    // Open loop: how late the generator was against the schedule. The pacer's lateness is its
+    // own clock; a send's includes waiting for a free connection (the server's doing).
+    let late = pacer_late_us.map(|pacer| {
+        let send = &total.send_late_us;
+        (
+            [
+                pacer.value_at_quantile(0.5),
+                pacer.value_at_quantile(0.99),
+                pacer.max(),
+            ],
+            [
+                send.value_at_quantile(0.5),
+                send.value_at_quantile(0.99),
+                send.max(),
+            ],
+        )
+    });
     if args.json {
+        // Names unlike the latency's: scripts pick fields by name (see scripts/bench.sh).
+        let generator = late.map(|(pacer, send)| {
+            serde_json::json!({
+                "pacer_late_p50_us": pacer[0], "pacer_late_p99_us": pacer[1],
+                "pacer_late_max_us": pacer[2], "send_late_p50_us": send[0],
+                "send_late_p99_us": send[1], "send_late_max_us": send[2],
+            })
+        });
         let status: BTreeMap<String, u64> = total
             .status
             .iter()
@@ -566,6 +675,7 @@ fn print_report(
             "latency_us": { "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "p99_9": q(0.999),
                             "max": h.max(), "mean": h.mean() },
             "status": status, "errors": total.errors, "failed_handshakes": failed_handshakes,
+            "generator": generator,
         });
         println!("{out}");
         return;
@@ -583,6 +693,12 @@ fn print_report(
         q(0.999),
         h.max()
     );
+    if let Some((pacer, send)) = late {
+        println!(
+            "  late us    pacer p50 {}  p99 {}  max {};  send p50 {}  p99 {}  max {}",
+            pacer[0], pacer[1], pacer[2], send[0], send[1], send[2]
+        );
+    }
     let status: Vec<String> = total
         .status
         .iter()
@@ -641,6 +757,7 @@ mod tests {
             start,
             deadline: None,
             rate: None,
+            paced: None,
             dup_ratio: 0.0,
             keys: None,
             timeout: Duration::from_secs(1),
@@ -688,6 +805,66 @@ mod tests {
             n += 1;
         }
         assert_eq!(n, 3);
+    }
+
+    #[test]
+    fn schedule_is_fixed_by_rate_and_ends_at_limit_or_deadline() {
+        let mut p = plan(Auth::None);
+        let now = p.start + Duration::from_secs(7);
+        // Closed loop: due whenever asked.
+        assert_eq!(p.due(0, now), Some(now));
+        assert_eq!(p.due(3, now), None);
+        // Open loop: request i is due i / rate after the start, however late it is asked for.
+        p.rate = Some(1000.0);
+        p.limit = None;
+        assert_eq!(p.due(0, now), Some(p.start));
+        assert_eq!(
+            p.due(1500, now),
+            Some(p.start + Duration::from_millis(1500))
+        );
+        // The deadline cuts off the requests due at or after it.
+        p.deadline = Some(p.start + Duration::from_secs(2));
+        assert_eq!(
+            p.due(1999, now),
+            Some(p.start + Duration::from_millis(1999))
+        );
+        assert_eq!(p.due(2000, now), None);
+    }
+
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn paced_requests_are_released_once_due_and_each_exactly_once() {
+        let mut p = plan(Auth::None);
+        p.rate = Some(2000.0);
+        p.limit = Some(40);
+        p.paced = Some(Semaphore::new(0));
+        let p = Arc::new(p);
+        let connections = 3;
+        let pacer = {
+            let p = p.clone();
+            std::thread::spawn(move || pace(&p, connections))
+        };
+        let mut tasks = Vec::new();
+        for _ in 0..connections {
+            let p = p.clone();
+            tasks.push(tokio::spawn(async move {
+                let mut got = Vec::new();
+                while let Some((i, due)) = p.next_slot().await {
+                    assert!(
+                        Instant::now() >= due,
+                        "request {i} released before it was due"
+                    );
+                    got.push(i);
+                }
+                got
+            }));
+        }
+        let mut all = Vec::new();
+        for t in tasks {
+            all.extend(t.await.unwrap());
+        }
+        all.sort();
+        assert_eq!(all, (0..40).collect::<Vec<u64>>());
+        assert_eq!(pacer.join().unwrap().unwrap().len(), 40);
     }
 
     #[test]
