@@ -125,10 +125,18 @@ jget() {
     { grep -o "\"$2\":[-0-9.e+]*" "$1" 2>/dev/null || true; } | head -n 1 | cut -d: -f2
 }
 
+# cpu_ticks PID: user + system CPU time of a process, in clock ticks.
+cpu_ticks() {
+    awk '{ print $14 + $15 }' "/proc/$1/stat" 2>/dev/null || echo 0
+}
+
 # load NAME PORT ARGS...: one bounded hoox-load run against 127.0.0.1:PORT, JSON kept as NAME.json.
+# With SERVER_PID set, also the server's CPU time per response: unlike req/s, it does not
+# depend on how much of the two cores the load generator took.
 load() {
-    local name=$1 port=$2
+    local name=$1 port=$2 t0
     shift 2
+    t0=$(cpu_ticks "${SERVER_PID:-0}")
     timeout 600 "$BIN/hoox-load" run --url "https://127.0.0.1:$port/webhook" --ca "$WORK/tls/cert.pem" \
         "--$PROTOCOL" --auth "$AUTH" --secret-file "$WORK/secrets/token" --json "$@" \
         >"$WORK/$name.json" || true
@@ -136,6 +144,19 @@ load() {
         "$(jget "$WORK/$name.json" throughput_rps)" "$(jget "$WORK/$name.json" p50)" \
         "$(jget "$WORK/$name.json" p99)" "$(jget "$WORK/$name.json" max)" \
         "$(grep -o '"status":{[^}]*}' "$WORK/$name.json" | cut -c10-)"
+    if [ -n "${SERVER_PID:-}" ]; then
+        awk -v t="$(($(cpu_ticks "$SERVER_PID") - t0))" -v hz="$(getconf CLK_TCK)" \
+            -v n="$(jget "$WORK/$name.json" responses)" 'BEGIN {
+                if (n > 0) printf "  %-22s server cpu %.0f us per response\n", "", t / hz * 1e6 / n }'
+    fi
+    # Open loop: how late the generator was against its schedule (its own clock: pacer; a send
+    # also waits for a free connection). Small next to the p99 means the server is measured.
+    local late
+    late=$(jget "$WORK/$name.json" send_late_p99_us)
+    if [ -n "$late" ]; then
+        printf '  %-22s generator late p99: pacer %s us, send %s us\n' "" \
+            "$(jget "$WORK/$name.json" pacer_late_p99_us)" "$late"
+    fi
 }
 
 # gateway_config DIR KIND: a config for the gateway in DIR, executor KIND (paper | http).
@@ -185,25 +206,36 @@ if [ "$MAIN" = 1 ]; then
     start bare "listening on" "$BIN/bare-tls" --listen "127.0.0.1:$BARE_PORT" \
         --cert "$WORK/tls/cert.pem" --key "$WORK/tls/key.pem"
     BARE_PID=$STARTED_PID
+    SERVER_PID=$BARE_PID
     for c in $CONNECTIONS; do
         load "bare-c$c" "$BARE_PORT" --connections "$c" --duration "${DURATION_S}s"
     done
     load "bare-rate" "$BARE_PORT" --connections "$RATE_CONNECTIONS" --duration "${DURATION_S}s" \
         --rate "$RATE"
     stop "$BARE_PID"
+    unset SERVER_PID
 
     [ "$GATEWAY" = 1 ] && echo "-- gateway (paper executor, fresh store per run)"
     for c in $CONNECTIONS rate; do
         [ "$GATEWAY" = 1 ] || break
         gateway_config "$WORK/state/paper-$c" paper
         start_gateway "$WORK/state/paper-$c"
+        SERVER_PID=$GW_PID
         if [ "$c" = rate ]; then
+            # The disk is shared and its fsync time drifts (other writers, writeback): judge
+            # the open-loop run against a baseline taken just before it, not minutes ago.
+            "$BIN/hoox-load" fsync --dir "$WORK/state" --count "$FSYNC_COUNT" --json \
+                >"$WORK/fsync-rate.json"
+            FSYNC_P50=$(jget "$WORK/fsync-rate.json" p50_us)
+            FSYNC_P99=$(jget "$WORK/fsync-rate.json" p99_us)
+            echo "  fsync again, just before the open loop: p50 $FSYNC_P50 us  p99 $FSYNC_P99 us"
             load "gateway-rate" "$GW_PORT" --connections "$RATE_CONNECTIONS" \
                 --duration "${DURATION_S}s" --rate "$RATE"
         else
             load "gateway-c$c" "$GW_PORT" --connections "$c" --duration "${DURATION_S}s"
         fi
         stop "$GW_PID"
+        unset SERVER_PID
     done
 
 fi
