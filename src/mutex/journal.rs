@@ -171,6 +171,11 @@ impl Journal {
         Ok(())
     }
 
+    /// How many one-page records the journal holds.
+    pub fn slots(&self) -> usize {
+        self.capacity / PAGE
+    }
+
     /// The lsn a checkpoint taken now covers: every record written so far.
     pub fn last(&self) -> u64 {
         self.last

@@ -160,10 +160,24 @@ impl Owner {
         let limit = self.config.batch_limit.max(1);
         let mut batch = Vec::with_capacity(limit);
         loop {
-            let first = match self.next_wake() {
-                None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
-                Some(t) => rx.recv_timeout(t),
-            };
+            // Nothing queued and a checkpoint's worth of records kept: take it now, while
+            // idle, rather than when the journal is full, in front of some caller.
+            let mut first = Err(RecvTimeoutError::Timeout);
+            if self.store.as_ref().is_some_and(Store::checkpoint_due) {
+                first = rx.try_recv().map_err(|e| match e {
+                    TryRecvError::Empty => RecvTimeoutError::Timeout,
+                    TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
+                });
+                if matches!(first, Err(RecvTimeoutError::Timeout)) {
+                    self.checkpoint();
+                }
+            }
+            if matches!(first, Err(RecvTimeoutError::Timeout)) {
+                first = match self.next_wake() {
+                    None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
+                    Some(t) => rx.recv_timeout(t),
+                };
+            }
             match first {
                 Ok(cmd) => batch.push(cmd),
                 Err(RecvTimeoutError::Timeout) => {}
@@ -302,38 +316,35 @@ impl Owner {
         replies: &mut Vec<Reply>,
     ) -> Result<(), WriteError> {
         let mut durable = false;
-        let record = {
-            let mut w = Batch::new(&store.db, std::mem::take(&mut self.record));
-            for k in expired {
-                if let Some(l) = self.index.remove(k) {
-                    w.delete(l.seq)?;
+        let mut w = Batch::new(std::mem::take(&mut self.record));
+        for k in expired {
+            if let Some(l) = self.index.remove(k) {
+                w.delete(l.seq)?;
+            }
+        }
+        let mut cmds = std::mem::take(batch).into_iter();
+        while let Some(cmd) = cmds.next() {
+            match self.apply(cmd, &mut w, store, now_wall, now_mono, &mut durable) {
+                Ok(Some(r @ Reply::Applied(_))) => r.send(),
+                Ok(Some(r)) => replies.push(r),
+                Ok(None) => {}
+                Err(failed) => {
+                    let (e, cmd) = *failed;
+                    batch.extend(cmd);
+                    batch.extend(cmds);
+                    return Err(e);
                 }
             }
-            let mut cmds = std::mem::take(batch).into_iter();
-            while let Some(cmd) = cmds.next() {
-                match self.apply(cmd, &mut w, now_wall, now_mono, &mut durable) {
-                    Ok(Some(r @ Reply::Applied(_))) => r.send(),
-                    Ok(Some(r)) => replies.push(r),
-                    Ok(None) => {}
-                    Err(failed) => {
-                        let (e, cmd) = *failed;
-                        batch.extend(cmd);
-                        batch.extend(cmds);
-                        return Err(e);
-                    }
-                }
-            }
-            w.finish()
-        };
-        if record.is_empty() {
+        }
+        if w.record().is_empty() {
             // Only duplicates (or no-ops): nothing to make durable.
-            self.record = record;
+            self.record = w.into_buffer();
             return Ok(());
         }
         let t = Instant::now();
-        let journaled = store.journal.fits(record.len());
+        let journaled = store.journal.fits(w.record().len());
         if journaled {
-            store.journal.append(&record, durable)?;
+            store.journal.append(w.record(), durable)?;
             if durable {
                 self.shared
                     .stats
@@ -345,15 +356,15 @@ impl Owner {
                 r.send();
             }
         }
-        store::apply(store, &record, !journaled)?;
+        let applied = store::apply(store, &mut w, !journaled);
+        self.record = w.into_buffer();
+        applied?;
         if !journaled {
             self.shared
                 .stats
                 .fsync_seconds
                 .observe(t.elapsed().as_secs_f64());
         }
-        self.record = record;
-        self.record.clear();
         Ok(())
     }
 
@@ -363,6 +374,7 @@ impl Owner {
         &mut self,
         cmd: Command,
         w: &mut Batch,
+        store: &Store,
         now_wall: u64,
         now_mono: u64,
         durable: &mut bool,
@@ -439,7 +451,7 @@ impl Owner {
                             .is_some_and(|l| l.has_response) =>
                 {
                     let seq = self.index.get(d.key.as_str()).map(|l| l.seq);
-                    d.response = seq.and_then(|s| w.response(s));
+                    d.response = seq.and_then(|s| w.response(store, s));
                     Some(Reply::Decision(tx, Decision::Duplicate(d)))
                 }
                 r => r,
@@ -707,12 +719,27 @@ impl Owner {
             .store(self.index.len(), Ordering::Relaxed);
     }
 
+    /// Hands everything kept since the last checkpoint to redb; fails closed if it cannot.
+    fn checkpoint(&mut self) {
+        let Some(mut store) = self.store.take() else {
+            return;
+        };
+        match store::apply(&mut store, &mut Batch::new(Vec::new()), true) {
+            Ok(()) => self.store = Some(store),
+            Err(e) => {
+                log::error!("mutex: checkpoint failed, failing closed until reopened: {e}");
+                drop(store);
+                self.fail(Unavailable::CommitFailed(e.to_string()));
+            }
+        }
+    }
+
     /// A last checkpoint, so the next start has no journal to replay, and a clean close.
     fn close(&mut self) {
         let Some(mut store) = self.store.take() else {
             return;
         };
-        let flushed = store::apply(&mut store, &[], true);
+        let flushed = store::apply(&mut store, &mut Batch::new(Vec::new()), true);
         if let Err(e) = flushed {
             log::error!("mutex: final checkpoint failed: {e}");
         }
