@@ -49,7 +49,8 @@ pub struct Config {
     pub reopen_backoff_max: Duration,
     /// Size of the journal file beside the database (`NAME-journal`), written in full at
     /// creation. When a batch no longer fits, redb takes a checkpoint and the journal
-    /// starts over; bigger means rarer checkpoints and a longer replay after a crash.
+    /// starts over; bigger means rarer checkpoints and a longer replay after a crash, but
+    /// on ext4 a bigger file also makes every fdatasync slower (docs/DESIGN.md).
     pub journal_bytes: usize,
 }
 
@@ -62,7 +63,7 @@ impl Default for Config {
             queue_depth: 16 * 1024,
             deadline: Duration::from_secs(2),
             reopen_backoff_max: Duration::from_secs(5),
-            journal_bytes: 4 * 1024 * 1024,
+            journal_bytes: 1024 * 1024,
         }
     }
 }
