@@ -1,10 +1,10 @@
 //! The `hoox-edge` binary: everything lives in the library; see `cli.rs`.
 
-/// The gateway allocates on every request from every tokio worker and the owner thread.
-/// musl's own malloc takes one lock for every allocation (mimalloc: +26% req/s at 16
-/// connections, +112% at 64); glibc's took ~18% of the gateway's CPU in malloc and free at
-/// 16 connections (perf), and mimalloc cut the CPU per request by ~12% there
-/// (docs/BENCHMARKS.md). One allocator for every build, so the bench measures what ships.
+/// musl's own malloc takes one lock for every allocation, and the gateway allocates on every
+/// request from every tokio worker: under load the workers queue on that lock (mimalloc:
+/// +26% req/s at 16 connections, +112% at 64, docs/BENCHMARKS.md). glibc's malloc has per-thread arenas,
+/// so only the static musl build swaps allocator.
+#[cfg(target_env = "musl")]
 #[global_allocator]
 static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 
@@ -12,6 +12,7 @@ static GLOBAL: mimalloc::MiMalloc = mimalloc::MiMalloc;
 /// commits its first arena eagerly (idle RSS 5.5 -> 16.4 MB) and keeps freed pages for a
 /// second (100k live keys: 37 -> 72 MB after a restart, the index rebuild's garbage kept).
 /// Committing on demand and returning pages at once costs no measurable req/s.
+#[cfg(target_env = "musl")]
 fn tune_allocator() {
     // mimalloc v3's `mi_option_e` indices, which libmimalloc-sys 0.1.49 does not name; the
     // crate is pinned (`=`) in Cargo.toml so that these cannot drift from the C library.
@@ -26,6 +27,7 @@ fn tune_allocator() {
 }
 
 fn main() -> std::process::ExitCode {
+    #[cfg(target_env = "musl")]
     tune_allocator();
     hoox_edge::cli::main()
 }
