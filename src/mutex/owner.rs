@@ -724,7 +724,7 @@ impl Owner {
         let Some(mut store) = self.store.take() else {
             return;
         };
-        match store::apply(&mut store, &mut Batch::new(Vec::new()), true) {
+        match store::checkpoint(&mut store) {
             Ok(()) => self.store = Some(store),
             Err(e) => {
                 log::error!("mutex: checkpoint failed, failing closed until reopened: {e}");
@@ -739,7 +739,7 @@ impl Owner {
         let Some(mut store) = self.store.take() else {
             return;
         };
-        let flushed = store::apply(&mut store, &mut Batch::new(Vec::new()), true);
+        let flushed = store::checkpoint(&mut store);
         if let Err(e) = flushed {
             log::error!("mutex: final checkpoint failed: {e}");
         }

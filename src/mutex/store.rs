@@ -142,6 +142,10 @@ pub(super) enum LoadError {
     Db(#[from] redb::Error),
     #[error(transparent)]
     Journal(#[from] JournalError),
+    /// The replay failed where a live write would have: the same operations, the same
+    /// errors.
+    #[error(transparent)]
+    Replay(#[from] WriteError),
     /// A record this version cannot read might be a live reservation: refuse to serve
     /// rather than forget it.
     #[error("entry #{seq} cannot be read: {err}")]
@@ -159,18 +163,6 @@ pub(super) enum WriteError {
     Journal(#[from] std::io::Error),
     #[error("cannot encode a journal record: {0}")]
     Encode(#[from] postcard::Error),
-}
-
-/// A replay fails the open on what would fail a live write.
-impl From<WriteError> for LoadError {
-    fn from(e: WriteError) -> Self {
-        match e {
-            WriteError::Db(e) => LoadError::Db(e),
-            WriteError::Record(e) => LoadError::Journal(e),
-            WriteError::Journal(e) => LoadError::Journal(JournalError::Io(e)),
-            WriteError::Encode(e) => LoadError::Journal(JournalError::Io(std::io::Error::other(e))),
-        }
-    }
 }
 
 macro_rules! via_redb_error {
@@ -307,11 +299,9 @@ fn apply_ops(
     Ok(())
 }
 
-/// Takes a batch's record (already in the journal, or not if `checkpoint`): keeps it for
-/// the next checkpoint, or, with `checkpoint`, applies everything kept plus this record to
-/// redb in one transaction committed with `Durability::Immediate`, storing the journal's
-/// last lsn with it, after which the journal starts over.
-/// The batch is left empty, its buffers kept for reuse.
+/// Keeps a batch's record for the next checkpoint, and takes that checkpoint now if
+/// `checkpoint` (the record did not fit in the journal). The batch is left empty, its
+/// buffers kept for reuse.
 pub(super) fn apply(
     store: &mut Store,
     batch: &mut Batch,
@@ -325,9 +315,16 @@ pub(super) fn apply(
     store.pending.extend_from_slice(&batch.record);
     store.pending_records += usize::from(!batch.record.is_empty());
     batch.record.clear();
-    if !checkpoint {
-        return Ok(());
+    if checkpoint {
+        self::checkpoint(store)?;
     }
+    Ok(())
+}
+
+/// Applies everything kept since the last checkpoint to redb in one transaction committed
+/// with `Durability::Immediate`, storing the journal's last lsn with it, after which the
+/// journal starts over. Also what the owner does when idle and at shutdown.
+pub(super) fn checkpoint(store: &mut Store) -> Result<(), WriteError> {
     let mut txn = store.db.begin_write()?;
     {
         let mut entries = txn.open_table(ENTRIES)?;
