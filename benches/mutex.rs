@@ -4,7 +4,8 @@
 //! directory unless `HOOX_BENCH_DIR` names another):
 //! - the raw fdatasync latency of a bare write + fdatasync loop, the floor for anything
 //!   durable;
-//! - single-caller reserve latency (every reserve waits for its own fsync);
+//! - single-caller reserve latency (every reserve waits for its own fsync), and the round
+//!   trip to the owner thread without the disk, polling and asleep;
 //! - durable reserves per second at 1, 16, 64 and 256 concurrent callers (group commit
 //!   shares one fsync among all reserves queued behind it);
 //!
@@ -21,6 +22,7 @@ use hdrhistogram::Histogram;
 use hoox_edge::mutex::{self, ClientKey, Clock, Config, Decision, Key, Mode, Reserve};
 
 const SAMPLES: usize = 1000;
+const BLOCK: usize = 10;
 const RUN: Duration = Duration::from_secs(4);
 
 fn main() {
@@ -32,7 +34,7 @@ fn main() {
 
     // The disk here is shared and its latency swings by two orders of magnitude from one
     // minute to the next, so every figure is paired with a baseline taken at the same
-    // moment: latency samples alternate raw fdatasync and reserve; each throughput run is
+    // moment: latency samples alternate blocks of raw fdatasync and of reserves; each throughput run is
     // preceded by its own short fdatasync sample.
     let mut raw = Raw::open(&dir.path().join("raw"));
     let rt = tokio::runtime::Builder::new_multi_thread()
@@ -48,6 +50,14 @@ fn main() {
         "  of which the journal write + fdatasync: mean {write_mean:.0} µs; the rest is the \
          round trip through the owner thread and the batch's bookkeeping"
     );
+    let (polling, asleep) = rt.block_on(round_trips(&dir.path().join("ping.redb")));
+    for (what, h) in [("polling", &polling), ("asleep", &asleep)] {
+        println!(
+            "  round trip to the owner, no disk (ping), owner {what}: p50 {} µs, p99 {} µs",
+            h.value_at_quantile(0.5),
+            h.value_at_quantile(0.99)
+        );
+    }
 
     println!("durable reserves/s (ratio to the reserves/s one fdatasync each would allow):");
     for callers in [1, 16, 64, 256] {
@@ -125,8 +135,10 @@ fn req(caller: usize, n: u64) -> Reserve {
     }
 }
 
-/// Alternating samples of a bare fdatasync and of a single caller's reserve, and the mean
-/// time the owner spent writing and syncing the journal for those reserves (µs).
+/// Samples of a bare fdatasync and of a single caller's reserve, in alternating blocks of
+/// `BLOCK` (the baseline follows the disk's drift; within a block the caller sends each
+/// reserve as soon as the last is answered, as one connection with a burst of orders
+/// does), and the mean time the owner spent writing and syncing the journal for them.
 async fn latencies(raw: &mut Raw, path: &std::path::Path) -> (Histogram<u64>, Histogram<u64>, f64) {
     let (m, owner) = mutex::start(config(path), Clock::system());
     // Warm up: the file's first pages are allocated here, not in the measurement.
@@ -135,16 +147,42 @@ async fn latencies(raw: &mut Raw, path: &std::path::Path) -> (Histogram<u64>, Hi
     }
     let (_, s0, n0) = m.shared().stats.fsync_seconds.snapshot();
     let (mut sync, mut single) = (hist(), hist());
-    for n in 0..SAMPLES as u64 {
-        sync.record(raw.sync()).ok();
-        let t = Instant::now();
-        let d = m.reserve(req(1, n)).await;
-        single.record(t.elapsed().as_micros() as u64).ok();
-        assert_eq!(d, Decision::Proceed);
+    for block in 0..(SAMPLES / BLOCK) as u64 {
+        for _ in 0..BLOCK {
+            sync.record(raw.sync()).ok();
+        }
+        for i in 0..BLOCK as u64 {
+            let t = Instant::now();
+            let d = m.reserve(req(1, block * BLOCK as u64 + i)).await;
+            single.record(t.elapsed().as_micros() as u64).ok();
+            assert_eq!(d, Decision::Proceed);
+        }
     }
     let (_, s1, n1) = m.shared().stats.fsync_seconds.snapshot();
     owner.stop();
     (sync, single, (s1 - s0) * 1e6 / (n1 - n0).max(1) as f64)
+}
+
+/// The round trip to the owner and back with no disk in it (a ping), when the owner is
+/// still polling its channel after the last answer and when it has gone to sleep: what a
+/// reserve costs beyond its journal write, in the best and the worst case.
+async fn round_trips(path: &std::path::Path) -> (Histogram<u64>, Histogram<u64>) {
+    let (m, owner) = mutex::start(config(path), Clock::system());
+    let (mut polling, mut asleep) = (hist(), hist());
+    for _ in 0..SAMPLES {
+        let t = Instant::now();
+        m.ping().await.expect("ping");
+        polling.record(t.elapsed().as_micros() as u64).ok();
+    }
+    for _ in 0..SAMPLES / 4 {
+        // Well past the owner's 50 µs poll.
+        std::thread::sleep(Duration::from_micros(500));
+        let t = Instant::now();
+        m.ping().await.expect("ping");
+        asleep.record(t.elapsed().as_micros() as u64).ok();
+    }
+    owner.stop();
+    (polling, asleep)
 }
 
 /// Reserves per second over `RUN` with `callers` tasks, and the mean batch size.

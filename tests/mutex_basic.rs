@@ -34,7 +34,7 @@ fn reserve_commit_release_and_duplicates() {
             status: 200,
             body: b"{\"success\":true}".to_vec(),
         };
-        m.commit(a.clone(), Some(snap.clone())).await.unwrap();
+        m.commit(a.clone(), Some(snap.clone())).unwrap();
         match m.reserve(reserve(&a, 300_000, 1)).await {
             Decision::Duplicate(d) => {
                 assert_eq!(d.state, State::Committed);
@@ -49,7 +49,7 @@ fn reserve_commit_release_and_duplicates() {
 
         let b = key("b");
         assert_eq!(m.reserve(reserve(&b, 300_000, 1)).await, Decision::Proceed);
-        m.release(b.clone()).await.unwrap();
+        m.release(b.clone()).unwrap();
         assert_eq!(m.get(b.clone()).await.unwrap(), None);
         assert_eq!(m.reserve(reserve(&b, 300_000, 1)).await, Decision::Proceed);
 
@@ -159,7 +159,7 @@ fn state_and_kill_switch_survive_a_restart() {
     rt().block_on(async {
         m.reserve(reserve(&key("short"), 2_000, 1)).await;
         m.reserve(reserve(&key("long"), 60_000, 1)).await;
-        m.commit(key("long"), None).await.unwrap();
+        m.commit(key("long"), None).unwrap();
         m.set_halted(true).await.unwrap();
         assert!(m.is_halted());
     });
@@ -196,7 +196,7 @@ fn a_missing_directory_fails_closed_then_recovers() {
         }
         assert!(m.ping().await.unwrap().fail_closed.is_some());
         // A release while failing closed is soft: an error for the caller, counted.
-        assert!(m.release(key("a")).await.is_err());
+        assert!(m.release(key("a")).is_err());
         let failures = &m.shared().stats.release_failures;
         assert_eq!(failures.load(std::sync::atomic::Ordering::Relaxed), 1);
         std::fs::create_dir(&sub).unwrap();

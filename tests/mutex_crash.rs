@@ -107,7 +107,7 @@ fn reserve_until_killed(path: &Path) {
                                 out.flush().unwrap();
                             }
                             if x.is_multiple_of(3) {
-                                m.commit(k, None).await.unwrap();
+                                m.commit(k, None).unwrap();
                             }
                         }
                     }
@@ -122,9 +122,9 @@ fn reserve_until_killed(path: &Path) {
 const JOURNAL_TEST: &str = "the_journal_alone_brings_back_reserves_commits_and_releases";
 
 /// After a SIGKILL, redb holds only its last checkpoint; everything since lives in the
-/// journal. A child reserves four keys, commits one, releases one, says so and waits to be
-/// killed: too few records to fill the journal, so no checkpoint after its open has taken
-/// place and the state after the kill comes from the replay alone. Then the same journal
+/// journal. A child reserves four keys, commits one, releases one, pings, commits another
+/// and idles, says so and waits to be killed: too few records to fill the journal, so no
+/// checkpoint after its open has taken place and the state after the kill comes from the replay alone. Then the same journal
 /// with a synced record damaged (and later ones intact) must fail the open, not be skipped.
 #[test]
 fn the_journal_alone_brings_back_reserves_commits_and_releases() {
@@ -142,11 +142,16 @@ fn the_journal_alone_brings_back_reserves_commits_and_releases() {
                 status: 200,
                 body: b"filled".to_vec(),
             };
-            m.commit(key("committed"), Some(response)).await.unwrap();
-            m.release(key("released")).await.unwrap();
-            // Commit and release are answered before any fsync; a ping round trip after
-            // them means their record is written (a SIGKILL keeps the page cache).
+            m.commit(key("committed"), Some(response)).unwrap();
+            m.release(key("released")).unwrap();
+            // Commit and release are queued, not answered, and promise no fsync; a ping
+            // is answered only once every earlier write is in the journal (a SIGKILL
+            // keeps the page cache).
             m.ping().await.unwrap();
+            // With nothing to read and nothing granted, the commit rides until the owner
+            // is about to sleep, which it does within its 50 µs poll: 500 ms is plenty.
+            m.commit(key("later"), None).unwrap();
+            std::thread::sleep(std::time::Duration::from_millis(500));
             println!("READY");
             std::future::pending::<()>().await
         });
@@ -179,7 +184,11 @@ fn the_journal_alone_brings_back_reserves_commits_and_releases() {
             }
             other => panic!("committed key: {other:?}"),
         }
-        assert!(m.get(key("later")).await.unwrap().is_some());
+        assert_eq!(
+            m.get(key("later")).await.unwrap().unwrap().state,
+            State::Committed,
+            "the commit written when the owner went idle came back"
+        );
         assert_eq!(
             m.reserve(reserve(&key("released"), 3_600_000, 1)).await,
             Decision::Proceed,

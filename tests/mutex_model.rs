@@ -141,8 +141,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             }
             Op::Commit(k, with_response) => {
                 let snap = with_response.then(|| snapshot(k));
-                rt.block_on(m.commit(keys[k].clone(), snap.clone()))
-                    .unwrap();
+                m.commit(keys[k].clone(), snap.clone()).unwrap();
                 let now = model.now;
                 if let Some(e) = model.map.get_mut(&k).filter(|e| now < e.expires_at) {
                     e.state = State::Committed;
@@ -150,7 +149,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
             }
             Op::Release(k) => {
-                rt.block_on(m.release(keys[k].clone())).unwrap();
+                m.release(keys[k].clone()).unwrap();
                 model.map.remove(&k);
             }
             Op::Advance(ms) => {

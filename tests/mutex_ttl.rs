@@ -43,9 +43,7 @@ fn expiry_frees_keys_and_the_file_does_not_grow() {
                         assert_eq!(d, Decision::Proceed, "cycle {cycle}: {name} must be free");
                         if i % 3 == 0 {
                             let body = vec![b'x'; 512];
-                            m.commit(k, Some(Snapshot { status: 200, body }))
-                                .await
-                                .unwrap();
+                            m.commit(k, Some(Snapshot { status: 200, body })).unwrap();
                         }
                     })
                 })

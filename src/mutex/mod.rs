@@ -52,6 +52,10 @@ pub struct Config {
     /// starts over; bigger means rarer checkpoints and a longer replay after a crash, but
     /// on ext4 a bigger file also makes every fdatasync slower (docs/DESIGN.md).
     pub journal_bytes: usize,
+    /// How long an idle owner polls its channel before it sleeps. Waking a sleeping
+    /// thread costs ~7 µs on the VMs measured (docs/BENCHMARKS.md), twice per round trip;
+    /// a command that arrives while the owner polls saves one of them. Zero: never poll.
+    pub spin: Duration,
 }
 
 impl Default for Config {
@@ -64,6 +68,7 @@ impl Default for Config {
             deadline: Duration::from_secs(2),
             reopen_backoff_max: Duration::from_secs(5),
             journal_bytes: 1024 * 1024,
+            spin: Duration::from_micros(50),
         }
     }
 }
@@ -190,12 +195,11 @@ pub struct Status {
 /// is a few dozen bytes.
 pub(crate) enum Command {
     Reserve(Box<Reserve>, oneshot::Sender<Decision>),
-    Commit(
-        Box<Key>,
-        Option<Snapshot>,
-        oneshot::Sender<Result<(), Unavailable>>,
-    ),
-    Release(Box<Key>, oneshot::Sender<Result<(), Unavailable>>),
+    /// Commit and release are not answered: the channel keeps their order, so every later
+    /// command sees them, and no answer could promise more (they are never made durable
+    /// on their own; see `owner.rs`).
+    Commit(Box<Key>, Option<Snapshot>),
+    Release(Box<Key>),
     Get(
         Box<Key>,
         oneshot::Sender<Result<Option<EntryInfo>, Unavailable>>,
@@ -229,6 +233,9 @@ pub struct Shared {
     pub halted: std::sync::atomic::AtomicBool,
     pub live_keys: std::sync::atomic::AtomicUsize,
     pub serving: std::sync::atomic::AtomicBool,
+    /// Set while the owner fails closed. Unlike `!serving`, false before the owner's first
+    /// open: commands queued then are applied once it is open.
+    pub failing: std::sync::atomic::AtomicBool,
     pub stats: Stats,
 }
 
@@ -295,19 +302,18 @@ impl Mutex {
         d
     }
 
-    /// Pending becomes committed; the expiry does not move. Rides in the next batch.
-    pub async fn commit(&self, key: Key, response: Option<Snapshot>) -> Result<(), Unavailable> {
-        self.call(|tx| Command::Commit(Box::new(key), response, tx))
-            .await?
+    /// Pending becomes committed; the expiry does not move. Queued, not awaited: `Ok`
+    /// means every later command to the mutex, from any caller, sees the key committed.
+    /// It rides in the next journal record, so a crash can undo it; the key is then
+    /// pending until its TTL, which blocks a retry just as well.
+    pub fn commit(&self, key: Key, response: Option<Snapshot>) -> Result<(), Unavailable> {
+        self.send(Command::Commit(Box::new(key), response))
     }
 
-    /// Frees the key so that a retry may reserve it. A failure is counted, and the key
-    /// then simply lives until its TTL, which is safe.
-    pub async fn release(&self, key: Key) -> Result<(), Unavailable> {
-        let r = self
-            .call(|tx| Command::Release(Box::new(key.clone()), tx))
-            .await
-            .and_then(|r| r);
+    /// Frees the key so that a retry may reserve it; queued like [`Mutex::commit`]. A
+    /// failure is counted, and the key then simply lives until its TTL, which is safe.
+    pub fn release(&self, key: Key) -> Result<(), Unavailable> {
+        let r = self.send(Command::Release(Box::new(key.clone())));
         if let Err(u) = &r {
             stats::inc(&self.shared.stats.release_failures);
             log::warn!("mutex: release of {key} failed ({u}); it stays held until its TTL");
@@ -356,16 +362,30 @@ impl Mutex {
         &self.shared
     }
 
+    /// Queues a command that is not answered. A failing-closed owner would drop it, so
+    /// that is said now rather than never.
+    fn send(&self, cmd: Command) -> Result<(), Unavailable> {
+        use std::sync::atomic::Ordering::Relaxed;
+        if self.shared.failing.load(Relaxed) {
+            return Err(Unavailable::NotOpen("the mutex is not serving".into()));
+        }
+        self.enqueue(cmd)
+    }
+
+    fn enqueue(&self, cmd: Command) -> Result<(), Unavailable> {
+        match self.tx.try_send(cmd) {
+            Ok(()) => Ok(()),
+            Err(TrySendError::Full(_)) => Err(Unavailable::Busy),
+            Err(TrySendError::Disconnected(_)) => Err(Unavailable::Stopped),
+        }
+    }
+
     async fn call<T>(
         &self,
         make: impl FnOnce(oneshot::Sender<T>) -> Command,
     ) -> Result<T, Unavailable> {
         let (tx, rx) = oneshot::channel();
-        match self.tx.try_send(make(tx)) {
-            Ok(()) => {}
-            Err(TrySendError::Full(_)) => return Err(Unavailable::Busy),
-            Err(TrySendError::Disconnected(_)) => return Err(Unavailable::Stopped),
-        }
+        self.enqueue(make(tx))?;
         match tokio::time::timeout(self.deadline, rx).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(_)) => Err(Unavailable::Stopped),

@@ -2,13 +2,13 @@
 //!
 //! Each turn of the loop: wait for a command (or the next alarm, or the next reopen
 //! attempt), drain what else is queued up to `batch_limit`, apply it all to the in-memory
-//! index and to ONE redb write transaction, write the batch's operations as ONE journal
-//! record, and only then answer. The record is synced (fdatasync) if the batch granted a
-//! key or carries an operator write, so no Proceed leaves this thread before the fsync
-//! that makes it true. Anything else (commit, release, expiry) is written unsynced: it
-//! rides the next sync, and a crash that loses it leaves a key pending until its TTL,
-//! which only ever blocks a retry, never lets one through. redb takes each batch in memory
-//! and is checkpointed to disk when the journal fills (`journal.rs`).
+//! index and to ONE journal record, and only then answer. A batch that granted a key or
+//! holds an operator write has its record written and synced (fdatasync) first, so no
+//! Proceed leaves this thread before the fsync that makes it true. Anything else (commit,
+//! release, expiry) is carried into the next record, or written unsynced when the owner
+//! goes idle: a crash that loses it leaves a key pending until its TTL, which only ever
+//! blocks a retry, never lets one through. redb is written only at checkpoints
+//! (`store.rs`); docs/DESIGN.md has the whole protocol.
 //!
 //! Any storage error drops the database and the index, and the owner fails closed until a
 //! reopen (with exponential backoff) rebuilds both from disk.
@@ -33,6 +33,10 @@ use super::{
 
 /// First pause after a failure; doubled up to `Config::reopen_backoff_max`.
 const BACKOFF_START: Duration = Duration::from_millis(50);
+
+/// The most a carried record may hold before it is written anyway: a few journal slots,
+/// so a stream of commits with no reserve among them still reaches the journal.
+const CARRY_MAX: usize = 16 * 1024;
 
 pub(super) fn spawn(
     config: Config,
@@ -66,11 +70,6 @@ struct Live {
 enum Reply {
     Decision(oneshot::Sender<Decision>, Decision),
     Unit(oneshot::Sender<Result<(), Unavailable>>),
-    /// A commit or release: applied in order, never promised durable (it rides the next
-    /// durable commit), so its caller is answered as soon as it is applied rather than
-    /// after this batch's fsync. If the batch then fails, the index is rebuilt from disk
-    /// and the key is simply pending again: held, which is safe.
-    Applied(oneshot::Sender<Result<(), Unavailable>>),
     Entry(
         oneshot::Sender<Result<Option<EntryInfo>, Unavailable>>,
         Option<EntryInfo>,
@@ -88,7 +87,7 @@ impl Reply {
         // A caller that gave up (deadline) dropped its receiver; nothing to do about it.
         let _ = match self {
             Reply::Decision(tx, d) => tx.send(d).map_err(drop),
-            Reply::Unit(tx) | Reply::Applied(tx) => tx.send(Ok(())).map_err(drop),
+            Reply::Unit(tx) => tx.send(Ok(())).map_err(drop),
             Reply::Entry(tx, e) => tx.send(Ok(e)).map_err(drop),
             Reply::List(tx, l) => tx.send(Ok(l)).map_err(drop),
             Reply::Bool(tx, b) => tx.send(Ok(b)).map_err(drop),
@@ -100,7 +99,7 @@ impl Reply {
     fn fail(self, u: &Unavailable) {
         let _ = match self {
             Reply::Decision(tx, _) => tx.send(Decision::Unavailable(u.clone())).map_err(drop),
-            Reply::Unit(tx) | Reply::Applied(tx) => tx.send(Err(u.clone())).map_err(drop),
+            Reply::Unit(tx) => tx.send(Err(u.clone())).map_err(drop),
             Reply::Entry(tx, _) => tx.send(Err(u.clone())).map_err(drop),
             Reply::List(tx, _) => tx.send(Err(u.clone())).map_err(drop),
             Reply::Bool(tx, _) => tx.send(Err(u.clone())).map_err(drop),
@@ -119,8 +118,10 @@ struct Owner {
     stall_hook: bool,
     /// `None` while failing closed.
     store: Option<Store>,
-    /// The journal record being built, kept to reuse its allocation.
-    record: Vec<u8>,
+    /// Writes not yet in the journal: commits, releases and expiries, which promise no
+    /// durability, ride in the next record instead of costing one of their own (see
+    /// `write_batch`). Empty between batches otherwise, its buffers kept for reuse.
+    carry: Batch,
     index: HashMap<Rc<str>, Live>,
     /// Alarms carry the expiry they were set for, so an alarm left behind by a released and
     /// re-reserved key is recognised as stale and ignored.
@@ -144,7 +145,7 @@ impl Owner {
             shared,
             stall_hook,
             store: None,
-            record: Vec::new(),
+            carry: Batch::default(),
             index: HashMap::new(),
             wheel,
             halted: false,
@@ -173,6 +174,17 @@ impl Owner {
                 }
             }
             if matches!(first, Err(RecvTimeoutError::Timeout)) {
+                first = self.poll(&rx);
+            }
+            if matches!(first, Err(RecvTimeoutError::Timeout)) && !self.carry.record().is_empty() {
+                // About to sleep: what is carried goes to the journal now, unsynced, so
+                // that a crash of this process (the page cache survives it) keeps it.
+                self.maintain("journal write", |o, store| {
+                    let w = std::mem::take(&mut o.carry);
+                    o.write_record(store, w, false, &mut Vec::new())
+                });
+            }
+            if matches!(first, Err(RecvTimeoutError::Timeout)) {
                 first = match self.next_wake() {
                     None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
                     Some(t) => rx.recv_timeout(t),
@@ -199,6 +211,25 @@ impl Owner {
             }
         }
         self.close();
+    }
+
+    /// Polls the channel for up to `Config::spin` before the loop sleeps on it: a command
+    /// that arrives meanwhile is taken without the cost of waking this thread.
+    fn poll(&self, rx: &Receiver<Command>) -> Result<Command, RecvTimeoutError> {
+        if self.store.is_none() || self.config.spin.is_zero() {
+            return Err(RecvTimeoutError::Timeout);
+        }
+        let until = Instant::now() + self.config.spin;
+        loop {
+            match rx.try_recv() {
+                Ok(cmd) => return Ok(cmd),
+                Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
+                Err(TryRecvError::Empty) if Instant::now() >= until => {
+                    return Err(RecvTimeoutError::Timeout);
+                }
+                Err(TryRecvError::Empty) => std::hint::spin_loop(),
+            }
+        }
     }
 
     /// How long the loop may sleep: until the next alarm, or the next reopen attempt.
@@ -230,7 +261,12 @@ impl Owner {
         let now_wall = self.clock.wall_ms();
         let now_mono = self.clock.mono_ms();
         let expired = self.due_expiries(now_wall, now_mono);
+        // A read is answered only once every earlier write is in the journal.
+        let reads = batch
+            .iter()
+            .any(|c| matches!(c, Command::Get(..) | Command::List(..) | Command::Ping(..)));
         let writes = !expired.is_empty()
+            || (reads && !self.carry.record().is_empty())
             || batch.iter().any(|c| {
                 matches!(
                     c,
@@ -248,8 +284,8 @@ impl Owner {
                 &mut store,
                 batch,
                 &expired,
-                now_wall,
-                now_mono,
+                (now_wall, now_mono),
+                reads,
                 &mut replies,
             )
         } else {
@@ -297,26 +333,26 @@ impl Owner {
     }
 
     /// Applies a batch to the index and to its journal record, makes the record durable,
-    /// answers, and then hands the record to redb. On error, the commands not yet applied
-    /// stay in `batch`, and the replies not yet sent in `replies`.
+    /// and answers. On error, the commands not yet applied stay in `batch`, and the
+    /// replies not yet sent in `replies`.
     ///
-    /// Durable means: the record is written to the journal, and synced if the batch
-    /// granted a key or holds an operator write. Then the replies go out, and only then
-    /// does redb take the batch, in memory (`Durability::None`): should that fail, the
-    /// owner fails closed and the reopen replays the journal. When the journal is full,
-    /// the batch instead commits to redb with `Durability::Immediate`, a checkpoint,
-    /// before it is answered.
+    /// A batch that granted a key or holds an operator write is written and synced
+    /// before its replies go out. One that only commits, releases or expires promises no
+    /// durability, so it costs no write at all: its operations are carried into the next
+    /// record, written when a batch next grants a key, when a read is asked, or when the
+    /// owner is about to sleep. Until then only a crash of this process can lose them,
+    /// and what it loses leaves keys held, never free.
     fn write_batch(
         &mut self,
         store: &mut Store,
         batch: &mut Vec<Command>,
         expired: &[Rc<str>],
-        now_wall: u64,
-        now_mono: u64,
+        (now_wall, now_mono): (u64, u64),
+        reads: bool,
         replies: &mut Vec<Reply>,
     ) -> Result<(), WriteError> {
         let mut durable = false;
-        let mut w = Batch::new(std::mem::take(&mut self.record));
+        let mut w = std::mem::take(&mut self.carry);
         for k in expired {
             if let Some(l) = self.index.remove(k) {
                 w.delete(l.seq)?;
@@ -325,7 +361,6 @@ impl Owner {
         let mut cmds = std::mem::take(batch).into_iter();
         while let Some(cmd) = cmds.next() {
             match self.apply(cmd, &mut w, store, now_wall, now_mono, &mut durable) {
-                Ok(Some(r @ Reply::Applied(_))) => r.send(),
                 Ok(Some(r)) => replies.push(r),
                 Ok(None) => {}
                 Err(failed) => {
@@ -336,9 +371,28 @@ impl Owner {
                 }
             }
         }
+        if !durable && !reads && w.record().len() < CARRY_MAX {
+            self.carry = w;
+            self.publish_index();
+            return Ok(());
+        }
+        self.write_record(store, w, durable, replies)
+    }
+
+    /// Writes `w` as one journal record (synced if `durable`), sends `replies`, and keeps
+    /// the record for the next checkpoint; when it does not fit in the journal, takes that
+    /// checkpoint now, before answering.
+    fn write_record(
+        &mut self,
+        store: &mut Store,
+        mut w: Batch,
+        durable: bool,
+        replies: &mut Vec<Reply>,
+    ) -> Result<(), WriteError> {
         if w.record().is_empty() {
-            // Only duplicates (or no-ops): nothing to make durable.
-            self.record = w.into_buffer();
+            // Only duplicates (or no-ops): nothing to write.
+            self.carry = w;
+            self.publish_index();
             return Ok(());
         }
         let t = Instant::now();
@@ -357,7 +411,8 @@ impl Owner {
             }
         }
         let applied = store::apply(store, &mut w, !journaled);
-        self.record = w.into_buffer();
+        // `apply` leaves the batch empty; its buffers serve the next one.
+        self.carry = w;
         applied?;
         if !journaled {
             self.shared
@@ -387,11 +442,11 @@ impl Owner {
                 }
                 Err(e) => Err(Box::new((e, Some(Command::Reserve(req, tx))))),
             },
-            Command::Commit(key, response, tx) => {
+            Command::Commit(key, response) => {
                 let Some(live) = self.live_mut(&key, now_wall) else {
                     // Expired or released meanwhile: nothing left to mark.
                     log::debug!("mutex: commit of {key} found no live entry");
-                    return Ok(Some(Reply::Applied(tx)));
+                    return Ok(None);
                 };
                 live.state = State::Committed;
                 live.has_response = response.is_some();
@@ -407,20 +462,17 @@ impl Owner {
                 match w.put(seq, &entry) {
                     Ok(()) => {
                         inc(&self.shared.stats.commits);
-                        Ok(Some(Reply::Applied(tx)))
+                        Ok(None)
                     }
-                    Err(e) => Err(Box::new((
-                        e,
-                        Some(Command::Commit(key, entry.response, tx)),
-                    ))),
+                    Err(e) => Err(Box::new((e, None))),
                 }
             }
-            Command::Release(key, tx) => match self.remove(&key, w, now_wall) {
+            Command::Release(key) => match self.remove(&key, w, now_wall) {
                 Ok(_) => {
                     inc(&self.shared.stats.releases);
-                    Ok(Some(Reply::Applied(tx)))
+                    Ok(None)
                 }
-                Err(e) => Err(Box::new((e, Some(Command::Release(key, tx))))),
+                Err(e) => Err(Box::new((e, None))),
             },
             Command::ForceRelease(key, tx) => match self.remove(&key, w, now_wall) {
                 Ok(was_live) => {
@@ -559,9 +611,9 @@ impl Owner {
     fn refuse(&mut self, cmd: Command, u: &Unavailable) {
         let _ = match cmd {
             Command::Reserve(_, tx) => tx.send(Decision::Unavailable(u.clone())).map_err(drop),
-            Command::Commit(_, _, tx) | Command::Release(_, tx) | Command::SetHalted(_, tx) => {
-                tx.send(Err(u.clone())).map_err(drop)
-            }
+            // Not answered: the handle said so when it queued them (`Mutex::send`).
+            Command::Commit(..) | Command::Release(..) => Ok(()),
+            Command::SetHalted(_, tx) => tx.send(Err(u.clone())).map_err(drop),
             Command::Get(_, tx) => tx.send(Err(u.clone())).map_err(drop),
             Command::List(_, tx) => tx.send(Err(u.clone())).map_err(drop),
             Command::ForceRelease(_, tx) => tx.send(Err(u.clone())).map_err(drop),
@@ -693,6 +745,7 @@ impl Owner {
     /// Enters the fail-closed state and schedules a reopen.
     fn fail(&mut self, u: Unavailable) {
         self.store = None;
+        self.carry = Batch::default();
         self.index.clear();
         self.wheel = Wheel::new(self.clock.mono_ms());
         self.failure = Some(u);
@@ -708,6 +761,9 @@ impl Owner {
         self.shared
             .serving
             .store(self.store.is_some(), Ordering::Relaxed);
+        self.shared
+            .failing
+            .store(self.store.is_none(), Ordering::Relaxed);
     }
 
     /// What handles read without a round trip; published before a batch's replies, so a
@@ -719,15 +775,27 @@ impl Owner {
             .store(self.index.len(), Ordering::Relaxed);
     }
 
-    /// Hands everything kept since the last checkpoint to redb; fails closed if it cannot.
+    /// Hands everything kept since the last checkpoint, and what is carried, to redb.
     fn checkpoint(&mut self) {
+        self.maintain("checkpoint", |o, store| {
+            store::apply(store, &mut o.carry, true)
+        });
+    }
+
+    /// A write outside any batch (a checkpoint, an idle journal write): fails closed if
+    /// it fails, like a batch.
+    fn maintain(
+        &mut self,
+        what: &str,
+        write: impl FnOnce(&mut Self, &mut Store) -> Result<(), WriteError>,
+    ) {
         let Some(mut store) = self.store.take() else {
             return;
         };
-        match store::checkpoint(&mut store) {
+        match write(self, &mut store) {
             Ok(()) => self.store = Some(store),
             Err(e) => {
-                log::error!("mutex: checkpoint failed, failing closed until reopened: {e}");
+                log::error!("mutex: {what} failed, failing closed until reopened: {e}");
                 drop(store);
                 self.fail(Unavailable::CommitFailed(e.to_string()));
             }
@@ -739,14 +807,14 @@ impl Owner {
         let Some(mut store) = self.store.take() else {
             return;
         };
-        let flushed = store::checkpoint(&mut store);
-        if let Err(e) = flushed {
+        if let Err(e) = store::apply(&mut store, &mut self.carry, true) {
             log::error!("mutex: final checkpoint failed: {e}");
         }
         if let Err(e) = store.db.close() {
             log::error!("mutex: close failed: {e}");
         }
         self.shared.serving.store(false, Ordering::Relaxed);
+        self.shared.failing.store(true, Ordering::Relaxed);
     }
 }
 

@@ -344,6 +344,7 @@ pub(super) fn checkpoint(store: &mut Store) -> Result<(), WriteError> {
 /// A batch's writes, as the journal record that will make them durable. Nothing touches
 /// redb until a checkpoint: then [`apply_ops`], the function the replay at open uses too,
 /// applies the very same records, so the journal and the tables cannot disagree.
+#[derive(Default)]
 pub(super) struct Batch {
     record: Vec<u8>,
     /// Where each entry written by this batch sits in `record` (its latest write), or
@@ -352,14 +353,6 @@ pub(super) struct Batch {
 }
 
 impl Batch {
-    /// `record` is an empty buffer to reuse.
-    pub fn new(record: Vec<u8>) -> Batch {
-        Batch {
-            record,
-            puts: Vec::new(),
-        }
-    }
-
     pub fn put(&mut self, seq: u64, e: &Entry) -> Result<(), WriteError> {
         let bytes = encode_entry(e);
         Op::Put(seq, &bytes).encode_into(&mut self.record)?;
@@ -401,11 +394,6 @@ impl Batch {
     /// The journal record's payload: every operation, in order. Empty if nothing changed.
     pub fn record(&self) -> &[u8] {
         &self.record
-    }
-
-    /// The record's buffer, to reuse.
-    pub fn into_buffer(self) -> Vec<u8> {
-        self.record
     }
 }
 

@@ -59,7 +59,9 @@ impl Log for Stderr {
 }
 
 fn format_line(now: SystemTime, record: &Record) -> String {
-    let mut line = format!(
+    let mut line = String::with_capacity(256);
+    let _ = write!(
+        line,
         "{} {:<5} {}: {}",
         humantime::format_rfc3339_millis(now),
         record.level(),
@@ -68,7 +70,9 @@ fn format_line(now: SystemTime, record: &Record) -> String {
     );
     let _ = record.key_values().visit(&mut Fields(&mut line));
     // A message or value with a newline would forge a second record: keep one record, one line.
-    let mut line = line.replace('\n', "\\n");
+    if line.contains('\n') {
+        line = line.replace('\n', "\\n");
+    }
     line.push('\n');
     line
 }
