@@ -14,6 +14,11 @@
 #   AUTH=bearer|apikey|hmac  FSYNC_COUNT=1000  PORT_BASE=18440 (uses PORT_BASE..+3)
 #   BENCH_DIR (state; default a fresh folder in $TMPDIR or /var/tmp)  KEEP=1 (keep it)
 #   SKIP_BUILD=1  MUTEX_BENCH=0 (skip cargo bench --bench mutex)
+#   TARGET=x86_64-unknown-linux-musl: the build measured, all three binaries (gateway, bare
+#     TLS baseline, load tool) from one `cargo build --target`, so they share one allocator.
+#     Default: what ships, <arch>-unknown-linux-musl (mimalloc), when rustup has that target
+#     and musl-gcc is there (ring's C, as in .ci/package.sh); else the host build, with a
+#     note. TARGET= (empty) forces the host build (x86_64 gnu: glibc malloc).
 #   STORM_CONNECTIONS=64 STORM_KEYS=8 STORM_S=5
 #   CHAOS_ROUNDS=10 CHAOS_CONNECTIONS=16 CHAOS_DUP=0.3 CHAOS_REPLAY=3000
 set -euo pipefail
@@ -24,7 +29,7 @@ for arg in "$@"; do
         --storm) STORM=1 ;;
         --chaos) CHAOS=1 ;;
         --no-main) MAIN=0 ;;
-        -h | --help) sed -n '2,20p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
         *) echo "bench.sh: unknown argument $arg" >&2; exit 64 ;;
     esac
 done
@@ -52,10 +57,36 @@ ADMIN_PORT=$((PORT_BASE + 2))
 LEDGER_PORT=$((PORT_BASE + 3))
 
 cd "$(dirname "$0")/.."
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    cargo build --release --bins
+HOST=$(rustc -vV | sed -n 's/^host: //p')
+if [ -z "${TARGET+set}" ]; then
+    TARGET="$(uname -m)-unknown-linux-musl"
+    if ! rustup target list --installed 2>/dev/null | grep -qx "$TARGET" ||
+        ! command -v musl-gcc >/dev/null; then
+        echo "bench.sh: no $TARGET rustup target or no musl-gcc: measuring the host build" \
+            "($HOST), not the shipped static one" >&2
+        TARGET=
+    fi
 fi
-BIN="${CARGO_TARGET_DIR:-target}/release"
+if [ -n "$TARGET" ]; then
+    BIN="${CARGO_TARGET_DIR:-target}/$TARGET/release"
+    BUILD=(--target "$TARGET")
+    # ring compiles C for the target: musl-gcc for a musl one (.ci/package.sh does the same).
+    cc_var="CC_${TARGET//-/_}"
+    if [[ $TARGET == *-musl ]] && [ -z "${!cc_var:-}" ] && command -v musl-gcc >/dev/null; then
+        export "$cc_var=musl-gcc"
+    fi
+else
+    BIN="${CARGO_TARGET_DIR:-target}/release"
+    BUILD=()
+fi
+case "${TARGET:-$HOST}" in
+    *-musl) BUILD_NAME="${TARGET:-$HOST}, static, mimalloc (what ships)" ;;
+    *-gnu) BUILD_NAME="${TARGET:-$HOST}, glibc malloc (not what ships)" ;;
+    *) BUILD_NAME="${TARGET:-$HOST}" ;;
+esac
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+    cargo build --release --bins ${BUILD[@]+"${BUILD[@]}"}
+fi
 for b in hoox-load bare-tls; do
     [ -x "$BIN/$b" ] || { echo "bench.sh: $BIN/$b not built" >&2; exit 1; }
 done
@@ -192,6 +223,7 @@ chmod 700 "$WORK/secrets"
 FS=$(df -T "$WORK" | awk 'NR == 2 { print $2 " on " $1 }')
 echo "== hoox-edge bench, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores," \
     "$(grep -m1 'model name' /proc/cpuinfo | cut -d: -f2 | sed 's/^ //'), state on $FS"
+echo "   build $BUILD_NAME, $(uptime | sed 's/.*load average/load average/')"
 echo "   protocol $PROTOCOL, auth $AUTH, ${DURATION_S}s per run, work dir $WORK"
 FAILED=0
 
@@ -270,7 +302,7 @@ fi
 if [ "$MAIN" = 1 ]; then
     if [ "$MUTEX_BENCH" = 1 ] && [ -f benches/mutex.rs ]; then
         echo "-- cargo bench --bench mutex"
-        HOOX_BENCH_DIR="$WORK/state" timeout 900 cargo bench --bench mutex 2>&1 | grep -v '^\s*\(Compiling\|Finished\|Running\)' |
+        HOOX_BENCH_DIR="$WORK/state" timeout 900 cargo bench --bench mutex ${BUILD[@]+"${BUILD[@]}"} 2>&1 | grep -v '^\s*\(Compiling\|Finished\|Running\)' |
             tail -n 40 || true
     fi
 fi

@@ -13,7 +13,9 @@
 # every step is bounded in time. Knobs (environment):
 #   KEYS=100000  ROUNDS=5  CONNECTIONS=64  PORT_BASE=18470 (uses PORT_BASE..+1)
 #   MEM_DIR (state; default a fresh folder in /var/tmp, the local disk)  KEEP=1 (keep it)
-#   SKIP_BUILD=1  GATEWAY=path/to/hoox-edge (measure another build, e.g. musl)
+#   SKIP_BUILD=1  GATEWAY=path/to/hoox-edge (measure another build)
+#   TARGET=x86_64-unknown-linux-musl (build and measure that target; default: the host build,
+#     on which the memory targets were first measured)
 #
 #   scripts/memstart.sh --alloc BIN_A BIN_B ...   compare builds (e.g. musl malloc vs
 #       mimalloc): ROUNDS x, binaries interleaved within each round so the shared machine's
@@ -43,11 +45,22 @@ GW_PORT=$PORT_BASE
 ADMIN_PORT=$((PORT_BASE + 1))
 
 cd "$(dirname "$0")/.."
-TARGET=${CARGO_TARGET_DIR:-target}
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    cargo build --release --bins
+TDIR=${CARGO_TARGET_DIR:-target}
+TARGET=${TARGET:-}
+BUILD=()
+BIN="$TDIR/release"
+if [ -n "$TARGET" ]; then
+    BUILD=(--target "$TARGET")
+    BIN="$TDIR/$TARGET/release"
+    # ring compiles C for the target: musl-gcc for a musl one (.ci/package.sh does the same).
+    cc_var="CC_${TARGET//-/_}"
+    if [[ $TARGET == *-musl ]] && [ -z "${!cc_var:-}" ] && command -v musl-gcc >/dev/null; then
+        export "$cc_var=musl-gcc"
+    fi
 fi
-BIN="$TARGET/release"
+if [ "${SKIP_BUILD:-0}" != 1 ]; then
+    cargo build --release --bins ${BUILD[@]+"${BUILD[@]}"}
+fi
 GATEWAY=${GATEWAY:-$BIN/hoox-edge}
 for b in "$GATEWAY" "$BIN/hoox-load"; do
     [ -x "$b" ] || { echo "memstart.sh: $b not built" >&2; exit 1; }
@@ -213,8 +226,8 @@ echo "== hoox-edge memory and start, $(date -u +%Y-%m-%dT%H:%MZ), $(nproc) cores
 echo "   gateway $GATEWAY, $KEYS keys, $ROUNDS restarts, load: $(uptime | sed 's/.*load average/load average/')"
 
 echo "-- binary sizes"
-for b in "$BIN/hoox-edge" "$TARGET/x86_64-unknown-linux-musl/release/hoox-edge" \
-    "$TARGET/aarch64-unknown-linux-musl/release/hoox-edge"; do
+for b in "$TDIR/release/hoox-edge" "$TDIR/x86_64-unknown-linux-musl/release/hoox-edge" \
+    "$TDIR/aarch64-unknown-linux-musl/release/hoox-edge"; do
     [ -x "$b" ] || continue
     strip -o "$WORK/stripped" "$b" 2>/dev/null || cp "$b" "$WORK/stripped"
     printf '  %-60s %9d bytes (%.2f MiB), after strip %9d bytes\n' "$b" "$(stat -c %s "$b")" \

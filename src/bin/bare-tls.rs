@@ -69,8 +69,14 @@ async fn answer(req: Request<Incoming>) -> Result<Response<Full<Bytes>>, hyper::
     Ok(res)
 }
 
+fn main() -> Result<(), Error> {
+    // The gateway's allocator, before the runtime's threads allocate: a fair baseline.
+    hoox_edge::platform::alloc::tune();
+    serve()
+}
+
 #[tokio::main]
-async fn main() -> Result<(), Error> {
+async fn serve() -> Result<(), Error> {
     let args = Args::parse();
     let acceptor = TlsAcceptor::from(Arc::new(tls_config(&args.cert, &args.key)?));
     let listener = TcpListener::bind(args.listen).await?;

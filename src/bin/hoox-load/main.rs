@@ -58,6 +58,9 @@ enum Command {
 }
 
 fn main() -> ExitCode {
+    // The gateway's allocator: on musl, musl's one-lock malloc would make the generator the
+    // bottleneck of the static build's benchmark.
+    hoox_edge::platform::alloc::tune();
     let cli = Cli::parse();
     match tokio_main(cli.command) {
         Ok(code) => code,

@@ -477,7 +477,10 @@ fn pace(plan: &Plan, connections: u32) -> Result<Histogram<u64>, Error> {
     // that does not sleep starves everyone else on its core. Needs CAP_SYS_NICE; without it
     // the pacer runs as a normal thread.
     if plan.rate.is_some_and(|r| r <= 20_000.0) {
-        let fifo = libc::sched_param { sched_priority: 1 };
+        // musl's sched_param has SCHED_SPORADIC fields glibc's lacks: zero them, set the one.
+        // SAFETY: sched_param is plain integers; all zeros is a valid value.
+        let mut fifo: libc::sched_param = unsafe { std::mem::zeroed() };
+        fifo.sched_priority = 1;
         // SAFETY: sets the calling thread's own policy from a valid, initialised sched_param.
         unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &fifo) };
     }
