@@ -227,7 +227,11 @@ impl Owner {
                 Err(TryRecvError::Empty) if Instant::now() >= until => {
                     return Err(RecvTimeoutError::Timeout);
                 }
-                Err(TryRecvError::Empty) => std::hint::spin_loop(),
+                // Yield, not a bare spin: on a box with fewer cores than busy threads a
+                // spinning owner took a core from the workers that make its next command
+                // (16 connections, 2 cores: 51-63 -> 72-74 µs of CPU per response);
+                // yielding gives it back and keeps the throughput of no polling at all.
+                Err(TryRecvError::Empty) => std::thread::yield_now(),
             }
         }
     }

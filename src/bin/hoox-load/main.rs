@@ -52,6 +52,11 @@ enum Command {
         /// Bytes written before each fdatasync.
         #[arg(long, default_value_t = 4096)]
         size: usize,
+        /// Open loop: `count` writes scheduled this many per second, each fdatasync covering
+        /// every write due by then (group commit), each timed from its schedule: the disk's
+        /// own latency floor at that rate, queueing behind a slow sync included.
+        #[arg(long)]
+        rate: Option<f64>,
         #[arg(long)]
         json: bool,
     },
@@ -86,8 +91,9 @@ fn tokio_main(command: Command) -> Result<ExitCode, Error> {
                 dir,
                 count,
                 size,
+                rate,
                 json,
-            } => fsync::run(&dir, count, size, json),
+            } => fsync::run(&dir, count, size, rate, json),
         }
     })
 }
