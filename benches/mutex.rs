@@ -2,8 +2,8 @@
 //!
 //! `cargo bench --bench mutex` prints, in one run and on one filesystem (the system temp
 //! directory unless `HOOX_BENCH_DIR` names another):
-//! - the raw fdatasync latency of a bare write + fdatasync loop, the floor for anything
-//!   durable;
+//! - the raw fdatasync latency of a bare write + fdatasync loop (4 KiB overwrites in a file
+//!   of the journal's size), the floor for anything durable;
 //! - single-caller reserve latency (every reserve waits for its own fsync), and the round
 //!   trip to the owner thread without the disk, polling and asleep;
 //! - durable reserves per second at 1, 16, 64 and 256 concurrent callers (group commit
@@ -91,25 +91,33 @@ fn hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 10_000_000, 3).expect("histogram bounds")
 }
 
-/// A bare file for the baseline: a 4 KiB write at one of 64 offsets, then fdatasync.
+/// A bare file for the baseline, the size of the journal and written in full first, as
+/// the journal is (on ext4 an fdatasync costs more the larger the file: docs/DESIGN.md):
+/// a 4 KiB write at the next of its 4 KiB offsets, then fdatasync.
 struct Raw {
     file: std::fs::File,
+    slots: u64,
     i: u64,
 }
 
 impl Raw {
     fn open(path: &std::path::Path) -> Raw {
+        let bytes = Config::default().journal_bytes;
         let mut file = std::fs::File::create(path).expect("raw file");
-        file.write_all(&[0x5a; 64 * 4096]).expect("write");
+        file.write_all(&vec![0x5a; bytes]).expect("write");
         file.sync_all().expect("sync");
-        Raw { file, i: 0 }
+        Raw {
+            file,
+            slots: (bytes / 4096).max(1) as u64,
+            i: 0,
+        }
     }
 
     /// One write + fdatasync; its duration in µs.
     fn sync(&mut self) -> u64 {
         let t = Instant::now();
         self.file
-            .write_all_at(&[0xa5; 4096], self.i % 64 * 4096)
+            .write_all_at(&[0xa5; 4096], self.i % self.slots * 4096)
             .expect("write");
         self.file.sync_data().expect("fdatasync");
         self.i += 1;
