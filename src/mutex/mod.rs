@@ -52,9 +52,9 @@ pub struct Config {
     /// starts over; bigger means rarer checkpoints and a longer replay after a crash, but
     /// on ext4 a bigger file also makes every fdatasync slower (docs/DESIGN.md).
     pub journal_bytes: usize,
-    /// How long an idle owner polls its channel before it sleeps. Waking a sleeping
-    /// thread costs ~7 µs on the VMs measured (docs/BENCHMARKS.md), twice per round trip;
-    /// a command that arrives while the owner polls saves one of them. Zero: never poll.
+    /// How long an idle owner polls its channel before it sleeps. A round trip to a
+    /// sleeping owner took 26-38 µs (p50) on the VMs measured, to a polling one 5-8 µs
+    /// (docs/BENCHMARKS.md); the price is CPU while traffic is sparse. Zero: never poll.
     pub spin: Duration,
 }
 
