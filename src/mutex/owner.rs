@@ -122,6 +122,9 @@ struct Owner {
     /// durability, ride in the next record instead of costing one of their own (see
     /// `write_batch`). Empty between batches otherwise, its buffers kept for reuse.
     carry: Batch,
+    /// Whether the last turn answered someone: only then is a next command likely soon
+    /// enough to be worth polling for (see `poll`).
+    answered: bool,
     index: HashMap<Rc<str>, Live>,
     /// Alarms carry the expiry they were set for, so an alarm left behind by a released and
     /// re-reserved key is recognised as stale and ignored.
@@ -146,6 +149,7 @@ impl Owner {
             stall_hook,
             store: None,
             carry: Batch::default(),
+            answered: false,
             index: HashMap::new(),
             wheel,
             halted: false,
@@ -214,9 +218,12 @@ impl Owner {
     }
 
     /// Polls the channel for up to `Config::spin` before the loop sleeps on it: a command
-    /// that arrives meanwhile is taken without the cost of waking this thread.
+    /// that arrives meanwhile is taken without the cost of waking this thread. Only after
+    /// a turn that answered someone: a caller who was just answered (a connection with its
+    /// next order) is whom polling serves; after a turn of commits and releases, which
+    /// nobody waits for, it would only burn CPU while traffic is sparse.
     fn poll(&self, rx: &Receiver<Command>) -> Result<Command, RecvTimeoutError> {
-        if self.store.is_none() || self.config.spin.is_zero() {
+        if self.store.is_none() || self.config.spin.is_zero() || !self.answered {
             return Err(RecvTimeoutError::Timeout);
         }
         let until = Instant::now() + self.config.spin;
@@ -255,6 +262,12 @@ impl Owner {
     /// One batch: expiries that are due plus the queued commands. Returns true on Shutdown.
     fn turn(&mut self, batch: &mut Vec<Command>) -> bool {
         let stop = batch.iter().any(|c| matches!(c, Command::Shutdown));
+        self.answered = batch.iter().any(|c| {
+            !matches!(
+                c,
+                Command::Commit(..) | Command::Release(..) | Command::Stall(..) | Command::Shutdown
+            )
+        });
         let Some(mut store) = self.store.take() else {
             let u = self.failure.clone().unwrap_or(Unavailable::Stopped);
             for cmd in batch.drain(..) {
