@@ -261,13 +261,13 @@ impl Owner {
 
     /// One batch: expiries that are due plus the queued commands. Returns true on Shutdown.
     fn turn(&mut self, batch: &mut Vec<Command>) -> bool {
-        let stop = batch.iter().any(|c| matches!(c, Command::Shutdown));
-        self.answered = batch.iter().any(|c| {
-            !matches!(
-                c,
-                Command::Commit(..) | Command::Release(..) | Command::Stall(..) | Command::Shutdown
-            )
-        });
+        let Holds {
+            stop,
+            answered,
+            reads,
+            writes,
+        } = Holds::of(batch);
+        self.answered = answered;
         let Some(mut store) = self.store.take() else {
             let u = self.failure.clone().unwrap_or(Unavailable::Stopped);
             for cmd in batch.drain(..) {
@@ -279,21 +279,7 @@ impl Owner {
         let now_mono = self.clock.mono_ms();
         let expired = self.due_expiries(now_wall, now_mono);
         // A read is answered only once every earlier write is in the journal.
-        let reads = batch
-            .iter()
-            .any(|c| matches!(c, Command::Get(..) | Command::List(..) | Command::Ping(..)));
-        let writes = !expired.is_empty()
-            || (reads && !self.carry.record().is_empty())
-            || batch.iter().any(|c| {
-                matches!(
-                    c,
-                    Command::Reserve(..)
-                        | Command::Commit(..)
-                        | Command::Release(..)
-                        | Command::ForceRelease(..)
-                        | Command::SetHalted(..)
-                )
-            });
+        let writes = writes || !expired.is_empty() || (reads && !self.carry.record().is_empty());
         let size = batch.len();
         let mut replies = Vec::with_capacity(size);
         let outcome = if writes {
@@ -832,6 +818,41 @@ impl Owner {
         }
         self.shared.serving.store(false, Ordering::Relaxed);
         self.shared.failing.store(true, Ordering::Relaxed);
+    }
+}
+
+/// What a batch holds, from one pass over it.
+#[derive(Default)]
+struct Holds {
+    /// A Shutdown.
+    stop: bool,
+    /// A command whose caller waits for an answer.
+    answered: bool,
+    /// A `Get`, `List` or `Ping`.
+    reads: bool,
+    /// A command that changes the state.
+    writes: bool,
+}
+
+impl Holds {
+    fn of(batch: &[Command]) -> Holds {
+        let mut h = Holds::default();
+        for cmd in batch {
+            match cmd {
+                Command::Reserve(..) | Command::ForceRelease(..) | Command::SetHalted(..) => {
+                    h.writes = true;
+                    h.answered = true;
+                }
+                Command::Commit(..) | Command::Release(..) => h.writes = true,
+                Command::Get(..) | Command::List(..) | Command::Ping(..) => {
+                    h.reads = true;
+                    h.answered = true;
+                }
+                Command::Stall(..) => {}
+                Command::Shutdown => h.stop = true,
+            }
+        }
+        h
     }
 }
 

@@ -103,9 +103,9 @@ pub(super) struct Store {
     /// has not been given yet. redb is written only at a checkpoint, in one transaction,
     /// so a batch costs the journal write and nothing else.
     pending: Vec<u8>,
-    /// For each entry written since the last checkpoint, where its latest bytes sit in
-    /// `pending`; `None` once deleted. Only duplicates that replay a response read it.
-    pending_puts: HashMap<u64, Option<Range<usize>>>,
+    /// For each entry written with a response since the last checkpoint, where its latest
+    /// such bytes sit in `pending`: only a duplicate that replays a response reads it.
+    pending_responses: HashMap<u64, Range<usize>>,
     /// Journal records since the last checkpoint.
     pending_records: usize,
 }
@@ -268,7 +268,7 @@ pub(super) fn open(
         db,
         journal,
         pending: Vec::new(),
-        pending_puts: HashMap::new(),
+        pending_responses: HashMap::new(),
         pending_records: 0,
     };
     Ok((store, loaded))
@@ -308,9 +308,10 @@ pub(super) fn apply(
     checkpoint: bool,
 ) -> Result<(), WriteError> {
     let base = store.pending.len();
-    for (seq, at) in batch.puts.drain(..) {
-        let at = at.map(|r| r.start + base..r.end + base);
-        store.pending_puts.insert(seq, at);
+    for (seq, at) in batch.responses.drain(..) {
+        store
+            .pending_responses
+            .insert(seq, at.start + base..at.end + base);
     }
     store.pending.extend_from_slice(&batch.record);
     store.pending_records += usize::from(!batch.record.is_empty());
@@ -336,7 +337,7 @@ pub(super) fn checkpoint(store: &mut Store) -> Result<(), WriteError> {
     txn.commit()?;
     store.journal.checkpointed();
     store.pending.clear();
-    store.pending_puts.clear();
+    store.pending_responses.clear();
     store.pending_records = 0;
     Ok(())
 }
@@ -347,24 +348,27 @@ pub(super) fn checkpoint(store: &mut Store) -> Result<(), WriteError> {
 #[derive(Default)]
 pub(super) struct Batch {
     record: Vec<u8>,
-    /// Where each entry written by this batch sits in `record` (its latest write), or
-    /// `None` if the batch deleted it last.
-    puts: Vec<(u64, Option<Range<usize>>)>,
+    /// Where each entry this batch wrote with a response sits in `record`. Only those are
+    /// ever looked up (`Live::has_response`), and a deleted entry never is (sequence
+    /// numbers are not reused while the owner runs), so reserves and deletes, the hot
+    /// path, record nothing here.
+    responses: Vec<(u64, Range<usize>)>,
 }
 
 impl Batch {
     pub fn put(&mut self, seq: u64, e: &Entry) -> Result<(), WriteError> {
         let bytes = encode_entry(e);
         Op::Put(seq, &bytes).encode_into(&mut self.record)?;
-        // postcard writes a byte slice last, as it is: the entry is the record's tail.
-        let end = self.record.len();
-        self.puts.push((seq, Some(end - bytes.len()..end)));
+        if e.response.is_some() {
+            // postcard writes a byte slice last, as it is: the entry is the record's tail.
+            let end = self.record.len();
+            self.responses.push((seq, end - bytes.len()..end));
+        }
         Ok(())
     }
 
     pub fn delete(&mut self, seq: u64) -> Result<(), WriteError> {
         Op::Del(seq).encode_into(&mut self.record)?;
-        self.puts.push((seq, None));
         Ok(())
     }
 
@@ -373,14 +377,15 @@ impl Batch {
         Ok(())
     }
 
-    /// The stored response of an entry, as this batch sees it: its own last write of that
-    /// entry, else what earlier batches wrote since the checkpoint, else redb. None if it
-    /// cannot be read (the duplicate is still a duplicate, only its replay is lost).
+    /// The stored response of a live entry that has one, as this batch sees it: its own
+    /// last write of that entry, else what earlier batches wrote since the checkpoint,
+    /// else redb. None if it cannot be read (the duplicate is still a duplicate, only its
+    /// replay is lost).
     pub fn response(&self, store: &Store, seq: u64) -> Option<Snapshot> {
-        let bytes = match self.puts.iter().rev().find(|(s, _)| *s == seq) {
-            Some((_, at)) => self.record.get(at.clone()?)?,
-            None => match store.pending_puts.get(&seq) {
-                Some(at) => store.pending.get(at.clone()?)?,
+        let bytes = match self.responses.iter().rev().find(|(s, _)| *s == seq) {
+            Some((_, at)) => self.record.get(at.clone())?,
+            None => match store.pending_responses.get(&seq) {
+                Some(at) => store.pending.get(at.clone())?,
                 None => {
                     let txn = store.db.begin_read().ok()?;
                     let got = txn.open_table(ENTRIES).ok()?.get(seq).ok()??;
