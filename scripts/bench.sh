@@ -14,10 +14,10 @@
 #   AUTH=bearer|apikey|hmac  FSYNC_COUNT=1000  PORT_BASE=18440 (uses PORT_BASE..+3)
 #   BENCH_DIR (state; default a fresh folder in $TMPDIR or /var/tmp)  KEEP=1 (keep it)
 #   SKIP_BUILD=1  MUTEX_BENCH=0 (skip cargo bench --bench mutex)
-#   TARGET=x86_64-unknown-linux-musl: measure the static build that ships (mimalloc; needs
-#     the rustup target and musl-gcc, for ring's C as in .ci/package.sh). All three binaries
-#     (gateway, bare TLS baseline, load tool) come from one `cargo build --target`, so they
-#     share one allocator. Default: the host build (x86_64 gnu, glibc malloc), comparable
+#   TARGET=x86_64-unknown-linux-musl: measure the static build that ships (needs the rustup
+#     target and musl-gcc, for ring's C as in .ci/package.sh). All three binaries (gateway,
+#     bare TLS baseline, load tool) come from one `cargo build --target` and every build uses
+#     mimalloc, so they share one allocator. Default: the host build (x86_64 gnu), comparable
 #     with docs/BENCHMARKS.md's history; musl's memcpy makes the shipped build ~10% costlier
 #     per response there, and the musl load tool takes more of the two cores.
 #   STORM_CONNECTIONS=64 STORM_KEYS=8 STORM_S=5

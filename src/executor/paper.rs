@@ -4,7 +4,8 @@
 use std::sync::atomic::{AtomicU64, Ordering};
 
 use bytes::Bytes;
-use serde_json::{Value, json};
+use serde::{Deserialize, Serialize};
+use serde_json::Number;
 
 use super::{Order, Outcome, classify};
 
@@ -23,39 +24,67 @@ impl Paper {
     pub fn execute(&self, order: &Order) -> Outcome {
         // The gateway only forwards validated trades, so a body without a quantity is a caller
         // bug; answer it as an exchange would (a 400), never with a fill.
-        let quantity = serde_json::from_slice::<Value>(&order.body)
-            .ok()
-            .and_then(|trade| trade.get("quantity").filter(|q| q.is_number()).cloned());
-        let (status, answer) = match quantity {
+        #[derive(Deserialize)]
+        struct Trade {
+            quantity: Option<Number>,
+        }
+        // serde would also fill the struct from an array, by position: only an object is a
+        // trade (the gateway forwards objects as compact JSON, starting with `{`).
+        let quantity = order
+            .body
+            .starts_with(b"{")
+            .then(|| serde_json::from_slice::<Trade>(&order.body).ok())
+            .flatten()
+            .and_then(|t| t.quantity);
+        let answer = match quantity {
             Some(filled) => {
                 let n = self.orders.fetch_add(1, Ordering::Relaxed) + 1;
-                (
-                    200,
-                    json!({
-                        "success": true,
-                        "orderId": format!("paper-{n}"),
-                        "idempotencyKey": order.key,
-                        "filled": filled,
-                        "simulated": true,
-                    }),
-                )
+                serde_json::to_vec(&Fill {
+                    filled,
+                    idempotency_key: &order.key,
+                    order_id: format!("paper-{n}"),
+                    simulated: true,
+                    success: true,
+                })
+                .map(|body| (200, body))
             }
-            None => (
-                400,
-                json!({
-                    "success": false,
-                    "error": "trade has no numeric quantity",
-                    "simulated": true,
-                }),
-            ),
+            None => serde_json::to_vec(&Refusal {
+                error: "trade has no numeric quantity",
+                simulated: true,
+                success: false,
+            })
+            .map(|body| (400, body)),
         };
-        classify(status, Bytes::from(answer.to_string()))
+        match answer {
+            Ok((status, body)) => classify(status, Bytes::from(body)),
+            // Plain structs of strings and numbers always serialise.
+            Err(e) => Outcome::NotSent(format!("paper fill could not be written: {e}")),
+        }
     }
+}
+
+/// A fill, as an exchange adapter answers one.
+#[derive(Serialize)]
+#[serde(rename_all = "camelCase")]
+struct Fill<'a> {
+    filled: Number,
+    idempotency_key: &'a str,
+    order_id: String,
+    simulated: bool,
+    success: bool,
+}
+
+#[derive(Serialize)]
+struct Refusal {
+    error: &'static str,
+    simulated: bool,
+    success: bool,
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use serde_json::Value;
 
     fn order(key: &str, body: &str) -> Order {
         Order {
@@ -99,7 +128,14 @@ mod tests {
     #[test]
     fn no_quantity_is_a_failure_not_a_fill() {
         let paper = Paper::new();
-        for body in [r#"{"symbol":"X"}"#, r#"{"quantity":"1"}"#, "not json", "[]"] {
+        for body in [
+            r#"{"symbol":"X"}"#,
+            r#"{"quantity":"1"}"#,
+            r#"{"quantity":null}"#,
+            "not json",
+            "[]",
+            "[5]",
+        ] {
             match paper.execute(&order("k", body)) {
                 Outcome::Failed { status: 400, .. } => {}
                 other => panic!("{body}: expected Failed 400, got {other:?}"),

@@ -10,6 +10,7 @@
 
 use bytes::Bytes;
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
@@ -246,36 +247,43 @@ impl Trade {
     /// (so `1` and `1.00`, `btcusdt` and `BTCUSDT`, a missing `test` and `false` are the
     /// same trade), plus every pass-through field, keys sorted at every depth. The
     /// credential and the idempotency key are not part of the trade.
+    ///
+    /// The hash is stored with each key, so these bytes are part of the on-disk format
+    /// (docs/DESIGN.md): a change would turn every retry across an upgrade into a 422.
+    /// Written straight into the hasher, without copying the trade.
     pub fn payload_hash(&self) -> PayloadHash {
-        let mut canon: Vec<(String, Value)> = self
+        let quantity = canonical_quantity(self.quantity);
+        let price = self.price.map(canonical_quantity);
+        let mut canon: Vec<(&str, Canon<'_>)> = self
             .obj
             .iter()
             .filter(|(k, v)| !KNOWN.contains(&k.as_str()) && !v.is_null())
-            .map(|(k, v)| (k.clone(), sorted(v)))
+            .map(|(k, v)| (k.as_str(), Canon::Passed(Sorted(v))))
             .collect();
-        canon.push(("exchange".into(), Value::from(self.exchange.as_str())));
-        canon.push(("symbol".into(), Value::from(self.symbol.as_str())));
-        canon.push(("action".into(), Value::from(self.action.as_str())));
-        canon.push(("quantity".into(), canonical_quantity(self.quantity).into()));
-        if let Some(p) = self.price {
-            canon.push(("price".into(), canonical_quantity(p).into()));
+        canon.push(("exchange", Canon::Text(&self.exchange)));
+        canon.push(("symbol", Canon::Text(&self.symbol)));
+        canon.push(("action", Canon::Text(self.action.as_str())));
+        canon.push(("quantity", Canon::Text(&quantity)));
+        if let Some(p) = &price {
+            canon.push(("price", Canon::Text(p)));
         }
         if let Some(l) = self.leverage {
-            canon.push(("leverage".into(), l.into()));
+            canon.push(("leverage", Canon::Int(l)));
         }
-        canon.push(("test".into(), self.test.into()));
-        canon.sort_by(|a, b| a.0.cmp(&b.0));
-        let map: Map<String, Value> = canon.into_iter().collect();
+        canon.push(("test", Canon::Bool(self.test)));
+        canon.sort_by(|a, b| a.0.cmp(b.0));
 
         let mut h = Sha256::new();
         h.update(b"hoox-edge trade v1\n");
-        h.update(Value::Object(map).to_string().as_bytes());
+        // Writing JSON into a hasher cannot fail: string keys, and a writer that never errs.
+        let _ = serde_json::to_writer(Hashing(&mut h), &Object(&canon));
         h.finalize().into()
     }
 
     /// The object as received, minus `apiKey`: the credential stops here.
     pub fn forward_body(&self) -> Bytes {
-        Bytes::from(Value::Object(self.obj.clone()).to_string())
+        // A map with string keys always serialises; `Value`'s own `Display` relies on the same.
+        Bytes::from(serde_json::to_vec(&self.obj).unwrap_or_default())
     }
 
     pub fn api_key(&self) -> Option<&str> {
@@ -318,22 +326,54 @@ fn required_str<'a>(
     }
 }
 
-/// A copy with object keys in sorted order at every depth, whatever order the map type
-/// keeps (serde_json's `preserve_order` feature may be switched on by any dependency).
-fn sorted(v: &Value) -> Value {
-    match v {
-        Value::Object(m) => {
-            let mut entries: Vec<_> = m.iter().collect();
-            entries.sort_by(|a, b| a.0.cmp(b.0));
-            Value::Object(
-                entries
-                    .into_iter()
-                    .map(|(k, v)| (k.clone(), sorted(v)))
-                    .collect(),
-            )
+/// One member of the canonical trade.
+#[derive(Serialize)]
+#[serde(untagged)]
+enum Canon<'a> {
+    Passed(Sorted<'a>),
+    Text(&'a str),
+    Int(u8),
+    Bool(bool),
+}
+
+/// Feeds JSON to the hasher as it is written.
+struct Hashing<'a>(&'a mut Sha256);
+
+impl std::io::Write for Hashing<'_> {
+    fn write(&mut self, bytes: &[u8]) -> std::io::Result<usize> {
+        self.0.update(bytes);
+        Ok(bytes.len())
+    }
+
+    fn flush(&mut self) -> std::io::Result<()> {
+        Ok(())
+    }
+}
+
+/// Members already in order, written as one JSON object.
+struct Object<'a>(&'a [(&'a str, Canon<'a>)]);
+
+impl Serialize for Object<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        s.collect_map(self.0.iter().map(|(k, v)| (k, v)))
+    }
+}
+
+/// A value written with object keys in sorted order at every depth, whatever order the map
+/// type keeps (serde_json's `preserve_order` feature may be switched on by any dependency).
+struct Sorted<'a>(&'a Value);
+
+impl Serialize for Sorted<'_> {
+    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
+        match self.0 {
+            Value::Object(m) => {
+                let mut members: Vec<_> = m.iter().collect();
+                members.sort_by(|a, b| a.0.cmp(b.0));
+                s.collect_map(members.into_iter().map(|(k, v)| (k, Sorted(v))))
+            }
+            Value::Array(a) => s.collect_seq(a.iter().map(Sorted)),
+            other => other.serialize(s),
         }
-        Value::Array(a) => Value::Array(a.iter().map(sorted).collect()),
-        other => other.clone(),
     }
 }
 
@@ -595,6 +635,27 @@ mod tests {
             assert_eq!(again.payload_hash(), t.payload_hash(), "{n}");
             assert_eq!(again.price, t.price, "{n}");
         }
+    }
+
+    /// The canonical form is stored with every key (as its hash), so it must not drift:
+    /// these hashes are what the first release wrote.
+    #[test]
+    fn payload_hash_is_stable_across_releases() {
+        let h = |b: &[u8]| {
+            hex::encode(
+                Trade::from_object(parse_object(b).unwrap())
+                    .unwrap()
+                    .payload_hash(),
+            )
+        };
+        assert_eq!(
+            h(br#"{"exchange":"Binance","symbol":"btcusdt","action":"long","quantity":1.50,"price":65000.5,"leverage":10,"test":true,"meta":{"z":[1,{"b":"x\"y","a":null}],"a":"\u00e9"},"note":null,"apiKey":"k","idempotencyKey":"i","Zed":[{"y":1,"x":2}]}"#),
+            "c642a540ac3349c2bc8cb34870e1758b50419b4f6184ee5782d23e173df82418"
+        );
+        assert_eq!(
+            h(br#"{"exchange":"okx","symbol":"ETH/USDT","action":"CLOSE_SHORT","quantity":3}"#),
+            "45e8a249a8d531bddb2a1a44ca7427265c34944a871a45f25906f84f7f912578"
+        );
     }
 
     #[test]

@@ -284,22 +284,29 @@ async fn pipeline(
             Some(Settled::Released),
         ));
     }
-    // Executor, then settle the key. Run to completion in its own task: a client that
-    // hangs up must not cancel us between the order and its commit or release.
+    // Executor, then settle the key. A client that hangs up drops this future, and that
+    // must not cut an order from its commit or release: an executor that waits on the
+    // network runs in a task of its own, which outlives the request. A paper fill never
+    // waits, so nothing can come between the two, and it runs here without a task.
     let order = Order {
         key: key.as_str().to_string(),
         request_id: request_id.to_string(),
         body: trade.forward_body(),
     };
-    let gw2 = gw.clone();
-    let key2 = key.clone();
-    let settled = tokio::spawn(async move { execute_and_settle(&gw2, key2, order).await }).await;
-    let (response, settled, code) = match settled {
-        Ok(r) => r,
-        // The task panicked: the key stays pending until its TTL, which is safe.
-        Err(_) => {
-            let p = Problem::OutcomeUnknown;
-            (p.response(), Settled::Held, Some(p.code()))
+    let (response, settled, code) = match &gw.executor {
+        Executor::Paper(_) => execute_and_settle(gw, key.clone(), order).await,
+        Executor::Http(_) => {
+            let gw2 = gw.clone();
+            let key2 = key.clone();
+            let task = tokio::spawn(async move { execute_and_settle(&gw2, key2, order).await });
+            match task.await {
+                Ok(r) => r,
+                // The task panicked: the key stays pending until its TTL, which is safe.
+                Err(_) => {
+                    let p = Problem::OutcomeUnknown;
+                    (p.response(), Settled::Held, Some(p.code()))
+                }
+            }
         }
     };
     Ok(Answer {

@@ -83,16 +83,20 @@ struct Fields<'a>(&'a mut String);
 
 impl<'kvs> VisitSource<'kvs> for Fields<'_> {
     fn visit_pair(&mut self, key: Key<'kvs>, value: Value<'kvs>) -> Result<(), log::kv::Error> {
-        let value = value.to_string();
-        let plain = !value.is_empty()
-            && !value
+        // Written in place and quoted only if it turns out to need it: a request's line has
+        // seven fields, and copying each first was seven allocations per request.
+        let _ = write!(self.0, " {key}=");
+        let at = self.0.len();
+        let _ = write!(self.0, "{value}");
+        let written = &self.0[at..];
+        let plain = !written.is_empty()
+            && !written
                 .chars()
                 .any(|c| c.is_whitespace() || c == '"' || c == '=');
-        let _ = if plain {
-            write!(self.0, " {key}={value}")
-        } else {
-            write!(self.0, " {key}={value:?}")
-        };
+        if !plain {
+            let value = self.0.split_off(at);
+            let _ = write!(self.0, "{value:?}");
+        }
         Ok(())
     }
 }
