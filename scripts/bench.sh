@@ -74,7 +74,7 @@ else
 fi
 case "${TARGET:-$HOST}" in
     *-musl) BUILD_NAME="${TARGET:-$HOST}, static, mimalloc (what ships)" ;;
-    *-gnu) BUILD_NAME="${TARGET:-$HOST}, glibc malloc (not what ships)" ;;
+    *-gnu) BUILD_NAME="${TARGET:-$HOST}, mimalloc, dynamic (the static build ships)" ;;
     *) BUILD_NAME="${TARGET:-$HOST}" ;;
 esac
 if [ "${SKIP_BUILD:-0}" != 1 ]; then
