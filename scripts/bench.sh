@@ -58,28 +58,15 @@ ADMIN_PORT=$((PORT_BASE + 2))
 LEDGER_PORT=$((PORT_BASE + 3))
 
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 HOST=$(rustc -vV | sed -n 's/^host: //p')
-TARGET=${TARGET:-}
-if [ -n "$TARGET" ]; then
-    BIN="${CARGO_TARGET_DIR:-target}/$TARGET/release"
-    BUILD=(--target "$TARGET")
-    # ring compiles C for the target: musl-gcc for a musl one (.ci/package.sh does the same).
-    cc_var="CC_${TARGET//-/_}"
-    if [[ $TARGET == *-musl ]] && [ -z "${!cc_var:-}" ] && command -v musl-gcc >/dev/null; then
-        export "$cc_var=musl-gcc"
-    fi
-else
-    BIN="${CARGO_TARGET_DIR:-target}/release"
-    BUILD=()
-fi
 case "${TARGET:-$HOST}" in
     *-musl) BUILD_NAME="${TARGET:-$HOST}, static, mimalloc (what ships)" ;;
     *-gnu) BUILD_NAME="${TARGET:-$HOST}, mimalloc, dynamic (the static build ships)" ;;
     *) BUILD_NAME="${TARGET:-$HOST}" ;;
 esac
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    cargo build --release --bins ${BUILD[@]+"${BUILD[@]}"}
-fi
+select_build
 for b in hoox-load bare-tls; do
     [ -x "$BIN/$b" ] || { echo "bench.sh: $BIN/$b not built" >&2; exit 1; }
 done
@@ -91,23 +78,7 @@ else
     GATEWAY=1
 fi
 
-WORK=${BENCH_DIR:-$(mktemp -d "${TMPDIR:-/var/tmp}/hoox-bench.XXXXXX")}
-mkdir -p "$WORK"
-PIDS=()
-
-# shellcheck disable=SC2317  # called by the EXIT trap
-cleanup() {
-    local pid
-    for pid in ${PIDS[@]+"${PIDS[@]}"}; do
-        kill "$pid" 2>/dev/null || true
-    done
-    for pid in ${PIDS[@]+"${PIDS[@]}"}; do
-        wait "$pid" 2>/dev/null || true
-    done
-    if [ "${KEEP:-0}" != 1 ]; then rm -rf "$WORK"; else echo "bench.sh: kept $WORK"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+work_in "${BENCH_DIR:-$(mktemp -d "${TMPDIR:-/var/tmp}/hoox-bench.XXXXXX")}"
 
 # start NAME PATTERN CMD...: run CMD in the background, wait (bounded) for PATTERN on its
 # output; sets STARTED_PID.

@@ -45,41 +45,16 @@ GW_PORT=$PORT_BASE
 ADMIN_PORT=$((PORT_BASE + 1))
 
 cd "$(dirname "$0")/.."
+# shellcheck source=scripts/lib.sh
+source scripts/lib.sh
 TDIR=${CARGO_TARGET_DIR:-target}
-TARGET=${TARGET:-}
-BUILD=()
-BIN="$TDIR/release"
-if [ -n "$TARGET" ]; then
-    BUILD=(--target "$TARGET")
-    BIN="$TDIR/$TARGET/release"
-    # ring compiles C for the target: musl-gcc for a musl one (.ci/package.sh does the same).
-    cc_var="CC_${TARGET//-/_}"
-    if [[ $TARGET == *-musl ]] && [ -z "${!cc_var:-}" ] && command -v musl-gcc >/dev/null; then
-        export "$cc_var=musl-gcc"
-    fi
-fi
-if [ "${SKIP_BUILD:-0}" != 1 ]; then
-    cargo build --release --bins ${BUILD[@]+"${BUILD[@]}"}
-fi
+select_build
 GATEWAY=${GATEWAY:-$BIN/hoox-edge}
 for b in "$GATEWAY" "$BIN/hoox-load"; do
     [ -x "$b" ] || { echo "memstart.sh: $b not built" >&2; exit 1; }
 done
 
-WORK=${MEM_DIR:-$(mktemp -d /var/tmp/hoox-memstart.XXXXXX)}
-mkdir -p "$WORK"
-PIDS=()
-
-# shellcheck disable=SC2317  # called by the EXIT trap
-cleanup() {
-    local pid
-    for pid in ${PIDS[@]+"${PIDS[@]}"}; do
-        kill "$pid" 2>/dev/null || true
-    done
-    if [ "${KEEP:-0}" != 1 ]; then rm -rf "$WORK"; else echo "memstart.sh: kept $WORK"; fi
-}
-trap cleanup EXIT
-trap 'exit 130' INT TERM
+work_in "${MEM_DIR:-$(mktemp -d /var/tmp/hoox-memstart.XXXXXX)}"
 
 # start_ready NAME: exec the gateway with NOTIFY_SOCKET set to a datagram socket we bind,
 # and wait (60 s at most) for READY=1. Sets GW_PID and READY_MS (exec to READY=1). The
