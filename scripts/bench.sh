@@ -10,7 +10,8 @@
 #
 # Everything listens on 127.0.0.1, every process started here is killed by PID on exit, and
 # every step is bounded in time. Knobs (environment):
-#   DURATION_S=10  CONNECTIONS="1 16 64"  RATE=1000  RATE_CONNECTIONS=16  PROTOCOL=http1|http2
+#   DURATION_S=10  CONNECTIONS="1 16 64"  ROUNDS=1 (bare/gateway pairs per connection count;
+#   the table takes medians)  RATE=1000  RATE_CONNECTIONS=16  PROTOCOL=http1|http2
 #   AUTH=bearer|apikey|hmac  FSYNC_COUNT=1000  PORT_BASE=18440 (uses PORT_BASE..+3)
 #   BENCH_DIR (state; default a fresh folder in $TMPDIR or /var/tmp)  KEEP=1 (keep it)
 #   SKIP_BUILD=1  MUTEX_BENCH=0 (skip cargo bench --bench mutex)
@@ -30,12 +31,13 @@ for arg in "$@"; do
         --storm) STORM=1 ;;
         --chaos) CHAOS=1 ;;
         --no-main) MAIN=0 ;;
-        -h | --help) sed -n '2,23p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
         *) echo "bench.sh: unknown argument $arg" >&2; exit 64 ;;
     esac
 done
 
 DURATION_S=${DURATION_S:-10}
+ROUNDS=${ROUNDS:-1}
 CONNECTIONS=${CONNECTIONS:-"1 16 64"}
 RATE=${RATE:-1000}
 RATE_CONNECTIONS=${RATE_CONNECTIONS:-16}
@@ -198,63 +200,99 @@ if [ "$MAIN" = 1 ]; then
     FSYNC_P99=$(jget "$WORK/fsync.json" p99_us)
     echo "  fsync p50 $FSYNC_P50 us  p99 $FSYNC_P99 us"
 
-    echo "-- bare TLS (hyper + rustls, no work)"
+    # Closed loop: bare and gateway run back to back at each connection count, ROUNDS times,
+    # so that the shared machine's drift (the bare server's req/s moved 58k-86k within an
+    # hour here) hits a pair alike and the ratio compares like with like.
+    echo "-- closed loop: bare TLS (hyper + rustls, no work), then the gateway (paper executor,"
+    echo "   fresh store per run), at each connection count; $ROUNDS round(s)"
     start bare "listening on" "$BIN/bare-tls" --listen "127.0.0.1:$BARE_PORT" \
         --cert "$WORK/tls/cert.pem" --key "$WORK/tls/key.pem"
     BARE_PID=$STARTED_PID
-    SERVER_PID=$BARE_PID
-    for c in $CONNECTIONS; do
-        load "bare-c$c" "$BARE_PORT" --connections "$c" --duration "${DURATION_S}s"
+    for r in $(seq "$ROUNDS"); do
+        for c in $CONNECTIONS; do
+            SERVER_PID=$BARE_PID
+            load "bare-c$c-r$r" "$BARE_PORT" --connections "$c" --duration "${DURATION_S}s"
+            [ "$GATEWAY" = 1 ] || continue
+            gateway_config "$WORK/state/paper-c$c-r$r" paper
+            start_gateway "$WORK/state/paper-c$c-r$r"
+            SERVER_PID=$GW_PID
+            load "gateway-c$c-r$r" "$GW_PORT" --connections "$c" --duration "${DURATION_S}s"
+            stop "$GW_PID"
+        done
     done
+    echo "-- open loop at $RATE req/s"
+    SERVER_PID=$BARE_PID
     load "bare-rate" "$BARE_PORT" --connections "$RATE_CONNECTIONS" --duration "${DURATION_S}s" \
         --rate "$RATE"
     stop "$BARE_PID"
     unset SERVER_PID
-
-    [ "$GATEWAY" = 1 ] && echo "-- gateway (paper executor, fresh store per run)"
-    for c in $CONNECTIONS rate; do
-        [ "$GATEWAY" = 1 ] || break
-        gateway_config "$WORK/state/paper-$c" paper
-        start_gateway "$WORK/state/paper-$c"
+    if [ "$GATEWAY" = 1 ]; then
+        gateway_config "$WORK/state/paper-rate" paper
+        start_gateway "$WORK/state/paper-rate"
         SERVER_PID=$GW_PID
-        if [ "$c" = rate ]; then
-            # The disk is shared and its fsync time drifts (other writers, writeback): judge
-            # the open-loop run against a baseline taken just before it, not minutes ago.
-            "$BIN/hoox-load" fsync --dir "$WORK/state" --count "$FSYNC_COUNT" --json \
-                >"$WORK/fsync-rate.json"
-            FSYNC_P50=$(jget "$WORK/fsync-rate.json" p50_us)
-            FSYNC_P99=$(jget "$WORK/fsync-rate.json" p99_us)
-            echo "  fsync again, just before the open loop: p50 $FSYNC_P50 us  p99 $FSYNC_P99 us"
-            # The disk's own tail at the open loop's rate: one sync per due write (group
-            # commit), timed from each write's schedule, so a slow sync counts for every
-            # write queued behind it, as it does for the gateway's reserves.
-            "$BIN/hoox-load" fsync --dir "$WORK/state" --count "$((RATE * DURATION_S))" \
-                --rate "$RATE" --json >"$WORK/fsync-paced.json"
-            FSYNC_RATE_P99=$(jget "$WORK/fsync-paced.json" p99_us)
-            echo "  fsync paced at $RATE/s: p50 $(jget "$WORK/fsync-paced.json" p50_us) us" \
-                " p99 $FSYNC_RATE_P99 us"
-            load "gateway-rate" "$GW_PORT" --connections "$RATE_CONNECTIONS" \
-                --duration "${DURATION_S}s" --rate "$RATE"
-        else
-            load "gateway-c$c" "$GW_PORT" --connections "$c" --duration "${DURATION_S}s"
-        fi
+        # The disk is shared and its fsync time drifts (other writers, writeback): judge
+        # the open-loop run against a baseline taken just before it, not minutes ago.
+        "$BIN/hoox-load" fsync --dir "$WORK/state" --count "$FSYNC_COUNT" --json \
+            >"$WORK/fsync-rate.json"
+        FSYNC_P50=$(jget "$WORK/fsync-rate.json" p50_us)
+        FSYNC_P99=$(jget "$WORK/fsync-rate.json" p99_us)
+        echo "  fsync again, just before the open loop: p50 $FSYNC_P50 us  p99 $FSYNC_P99 us"
+        # The disk's own tail at the open loop's rate: one sync per due write (group
+        # commit), timed from each write's schedule, so a slow sync counts for every
+        # write queued behind it, as it does for the gateway's reserves.
+        "$BIN/hoox-load" fsync --dir "$WORK/state" --count "$((RATE * DURATION_S))" \
+            --rate "$RATE" --json >"$WORK/fsync-paced.json"
+        FSYNC_RATE_P99=$(jget "$WORK/fsync-paced.json" p99_us)
+        echo "  fsync paced at $RATE/s: p50 $(jget "$WORK/fsync-paced.json" p50_us) us" \
+            " p99 $FSYNC_RATE_P99 us"
+        load "gateway-rate" "$GW_PORT" --connections "$RATE_CONNECTIONS" \
+            --duration "${DURATION_S}s" --rate "$RATE"
         stop "$GW_PID"
         unset SERVER_PID
-    done
-
+    fi
 fi
+
+# median FIELD FILES...: the median of one field over several hoox-load results.
+median() {
+    local field=$1 f
+    shift
+    for f in "$@"; do jget "$f" "$field"; done | sort -g |
+        awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2];
+            else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# ratios C: each round's gateway/bare req/s at C connections, one per line.
+ratios() {
+    local r
+    for r in $(seq "$ROUNDS"); do
+        awk -v b="$(jget "$WORK/bare-c$1-r$r.json" throughput_rps)" \
+            -v g="$(jget "$WORK/gateway-c$1-r$r.json" throughput_rps)" \
+            'BEGIN { if (b > 0) printf "%.2f\n", g / b }'
+    done
+}
+
 if [ "$MAIN" = 1 ] && [ "$GATEWAY" = 1 ]; then
     echo
-    echo "| connections | bare req/s | gateway req/s | gateway/bare | added p50 (us) | added p99 (us) |"
-    echo "|---|---|---|---|---|---|"
+    echo "| connections | bare req/s | gateway req/s | gateway/bare | per round | added p50 (us) | added p99 (us) |"
+    echo "|---|---|---|---|---|---|---|"
     for c in $CONNECTIONS; do
-        b="$WORK/bare-c$c.json" g="$WORK/gateway-c$c.json"
-        awk -v c="$c" -v br="$(jget "$b" throughput_rps)" -v gr="$(jget "$g" throughput_rps)" \
-            -v b50="$(jget "$b" p50)" -v g50="$(jget "$g" p50)" \
-            -v b99="$(jget "$b" p99)" -v g99="$(jget "$g" p99)" 'BEGIN {
-                printf "| %s | %.0f | %.0f | %.2f | %d | %d |\n", c, br, gr, (br > 0 ? gr / br : 0),
+        bs=() gs=()
+        for r in $(seq "$ROUNDS"); do
+            bs+=("$WORK/bare-c$c-r$r.json")
+            gs+=("$WORK/gateway-c$c-r$r.json")
+        done
+        per_round=$(ratios "$c" | paste -sd ' ')
+        ratio=$(ratios "$c" | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print 0;
+            else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
+        awk -v c="$c" -v br="$(median throughput_rps "${bs[@]}")" -v gr="$(median throughput_rps "${gs[@]}")" \
+            -v ratio="$ratio" -v per="$per_round" \
+            -v b50="$(median p50 "${bs[@]}")" -v g50="$(median p50 "${gs[@]}")" \
+            -v b99="$(median p99 "${bs[@]}")" -v g99="$(median p99 "${gs[@]}")" 'BEGIN {
+                printf "| %s | %.0f | %.0f | %s | %s | %d | %d |\n", c, br, gr, ratio, per,
                     g50 - b50, g99 - b99 }'
+        if [ "$c" = 16 ]; then C16=$ratio; fi
     done
+    [ "$ROUNDS" -gt 1 ] && echo "(req/s and latencies: medians over the rounds; gateway/bare: median of the rounds' ratios)"
     echo
     awk -v rate="$RATE" -v b99="$(jget "$WORK/bare-rate.json" p99)" \
         -v g99="$(jget "$WORK/gateway-rate.json" p99)" -v g50="$(jget "$WORK/gateway-rate.json" p50)" \
@@ -266,10 +304,7 @@ if [ "$MAIN" = 1 ] && [ "$GATEWAY" = 1 ]; then
                 (added <= 1000 + f ? "MET" : "MISSED")
             printf "        (against 1 ms + the disk'"'"'s own p99 at %s/s, paced fsync (%d us) = %d us: %s)\n",
                 rate, fr99, 1000 + fr99, (added <= 1000 + fr99 ? "MET" : "MISSED") }'
-    c16=$(awk -v br="$(jget "$WORK/bare-c16.json" throughput_rps 2>/dev/null)" \
-        -v gr="$(jget "$WORK/gateway-c16.json" throughput_rps 2>/dev/null)" \
-        'BEGIN { if (br > 0) printf "%.2f", gr / br; else print "n/a" }')
-    echo "target: gateway >= 0.50 x bare req/s at 16 connections: $c16"
+    echo "target: gateway >= 0.50 x bare req/s at 16 connections: ${C16:-n/a (16 not among CONNECTIONS)}"
 fi
 if [ "$MAIN" = 1 ]; then
     if [ "$MUTEX_BENCH" = 1 ] && [ -f benches/mutex.rs ]; then
