@@ -149,7 +149,7 @@ fn the_journal_alone_brings_back_reserves_commits_and_releases() {
             // keeps the page cache).
             m.ping().await.unwrap();
             // With nothing to read and nothing granted, the commit rides until the owner
-            // is about to sleep, which it does within its 50 µs poll: 500 ms is plenty.
+            // has been idle for 2 ms (`CARRY_IDLE`), after its 50 µs poll: 500 ms is plenty.
             m.commit(key("later"), None).unwrap();
             std::thread::sleep(std::time::Duration::from_millis(500));
             println!("READY");

@@ -38,6 +38,14 @@ const BACKOFF_START: Duration = Duration::from_millis(50);
 /// so a stream of commits with no reserve among them still reaches the journal.
 const CARRY_MAX: usize = 16 * 1024;
 
+/// How long an idle owner waits for a record to carry its operations in before it writes
+/// them on their own. A webhook's commit comes just after its reserve's answer, when the
+/// owner often has nothing else to do: written at once, it took a `pwrite` and a journal
+/// slot of its own, which fills the journal and brings the next checkpoint closer. At 16
+/// connections the owner made 3.0 `pwrite`s per `fdatasync` that way, 1.2 with the wait
+/// (strace); a process crash within the wait loses only what a crash always could.
+const CARRY_IDLE: Duration = Duration::from_millis(2);
+
 pub(super) fn spawn(
     config: Config,
     clock: Clock,
@@ -181,14 +189,19 @@ impl Owner {
                 first = self.poll(&rx);
             }
             if matches!(first, Err(RecvTimeoutError::Timeout)) && !self.carry.record().is_empty() {
-                // About to sleep: what is carried goes to the journal now, unsynced, so
-                // that a crash of this process (the page cache survives it) keeps it.
-                self.maintain("journal write", |o, store| {
-                    let w = std::mem::take(&mut o.carry);
-                    o.write_record(store, w, false, &mut Vec::new())
-                });
-            }
-            if matches!(first, Err(RecvTimeoutError::Timeout)) {
+                // Idle with operations carried: wait a little for a record to carry them
+                // in, then write them on their own, unsynced, so that a crash of this
+                // process (the page cache survives it) keeps them. The loop comes back
+                // here with nothing carried, and sleeps.
+                let grace = self.next_wake().map_or(CARRY_IDLE, |t| t.min(CARRY_IDLE));
+                first = rx.recv_timeout(grace);
+                if matches!(first, Err(RecvTimeoutError::Timeout)) {
+                    self.maintain("journal write", |o, store| {
+                        let w = std::mem::take(&mut o.carry);
+                        o.write_record(store, w, false, &mut Vec::new())
+                    });
+                }
+            } else if matches!(first, Err(RecvTimeoutError::Timeout)) {
                 first = match self.next_wake() {
                     None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
                     Some(t) => rx.recv_timeout(t),
@@ -343,7 +356,7 @@ impl Owner {
     /// before its replies go out. One that only commits, releases or expires promises no
     /// durability, so it costs no write at all: its operations are carried into the next
     /// record, written when a batch next grants a key, when a read is asked, or when the
-    /// owner is about to sleep. Until then only a crash of this process can lose them,
+    /// owner has been idle for `CARRY_IDLE`. Until then only a crash of this process can lose them,
     /// and what it loses leaves keys held, never free.
     fn write_batch(
         &mut self,
