@@ -252,13 +252,17 @@ if [ "$MAIN" = 1 ]; then
     fi
 fi
 
-# median FIELD FILES...: the median of one field over several hoox-load results.
+# median: the median of the numbers on stdin, one per line (0 if none).
 median() {
+    sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2];
+        else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+}
+
+# field_median FIELD FILES...: the median of one field over several hoox-load results.
+field_median() {
     local field=$1 f
     shift
-    for f in "$@"; do jget "$f" "$field"; done | sort -g |
-        awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2];
-            else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+    for f in "$@"; do jget "$f" "$field"; done | median
 }
 
 # ratios C: each round's gateway/bare req/s at C connections, one per line.
@@ -282,17 +286,18 @@ if [ "$MAIN" = 1 ] && [ "$GATEWAY" = 1 ]; then
             gs+=("$WORK/gateway-c$c-r$r.json")
         done
         per_round=$(ratios "$c" | paste -sd ' ')
-        ratio=$(ratios "$c" | sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print 0;
-            else if (NR % 2) print v[(NR + 1) / 2]; else printf "%.2f", (v[NR / 2] + v[NR / 2 + 1]) / 2 }')
-        awk -v c="$c" -v br="$(median throughput_rps "${bs[@]}")" -v gr="$(median throughput_rps "${gs[@]}")" \
+        ratio=$(ratios "$c" | median)
+        awk -v c="$c" -v br="$(field_median throughput_rps "${bs[@]}")" -v gr="$(field_median throughput_rps "${gs[@]}")" \
             -v ratio="$ratio" -v per="$per_round" \
-            -v b50="$(median p50 "${bs[@]}")" -v g50="$(median p50 "${gs[@]}")" \
-            -v b99="$(median p99 "${bs[@]}")" -v g99="$(median p99 "${gs[@]}")" 'BEGIN {
-                printf "| %s | %.0f | %.0f | %s | %s | %d | %d |\n", c, br, gr, ratio, per,
+            -v b50="$(field_median p50 "${bs[@]}")" -v g50="$(field_median p50 "${gs[@]}")" \
+            -v b99="$(field_median p99 "${bs[@]}")" -v g99="$(field_median p99 "${gs[@]}")" 'BEGIN {
+                printf "| %s | %.0f | %.0f | %.2f | %s | %d | %d |\n", c, br, gr, ratio, per,
                     g50 - b50, g99 - b99 }'
-        if [ "$c" = 16 ]; then C16=$ratio; fi
+        if [ "$c" = 16 ]; then C16=$(printf '%.2f' "$ratio"); fi
     done
-    [ "$ROUNDS" -gt 1 ] && echo "(req/s and latencies: medians over the rounds; gateway/bare: median of the rounds' ratios)"
+    if [ "$ROUNDS" -gt 1 ]; then
+        echo "(req/s and latencies: medians over the rounds; gateway/bare: median of the rounds' ratios)"
+    fi
     echo
     awk -v rate="$RATE" -v b99="$(jget "$WORK/bare-rate.json" p99)" \
         -v g99="$(jget "$WORK/gateway-rate.json" p99)" -v g50="$(jget "$WORK/gateway-rate.json" p50)" \

@@ -98,6 +98,16 @@ pub enum Executor {
 }
 
 impl Executor {
+    /// Whether an order may wait on the network before its outcome is known. Only then
+    /// can a client that hangs up (dropping the request's future) come between an order
+    /// and its commit or release, so only then does the gateway give it a task of its own.
+    pub fn may_wait(&self) -> bool {
+        match self {
+            Executor::Http(_) => true,
+            Executor::Paper(_) => false,
+        }
+    }
+
     pub async fn execute(&self, order: &Order) -> Outcome {
         match self {
             Executor::Http(http) => http.execute(order).await,

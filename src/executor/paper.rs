@@ -30,12 +30,13 @@ impl Paper {
         }
         // serde would also fill the struct from an array, by position: only an object is a
         // trade (the gateway forwards objects as compact JSON, starting with `{`).
-        let quantity = order
-            .body
-            .starts_with(b"{")
-            .then(|| serde_json::from_slice::<Trade>(&order.body).ok())
-            .flatten()
-            .and_then(|t| t.quantity);
+        let quantity = if order.body.starts_with(b"{") {
+            serde_json::from_slice::<Trade>(&order.body)
+                .ok()
+                .and_then(|t| t.quantity)
+        } else {
+            None
+        };
         let answer = match quantity {
             Some(filled) => {
                 let n = self.orders.fetch_add(1, Ordering::Relaxed) + 1;

@@ -276,7 +276,8 @@ impl Trade {
         let mut h = Sha256::new();
         h.update(b"hoox-edge trade v1\n");
         // Writing JSON into a hasher cannot fail: string keys, and a writer that never errs.
-        let _ = serde_json::to_writer(Hashing(&mut h), &Object(&canon));
+        let mut json = serde_json::Serializer::new(Hashing(&mut h));
+        let _ = json.collect_map(canon.iter().map(|(k, v)| (k, v)));
         h.finalize().into()
     }
 
@@ -347,15 +348,6 @@ impl std::io::Write for Hashing<'_> {
 
     fn flush(&mut self) -> std::io::Result<()> {
         Ok(())
-    }
-}
-
-/// Members already in order, written as one JSON object.
-struct Object<'a>(&'a [(&'a str, Canon<'a>)]);
-
-impl Serialize for Object<'_> {
-    fn serialize<S: Serializer>(&self, s: S) -> Result<S::Ok, S::Error> {
-        s.collect_map(self.0.iter().map(|(k, v)| (k, v)))
     }
 }
 

@@ -285,29 +285,27 @@ async fn pipeline(
         ));
     }
     // Executor, then settle the key. A client that hangs up drops this future, and that
-    // must not cut an order from its commit or release: an executor that waits on the
-    // network runs in a task of its own, which outlives the request. A paper fill never
-    // waits, so nothing can come between the two, and it runs here without a task.
+    // must not cut an order from its commit or release: an executor that may wait runs in
+    // a task of its own, which outlives the request; one that never waits runs here.
     let order = Order {
         key: key.as_str().to_string(),
         request_id: request_id.to_string(),
         body: trade.forward_body(),
     };
-    let (response, settled, code) = match &gw.executor {
-        Executor::Paper(_) => execute_and_settle(gw, key.clone(), order).await,
-        Executor::Http(_) => {
-            let gw2 = gw.clone();
-            let key2 = key.clone();
-            let task = tokio::spawn(async move { execute_and_settle(&gw2, key2, order).await });
-            match task.await {
-                Ok(r) => r,
-                // The task panicked: the key stays pending until its TTL, which is safe.
-                Err(_) => {
-                    let p = Problem::OutcomeUnknown;
-                    (p.response(), Settled::Held, Some(p.code()))
-                }
+    let (response, settled, code) = if gw.executor.may_wait() {
+        let gw2 = gw.clone();
+        let key2 = key.clone();
+        let task = tokio::spawn(async move { execute_and_settle(&gw2, key2, order).await });
+        match task.await {
+            Ok(r) => r,
+            // The task panicked: the key stays pending until its TTL, which is safe.
+            Err(_) => {
+                let p = Problem::OutcomeUnknown;
+                (p.response(), Settled::Held, Some(p.code()))
             }
         }
+    } else {
+        execute_and_settle(gw, key.clone(), order).await
     };
     Ok(Answer {
         response,

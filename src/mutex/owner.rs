@@ -356,8 +356,8 @@ impl Owner {
     /// before its replies go out. One that only commits, releases or expires promises no
     /// durability, so it costs no write at all: its operations are carried into the next
     /// record, written when a batch next grants a key, when a read is asked, or when the
-    /// owner has been idle for `CARRY_IDLE`. Until then only a crash of this process can lose them,
-    /// and what it loses leaves keys held, never free.
+    /// owner has been idle for `CARRY_IDLE`. Until then only a crash of this process can
+    /// lose them, and what it loses leaves keys held, never free.
     fn write_batch(
         &mut self,
         store: &mut Store,
