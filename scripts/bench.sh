@@ -180,6 +180,31 @@ start_gateway() {
     GW_PID=$STARTED_PID
 }
 
+# server_view: where the gateway's own time went, from its /metrics (plain HTTP on the
+# admin port): its handler's latency, the journal's fsyncs, and the checkpoints, during
+# which the mutex answers nobody. What the load tool's p99 cannot tell apart.
+server_view() {
+    local text
+    text=$(exec 3<>"/dev/tcp/127.0.0.1/$ADMIN_PORT" &&
+        printf 'GET /metrics HTTP/1.1\r\nHost: 127.0.0.1\r\nConnection: close\r\n\r\n' >&3 &&
+        timeout 5 cat <&3) || { echo "  (no /metrics from the gateway)"; return 0; }
+    awk '
+        function le(line) { match(line, /le="[^"]*"/); return substr(line, RSTART + 4, RLENGTH - 5) }
+        /^hoox_request_duration_seconds_bucket/ { req[le($0)] = $2 }
+        /^hoox_mutex_fsync_seconds_bucket/ { fs[le($0)] = $2 }
+        /^hoox_mutex_checkpoint_seconds_sum/ { cs = $2 }
+        /^hoox_mutex_checkpoint_seconds_count/ { cn = $2 }
+        END {
+            if (req["+Inf"] > 0)
+                printf "  %-22s its handler: %.1f%% under 1 ms, %.1f%% under 2.5 ms\n", "",
+                    100 * req["0.001"] / req["+Inf"], 100 * req["0.0025"] / req["+Inf"]
+            if (fs["+Inf"] > 0)
+                printf "  %-22s journal fsyncs: %d, %.2f%% over 1 ms; checkpoints: %d, mean %.2f ms\n", "",
+                    fs["+Inf"], 100 * (fs["+Inf"] - fs["0.001"]) / fs["+Inf"], cn,
+                    (cn > 0 ? 1000 * cs / cn : 0)
+        }' <<<"$text"
+}
+
 # The shared pieces: one certificate for both servers, one secret for every auth method.
 "$BIN/hoox-load" gen-cert --dir "$WORK/tls" >/dev/null
 mkdir -p "$WORK/secrets" "$WORK/state"
@@ -198,7 +223,15 @@ if [ "$MAIN" = 1 ]; then
     "$BIN/hoox-load" fsync --dir "$WORK/state" --count "$FSYNC_COUNT" --json >"$WORK/fsync.json"
     FSYNC_P50=$(jget "$WORK/fsync.json" p50_us)
     FSYNC_P99=$(jget "$WORK/fsync.json" p99_us)
-    echo "  fsync p50 $FSYNC_P50 us  p99 $FSYNC_P99 us"
+    echo "  fsync p50 $FSYNC_P50 us  p99 $FSYNC_P99 us  $(jget "$WORK/fsync.json" syncs_per_s) syncs/s"
+    # Does this disk overlap flushes? If two writers sync nearly twice as often at the same
+    # latency, a group commit with two syncs in flight would wait less than one that queues
+    # every batch behind the sync before it (the mutex's, today).
+    "$BIN/hoox-load" fsync --dir "$WORK/state" --count "$FSYNC_COUNT" --writers 2 --json \
+        >"$WORK/fsync-2.json"
+    awk -v one="$(jget "$WORK/fsync.json" syncs_per_s)" -v two="$(jget "$WORK/fsync-2.json" syncs_per_s)" \
+        -v p50="$(jget "$WORK/fsync-2.json" p50_us)" 'BEGIN {
+            if (one > 0) printf "  fsync by 2 writers: p50 %d us, %d syncs/s (%.2f x one writer)\n", p50, two, two / one }'
 
     # Closed loop: bare and gateway run back to back at each connection count, ROUNDS times,
     # so that the shared machine's drift (the bare server's req/s moved 58k-86k within an
@@ -245,8 +278,14 @@ if [ "$MAIN" = 1 ]; then
         FSYNC_RATE_P99=$(jget "$WORK/fsync-paced.json" p99_us)
         echo "  fsync paced at $RATE/s: p50 $(jget "$WORK/fsync-paced.json" p50_us) us" \
             " p99 $FSYNC_RATE_P99 us"
+        # The same with two syncs in flight: what a pipelined group commit could reach.
+        "$BIN/hoox-load" fsync --dir "$WORK/state" --count "$((RATE * DURATION_S))" \
+            --rate "$RATE" --writers 2 --json >"$WORK/fsync-paced-2.json"
+        echo "  fsync paced at $RATE/s, 2 writers: p50 $(jget "$WORK/fsync-paced-2.json" p50_us) us" \
+            " p99 $(jget "$WORK/fsync-paced-2.json" p99_us) us"
         load "gateway-rate" "$GW_PORT" --connections "$RATE_CONNECTIONS" \
             --duration "${DURATION_S}s" --rate "$RATE"
+        server_view
         stop "$GW_PID"
         unset SERVER_PID
     fi

@@ -241,6 +241,11 @@ fn mutex_registry(shared: &Shared) -> Registry {
         HistogramCopy::of(&s.fsync_seconds),
     );
     r.register(
+        "checkpoint_seconds",
+        "Time one checkpoint of the journal into the database took; the mutex answers nobody meanwhile",
+        HistogramCopy::of(&s.checkpoint_seconds),
+    );
+    r.register(
         "batch_size",
         "Commands applied per group commit",
         HistogramCopy::of(&s.batch_size),
@@ -411,6 +416,7 @@ mod tests {
             ("hoox_mutex_serving", "gauge"),
             ("hoox_mutex_fsync_seconds", "histogram"),
             ("hoox_mutex_batch_size", "histogram"),
+            ("hoox_mutex_checkpoint_seconds", "histogram"),
             ("hoox_request_duration_seconds", "histogram"),
             ("hoox_duplicates_total", "counter"),
             ("hoox_rate_limited_total", "counter"),

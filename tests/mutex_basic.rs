@@ -234,3 +234,32 @@ fn a_stalled_owner_answers_timeout_and_only_with_the_hook() {
         owner.stop();
     }
 }
+
+#[test]
+fn an_idle_owner_checkpoints_and_counts_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, owner) = start(&dir.path().join("m.redb"), Clock::system());
+    rt().block_on(async {
+        let checkpoints = || m.shared().stats.checkpoint_seconds.snapshot().2;
+        assert_eq!(checkpoints(), 0, "opening is not counted");
+        // One record per reserve, answered one at a time: the test journal's 16 slots
+        // make 8 records a checkpoint's worth, which an idle owner takes at once.
+        for i in 0..10 {
+            let k = key(&format!("k{i}"));
+            assert_eq!(m.reserve(reserve(&k, 300_000, 1)).await, Decision::Proceed);
+        }
+        let taken = eventually(Duration::from_secs(5), async || checkpoints() >= 1).await;
+        assert!(taken, "no checkpoint counted after 10 records");
+        let (_, seconds, n) = m.shared().stats.checkpoint_seconds.snapshot();
+        assert!(
+            seconds > 0.0 && seconds < 5.0 * n as f64,
+            "{seconds} s over {n}"
+        );
+        // The checkpointed keys still hold.
+        assert!(matches!(
+            m.reserve(reserve(&key("k0"), 300_000, 1)).await,
+            Decision::Duplicate(_)
+        ));
+    });
+    owner.stop();
+}

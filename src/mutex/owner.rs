@@ -431,10 +431,9 @@ impl Owner {
         self.carry = w;
         applied?;
         if !journaled {
-            self.shared
-                .stats
-                .fsync_seconds
-                .observe(t.elapsed().as_secs_f64());
+            let took = t.elapsed().as_secs_f64();
+            self.shared.stats.fsync_seconds.observe(took);
+            self.shared.stats.checkpoint_seconds.observe(took);
         }
         Ok(())
     }
@@ -793,27 +792,38 @@ impl Owner {
 
     /// Hands everything kept since the last checkpoint, and what is carried, to redb.
     fn checkpoint(&mut self) {
-        self.maintain("checkpoint", |o, store| {
+        let t = Instant::now();
+        let done = self.maintain("checkpoint", |o, store| {
             store::apply(store, &mut o.carry, true)
         });
+        if done {
+            self.shared
+                .stats
+                .checkpoint_seconds
+                .observe(t.elapsed().as_secs_f64());
+        }
     }
 
     /// A write outside any batch (a checkpoint, an idle journal write): fails closed if
-    /// it fails, like a batch.
+    /// it fails, like a batch. Whether it was written.
     fn maintain(
         &mut self,
         what: &str,
         write: impl FnOnce(&mut Self, &mut Store) -> Result<(), WriteError>,
-    ) {
+    ) -> bool {
         let Some(mut store) = self.store.take() else {
-            return;
+            return false;
         };
         match write(self, &mut store) {
-            Ok(()) => self.store = Some(store),
+            Ok(()) => {
+                self.store = Some(store);
+                true
+            }
             Err(e) => {
                 log::error!("mutex: {what} failed, failing closed until reopened: {e}");
                 drop(store);
                 self.fail(Unavailable::CommitFailed(e.to_string()));
+                false
             }
         }
     }

@@ -79,6 +79,9 @@ pub struct Stats {
     pub fsync_seconds: Histogram,
     /// Commands applied per write transaction.
     pub batch_size: Histogram,
+    /// Seconds one checkpoint (the journal's records into redb, committed durably) took:
+    /// the owner answers nobody meanwhile.
+    pub checkpoint_seconds: Histogram,
 }
 
 impl Default for Stats {
@@ -96,6 +99,7 @@ impl Default for Stats {
             reopen_attempts: AtomicU64::new(0),
             fsync_seconds: Histogram::new(LATENCY_BOUNDS),
             batch_size: Histogram::new(BATCH_BOUNDS),
+            checkpoint_seconds: Histogram::new(LATENCY_BOUNDS),
         }
     }
 }

@@ -18,32 +18,55 @@ use crate::Error;
 /// fdatasync costs more the larger the file, so the baseline uses the same.
 const FILE_BYTES: usize = 1024 * 1024;
 
-pub fn run(
-    dir: &Path,
-    count: u32,
-    size: usize,
-    rate: Option<f64>,
-    json: bool,
-) -> Result<ExitCode, Error> {
-    if rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
+/// How the writes are driven: by how many threads, each syncing its own writes in its own
+/// pages of the one file, and whether to a schedule.
+#[derive(Debug, Clone, Copy)]
+pub struct Mode {
+    /// Open loop: `count` writes scheduled this many per second (group commit: a free
+    /// writer syncs every write due by then). Closed loop if `None`: each writer syncs one
+    /// write after another, `count` in all.
+    pub rate: Option<f64>,
+    /// Threads, at least one. More than one, paced, is a group commit with that many syncs
+    /// in flight; closed, it shows whether the disk overlaps flushes at all.
+    pub writers: u32,
+}
+
+pub fn run(dir: &Path, count: u32, size: usize, mode: Mode, json: bool) -> Result<ExitCode, Error> {
+    if mode.rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
         return Err("--rate must be a positive number of writes per second".into());
     }
+    if mode.writers == 0 {
+        return Err("--writers must be at least 1".into());
+    }
     let path = dir.join(format!(".hoox-load-fsync-{}", std::process::id()));
-    let result = measure(&path, count, size, rate);
+    let started = Instant::now();
+    let result = measure(&path, count, size, mode);
+    let elapsed = started.elapsed().as_secs_f64();
     // Remove the probe file whatever happened; a failed measurement must not leave litter.
     let _ = std::fs::remove_file(&path);
     let hist = result?;
     let us = |q: f64| hist.value_at_quantile(q);
+    // Closed loop only: how many syncs the disk completed per second (paced, it is the rate).
+    let syncs_per_s = mode.rate.is_none().then(|| f64::from(count) / elapsed);
     if json {
         let out = serde_json::json!({
-            "dir": dir.display().to_string(), "count": count, "size": size, "rate": rate,
+            "dir": dir.display().to_string(), "count": count, "size": size, "rate": mode.rate,
+            "writers": mode.writers, "syncs_per_s": syncs_per_s.map(f64::round),
             "p50_us": us(0.5), "p99_us": us(0.99), "max_us": hist.max(),
         });
         println!("{out}");
     } else {
-        let paced = rate.map(|r| format!(" at {r}/s")).unwrap_or_default();
+        let paced = mode.rate.map(|r| format!(" at {r}/s")).unwrap_or_default();
+        let by = if mode.writers > 1 {
+            format!(" by {} writers", mode.writers)
+        } else {
+            String::new()
+        };
+        let per_s = syncs_per_s
+            .map(|s| format!(", {s:.0} syncs/s"))
+            .unwrap_or_default();
         println!(
-            "fsync {} x {count}{paced} ({size} B): p50 {} us  p99 {} us  max {} us",
+            "fsync {} x {count}{paced}{by} ({size} B): p50 {} us  p99 {} us  max {} us{per_s}",
             dir.display(),
             us(0.5),
             us(0.99),
@@ -53,12 +76,7 @@ pub fn run(
     Ok(ExitCode::SUCCESS)
 }
 
-fn measure(
-    path: &Path,
-    count: u32,
-    size: usize,
-    rate: Option<f64>,
-) -> Result<Histogram<u64>, Error> {
+fn measure(path: &Path, count: u32, size: usize, mode: Mode) -> Result<Histogram<u64>, Error> {
     let mut file = OpenOptions::new().create_new(true).write(true).open(path)?;
     // Overwrites in a file written in full first, as the mutex's journal does: a write that
     // grows a file also syncs its size and new blocks, which no reserve pays.
@@ -68,42 +86,115 @@ fn measure(
         file.write_all(&block)?;
     }
     file.sync_all()?;
-    let mut hist = Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?;
-    let mut n = 0;
-    let mut sync = || -> Result<(), Error> {
+    // Write slot `n` (modulo the file) and sync the file.
+    let sync = |n: u64| -> Result<(), Error> {
         file.write_all_at(&block, n % slots * size as u64)?;
-        n += 1;
         // SAFETY: the descriptor belongs to `file`, which outlives this call.
         if unsafe { libc::fdatasync(file.as_raw_fd()) } != 0 {
             return Err(std::io::Error::last_os_error().into());
         }
         Ok(())
     };
-    let Some(rate) = rate else {
-        for _ in 0..count {
-            let start = Instant::now();
-            sync()?;
-            hist.saturating_record(start.elapsed().as_micros() as u64);
-        }
-        return Ok(hist);
-    };
-    let interval = Duration::from_secs_f64(1.0 / rate);
-    let start = Instant::now();
-    let at = |i: u32| start + interval * i;
-    // The first write not yet durable.
-    let mut next = 0;
-    while next < count {
-        wait_until(at(next));
-        // Every write scheduled by now shares this sync, as reserves share a batch's.
-        let due = ((start.elapsed().as_secs_f64() * rate) as u32 + 1).clamp(next + 1, count);
-        sync()?;
-        let done = Instant::now();
-        for i in next..due {
-            hist.saturating_record(done.duration_since(at(i)).as_micros() as u64);
-        }
-        next = due;
+    let w = mode.writers.max(1);
+    let schedule = mode.rate.map(|rate| Schedule {
+        rate,
+        start: Instant::now(),
+        interval: Duration::from_secs_f64(1.0 / rate),
+        next: std::sync::Mutex::new(0),
+    });
+    let parts = std::thread::scope(|s| {
+        let threads: Vec<_> = (0..w)
+            .map(|t| {
+                let (sync, schedule) = (&sync, schedule.as_ref());
+                s.spawn(move || -> Result<Histogram<u64>, Error> {
+                    let mut h = histogram()?;
+                    match schedule {
+                        Some(plan) => plan.follow(count, &mut h, sync)?,
+                        None => {
+                            // Writer t owns its own run of slots: no two threads write one
+                            // page. `count` in all, the remainder over the first writers.
+                            let each = count / w + u32::from(t < count % w);
+                            let run = (slots / u64::from(w)).max(1);
+                            for i in 0..each {
+                                let start = Instant::now();
+                                sync(u64::from(t) * run + u64::from(i) % run)?;
+                                h.saturating_record(start.elapsed().as_micros() as u64);
+                            }
+                        }
+                    }
+                    Ok(h)
+                })
+            })
+            .collect();
+        threads
+            .into_iter()
+            .map(|t| {
+                t.join()
+                    .unwrap_or_else(|_| Err("a writer thread panicked".into()))
+            })
+            .collect::<Vec<_>>()
+    });
+    let mut hist = histogram()?;
+    for part in parts {
+        hist.add(part?)?;
     }
     Ok(hist)
+}
+
+fn histogram() -> Result<Histogram<u64>, Error> {
+    Ok(Histogram::<u64>::new_with_bounds(1, 60_000_000, 3)?)
+}
+
+/// The open loop's timetable, shared by its writers.
+struct Schedule {
+    rate: f64,
+    start: Instant,
+    interval: Duration,
+    /// The first write no writer has taken yet.
+    next: std::sync::Mutex<u32>,
+}
+
+impl Schedule {
+    fn at(&self, i: u32) -> Instant {
+        self.start + self.interval * i
+    }
+
+    /// One writer's part: wait for the next write due, take it and every other write due
+    /// by then, sync them (in the page of the first: two groups in flight never share one),
+    /// and time each from its schedule, so a write that waited for a free writer counts its
+    /// wait, as a reserve queued behind a slow sync does.
+    fn follow(
+        &self,
+        count: u32,
+        hist: &mut Histogram<u64>,
+        sync: impl Fn(u64) -> Result<(), Error>,
+    ) -> Result<(), Error> {
+        let next = || self.next.lock().unwrap_or_else(|p| p.into_inner());
+        loop {
+            let first = *next();
+            if first >= count {
+                return Ok(());
+            }
+            wait_until(self.at(first));
+            let (first, due) = {
+                let mut n = next();
+                let first = *n;
+                // Another writer took it meanwhile: wait for the next one due.
+                if first >= count || self.at(first) > Instant::now() {
+                    continue;
+                }
+                let due = ((self.start.elapsed().as_secs_f64() * self.rate) as u32 + 1)
+                    .clamp(first + 1, count);
+                *n = due;
+                (first, due)
+            };
+            sync(u64::from(first))?;
+            let done = Instant::now();
+            for i in first..due {
+                hist.saturating_record(done.duration_since(self.at(i)).as_micros() as u64);
+            }
+        }
+    }
 }
 
 /// Sleeps, then spins the last stretch: a sleeping thread on these VMs wakes up to ~140 µs
@@ -126,15 +217,40 @@ mod tests {
     #[test]
     fn paced_times_every_write_and_leaves_no_file() {
         let dir = tempfile::tempdir().unwrap();
-        let hist = measure(&dir.path().join("probe"), 40, 4096, Some(2000.0)).unwrap();
+        let paced = |rate, writers| Mode {
+            rate: Some(rate),
+            writers,
+        };
+        let hist = measure(&dir.path().join("probe"), 40, 4096, paced(2000.0, 1)).unwrap();
         assert_eq!(hist.len(), 40, "one latency per scheduled write");
-        let code = run(dir.path(), 10, 4096, Some(1000.0), true).unwrap();
+        let hist = measure(&dir.path().join("probe2"), 40, 4096, paced(2000.0, 2)).unwrap();
+        assert_eq!(
+            hist.len(),
+            40,
+            "two writers: still one latency per scheduled write"
+        );
+        let code = run(dir.path(), 10, 4096, paced(1000.0, 1), true).unwrap();
         assert_eq!(code, ExitCode::SUCCESS);
         assert_eq!(
             std::fs::read_dir(dir.path()).unwrap().count(),
-            1,
-            "only `probe`"
+            2,
+            "only the probes: `run` leaves nothing"
         );
-        assert!(run(dir.path(), 10, 4096, Some(0.0), true).is_err());
+        assert!(run(dir.path(), 10, 4096, paced(0.0, 1), true).is_err());
+        assert!(run(dir.path(), 10, 4096, paced(10.0, 0), true).is_err());
+    }
+
+    #[test]
+    fn concurrent_writers_time_every_sync_between_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let closed = |writers| Mode {
+            rate: None,
+            writers,
+        };
+        let hist = measure(&dir.path().join("probe"), 30, 4096, closed(3)).unwrap();
+        assert_eq!(hist.len(), 30, "one latency per sync, over all writers");
+        // A count that does not divide among the writers is still the count.
+        let hist = measure(&dir.path().join("probe2"), 10, 4096, closed(4)).unwrap();
+        assert_eq!(hist.len(), 10);
     }
 }

@@ -57,6 +57,11 @@ enum Command {
         /// own latency floor at that rate, queueing behind a slow sync included.
         #[arg(long)]
         rate: Option<f64>,
+        /// Threads, each syncing its own writes in its own pages of the one file. Closed loop:
+        /// whether the disk overlaps flushes (syncs/s grows with writers at the same latency).
+        /// With --rate: a group commit with this many syncs in flight.
+        #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
+        writers: u32,
         #[arg(long)]
         json: bool,
     },
@@ -92,8 +97,9 @@ fn tokio_main(command: Command) -> Result<ExitCode, Error> {
                 count,
                 size,
                 rate,
+                writers,
                 json,
-            } => fsync::run(&dir, count, size, rate, json),
+            } => fsync::run(&dir, count, size, fsync::Mode { rate, writers }, json),
         }
     })
 }
