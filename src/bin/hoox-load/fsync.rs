@@ -39,15 +39,16 @@ pub fn run(dir: &Path, count: u32, size: usize, mode: Mode, json: bool) -> Resul
         return Err("--writers must be at least 1".into());
     }
     let path = dir.join(format!(".hoox-load-fsync-{}", std::process::id()));
-    let started = Instant::now();
     let result = measure(&path, count, size, mode);
-    let elapsed = started.elapsed().as_secs_f64();
     // Remove the probe file whatever happened; a failed measurement must not leave litter.
     let _ = std::fs::remove_file(&path);
-    let hist = result?;
+    let (hist, took) = result?;
     let us = |q: f64| hist.value_at_quantile(q);
     // Closed loop only: how many syncs the disk completed per second (paced, it is the rate).
-    let syncs_per_s = mode.rate.is_none().then(|| f64::from(count) / elapsed);
+    let syncs_per_s = mode
+        .rate
+        .is_none()
+        .then(|| f64::from(count) / took.as_secs_f64());
     if json {
         let out = serde_json::json!({
             "dir": dir.display().to_string(), "count": count, "size": size, "rate": mode.rate,
@@ -76,7 +77,13 @@ pub fn run(dir: &Path, count: u32, size: usize, mode: Mode, json: bool) -> Resul
     Ok(ExitCode::SUCCESS)
 }
 
-fn measure(path: &Path, count: u32, size: usize, mode: Mode) -> Result<Histogram<u64>, Error> {
+/// One latency per write, and how long the writes took (the file's preparation not counted).
+fn measure(
+    path: &Path,
+    count: u32,
+    size: usize,
+    mode: Mode,
+) -> Result<(Histogram<u64>, Duration), Error> {
     let mut file = OpenOptions::new().create_new(true).write(true).open(path)?;
     // Overwrites in a file written in full first, as the mutex's journal does: a write that
     // grows a file also syncs its size and new blocks, which no reserve pays.
@@ -96,6 +103,7 @@ fn measure(path: &Path, count: u32, size: usize, mode: Mode) -> Result<Histogram
         Ok(())
     };
     let w = mode.writers.max(1);
+    let started = Instant::now();
     let schedule = mode.rate.map(|rate| Schedule {
         rate,
         start: Instant::now(),
@@ -134,11 +142,12 @@ fn measure(path: &Path, count: u32, size: usize, mode: Mode) -> Result<Histogram
             })
             .collect::<Vec<_>>()
     });
+    let took = started.elapsed();
     let mut hist = histogram()?;
     for part in parts {
         hist.add(part?)?;
     }
-    Ok(hist)
+    Ok((hist, took))
 }
 
 fn histogram() -> Result<Histogram<u64>, Error> {
@@ -221,9 +230,13 @@ mod tests {
             rate: Some(rate),
             writers,
         };
-        let hist = measure(&dir.path().join("probe"), 40, 4096, paced(2000.0, 1)).unwrap();
+        let hist = measure(&dir.path().join("probe"), 40, 4096, paced(2000.0, 1))
+            .unwrap()
+            .0;
         assert_eq!(hist.len(), 40, "one latency per scheduled write");
-        let hist = measure(&dir.path().join("probe2"), 40, 4096, paced(2000.0, 2)).unwrap();
+        let hist = measure(&dir.path().join("probe2"), 40, 4096, paced(2000.0, 2))
+            .unwrap()
+            .0;
         assert_eq!(
             hist.len(),
             40,
@@ -247,10 +260,19 @@ mod tests {
             rate: None,
             writers,
         };
-        let hist = measure(&dir.path().join("probe"), 30, 4096, closed(3)).unwrap();
+        let hist = measure(&dir.path().join("probe"), 30, 4096, closed(3))
+            .unwrap()
+            .0;
         assert_eq!(hist.len(), 30, "one latency per sync, over all writers");
         // A count that does not divide among the writers is still the count.
-        let hist = measure(&dir.path().join("probe2"), 10, 4096, closed(4)).unwrap();
+        let hist = measure(&dir.path().join("probe2"), 10, 4096, closed(4))
+            .unwrap()
+            .0;
         assert_eq!(hist.len(), 10);
+        // One writer syncs one write after another: the writes' time is at least the sum of
+        // their latencies, and syncs/s is counted over it.
+        let (hist, took) = measure(&dir.path().join("probe3"), 20, 4096, closed(1)).unwrap();
+        let sum_us = hist.mean() * hist.len() as f64;
+        assert!(took.as_micros() as f64 >= sum_us, "{took:?} < {sum_us} us");
     }
 }
