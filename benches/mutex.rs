@@ -47,7 +47,7 @@ fn main() {
     report("fdatasync (4 KiB write + fdatasync)", &sync, sync_p50);
     report("reserve, one caller", &single, sync_p50);
     println!(
-        "  of which the journal write + fdatasync: mean {write_mean:.0} µs; the rest is the \
+        "  of which the journal write + sync: mean {write_mean:.0} µs; the rest is the \
          round trip through the owner thread and the batch's bookkeeping"
     );
     let (polling, asleep) = rt.block_on(round_trips(&dir.path().join("ping.redb")));

@@ -5,10 +5,10 @@
 //! before its fdatasync. On the disks we measured, seven scattered pages cost twice what one
 //! page costs to sync (docs/DESIGN.md). The journal makes a batch durable with one small
 //! sequential write instead: the batch's table operations, as one record, written into a
-//! preallocated file and fdatasynced. redb still receives every batch, in a
-//! `Durability::None` commit (memory only), and is made durable from time to time by a
-//! *checkpoint*: a `Durability::Immediate` commit that also stores the last journal record
-//! it covers. After a checkpoint the journal is written from the start again.
+//! preallocated file and synced. The records are also kept in memory, and redb receives
+//! them only at a *checkpoint*: one `Durability::Immediate` commit of every record since
+//! the last one, which also stores the last journal record it covers. After a checkpoint
+//! the journal is written from the start again.
 //!
 //! A record sits at a 4 KiB-aligned offset and is padded to the next 4 KiB, so a write never
 //! touches a page that holds an earlier, already synced record:
@@ -25,7 +25,8 @@
 
 use std::fs::File;
 use std::io;
-use std::os::unix::fs::FileExt;
+use std::ops::Range;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::path::{Path, PathBuf};
 
 use serde::{Deserialize, Serialize};
@@ -34,7 +35,7 @@ use serde::{Deserialize, Serialize};
 const PAGE: usize = 4096;
 const HEADER: usize = 32;
 const MAGIC: [u8; 4] = *b"HXJ1";
-/// The record was fdatasynced before anything after it was written.
+/// The record was on disk before anything after it was written.
 const DURABLE: u32 = 1;
 
 /// One change to redb's tables, in the order the owner made it.
@@ -78,7 +79,13 @@ pub fn path_for(db: &Path) -> PathBuf {
 
 /// The open journal, ready to take records.
 pub(crate) struct Journal {
+    /// Reads at open, and writes the records that need not be synced.
     file: File,
+    /// The same file opened `O_DIRECT | O_DSYNC`, if its file system allows it: a synced
+    /// record is then one `pwrite` that returns once the record is on disk, without the
+    /// page cache's copy, writeback and a separate `fdatasync` (docs/DESIGN.md, "Commit
+    /// protocol"). `None`: `pwrite` then `fdatasync` through `file`.
+    direct: Option<File>,
     id: u64,
     capacity: usize,
     /// Where the next record goes.
@@ -127,9 +134,27 @@ impl Journal {
     }
 
     /// A journal that continues after `checkpoint`, written from the start of the file.
-    pub fn new(file: File, id: u64, capacity: usize, checkpoint: u64) -> Journal {
+    /// Synced records go through direct I/O where the file system takes it.
+    pub fn new(file: File, path: &Path, id: u64, capacity: usize, checkpoint: u64) -> Journal {
+        let direct = std::fs::OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
+            .open(path)
+            .map_err(|e| log::debug!("journal: no direct I/O, syncing with fdatasync: {e}"))
+            .ok();
+        Journal::with(file, direct, id, capacity, checkpoint)
+    }
+
+    fn with(
+        file: File,
+        direct: Option<File>,
+        id: u64,
+        capacity: usize,
+        checkpoint: u64,
+    ) -> Journal {
         Journal {
             file,
+            direct,
             id,
             capacity,
             pos: 0,
@@ -146,29 +171,58 @@ impl Journal {
     /// Writes one record; with `sync`, returns only once it is on disk.
     pub fn append(&mut self, payload: &[u8], sync: bool) -> io::Result<()> {
         let lsn = self.last + 1;
-        let len = u32::try_from(payload.len())
-            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "record too large"))?;
         let flags = if sync { DURABLE } else { 0 };
-        let b = &mut self.buf;
-        b.clear();
-        b.extend_from_slice(&MAGIC);
-        b.extend_from_slice(&self.id.to_le_bytes());
-        b.extend_from_slice(&lsn.to_le_bytes());
-        b.extend_from_slice(&flags.to_le_bytes());
-        b.extend_from_slice(&len.to_le_bytes());
-        let mut crc = crc32fast::Hasher::new();
-        crc.update(&b[4..28]);
-        crc.update(payload);
-        b.extend_from_slice(&crc.finalize().to_le_bytes());
-        b.extend_from_slice(payload);
-        b.resize(padded(b.len()), 0);
-        self.file.write_all_at(b, self.pos as u64)?;
-        if sync {
-            self.file.sync_data()?;
+        let at = self.frame(lsn, flags, payload)?;
+        let record = &self.buf[at.clone()];
+        let direct = match &self.direct {
+            Some(d) if sync => d.write_all_at(record, self.pos as u64),
+            _ => Err(io::Error::from_raw_os_error(libc::EINVAL)),
+        };
+        match direct {
+            Ok(()) => {}
+            // Not taken at all (no direct file, or an unsynced record), or refused: some
+            // file systems open O_DIRECT and then refuse the write. A refused write wrote
+            // nothing; from now on every record goes through the page cache.
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                if sync && self.direct.take().is_some() {
+                    log::warn!("journal: direct write refused ({e}); syncing with fdatasync");
+                }
+                self.file.write_all_at(record, self.pos as u64)?;
+                if sync {
+                    self.file.sync_data()?;
+                }
+            }
+            Err(e) => return Err(e),
         }
-        self.pos += b.len();
+        self.pos += at.len();
         self.last = lsn;
         Ok(())
+    }
+
+    /// Lays out one record, padded to [`PAGE`], in `buf` at an address aligned to [`PAGE`]
+    /// (direct I/O needs the memory aligned as well as the offset), and returns where.
+    fn frame(&mut self, lsn: u64, flags: u32, payload: &[u8]) -> io::Result<Range<usize>> {
+        let len = u32::try_from(payload.len())
+            .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "record too large"))?;
+        let total = padded(HEADER + payload.len());
+        let b = &mut self.buf;
+        b.clear();
+        b.resize(total + PAGE, 0);
+        // Exact at run time for a byte pointer, so below PAGE; were it not, the record is
+        // merely unaligned, and a direct write of it is refused and redone buffered.
+        let at = b.as_ptr().align_offset(PAGE).min(PAGE);
+        let r = &mut b[at..at + total];
+        r[..4].copy_from_slice(&MAGIC);
+        r[4..12].copy_from_slice(&self.id.to_le_bytes());
+        r[12..20].copy_from_slice(&lsn.to_le_bytes());
+        r[20..24].copy_from_slice(&flags.to_le_bytes());
+        r[24..28].copy_from_slice(&len.to_le_bytes());
+        let mut crc = crc32fast::Hasher::new();
+        crc.update(&r[4..28]);
+        crc.update(payload);
+        r[28..32].copy_from_slice(&crc.finalize().to_le_bytes());
+        r[HEADER..HEADER + payload.len()].copy_from_slice(payload);
+        Ok(at..at + total)
     }
 
     /// How many one-page records the journal holds.
@@ -267,11 +321,19 @@ mod tests {
         p
     }
 
-    /// A journal in a temp dir and a function that reads it back.
+    /// A journal in a temp dir, as `Journal::new` opens it.
     fn journal(capacity: usize, checkpoint: u64) -> (tempfile::TempDir, Journal) {
         let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let file = Journal::open_file(&path, capacity).unwrap();
+        (dir, Journal::new(file, &path, ID, capacity, checkpoint))
+    }
+
+    /// The same, without direct I/O: what a file system that refuses it gets.
+    fn buffered(capacity: usize) -> (tempfile::TempDir, Journal) {
+        let dir = tempfile::tempdir().unwrap();
         let file = Journal::open_file(&dir.path().join("j"), capacity).unwrap();
-        (dir, Journal::new(file, ID, capacity, checkpoint))
+        (dir, Journal::with(file, None, ID, capacity, 0))
     }
 
     fn contents(j: &Journal) -> Vec<u8> {
@@ -310,6 +372,58 @@ mod tests {
         // Only what is newer than the checkpoint, and only this database's records.
         assert_eq!(lsns(&bytes, 11), [12]);
         assert!(scan(&bytes, ID + 1, 0).unwrap().is_empty());
+    }
+
+    #[test]
+    fn synced_records_go_direct_where_the_file_system_allows_and_read_back_the_same() {
+        // Whether this temp dir's file system takes O_DIRECT, asked of the kernel directly.
+        let (dir, mut j) = journal(8 * PAGE, 0);
+        let probe = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .custom_flags(libc::O_DIRECT)
+            .open(dir.path().join("probe"));
+        assert_eq!(j.direct.is_some(), probe.is_ok(), "{probe:?}");
+        let (_b, mut b) = buffered(8 * PAGE);
+        let big = vec![3u8; 2 * PAGE];
+        for (p, sync) in [
+            (payload(&[Op::Put(1, b"one")]), true),
+            (payload(&[Op::Del(1)]), false),
+            (payload(&[Op::Put(2, &big)]), true),
+        ] {
+            j.append(&p, sync).unwrap();
+            b.append(&p, sync).unwrap();
+        }
+        assert_eq!(contents(&j), contents(&b), "same bytes either way");
+        assert_eq!(lsns(&contents(&j), 0), [1, 2, 3]);
+        assert_eq!(j.pos, 5 * PAGE, "the big record took three pages");
+    }
+
+    #[test]
+    fn a_direct_write_the_kernel_refuses_is_redone_through_the_page_cache() {
+        let (_d, mut j) = journal(8 * PAGE, 0);
+        if j.direct.is_none() {
+            // Nothing to refuse here: the previous test checks that this is the file
+            // system's doing.
+            return;
+        }
+        let p = payload(&[Op::Put(1, b"one")]);
+        j.append(&p, true).unwrap();
+        assert!(j.direct.is_some(), "an aligned write is taken");
+        // An offset direct I/O cannot take: the kernel answers EINVAL.
+        j.pos += 1;
+        j.append(&p, true).unwrap();
+        assert!(j.direct.is_none(), "refused once, buffered from then on");
+        let bytes = contents(&j);
+        assert_eq!(
+            &bytes[PAGE + 1..PAGE + 5],
+            MAGIC,
+            "the refused record landed"
+        );
+        j.pos = 2 * PAGE;
+        j.append(&payload(&[Op::Del(1)]), true).unwrap();
+        assert_eq!(lsns(&contents(&j), 0), [1, 3]);
     }
 
     #[test]
@@ -385,7 +499,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
         let file = Journal::open_file(&path, 4 * PAGE).unwrap();
-        let mut j = Journal::new(file, ID, 4 * PAGE, 0);
+        let mut j = Journal::new(file, &path, ID, 4 * PAGE, 0);
         j.append(&payload(&[Op::Del(3)]), true).unwrap();
         drop(j);
         let file = Journal::open_file(&path, 8 * PAGE).unwrap();

@@ -75,7 +75,7 @@ pub struct Stats {
     pub release_failures: AtomicU64,
     pub expired: AtomicU64,
     pub reopen_attempts: AtomicU64,
-    /// Seconds one write transaction's commit (the fsync) took.
+    /// Seconds one group commit took to become durable: its journal record written and synced.
     pub fsync_seconds: Histogram,
     /// Commands applied per write transaction.
     pub batch_size: Histogram,

@@ -205,8 +205,8 @@ pub(super) fn open(
         .set_cache_size(CACHE_BYTES)
         .set_check_integrity_on_open(true)
         .create(path)?;
-    let file =
-        Journal::open_file(&journal::path_for(path), journal_bytes).map_err(JournalError::from)?;
+    let journal_path = journal::path_for(path);
+    let file = Journal::open_file(&journal_path, journal_bytes).map_err(JournalError::from)?;
     let txn = db.begin_write()?;
     let (id, checkpoint, replayed, halted) = {
         let mut meta = txn.open_table(META)?;
@@ -256,7 +256,7 @@ pub(super) fn open(
         }
     }
     txn.commit()?;
-    let journal = Journal::new(file, id, journal_bytes, checkpoint);
+    let journal = Journal::new(file, &journal_path, id, journal_bytes, checkpoint);
     let loaded = Loaded {
         live,
         next_seq,
