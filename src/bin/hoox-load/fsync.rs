@@ -1,10 +1,11 @@
 //! The fsync baseline. A reserve is durable only once its journal record has reached the
 //! disk, so one write + fdatasync on the same filesystem is the latency floor the gateway is
-//! judged against.
+//! judged against. With `--direct`, the write is made as the journal makes it where the
+//! file system allows: `O_DIRECT | O_DSYNC`, one call that returns once it is on disk.
 
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::os::unix::fs::FileExt;
+use std::os::unix::fs::{FileExt, OpenOptionsExt};
 use std::os::unix::io::AsRawFd;
 use std::path::Path;
 use std::process::ExitCode;
@@ -29,7 +30,13 @@ pub struct Mode {
     /// Threads, at least one. More than one, paced, is a group commit with that many syncs
     /// in flight; closed, it shows whether the disk overlaps flushes at all.
     pub writers: u32,
+    /// Each write through an `O_DIRECT | O_DSYNC` descriptor instead of write + fdatasync.
+    pub direct: bool,
 }
+
+/// Direct I/O wants memory, offsets and lengths aligned to the device's block; the journal
+/// uses this.
+const ALIGN: usize = 4096;
 
 pub fn run(dir: &Path, count: u32, size: usize, mode: Mode, json: bool) -> Result<ExitCode, Error> {
     if mode.rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
@@ -37,6 +44,9 @@ pub fn run(dir: &Path, count: u32, size: usize, mode: Mode, json: bool) -> Resul
     }
     if mode.writers == 0 {
         return Err("--writers must be at least 1".into());
+    }
+    if mode.direct && (size == 0 || !size.is_multiple_of(ALIGN)) {
+        return Err(format!("--direct needs --size to be a multiple of {ALIGN}").into());
     }
     let path = dir.join(format!(".hoox-load-fsync-{}", std::process::id()));
     let result = measure(&path, count, size, mode);
@@ -52,12 +62,13 @@ pub fn run(dir: &Path, count: u32, size: usize, mode: Mode, json: bool) -> Resul
     if json {
         let out = serde_json::json!({
             "dir": dir.display().to_string(), "count": count, "size": size, "rate": mode.rate,
-            "writers": mode.writers, "syncs_per_s": syncs_per_s.map(f64::round),
+            "writers": mode.writers, "direct": mode.direct, "syncs_per_s": syncs_per_s.map(f64::round),
             "p50_us": us(0.5), "p99_us": us(0.99), "max_us": hist.max(),
         });
         println!("{out}");
     } else {
         let paced = mode.rate.map(|r| format!(" at {r}/s")).unwrap_or_default();
+        let how = if mode.direct { "direct " } else { "" };
         let by = if mode.writers > 1 {
             format!(" by {} writers", mode.writers)
         } else {
@@ -67,7 +78,7 @@ pub fn run(dir: &Path, count: u32, size: usize, mode: Mode, json: bool) -> Resul
             .map(|s| format!(", {s:.0} syncs/s"))
             .unwrap_or_default();
         println!(
-            "fsync {} x {count}{paced}{by} ({size} B): p50 {} us  p99 {} us  max {} us{per_s}",
+            "fsync {how}{} x {count}{paced}{by} ({size} B): p50 {} us  p99 {} us  max {} us{per_s}",
             dir.display(),
             us(0.5),
             us(0.99),
@@ -93,9 +104,28 @@ fn measure(
         file.write_all(&block)?;
     }
     file.sync_all()?;
-    // Write slot `n` (modulo the file) and sync the file.
+    let direct = if mode.direct {
+        let d = OpenOptions::new()
+            .write(true)
+            .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
+            .open(path)
+            .map_err(|e| format!("--direct: this file system refuses O_DIRECT: {e}"))?;
+        Some(d)
+    } else {
+        None
+    };
+    // The same bytes at an aligned address, for direct writes.
+    let spare = vec![0xa5u8; size + ALIGN];
+    let at = spare.as_ptr().align_offset(ALIGN).min(ALIGN);
+    let aligned = &spare[at..at + size];
+    // Write slot `n` (modulo the file) and sync it.
     let sync = |n: u64| -> Result<(), Error> {
-        file.write_all_at(&block, n % slots * size as u64)?;
+        let offset = n % slots * size as u64;
+        if let Some(d) = &direct {
+            d.write_all_at(aligned, offset)?;
+            return Ok(());
+        }
+        file.write_all_at(&block, offset)?;
         // SAFETY: the descriptor belongs to `file`, which outlives this call.
         if unsafe { libc::fdatasync(file.as_raw_fd()) } != 0 {
             return Err(std::io::Error::last_os_error().into());
@@ -229,6 +259,7 @@ mod tests {
         let paced = |rate, writers| Mode {
             rate: Some(rate),
             writers,
+            direct: false,
         };
         let hist = measure(&dir.path().join("probe"), 40, 4096, paced(2000.0, 1))
             .unwrap()
@@ -259,6 +290,7 @@ mod tests {
         let closed = |writers| Mode {
             rate: None,
             writers,
+            direct: false,
         };
         let hist = measure(&dir.path().join("probe"), 30, 4096, closed(3))
             .unwrap()
@@ -274,5 +306,31 @@ mod tests {
         let (hist, took) = measure(&dir.path().join("probe3"), 20, 4096, closed(1)).unwrap();
         let sum_us = hist.mean() * hist.len() as f64;
         assert!(took.as_micros() as f64 >= sum_us, "{took:?} < {sum_us} us");
+    }
+
+    #[test]
+    fn direct_writes_land_where_the_file_system_allows_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let direct = |writers| Mode {
+            rate: None,
+            writers,
+            direct: true,
+        };
+        let refused = std::fs::OpenOptions::new()
+            .write(true)
+            .create(true)
+            .truncate(false)
+            .custom_flags(libc::O_DIRECT)
+            .open(dir.path().join("can"))
+            .is_err();
+        let got = measure(&dir.path().join("probe"), 12, 8192, direct(2));
+        assert_eq!(got.is_err(), refused, "{:?}", got.err());
+        if let Ok((hist, _)) = got {
+            assert_eq!(hist.len(), 12);
+        }
+        assert!(
+            run(dir.path(), 10, 1000, direct(1), true).is_err(),
+            "unaligned size"
+        );
     }
 }

@@ -1,6 +1,6 @@
 //! hoox-load: size your box. Drives the gateway over its public TLS interface only, plays the
 //! executor it forwards to (the ledger, which notices a key forwarded twice), and measures the
-//! one thing no webhook can beat, a write + fdatasync on the state directory's filesystem.
+//! one thing no webhook can beat, a synced write on the state directory's filesystem.
 
 mod fsync;
 mod ledger;
@@ -62,6 +62,10 @@ enum Command {
         /// With --rate: a group commit with this many syncs in flight.
         #[arg(long, default_value_t = 1, value_parser = clap::value_parser!(u32).range(1..=64))]
         writers: u32,
+        /// Write through O_DIRECT | O_DSYNC, as the mutex's journal does where the file system
+        /// allows, instead of write + fdatasync. --size must be a multiple of 4096.
+        #[arg(long)]
+        direct: bool,
         #[arg(long)]
         json: bool,
     },
@@ -98,8 +102,16 @@ fn tokio_main(command: Command) -> Result<ExitCode, Error> {
                 size,
                 rate,
                 writers,
+                direct,
                 json,
-            } => fsync::run(&dir, count, size, fsync::Mode { rate, writers }, json),
+            } => {
+                let mode = fsync::Mode {
+                    rate,
+                    writers,
+                    direct,
+                };
+                fsync::run(&dir, count, size, mode, json)
+            }
         }
     })
 }
