@@ -203,3 +203,35 @@ fn embedded_defaults_check_and_print_a_working_curl_line() {
     assert_eq!(o.status.code(), Some(78));
     assert_eq!(std::fs::read(state.join("tls/cert.pem")).unwrap(), cert);
 }
+
+/// The threads of a running process named `name` (`/proc/PID/task/*/comm`).
+fn threads_named(pid: u32, name: &str) -> usize {
+    std::fs::read_dir(format!("/proc/{pid}/task"))
+        .unwrap()
+        .filter(|t| {
+            let comm = std::fs::read_to_string(t.as_ref().unwrap().path().join("comm"));
+            comm.is_ok_and(|c| c.trim_end() == name)
+        })
+        .count()
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn serve_leaves_one_core_to_the_mutex_owner() {
+    let setup = Setup::new(None);
+    let cores = std::thread::available_parallelism().unwrap().get();
+    for (env, workers) in [(None, cores.saturating_sub(1).max(1)), (Some("3"), 3)] {
+        let gw = match env {
+            None => setup.start(),
+            Some(n) => setup.start_with(&[("TOKIO_WORKER_THREADS", n)]),
+        };
+        gw.wait_ready().await;
+        let pid = gw.child.id();
+        assert_eq!(threads_named(pid, "hoox-mutex"), 1, "the owner");
+        assert_eq!(
+            threads_named(pid, "tokio-rt-worker"),
+            workers,
+            "{cores} cores, TOKIO_WORKER_THREADS={env:?}"
+        );
+        drop(gw);
+    }
+}
