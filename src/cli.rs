@@ -175,9 +175,10 @@ fn config_error(e: &crate::config::ConfigError) -> ExitCode {
 
 /// The runtime: one worker per core but one, the core left to the mutex's owner thread, which
 /// is busy whenever webhooks are (it syncs every batch and answers every reserve). On 2 cores
-/// one worker served 10-18% more webhooks than two, at less CPU each, and no worse a tail at
-/// 1k req/s (docs/BENCHMARKS.md): two workers and the owner on two cores mostly traded the
-/// CPU among themselves. `TOKIO_WORKER_THREADS` (tokio's own setting) overrides it.
+/// one worker served 10-20% more webhooks than two, at less CPU each, with the tail at 1k
+/// req/s unchanged beyond the noise (docs/BENCHMARKS.md): two workers and the owner on two
+/// cores mostly traded the CPU among themselves. `TOKIO_WORKER_THREADS` (tokio's own
+/// setting) overrides it.
 fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
     let mut builder = tokio::runtime::Builder::new_multi_thread();
     if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {

@@ -174,25 +174,25 @@ impl Journal {
         let flags = if sync { DURABLE } else { 0 };
         let at = self.frame(lsn, flags, payload)?;
         let record = &self.buf[at.clone()];
-        let direct = match &self.direct {
-            Some(d) if sync => d.write_all_at(record, self.pos as u64),
-            _ => Err(io::Error::from_raw_os_error(libc::EINVAL)),
-        };
-        match direct {
-            Ok(()) => {}
-            // Not taken at all (no direct file, or an unsynced record), or refused: some
-            // file systems open O_DIRECT and then refuse the write. A refused write wrote
-            // nothing; from now on every record goes through the page cache.
-            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
-                if sync && self.direct.take().is_some() {
-                    log::warn!("journal: direct write refused ({e}); syncing with fdatasync");
-                }
-                self.file.write_all_at(record, self.pos as u64)?;
-                if sync {
-                    self.file.sync_data()?;
-                }
+        let offset = self.pos as u64;
+        let direct = if sync { self.direct.as_ref() } else { None };
+        let written = match direct.map(|d| d.write_all_at(record, offset)) {
+            Some(Ok(())) => true,
+            // Some file systems open O_DIRECT and then refuse the write. The record is
+            // written again, whole, through the page cache, and so is every later one.
+            Some(Err(e)) if e.raw_os_error() == Some(libc::EINVAL) => {
+                log::warn!("journal: direct write refused ({e}); syncing with fdatasync");
+                self.direct = None;
+                false
             }
-            Err(e) => return Err(e),
+            Some(Err(e)) => return Err(e),
+            None => false,
+        };
+        if !written {
+            self.file.write_all_at(record, offset)?;
+            if sync {
+                self.file.sync_data()?;
+            }
         }
         self.pos += at.len();
         self.last = lsn;
