@@ -136,10 +136,7 @@ impl Journal {
     /// A journal that continues after `checkpoint`, written from the start of the file.
     /// Synced records go through direct I/O where the file system takes it.
     pub fn new(file: File, path: &Path, id: u64, capacity: usize, checkpoint: u64) -> Journal {
-        let direct = std::fs::OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
-            .open(path)
+        let direct = open_direct(path)
             .map_err(|e| log::debug!("journal: no direct I/O, syncing with fdatasync: {e}"))
             .ok();
         Journal::with(file, direct, id, capacity, checkpoint)
@@ -206,8 +203,11 @@ impl Journal {
             .map_err(|_| io::Error::new(io::ErrorKind::InvalidInput, "record too large"))?;
         let total = padded(HEADER + payload.len());
         let b = &mut self.buf;
-        b.clear();
-        b.resize(total + PAGE, 0);
+        // Room for the record at any alignment. Kept from the last record: every byte of
+        // the record is written below, padding included.
+        if b.len() < total + PAGE {
+            b.resize(total + PAGE, 0);
+        }
         // Exact at run time for a byte pointer, so below PAGE; were it not, the record is
         // merely unaligned, and a direct write of it is refused and redone buffered.
         let at = b.as_ptr().align_offset(PAGE).min(PAGE);
@@ -222,6 +222,7 @@ impl Journal {
         crc.update(payload);
         r[28..32].copy_from_slice(&crc.finalize().to_le_bytes());
         r[HEADER..HEADER + payload.len()].copy_from_slice(payload);
+        r[HEADER + payload.len()..].fill(0);
         Ok(at..at + total)
     }
 
@@ -239,6 +240,17 @@ impl Journal {
     pub fn checkpointed(&mut self) {
         self.pos = 0;
     }
+}
+
+/// Opens `path` for writes that return only once they are on disk, bypassing the page
+/// cache (`O_DIRECT | O_DSYNC`): how the journal syncs a record where the file system allows
+/// it. Memory, offset and length of each write must be aligned to the device's block
+/// ([`PAGE`] always is).
+pub fn open_direct(path: &Path) -> io::Result<File> {
+    std::fs::OpenOptions::new()
+        .write(true)
+        .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
+        .open(path)
 }
 
 fn padded(n: usize) -> usize {
@@ -398,6 +410,13 @@ mod tests {
         assert_eq!(contents(&j), contents(&b), "same bytes either way");
         assert_eq!(lsns(&contents(&j), 0), [1, 2, 3]);
         assert_eq!(j.pos, 5 * PAGE, "the big record took three pages");
+        // A small record after the big one reuses its buffer: its padding is zeros, not
+        // what the big record left there.
+        let small = payload(&[Op::Del(2)]);
+        j.append(&small, true).unwrap();
+        let bytes = contents(&j);
+        let end = 5 * PAGE + HEADER + small.len();
+        assert!(bytes[end..6 * PAGE].iter().all(|&x| x == 0));
     }
 
     #[test]

@@ -5,13 +5,13 @@
 
 use std::fs::OpenOptions;
 use std::io::Write;
-use std::os::unix::fs::{FileExt, OpenOptionsExt};
-use std::os::unix::io::AsRawFd;
+use std::os::unix::fs::FileExt;
 use std::path::Path;
 use std::process::ExitCode;
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
+use hoox_edge::mutex::journal;
 
 use crate::Error;
 
@@ -99,36 +99,30 @@ fn measure(
     // Overwrites in a file written in full first, as the mutex's journal does: a write that
     // grows a file also syncs its size and new blocks, which no reserve pays.
     let slots = (FILE_BYTES / size.max(1)).max(1) as u64;
-    let block = vec![0xa5u8; size];
+    // One block at an address aligned for direct I/O, written either way.
+    let spare = vec![0xa5u8; size + ALIGN];
+    let at = spare.as_ptr().align_offset(ALIGN).min(ALIGN);
+    let block = &spare[at..at + size];
     for _ in 0..slots {
-        file.write_all(&block)?;
+        file.write_all(block)?;
     }
     file.sync_all()?;
     let direct = if mode.direct {
-        let d = OpenOptions::new()
-            .write(true)
-            .custom_flags(libc::O_DIRECT | libc::O_DSYNC)
-            .open(path)
+        let d = journal::open_direct(path)
             .map_err(|e| format!("--direct: this file system refuses O_DIRECT: {e}"))?;
         Some(d)
     } else {
         None
     };
-    // The same bytes at an aligned address, for direct writes.
-    let spare = vec![0xa5u8; size + ALIGN];
-    let at = spare.as_ptr().align_offset(ALIGN).min(ALIGN);
-    let aligned = &spare[at..at + size];
     // Write slot `n` (modulo the file) and sync it.
     let sync = |n: u64| -> Result<(), Error> {
         let offset = n % slots * size as u64;
-        if let Some(d) = &direct {
-            d.write_all_at(aligned, offset)?;
-            return Ok(());
-        }
-        file.write_all_at(&block, offset)?;
-        // SAFETY: the descriptor belongs to `file`, which outlives this call.
-        if unsafe { libc::fdatasync(file.as_raw_fd()) } != 0 {
-            return Err(std::io::Error::last_os_error().into());
+        match &direct {
+            Some(d) => d.write_all_at(block, offset)?,
+            None => {
+                file.write_all_at(block, offset)?;
+                file.sync_data()?;
+            }
         }
         Ok(())
     };
@@ -252,15 +246,20 @@ fn wait_until(t: Instant) {
 #[cfg(test)]
 mod tests {
     use super::*;
+    use std::os::unix::fs::OpenOptionsExt;
+
+    fn mode(rate: Option<f64>, writers: u32, direct: bool) -> Mode {
+        Mode {
+            rate,
+            writers,
+            direct,
+        }
+    }
 
     #[test]
     fn paced_times_every_write_and_leaves_no_file() {
         let dir = tempfile::tempdir().unwrap();
-        let paced = |rate, writers| Mode {
-            rate: Some(rate),
-            writers,
-            direct: false,
-        };
+        let paced = |rate, writers| mode(Some(rate), writers, false);
         let hist = measure(&dir.path().join("probe"), 40, 4096, paced(2000.0, 1))
             .unwrap()
             .0;
@@ -287,11 +286,7 @@ mod tests {
     #[test]
     fn concurrent_writers_time_every_sync_between_them() {
         let dir = tempfile::tempdir().unwrap();
-        let closed = |writers| Mode {
-            rate: None,
-            writers,
-            direct: false,
-        };
+        let closed = |writers| mode(None, writers, false);
         let hist = measure(&dir.path().join("probe"), 30, 4096, closed(3))
             .unwrap()
             .0;
@@ -311,11 +306,7 @@ mod tests {
     #[test]
     fn direct_writes_land_where_the_file_system_allows_them() {
         let dir = tempfile::tempdir().unwrap();
-        let direct = |writers| Mode {
-            rate: None,
-            writers,
-            direct: true,
-        };
+        let direct = |writers| mode(None, writers, true);
         let refused = std::fs::OpenOptions::new()
             .write(true)
             .create(true)
