@@ -257,7 +257,17 @@ fn padded(n: usize) -> usize {
     n.div_ceil(PAGE) * PAGE
 }
 
-/// The records of journal `id` newer than `checkpoint`, in lsn order, as payloads.
+/// What [`scan`] finds in a journal at open.
+pub struct Scan<'a> {
+    /// The intact records of this journal newer than the checkpoint, in lsn order, as
+    /// payloads: what the replay applies.
+    pub records: Vec<(u64, &'a [u8])>,
+    /// Where this journal's records newer than the checkpoint that failed their check
+    /// lie: torn by a crash. [`erase`] them before the journal is written again.
+    pub torn: Vec<u64>,
+}
+
+/// The records of journal `id` newer than `checkpoint`, and where the torn ones lie.
 ///
 /// Every 4 KiB slot is examined, not only a chain from the start: a crash during a sync may
 /// leave an unsynced record torn while a later one (never acknowledged either) made it to
@@ -266,8 +276,10 @@ fn padded(n: usize) -> usize {
 /// key is always synced), only commits, releases and expiries, whose loss leaves keys held:
 /// safe. A torn record marked durable with an intact later one is damage, not a crash, and
 /// fails the open.
-pub fn scan(bytes: &[u8], id: u64, checkpoint: u64) -> Result<Vec<(u64, &[u8])>, JournalError> {
-    let mut found = Vec::new();
+pub fn scan(bytes: &[u8], id: u64, checkpoint: u64) -> Result<Scan<'_>, JournalError> {
+    let mut records = Vec::new();
+    let mut torn = Vec::new();
+    // The lowest lsn of a torn record marked durable: any intact record after it is damage.
     let mut damaged: Option<u64> = None;
     for pos in (0..bytes.len()).step_by(PAGE) {
         let h = &bytes[pos..bytes.len().min(pos + HEADER)];
@@ -290,18 +302,37 @@ pub fn scan(bytes: &[u8], id: u64, checkpoint: u64) -> Result<Vec<(u64, &[u8])>,
             c.finalize() == crc
         });
         match payload {
-            Some(p) if intact => found.push((lsn, p)),
-            _ if flags & DURABLE != 0 => damaged = damaged.max(Some(lsn)),
-            _ => {}
+            Some(p) if intact => records.push((lsn, p)),
+            _ => {
+                torn.push(pos as u64);
+                if flags & DURABLE != 0 {
+                    damaged = Some(damaged.map_or(lsn, |d| d.min(lsn)));
+                }
+            }
         }
     }
-    found.sort_unstable_by_key(|(lsn, _)| *lsn);
+    records.sort_unstable_by_key(|(lsn, _)| *lsn);
     if let Some(lsn) = damaged
-        && found.iter().any(|(l, _)| *l > lsn)
+        && records.iter().any(|(l, _)| *l > lsn)
     {
         return Err(JournalError::Damaged { lsn });
     }
-    Ok(found)
+    Ok(Scan { records, torn })
+}
+
+/// Erases the torn records [`scan`] found, and syncs, once the records it replayed are
+/// held by a checkpoint. The journal then writes again from its start, with the lsns that
+/// follow that checkpoint: a torn record left in place would carry one of those lsns, and
+/// after a second crash it would read as a synced record damaged with later ones intact.
+pub fn erase(file: &File, torn: &[u64]) -> io::Result<()> {
+    if torn.is_empty() {
+        return Ok(());
+    }
+    for &pos in torn {
+        // Without its magic a slot is not a record at all.
+        file.write_all_at(&[0; HEADER], pos)?;
+    }
+    file.sync_data()
 }
 
 /// The operations of one record's payload, in order.
@@ -355,6 +386,7 @@ mod tests {
     fn lsns(bytes: &[u8], checkpoint: u64) -> Vec<u64> {
         scan(bytes, ID, checkpoint)
             .unwrap()
+            .records
             .iter()
             .map(|r| r.0)
             .collect()
@@ -370,7 +402,7 @@ mod tests {
         j.append(&b, false).unwrap();
         let bytes = contents(&j);
         assert_eq!(bytes.len(), 64 * 1024, "preallocated");
-        let found = scan(&bytes, ID, 10).unwrap();
+        let found = scan(&bytes, ID, 10).unwrap().records;
         assert_eq!(found.len(), 2);
         assert_eq!((found[0].0, found[1].0), (11, 12));
         assert_eq!(
@@ -383,7 +415,7 @@ mod tests {
         );
         // Only what is newer than the checkpoint, and only this database's records.
         assert_eq!(lsns(&bytes, 11), [12]);
-        assert!(scan(&bytes, ID + 1, 0).unwrap().is_empty());
+        assert!(scan(&bytes, ID + 1, 0).unwrap().records.is_empty());
     }
 
     #[test]
@@ -479,11 +511,14 @@ mod tests {
         let mut torn = clean.clone();
         torn[PAGE + HEADER] ^= 0xff;
         assert_eq!(lsns(&torn, 0), [1, 3]);
+        assert_eq!(scan(&torn, ID, 0).unwrap().torn, [PAGE as u64]);
+        assert!(scan(&clean, ID, 0).unwrap().torn.is_empty());
 
         // The last record torn: it was never acknowledged, the journal just ends early.
         let mut tail = clean.clone();
         tail[2 * PAGE + HEADER] ^= 0xff;
         assert_eq!(lsns(&tail, 0), [1, 2]);
+        assert_eq!(scan(&tail, ID, 0).unwrap().torn, [2 * PAGE as u64]);
 
         // A synced record damaged with later records intact: refuse.
         let mut damaged = clean.clone();
@@ -501,12 +536,49 @@ mod tests {
         ));
     }
 
+    /// Three synced records, one reserve each.
+    fn three_reserves() -> (tempfile::TempDir, Journal) {
+        let (d, mut j) = journal(16 * PAGE, 0);
+        for seq in 1..=3 {
+            j.append(&payload(&[Op::Put(seq, b"reserve")]), true)
+                .unwrap();
+        }
+        (d, j)
+    }
+
+    #[test]
+    fn the_first_damaged_synced_record_decides() {
+        let (_d, j) = three_reserves();
+        // 1 and 3 damaged, 2 intact: 3 may be the crash's, but 1 is damage.
+        let mut bytes = contents(&j);
+        bytes[HEADER + 1] ^= 0xff;
+        bytes[2 * PAGE + HEADER + 1] ^= 0xff;
+        assert!(matches!(
+            scan(&bytes, ID, 0),
+            Err(JournalError::Damaged { lsn: 1 })
+        ));
+    }
+
+    #[test]
+    fn erased_records_are_gone_and_the_rest_stay() {
+        let (_d, j) = three_reserves();
+        // Tear the last one on disk, as a crash during its sync would.
+        j.file.write_all_at(&[0xff], 2 * PAGE as u64 + 40).unwrap();
+        let torn = scan(&contents(&j), ID, 0).unwrap().torn;
+        assert_eq!(torn, [2 * PAGE as u64]);
+        erase(&j.file, &torn).unwrap();
+        let after = contents(&j);
+        let found = scan(&after, ID, 0).unwrap();
+        assert!(found.torn.is_empty());
+        assert_eq!(lsns(&after, 0), [1, 2]);
+    }
+
     #[test]
     fn an_intact_record_of_unknown_operations_is_refused() {
         let (_d, mut j) = journal(4 * PAGE, 0);
         j.append(&[9, 9, 9], true).unwrap();
         let bytes = contents(&j);
-        let found = scan(&bytes, ID, 0).unwrap();
+        let found = scan(&bytes, ID, 0).unwrap().records;
         assert!(matches!(
             decode(found[0].0, found[0].1),
             Err(JournalError::Undecodable { lsn: 1, .. })
@@ -533,7 +605,7 @@ mod tests {
             bytes in proptest::collection::vec(proptest::prelude::any::<u8>(), 0..3 * PAGE),
         ) {
             if let Ok(found) = scan(&bytes, ID, 0) {
-                for (lsn, p) in found {
+                for (lsn, p) in found.records {
                     let _ = decode(lsn, p);
                 }
             }

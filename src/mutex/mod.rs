@@ -3,7 +3,8 @@
 //!
 //! One thread, the owner (`owner.rs`), owns the redb database, the index of live keys and
 //! the alarm wheel. Everyone else holds a cheap, cloneable [`Mutex`] handle that sends a
-//! [`Command`] over a bounded channel and awaits a one-shot reply. No lock guards the
+//! [`Command`] over a bounded channel and, for a reserve or a read, awaits a one-shot
+//! reply; a commit or a release is queued and not answered. No lock guards the
 //! state: the owner's order is the order of truth.
 //!
 //! This module knows nothing of HTTP.
@@ -39,7 +40,7 @@ pub struct Config {
     pub path: PathBuf,
     /// Most live keys held at once; a reserve beyond it is `Unavailable::Capacity`.
     pub capacity: usize,
-    /// Most commands applied in one write transaction (one fsync).
+    /// Most commands applied in one batch (one journal record, at most one sync).
     pub batch_limit: usize,
     /// Depth of the command channel; a full channel is `Unavailable::Busy`.
     pub queue_depth: usize,

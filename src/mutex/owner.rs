@@ -3,8 +3,8 @@
 //! Each turn of the loop: wait for a command (or the next alarm, or the next reopen
 //! attempt), drain what else is queued up to `batch_limit`, apply it all to the in-memory
 //! index and to ONE journal record, and only then answer. A batch that granted a key or
-//! holds an operator write has its record written and synced (fdatasync) first, so no
-//! Proceed leaves this thread before the fsync that makes it true. Anything else (commit,
+//! holds an operator write has its record written and synced first (one direct write, or
+//! a write and an fdatasync), so no Proceed leaves this thread before it is on disk. Anything else (commit,
 //! release, expiry) is carried into the next record, or written unsynced when the owner
 //! goes idle: a crash that loses it leaves a key pending until its TTL, which only ever
 //! blocks a retry, never lets one through. redb is written only at checkpoints
@@ -62,7 +62,8 @@ pub(super) fn spawn(
 }
 
 /// What the index keeps per key: everything a decision needs, but not the response body,
-/// which is read from the transaction only when a duplicate asks for it.
+/// which is read back (from the batch, the records since the checkpoint, or redb) only
+/// when a duplicate asks for it.
 #[derive(Debug, Clone)]
 struct Live {
     /// Where the entry sits in the table.
@@ -508,7 +509,7 @@ impl Owner {
         }
         .map(|r| {
             // A duplicate of a committed key may want its stored answer; read it through
-            // the transaction, which sees what this batch wrote.
+            // the batch, which sees what this batch wrote (`Batch::response`).
             match r {
                 Some(Reply::Decision(tx, Decision::Duplicate(mut d)))
                     if d.state == State::Committed

@@ -77,7 +77,7 @@ pub struct Stats {
     pub reopen_attempts: AtomicU64,
     /// Seconds one group commit took to become durable: its journal record written and synced.
     pub fsync_seconds: Histogram,
-    /// Commands applied per write transaction.
+    /// Commands applied per batch (one journal record).
     pub batch_size: Histogram,
     /// Seconds one checkpoint (the journal's records into redb, committed durably) took:
     /// the owner answers nobody meanwhile.

@@ -3,8 +3,8 @@
 //! Two tables: `entries` maps a sequence number to an encoded [`Entry`] (which carries its
 //! key); `meta` holds the kill switch, the journal id and the checkpoint lsn. The table
 //! holds live keys only: the owner deletes what expires, so the file stays the size of the
-//! working set. Every write goes through a [`Batch`], which applies it to the tables and
-//! records it for the journal in one step.
+//! working set. Every write goes through a [`Batch`], which encodes it as the operations of
+//! one journal record; the tables receive those very records at the next checkpoint.
 //!
 //! Why a sequence number and not the idempotency key as the table key: keys arrive in
 //! random order, so a batch of N reserves keyed by key dirties ~N B-tree leaves, and the
@@ -94,8 +94,8 @@ pub fn encode_entry(e: &Entry) -> Vec<u8> {
     postcard::to_stdvec(&VersionedRef::V1(e)).unwrap_or_default()
 }
 
-/// The database and its journal, opened together: the journal holds what redb has taken
-/// in memory but not yet made durable itself (see `journal.rs`).
+/// The database and its journal, opened together: the journal holds what redb has not
+/// been given yet, until the next checkpoint (see `journal.rs`).
 pub(super) struct Store {
     pub db: Database,
     pub journal: Journal,
@@ -208,7 +208,7 @@ pub(super) fn open(
     let journal_path = journal::path_for(path);
     let file = Journal::open_file(&journal_path, journal_bytes).map_err(JournalError::from)?;
     let txn = db.begin_write()?;
-    let (id, checkpoint, replayed, halted) = {
+    let (id, checkpoint, replayed, halted, torn) = {
         let mut meta = txn.open_table(META)?;
         let mut entries = txn.open_table(ENTRIES)?;
         let id = match read_u64(&meta, JOURNAL_ID)? {
@@ -222,7 +222,7 @@ pub(super) fn open(
         };
         let mut checkpoint = read_u64(&meta, CHECKPOINT)?.unwrap_or(0);
         let bytes = Journal::read_all(&file).map_err(JournalError::from)?;
-        let records = journal::scan(&bytes, id, checkpoint)?;
+        let journal::Scan { records, torn } = journal::scan(&bytes, id, checkpoint)?;
         for (lsn, payload) in &records {
             apply_ops(&mut entries, &mut meta, *lsn, payload)?;
             checkpoint = *lsn;
@@ -233,7 +233,7 @@ pub(super) fn open(
             meta.insert(CHECKPOINT, checkpoint.to_le_bytes().as_slice())?;
         }
         let halted = meta.get(HALTED)?.is_some_and(|v| v.value() == [1]);
-        (id, checkpoint, records.len(), halted)
+        (id, checkpoint, records.len(), halted, torn)
     };
     let mut live = Vec::new();
     let mut expired = Vec::new();
@@ -256,6 +256,9 @@ pub(super) fn open(
         }
     }
     txn.commit()?;
+    // Only now, with what was replayed held by redb: the journal starts over, and the
+    // records it writes next must not meet a torn one of the same lsn after a crash.
+    journal::erase(&file, &torn).map_err(JournalError::from)?;
     let journal = Journal::new(file, &journal_path, id, journal_bytes, checkpoint);
     let loaded = Loaded {
         live,
@@ -455,6 +458,53 @@ mod tests {
             };
             proptest::prop_assert_eq!(decode_entry(&encode_entry(&e)), Ok(e));
         }
+    }
+
+    /// Two crashes in a row, the first one during a sync. The torn record's lsn is the
+    /// next one the journal hands out after the reopen, so the records of the second life
+    /// meet it again at the third open, unless the second open erased it.
+    #[test]
+    fn a_torn_record_does_not_fail_the_open_after_a_second_crash() {
+        use std::os::unix::fs::FileExt;
+        const NOW: u64 = 1_700_000_000_000;
+        const JOURNAL: usize = 16 * 4096;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        // Synced records of one reserve each, as the owner writes them, never checkpointed.
+        let reserve = |store: &mut Store, seqs: Range<u64>| {
+            for seq in seqs {
+                let mut b = Batch::default();
+                let e = Entry {
+                    key: format!("client:a:live:order-{seq}"),
+                    state: State::Pending,
+                    stored_at: NOW,
+                    expires_at: NOW + 300_000,
+                    payload_hash: [1; 32],
+                    response: None,
+                };
+                b.put(seq, &e).unwrap();
+                store.journal.append(b.record(), true).unwrap();
+            }
+        };
+        let held = |loaded: &Loaded| loaded.live.iter().map(|(s, _)| *s).collect::<Vec<_>>();
+
+        let (mut store, _) = open(&path, JOURNAL, NOW).unwrap();
+        reserve(&mut store, 0..4);
+        drop(store);
+        // The crash came during the fourth record's sync: it is torn, never answered.
+        let journal = std::fs::OpenOptions::new()
+            .write(true)
+            .open(journal::path_for(&path))
+            .unwrap();
+        journal.write_all_at(&[0xff], 3 * 4096 + 40).unwrap();
+
+        let (mut store, loaded) = open(&path, JOURNAL, NOW).unwrap();
+        assert_eq!(held(&loaded), [0, 1, 2]);
+        reserve(&mut store, 10..12);
+        drop(store);
+
+        let (_store, loaded) = open(&path, JOURNAL, NOW).expect("third open");
+        assert_eq!(held(&loaded), [0, 1, 2, 10, 11]);
     }
 
     #[test]
