@@ -149,6 +149,9 @@ async fn owner_stalled() {
     assert_eq!(s, 200);
     assert_fails_closed(&gw, &exec, "stall-1").await;
     assert_recovers(&gw, &exec, "stall-2").await;
+    // The refused trade's retry runs: the owner granted its reserve after the gateway had
+    // given up on it, and released it rather than leave it pending for its TTL.
+    assert_recovers(&gw, &exec, "stall-1").await;
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

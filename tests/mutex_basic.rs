@@ -2,6 +2,7 @@
 
 mod mutex_support;
 
+use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hoox_edge::mutex::{Clock, Decision, Key, Snapshot, State, Unavailable, key::BUCKET_MS};
@@ -176,10 +177,14 @@ fn state_and_kill_switch_survive_a_restart() {
         );
         assert_eq!(
             m.reserve(reserve(&key("short"), 2_000, 1)).await,
-            Decision::Proceed
+            Decision::Halted
         );
         m.set_halted(false).await.unwrap();
         assert!(!m.is_halted());
+        assert_eq!(
+            m.reserve(reserve(&key("short"), 2_000, 1)).await,
+            Decision::Proceed
+        );
     });
     owner.stop();
 }
@@ -214,6 +219,42 @@ fn a_missing_directory_fails_closed_then_recovers() {
     owner.stop();
 }
 
+/// The kill switch is stored with the keys, so a gateway whose database could not open at
+/// start does not know it is on. The owner learns it when the open succeeds, and the
+/// reserve that arrives then must not get through.
+#[test]
+fn the_kill_switch_holds_from_the_open_that_reads_it() {
+    let dir = tempfile::tempdir().unwrap();
+    let (state, away) = (dir.path().join("state"), dir.path().join("away"));
+    std::fs::create_dir(&state).unwrap();
+    let path = state.join("m.redb");
+    let (m, owner) = start(&path, Clock::system());
+    rt().block_on(async { m.set_halted(true).await.unwrap() });
+    owner.stop();
+
+    std::fs::rename(&state, &away).unwrap();
+    let (m, owner) = start(&path, Clock::system());
+    rt().block_on(async {
+        let d = m.reserve(reserve(&key("k"), 60_000, 1)).await;
+        assert!(
+            matches!(d, Decision::Unavailable(Unavailable::NotOpen(_))),
+            "{d:?}"
+        );
+        assert!(!m.is_halted(), "nothing read yet");
+        std::fs::rename(&away, &state).unwrap();
+        let mut d = d;
+        let opened = eventually(Duration::from_secs(5), async || {
+            d = m.reserve(reserve(&key("k"), 60_000, 1)).await;
+            !matches!(d, Decision::Unavailable(_))
+        })
+        .await;
+        assert!(opened, "the database never reopened");
+        assert_eq!(d, Decision::Halted);
+        assert!(m.is_halted());
+    });
+    owner.stop();
+}
+
 #[test]
 fn a_stalled_owner_answers_timeout_and_only_with_the_hook() {
     let dir = tempfile::tempdir().unwrap();
@@ -227,12 +268,60 @@ fn a_stalled_owner_answers_timeout_and_only_with_the_hook() {
             let d = m.reserve(reserve(&key("s"), 60_000, 1)).await;
             if hook {
                 assert_eq!(d, Decision::Unavailable(Unavailable::Timeout));
+                // The owner granted it after the caller gave up, so nobody sent the
+                // trade: the key is free again for the retry.
+                let releases = || m.shared().stats.releases.load(Ordering::Relaxed);
+                assert!(eventually(Duration::from_secs(5), async || releases() == 1).await);
+                assert_eq!(m.get(key("s")).await.unwrap(), None);
+                assert_eq!(
+                    m.reserve(reserve(&key("s"), 60_000, 1)).await,
+                    Decision::Proceed
+                );
             } else {
                 assert_eq!(d, Decision::Proceed);
             }
         });
         owner.stop();
     }
+}
+
+/// A grant whose caller went away is released, but only if the key still holds that
+/// grant's entry: in the same batch an operator may have released it and another caller
+/// reserved it again, and that caller's order is on its way.
+#[test]
+fn an_unanswered_grant_frees_only_its_own_entry() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir.path().join("m.redb"));
+    cfg.deadline = Duration::from_secs(10);
+    let (m, owner) = hoox_edge::mutex::start_with(cfg, Clock::system(), true);
+    rt().block_on(async {
+        let k = key("k");
+        m.ping().await.unwrap();
+        // Queued behind a stall, so that the owner takes all three in one batch.
+        m.stall(Duration::from_millis(1_000));
+        let gone = tokio::spawn({
+            let (m, k) = (m.clone(), k.clone());
+            async move { m.reserve(reserve(&k, 60_000, 1)).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        gone.abort();
+        let operator = tokio::spawn({
+            let (m, k) = (m.clone(), k.clone());
+            async move { m.force_release(k).await }
+        });
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        assert_eq!(m.reserve(reserve(&k, 60_000, 1)).await, Decision::Proceed);
+        assert_eq!(operator.await.unwrap(), Ok(true));
+        assert!(
+            m.get(k.clone()).await.unwrap().is_some(),
+            "the second grant was freed"
+        );
+        assert!(matches!(
+            m.reserve(reserve(&k, 60_000, 1)).await,
+            Decision::Duplicate(_)
+        ));
+    });
+    owner.stop();
 }
 
 #[test]

@@ -237,14 +237,18 @@ async fn pipeline(
         a.settled = settled;
         a
     };
-    // Kill switch.
-    if gw.mutex.is_halted() {
+    // Kill switch: here, before the trade is queued, and in the owner (`Decision::Halted`).
+    let halted = || {
         gw.metrics.refused("kill_switch");
-        return Err(keyed(Problem::KillSwitch, None));
+        keyed(Problem::KillSwitch, None)
+    };
+    if gw.mutex.is_halted() {
+        return Err(halted());
     }
     // Reserve.
     match gw.mutex.reserve(reserve).await {
         Decision::Proceed => {}
+        Decision::Halted => return Err(halted()),
         Decision::Duplicate(d) => {
             gw.metrics.duplicate();
             if gw.duplicate_response == DuplicateResponse::Replay

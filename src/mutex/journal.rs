@@ -262,9 +262,10 @@ pub struct Scan<'a> {
     /// The intact records of this journal newer than the checkpoint, in lsn order, as
     /// payloads: what the replay applies.
     pub records: Vec<(u64, &'a [u8])>,
-    /// Where this journal's records newer than the checkpoint that failed their check
-    /// lie: torn by a crash. [`erase`] them before the journal is written again.
-    pub torn: Vec<u64>,
+    /// The highest lsn among this journal's records newer than the checkpoint that failed
+    /// their check: torn by a crash. The open moves the checkpoint past it, so that the
+    /// lsns the journal hands out next are new (`store::open`).
+    pub torn: Option<u64>,
 }
 
 /// The records of journal `id` newer than `checkpoint`, and where the torn ones lie.
@@ -278,7 +279,7 @@ pub struct Scan<'a> {
 /// fails the open.
 pub fn scan(bytes: &[u8], id: u64, checkpoint: u64) -> Result<Scan<'_>, JournalError> {
     let mut records = Vec::new();
-    let mut torn = Vec::new();
+    let mut torn: Option<u64> = None;
     // The lowest lsn of a torn record marked durable: any intact record after it is damage.
     let mut damaged: Option<u64> = None;
     for pos in (0..bytes.len()).step_by(PAGE) {
@@ -304,7 +305,7 @@ pub fn scan(bytes: &[u8], id: u64, checkpoint: u64) -> Result<Scan<'_>, JournalE
         match payload {
             Some(p) if intact => records.push((lsn, p)),
             _ => {
-                torn.push(pos as u64);
+                torn = torn.max(Some(lsn));
                 if flags & DURABLE != 0 {
                     damaged = Some(damaged.map_or(lsn, |d| d.min(lsn)));
                 }
@@ -318,21 +319,6 @@ pub fn scan(bytes: &[u8], id: u64, checkpoint: u64) -> Result<Scan<'_>, JournalE
         return Err(JournalError::Damaged { lsn });
     }
     Ok(Scan { records, torn })
-}
-
-/// Erases the torn records [`scan`] found, and syncs, once the records it replayed are
-/// held by a checkpoint. The journal then writes again from its start, with the lsns that
-/// follow that checkpoint: a torn record left in place would carry one of those lsns, and
-/// after a second crash it would read as a synced record damaged with later ones intact.
-pub fn erase(file: &File, torn: &[u64]) -> io::Result<()> {
-    if torn.is_empty() {
-        return Ok(());
-    }
-    for &pos in torn {
-        // Without its magic a slot is not a record at all.
-        file.write_all_at(&[0; HEADER], pos)?;
-    }
-    file.sync_data()
 }
 
 /// The operations of one record's payload, in order.
@@ -511,14 +497,14 @@ mod tests {
         let mut torn = clean.clone();
         torn[PAGE + HEADER] ^= 0xff;
         assert_eq!(lsns(&torn, 0), [1, 3]);
-        assert_eq!(scan(&torn, ID, 0).unwrap().torn, [PAGE as u64]);
-        assert!(scan(&clean, ID, 0).unwrap().torn.is_empty());
+        assert_eq!(scan(&torn, ID, 0).unwrap().torn, Some(2));
+        assert_eq!(scan(&clean, ID, 0).unwrap().torn, None);
 
         // The last record torn: it was never acknowledged, the journal just ends early.
         let mut tail = clean.clone();
         tail[2 * PAGE + HEADER] ^= 0xff;
         assert_eq!(lsns(&tail, 0), [1, 2]);
-        assert_eq!(scan(&tail, ID, 0).unwrap().torn, [2 * PAGE as u64]);
+        assert_eq!(scan(&tail, ID, 0).unwrap().torn, Some(3));
 
         // A synced record damaged with later records intact: refuse.
         let mut damaged = clean.clone();
@@ -557,20 +543,6 @@ mod tests {
             scan(&bytes, ID, 0),
             Err(JournalError::Damaged { lsn: 1 })
         ));
-    }
-
-    #[test]
-    fn erased_records_are_gone_and_the_rest_stay() {
-        let (_d, j) = three_reserves();
-        // Tear the last one on disk, as a crash during its sync would.
-        j.file.write_all_at(&[0xff], 2 * PAGE as u64 + 40).unwrap();
-        let torn = scan(&contents(&j), ID, 0).unwrap().torn;
-        assert_eq!(torn, [2 * PAGE as u64]);
-        erase(&j.file, &torn).unwrap();
-        let after = contents(&j);
-        let found = scan(&after, ID, 0).unwrap();
-        assert!(found.torn.is_empty());
-        assert_eq!(lsns(&after, 0), [1, 2]);
     }
 
     #[test]

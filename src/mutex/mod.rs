@@ -122,6 +122,10 @@ pub enum Decision {
     Duplicate(Duplicate),
     /// A live entry holds the key with a different payload hash.
     Mismatch,
+    /// The kill switch is on. The gateway checks it before it reserves; the owner checks
+    /// again, for the switch it learns only when it opens the database (at start, or at a
+    /// reopen), after the gateway's check.
+    Halted,
     /// The mutex cannot guarantee anything right now: refuse the trade.
     Unavailable(Unavailable),
 }
@@ -298,7 +302,7 @@ impl Mutex {
             Decision::Proceed => &s.proceeds,
             Decision::Duplicate(_) => &s.duplicates,
             Decision::Mismatch => &s.mismatches,
-            Decision::Unavailable(_) => &s.unavailable,
+            Decision::Halted | Decision::Unavailable(_) => &s.unavailable,
         });
         d
     }

@@ -77,6 +77,9 @@ struct Live {
 
 /// An answer computed inside a batch, sent only once the batch's commit has returned.
 enum Reply {
+    /// A Proceed: kept with its request and the entry it made, in case nobody is left to
+    /// take it.
+    Granted(oneshot::Sender<Decision>, Box<Reserve>, u64),
     Decision(oneshot::Sender<Decision>, Decision),
     Unit(oneshot::Sender<Result<(), Unavailable>>),
     Entry(
@@ -92,9 +95,15 @@ enum Reply {
 }
 
 impl Reply {
-    fn send(self) {
-        // A caller that gave up (deadline) dropped its receiver; nothing to do about it.
+    /// Returns the request of a Proceed whose caller had already given up (its deadline
+    /// passed, or its client went away): the trade was never sent, and its key must be
+    /// freed for a retry (`Owner::release_abandoned`). Any other answer nobody takes is
+    /// simply dropped.
+    fn send(self) -> Option<(Box<Reserve>, u64)> {
         let _ = match self {
+            Reply::Granted(tx, req, seq) => {
+                return tx.send(Decision::Proceed).err().map(|_| (req, seq));
+            }
             Reply::Decision(tx, d) => tx.send(d).map_err(drop),
             Reply::Unit(tx) => tx.send(Ok(())).map_err(drop),
             Reply::Entry(tx, e) => tx.send(Ok(e)).map_err(drop),
@@ -102,12 +111,15 @@ impl Reply {
             Reply::Bool(tx, b) => tx.send(Ok(b)).map_err(drop),
             Reply::Status(tx, s) => tx.send(s).map_err(drop),
         };
+        None
     }
 
     /// The batch did not commit: whatever was decided is void.
     fn fail(self, u: &Unavailable) {
         let _ = match self {
-            Reply::Decision(tx, _) => tx.send(Decision::Unavailable(u.clone())).map_err(drop),
+            Reply::Granted(tx, ..) | Reply::Decision(tx, _) => {
+                tx.send(Decision::Unavailable(u.clone())).map_err(drop)
+            }
             Reply::Unit(tx) => tx.send(Err(u.clone())).map_err(drop),
             Reply::Entry(tx, _) => tx.send(Err(u.clone())).map_err(drop),
             Reply::List(tx, _) => tx.send(Err(u.clone())).map_err(drop),
@@ -134,6 +146,8 @@ struct Owner {
     /// Whether the last turn answered someone: only then is a next command likely soon
     /// enough to be worth polling for (see `poll`).
     answered: bool,
+    /// Grants sent this turn that nobody took, with their entries, released at its end.
+    abandoned: Vec<(Box<Reserve>, u64)>,
     index: HashMap<Rc<str>, Live>,
     /// Alarms carry the expiry they were set for, so an alarm left behind by a released and
     /// re-reserved key is recognised as stale and ignored.
@@ -159,6 +173,7 @@ impl Owner {
             store: None,
             carry: Batch::default(),
             answered: false,
+            abandoned: Vec::new(),
             index: HashMap::new(),
             wheel,
             halted: false,
@@ -328,8 +343,9 @@ impl Owner {
                     .fetch_add(expired.len() as u64, Ordering::Relaxed);
                 self.publish();
                 for r in replies {
-                    r.send();
+                    self.abandoned.extend(r.send());
                 }
+                self.release_abandoned(now_wall);
             }
             Err(e) => {
                 log::error!("mutex: write failed, failing closed until reopened: {e}");
@@ -337,6 +353,7 @@ impl Owner {
                 // The index holds this batch's uncommitted changes: drop it with the
                 // database; a reopen rebuilds both from what is truly on disk.
                 drop(store);
+                self.abandoned.clear();
                 self.fail(u.clone());
                 for r in replies {
                     r.fail(&u);
@@ -424,7 +441,7 @@ impl Owner {
             }
             self.publish_index();
             for r in replies.drain(..) {
-                r.send();
+                self.abandoned.extend(r.send());
             }
         }
         let applied = store::apply(store, &mut w, !journaled);
@@ -452,10 +469,13 @@ impl Owner {
     ) -> Result<Option<Reply>, Box<(WriteError, Option<Command>)>> {
         match cmd {
             Command::Reserve(req, tx) => match self.reserve(&req, w, now_wall, now_mono) {
-                Ok(d) => {
-                    *durable |= d == Decision::Proceed;
-                    Ok(Some(Reply::Decision(tx, d)))
+                Ok(Decision::Proceed) => {
+                    *durable = true;
+                    // `reserve` has just made the entry: the last sequence number.
+                    let seq = self.next_seq - 1;
+                    Ok(Some(Reply::Granted(tx, req, seq)))
                 }
+                Ok(d) => Ok(Some(Reply::Decision(tx, d))),
                 Err(e) => Err(Box::new((e, Some(Command::Reserve(req, tx))))),
             },
             Command::Commit(key, response) => {
@@ -535,6 +555,9 @@ impl Owner {
         now_wall: u64,
         now_mono: u64,
     ) -> Result<Decision, WriteError> {
+        if self.halted {
+            return Ok(Decision::Halted);
+        }
         if let Some(live) = self.live(&req.key, now_wall) {
             if live.payload_hash != req.payload_hash {
                 return Ok(Decision::Mismatch);
@@ -571,6 +594,36 @@ impl Owner {
         self.next_seq += 1;
         self.track(seq, Rc::from(req.key.as_str()), &entry, now_wall, now_mono);
         Ok(Decision::Proceed)
+    }
+
+    /// Frees the keys of grants whose callers had given up (see `Reply::send`), as the
+    /// gateway would have released them had it been waiting: a retry may run. Like any
+    /// release it rides in the next record; a crash before that leaves the key held until
+    /// its TTL, which is safe.
+    fn release_abandoned(&mut self, now_wall: u64) {
+        if self.abandoned.is_empty() {
+            return;
+        }
+        let mut w = std::mem::take(&mut self.carry);
+        for (req, seq) in std::mem::take(&mut self.abandoned) {
+            let key = req.key.as_str();
+            // Only that grant's own entry: later in the same turn an operator may have
+            // released the key, and another caller reserved it again.
+            if self.index.get(key).is_none_or(|l| l.seq != seq) {
+                continue;
+            }
+            match self.remove(&req.key, &mut w, now_wall) {
+                Ok(_) => {
+                    inc(&self.shared.stats.releases);
+                    log::warn!(key = key; "mutex: reserve granted after its caller gave up; released");
+                }
+                Err(e) => {
+                    log::warn!(key = key; "mutex: cannot release an unanswered grant ({e}); it stays held until its TTL")
+                }
+            }
+        }
+        self.carry = w;
+        self.publish_index();
     }
 
     /// Deletes a key's entry, live or not. Returns whether it was live.
