@@ -138,15 +138,10 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
 }
 
 fn authenticator(config: &Config) -> Result<Authenticator, RunError> {
-    let a = &config.auth;
-    Authenticator::new(
-        a.api_keys.clone(),
-        a.hmac_secrets.clone(),
-        a.bearer_tokens.clone(),
-        a.mtls,
-        a.require.clone(),
-    )
-    .map_err(|e| RunError::Auth(e.to_string()))
+    config
+        .auth
+        .authenticator()
+        .map_err(|e| RunError::Auth(e.to_string()))
 }
 
 /// Starts and serves until `shutdown` resolves.

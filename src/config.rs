@@ -12,7 +12,7 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::admin::Listen;
-use crate::gateway::auth::{self, Method, Secret};
+use crate::gateway::auth::{self, AuthConfigError, Authenticator, Method, Secret};
 use crate::gateway::tls::TlsFiles;
 
 /// The exit code for every configuration error (sysexits.h EX_CONFIG).
@@ -101,6 +101,17 @@ pub struct AuthConfig {
 }
 
 impl AuthConfig {
+    /// The request authenticator these credentials make.
+    pub fn authenticator(&self) -> Result<Authenticator, AuthConfigError> {
+        Authenticator::new(
+            self.api_keys.clone(),
+            self.hmac_secrets.clone(),
+            self.bearer_tokens.clone(),
+            self.mtls,
+            self.require.clone(),
+        )
+    }
+
     /// Reads the secret files again (SIGHUP). An error keeps nothing half-loaded.
     pub fn reload(&self) -> Result<AuthConfig, ConfigError> {
         let mut next = self.clone();
@@ -205,9 +216,13 @@ impl Config {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::new(path, "(file)", format!("cannot read: {e}")))?;
         let raw: RawFile = toml::from_str(&text).map_err(|e| {
-            let msg = e.to_string();
-            // toml names the offending key in its message; keep its first line short.
-            ConfigError::new(path, "(syntax)", msg.trim().replace('\n', " "))
+            // The message and a line number, not toml's own rendering: that quotes the
+            // offending line, which may hold a secret (an executor URL with credentials).
+            let line = e
+                .span()
+                .map_or(0, |s| text[..s.start].lines().count().max(1));
+            let msg = e.message().trim().replace('\n', " ");
+            ConfigError::new(path, "(syntax)", format!("line {line}: {msg}"))
         })?;
         let base = path
             .parent()
@@ -323,19 +338,17 @@ impl Config {
             bearer_tokens: Vec::new(),
         };
         auth = auth.reload()?;
-        if auth.api_keys.is_empty()
-            && auth.hmac_secrets.is_empty()
-            && auth.bearer_tokens.is_empty()
-            && !auth.mtls
-        {
+        // The authenticator's own rules, checked here so that `check-config` finds them.
+        auth.authenticator().map_err(|e| match e {
             // Fail closed: a gateway that would accept anyone does not start.
-            return Err(err(
+            AuthConfigError::NoMethod => err(
                 "auth",
                 "no credential configured: set api_keys_file, hmac_secrets_file, \
                  bearer_tokens_file or server.client_ca"
                     .into(),
-            ));
-        }
+            ),
+            AuthConfigError::RequiredNotConfigured(_) => err("auth.require", e.to_string()),
+        })?;
 
         let executor_timeout = duration(
             "executor.timeout",
@@ -349,11 +362,31 @@ impl Config {
                     .executor
                     .url
                     .ok_or_else(|| err("executor.url", "required when kind = \"http\"".into()))?;
+                // Never echoed: it may carry credentials.
                 let url: hyper::Uri = url
                     .parse()
-                    .map_err(|e| err("executor.url", format!("{url:?}: {e}")))?;
-                if !matches!(url.scheme_str(), Some("http") | Some("https")) {
-                    return Err(err("executor.url", "must be an http or https URL".into()));
+                    .map_err(|e| err("executor.url", format!("not a URL: {e}")))?;
+                if !matches!(url.scheme_str(), Some("http") | Some("https")) || url.host().is_none()
+                {
+                    return Err(err(
+                        "executor.url",
+                        "must be an http or https URL with a host".into(),
+                    ));
+                }
+                if executor_timeout.is_zero() {
+                    return Err(err("executor.timeout", "must be more than 0s".into()));
+                }
+                // A key that expires while its order is out no longer stands between a
+                // retry and that order, and the order's late release would free the key's
+                // next holder.
+                if ttl <= executor_timeout {
+                    return Err(err(
+                        "store.ttl",
+                        format!(
+                            "must be longer than executor.timeout ({})",
+                            humantime::format_duration(executor_timeout)
+                        ),
+                    ));
                 }
                 let ca_file = raw.executor.ca_file.map(rel);
                 if let Some(ca) = &ca_file {

@@ -15,7 +15,7 @@ use std::process::Command;
 use std::time::Duration;
 
 use serde_json::{Value, json};
-use support::executor::MockExecutor;
+use support::executor::{MockExecutor, Mode};
 use support::gateway::{Gateway, Setup, trade};
 
 fn code(v: &Value) -> String {
@@ -51,6 +51,37 @@ async fn assert_recovers(gw: &Gateway, exec: &MockExecutor, k: &str) {
     let r = gw.post(&keyed(k), &[]).await;
     assert_eq!(r.status, 200, "{:?}", r.json());
     assert_eq!(exec.calls(), calls + 1);
+}
+
+/// The gateway, with SIGXFSZ ignored: it would kill the process, and ignored, a write
+/// past the file-size limit fails with EFBIG instead, which is the fault we want the
+/// gateway to see. The disposition survives exec.
+fn spawn_with_sigxfsz_ignored(setup: &Setup) -> Gateway {
+    let mut cmd = setup.command();
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    Gateway::spawn(cmd, &setup.pki.ca_cert)
+}
+
+/// RLIMIT_FSIZE on the live gateway: no write may reach past `cur` bytes of any file.
+fn set_file_size_limit(gw: &Gateway, cur: u64) {
+    let lim = libc::rlimit {
+        rlim_cur: cur,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    let rc = unsafe {
+        libc::prlimit(
+            gw.child.id() as i32,
+            libc::RLIMIT_FSIZE,
+            &lim,
+            std::ptr::null_mut(),
+        )
+    };
+    assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
 }
 
 fn sh(cmd: &str, args: &[&str]) {
@@ -112,6 +143,35 @@ async fn read_only_state_directory() {
     assert_recovers(&gw, &exec, "ro-2").await;
 }
 
+/// A release the owner cannot take, because it began failing closed while the order was
+/// out, is not reported as one: the answer says `held`, for a retry will be refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_release_refused_while_failing_closed_is_reported_held() {
+    let exec = MockExecutor::start().await;
+    let mut setup = Setup::new(Some(&exec.url()));
+    setup
+        .set("executor", "on_unknown_outcome", "release")
+        .set("executor", "timeout", "2s");
+    let gw = spawn_with_sigxfsz_ignored(&setup);
+    gw.wait_ready().await;
+    exec.set_mode(Mode::Hang);
+    let trade = keyed("held-1");
+    let out = gw.post(&trade, &[]);
+    let fault = async {
+        tokio::time::sleep(Duration::from_millis(500)).await;
+        // No write can land anywhere now: the next reserve fails closed.
+        set_file_size_limit(&gw, 1);
+        let r = gw.post(&keyed("held-2"), &[]).await;
+        assert_eq!(code(&r.json()), "IDEMPOTENCY_UNAVAILABLE");
+    };
+    let (r, ()) = tokio::join!(out, fault);
+    assert_eq!(code(&r.json()), "EXECUTION_OUTCOME_UNKNOWN");
+    assert_eq!(r.header("hoox-idempotency-outcome"), Some("held"));
+    set_file_size_limit(&gw, libc::RLIM_INFINITY);
+    exec.set_mode(Mode::Success);
+    assert_recovers(&gw, &exec, "held-3").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn missing_state_directory() {
     let exec = MockExecutor::start().await;
@@ -158,37 +218,14 @@ async fn owner_stalled() {
 async fn file_size_limit_mid_run() {
     let exec = MockExecutor::start().await;
     let setup = Setup::new(Some(&exec.url()));
-    let mut cmd = setup.command();
-    // SIGXFSZ would kill the process; ignored, a write past the limit fails with EFBIG
-    // instead, which is the fault we want the gateway to see. The disposition survives exec.
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
-            Ok(())
-        });
-    }
-    let gw = Gateway::spawn(cmd, &setup.pki.ca_cert);
+    let gw = spawn_with_sigxfsz_ignored(&setup);
     gw.wait_ready().await;
     assert_eq!(gw.post(&keyed("fsize-0"), &[]).await.status, 200);
 
     // Cap the file below where it stands: a commit that writes past the cap fails.
     let db = setup.dir.path().join("state/mutex.redb");
     let size = std::fs::metadata(&db).unwrap().len();
-    let set_limit = |cur: u64| {
-        let lim = libc::rlimit {
-            rlim_cur: cur,
-            rlim_max: libc::RLIM_INFINITY,
-        };
-        let rc = unsafe {
-            libc::prlimit(
-                gw.child.id() as i32,
-                libc::RLIMIT_FSIZE,
-                &lim,
-                std::ptr::null_mut(),
-            )
-        };
-        assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
-    };
+    let set_limit = |cur: u64| set_file_size_limit(&gw, cur);
     set_limit(size / 2);
     let mut accepted = Vec::new();
     let mut refused = 0;

@@ -414,6 +414,7 @@ async fn rate_limit_spares_duplicates_and_leaves_no_reservation() {
         t["idempotencyKey"] = json!(k);
         t
     };
+    let started = std::time::Instant::now();
     assert_eq!(gw.post(&with_key("rl-1"), &[]).await.status, 200);
     // Duplicates cost no quota...
     for _ in 0..3 {
@@ -423,7 +424,14 @@ async fn rate_limit_spares_duplicates_and_leaves_no_reservation() {
     assert_eq!(gw.post(&with_key("rl-2"), &[]).await.status, 200);
     let r = gw.post(&with_key("rl-3"), &[]).await;
     assert_eq!((r.status.as_u16(), code(&r.json())), (429, "RATE_LIMITED"));
-    assert!(r.header("retry-after").unwrap().parse::<u64>().unwrap() >= 1);
+    // The next token comes 100 s after the burst was spent, less the time since: rounded
+    // up, so that a client retrying on the dot is not refused again.
+    let spent = started.elapsed().as_secs_f64();
+    let retry_after = r.header("retry-after").unwrap().parse::<f64>().unwrap();
+    assert!(
+        ((100.0 - spent).ceil()..=100.0).contains(&retry_after),
+        "Retry-After {retry_after} after {spent} s"
+    );
     // The refused trade left no reservation behind.
     assert_eq!(key_state(&gw, "client:psk:live:rl-3").await, "absent");
     assert_eq!(exec.calls(), 2);
@@ -665,6 +673,58 @@ fn config_errors_exit_78_naming_key_and_file() {
     let (code, err) = check(&setup);
     assert_eq!(code, Some(78));
     assert!(err.contains("lissen"), "{err}");
+    setup.remove("server", "lissen");
+
+    // What would only fail once serving, found by check-config too; an executor URL, which
+    // may carry credentials, never echoed.
+    let cases: [(&str, &str, toml::Value, &str); 6] = [
+        (
+            "executor",
+            "url",
+            "http://user:s3cret@exa mple/x".into(),
+            "executor.url",
+        ),
+        ("executor", "url", "/orders".into(), "executor.url"),
+        ("executor", "timeout", "0s".into(), "executor.timeout"),
+        ("store", "ttl", "10s".into(), "store.ttl"),
+        (
+            "auth",
+            "require",
+            toml::Value::Array(vec!["hmac".into()]),
+            "auth.require",
+        ),
+        ("store", "ttl", "300s".into(), ""),
+    ];
+    for (section, key, value, named) in cases {
+        let mut s = Setup::new(None);
+        s.set("executor", "kind", "http")
+            .set("executor", "url", "http://user:s3cret@127.0.0.1:9/orders")
+            .remove("auth", "hmac_secrets_file")
+            .set(section, key, value);
+        let (code, err) = check(&s);
+        if named.is_empty() {
+            assert_eq!(code, Some(0), "{err}");
+            continue;
+        }
+        assert_eq!(code, Some(78), "{section}.{key}: {err}");
+        assert!(err.contains(named), "{err}");
+        assert!(!err.contains("s3cret"), "a URL's password leaked: {err}");
+    }
+    // A syntax error is told by line, without quoting the line.
+    let setup = Setup::new(None);
+    let path = setup.write_config();
+    let mut text = std::fs::read_to_string(&path).unwrap();
+    text.push_str("\n[executor]\nurl = \"http://user:s3cret@host/x\n");
+    std::fs::write(&path, text).unwrap();
+    let out = std::process::Command::new(support::gateway::BIN)
+        .args(["check-config", "--config"])
+        .arg(&path)
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{err}");
+    assert!(err.contains("line "), "{err}");
+    assert!(!err.contains("s3cret"), "a URL's password leaked: {err}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -139,7 +139,9 @@ impl Problem {
             UnsupportedMediaType => "body must be application/json".into(),
             Duplicate { state, .. } => format!("this trade was already accepted ({state})"),
             KeyReused => "this idempotency key was used with a different trade".into(),
-            RateLimited { retry_after_s } => format!("rate limit exceeded; retry in {retry_after_s} s"),
+            RateLimited { retry_after_s } => {
+                format!("rate limit exceeded; retry in {retry_after_s} s")
+            }
             ExecutionFailed(d) => format!("the executor did not fill the trade: {d}"),
             ExecutorUnreachable => "the executor could not be reached; nothing was sent".into(),
             Unavailable { reason } => {
@@ -147,8 +149,8 @@ impl Problem {
             }
             KillSwitch => "trading is halted by the operator".into(),
             OutcomeUnknown => {
-                "the executor did not answer in time; the trade may have been placed, its key is held"
-                    .into()
+                // Held or released by `on_unknown_outcome`: Hoox-Idempotency-Outcome says which.
+                "the executor did not answer in time; the trade may have been placed".into()
             }
         }
     }

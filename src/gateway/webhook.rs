@@ -280,13 +280,8 @@ async fn pipeline(
         && let Err(retry) = limiter.check(&client, Instant::now())
     {
         gw.metrics.rate_limited();
-        release(gw, &key);
-        return Err(keyed(
-            Problem::RateLimited {
-                retry_after_s: retry.as_secs().max(1),
-            },
-            Some(Settled::Released),
-        ));
+        let settled = release(gw, &key);
+        return Err(keyed(Problem::rate_limited(retry), Some(settled)));
     }
     // Executor, then settle the key. A client that hangs up drops this future, and that
     // must not cut an order from its commit or release: an executor that may wait runs in
@@ -349,35 +344,32 @@ async fn execute_and_settle(
             };
             (json_response(status, body), settled, None)
         }
-        Outcome::SoftFail { status, .. } | Outcome::Failed { status, .. } => {
-            release(gw, &key);
-            problem(
-                Problem::ExecutionFailed(format!("executor answered {status} without success")),
-                Settled::Released,
-            )
-        }
+        Outcome::SoftFail { status, .. } | Outcome::Failed { status, .. } => problem(
+            Problem::ExecutionFailed(format!("executor answered {status} without success")),
+            release(gw, &key),
+        ),
         Outcome::NotSent(why) => {
             log::warn!("executor unreachable, key released: {why} key={key}");
-            release(gw, &key);
-            problem(Problem::ExecutorUnreachable, Settled::Released)
+            problem(Problem::ExecutorUnreachable, release(gw, &key))
         }
         Outcome::Unknown(why) => {
             log::error!("executor outcome unknown: {why} key={key}");
             match gw.on_unknown {
                 OnUnknown::Hold => problem(Problem::OutcomeUnknown, Settled::Held),
-                OnUnknown::Release => {
-                    release(gw, &key);
-                    problem(Problem::OutcomeUnknown, Settled::Released)
-                }
+                OnUnknown::Release => problem(Problem::OutcomeUnknown, release(gw, &key)),
             }
         }
     }
 }
 
 /// Releases soft-fail: a lost release leaves the key pending until its TTL, which is safe.
-/// The handle counts and logs a failure; the trade's answer does not change.
-fn release(gw: &Gateway, key: &Key) {
-    let _ = gw.mutex.release(key.clone());
+/// The handle counts and logs a failure; the trade's answer does not change, but its
+/// `Hoox-Idempotency-Outcome` says `held`, so the client knows a retry will be refused.
+fn release(gw: &Gateway, key: &Key) -> Settled {
+    match gw.mutex.release(key.clone()) {
+        Ok(()) => Settled::Released,
+        Err(_) => Settled::Held,
+    }
 }
 
 fn json_response(status: u16, body: Bytes) -> Response<Full<Bytes>> {
