@@ -103,6 +103,7 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
         duplicate_response: config.duplicate_response,
         on_unknown: config.on_unknown_outcome,
         require_client_key: config.require_client_key,
+        body_timeout: config.header_timeout,
     });
     let (listener, gateway_addr) =
         gateway::bind(config.listen)

@@ -571,6 +571,32 @@ async fn http1_http2_plaintext_and_slow_clients() {
     {
         assert!(buf.starts_with(b"HTTP/1.1 408"), "{:?}", &buf[..n]);
     }
+
+    // Headers in full, then the body trickles and stops: answered once header_timeout (1 s
+    // in the test config) has passed, not kept waiting for the rest.
+    let mut raw = c.connect_raw(&gw.url()).await.unwrap();
+    raw.write_all(
+        b"POST /webhook HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+          Content-Length: 100\r\n\r\n{\"a\"",
+    )
+    .await
+    .unwrap();
+    let mut answer = Vec::new();
+    let read = async {
+        let mut chunk = [0u8; 1024];
+        while !String::from_utf8_lossy(&answer).contains("INVALID_REQUEST") {
+            match raw.read(&mut chunk).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&chunk[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), read)
+        .await
+        .expect("a trickled body must not hold the request");
+    let answer = String::from_utf8_lossy(&answer);
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(answer.contains("INVALID_REQUEST"), "{answer}");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

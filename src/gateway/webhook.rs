@@ -42,6 +42,10 @@ pub struct Gateway {
     pub duplicate_response: DuplicateResponse,
     pub on_unknown: OnUnknown,
     pub require_client_key: bool,
+    /// How long the body may take once the headers are in (`server.header_timeout`): a
+    /// client that trickles it would otherwise hold a connection slot, unauthenticated,
+    /// for as long as it likes.
+    pub body_timeout: Duration,
 }
 
 /// Who is on the other end of a connection.
@@ -165,12 +169,17 @@ async fn pipeline(
         return Err(Problem::UnsupportedMediaType.into());
     }
     let (parts, body) = req.into_parts();
-    let raw = match Limited::new(body, MAX_BODY).collect().await {
-        Ok(b) => b.to_bytes(),
-        Err(e) if e.is::<http_body_util::LengthLimitError>() => {
+    let read = tokio::time::timeout(gw.body_timeout, Limited::new(body, MAX_BODY).collect());
+    let raw = match read.await {
+        Ok(Ok(b)) => b.to_bytes(),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
             return Err(Problem::PayloadTooLarge.into());
         }
-        Err(_) => return Err(Problem::InvalidRequest("body could not be read".into()).into()),
+        Ok(Err(_)) => return Err(Problem::InvalidRequest("body could not be read".into()).into()),
+        Err(_) => {
+            let s = gw.body_timeout.as_secs_f64();
+            return Err(Problem::InvalidRequest(format!("body not received within {s} s")).into());
+        }
     };
     // JSON: anything but an object is refused before any credential is looked at.
     let object = trade::parse_object(&raw).map_err(Problem::from)?;
