@@ -139,7 +139,7 @@ fn req(caller: usize, n: u64) -> Reserve {
         key: Key::client("bench", Mode::Test, &ck).expect("key fits"),
         ttl: Duration::from_secs(300),
         payload_hash: [1; 32],
-        sibling: None,
+        siblings: Vec::new(),
     }
 }
 

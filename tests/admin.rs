@@ -110,7 +110,7 @@ fn reserve(key: &Key) -> Reserve {
         key: key.clone(),
         ttl: Duration::from_secs(300),
         payload_hash: [7; 32],
-        sibling: None,
+        siblings: Vec::new(),
     }
 }
 

@@ -106,13 +106,28 @@ fn a_fingerprint_sibling_younger_than_a_bucket_is_a_duplicate() {
         );
         time.advance_ms(BUCKET_MS - 1);
         let mut r = reserve(&new, 300_000, 1);
-        r.sibling = Some(old.clone());
+        r.siblings = vec![old.clone()];
         match m.reserve(r.clone()).await {
             Decision::Duplicate(d) => assert_eq!(d.key, old),
             other => panic!("expected duplicate of the sibling, got {other:?}"),
         }
         time.advance_ms(1);
         assert_eq!(m.reserve(r).await, Decision::Proceed);
+
+        // The next bucket too: a copy that read the clock just before the boundary but
+        // reached the owner after one that read it just after.
+        let stored = |s: &str| Key::from_stored(s).unwrap();
+        let after = stored("trade:x:ETH:LONG:1:live:201");
+        assert_eq!(
+            m.reserve(reserve(&after, 300_000, 1)).await,
+            Decision::Proceed
+        );
+        let mut before = reserve(&stored("trade:x:ETH:LONG:1:live:200"), 300_000, 1);
+        before.siblings = vec![stored("trade:x:ETH:LONG:1:live:199"), after.clone()];
+        match m.reserve(before).await {
+            Decision::Duplicate(d) => assert_eq!(d.key, after),
+            other => panic!("expected duplicate of the next bucket, got {other:?}"),
+        }
     });
     owner.stop();
 }

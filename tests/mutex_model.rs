@@ -134,7 +134,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         match op {
             Op::Reserve(k, ttl, h, sib) => {
                 let mut r = reserve(&keys[k], ttl * 1_000, h);
-                r.sibling = sib.map(|s| keys[s].clone());
+                r.siblings = sib.map(|s| keys[s].clone()).into_iter().collect();
                 let got = rt.block_on(m.reserve(r));
                 let want = model.reserve(&keys, k, ttl * 1_000, h, sib);
                 prop_assert_eq!(got, want, "reserve {} at {}", k, model.now - T0);

@@ -23,7 +23,7 @@ use crate::gateway::limits::{Allowlist, RateLimiter};
 use crate::gateway::problem::Problem;
 use crate::gateway::{idem, trade};
 use crate::metrics::Metrics;
-use crate::mutex::key::bucket_of;
+use crate::mutex::key::{Fingerprint, KeyError, bucket_of};
 use crate::mutex::{Decision, Key, Mutex, Reserve, Snapshot};
 
 /// The largest webhook body (SPEC §3).
@@ -222,22 +222,11 @@ async fn pipeline(
                 .map_err(|e| fail(Problem::InvalidIdempotencyKey(e.to_string())))?,
             ttl: gw.ttl,
             payload_hash: trade.payload_hash(),
-            sibling: None,
+            siblings: Vec::new(),
         },
         None if gw.require_client_key => return Err(fail(Problem::IdempotencyKeyRequired)),
-        None => {
-            let fp = trade.fingerprint();
-            let bucket = bucket_of(now);
-            let bad = |e: crate::mutex::KeyError| fail(Problem::InvalidRequest(e.to_string()));
-            Reserve {
-                key: Key::fingerprint(&fp, bucket).map_err(bad)?,
-                // A fingerprint is its own payload: the hash would only tell apart fields the
-                // seed deliberately ignores (price, extras), so all fingerprints hash alike.
-                ttl: gw.ttl,
-                payload_hash: [0; 32],
-                sibling: Some(Key::fingerprint(&fp, bucket.saturating_sub(1)).map_err(bad)?),
-            }
-        }
+        None => fingerprinted(&trade.fingerprint(), now, gw.ttl)
+            .map_err(|e| fail(Problem::InvalidRequest(e.to_string())))?,
     };
     let key = reserve.key.clone();
     let keyed = |p: Problem, settled: Option<Settled>| {
@@ -437,9 +426,46 @@ fn fresh_request_id() -> String {
     hex::encode((z ^ (z >> 31)).to_be_bytes())
 }
 
+/// The reserve of a trade without a client key: its fingerprint in the minute bucket of
+/// `now_ms`, with the neighbouring buckets as siblings (`Reserve::siblings`).
+fn fingerprinted(fp: &Fingerprint, now_ms: u64, ttl: Duration) -> Result<Reserve, KeyError> {
+    let bucket = bucket_of(now_ms);
+    Ok(Reserve {
+        key: Key::fingerprint(fp, bucket)?,
+        ttl,
+        // A fingerprint is its own payload: the hash would only tell apart fields the seed
+        // deliberately ignores (price, extras), so all fingerprints hash alike.
+        payload_hash: [0; 32],
+        siblings: vec![
+            Key::fingerprint(fp, bucket.saturating_sub(1))?,
+            Key::fingerprint(fp, bucket + 1)?,
+        ],
+    })
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fingerprint_has_both_neighbouring_buckets_as_siblings() {
+        let fp = Fingerprint {
+            exchange: "binance",
+            symbol: "BTCUSDT",
+            action: "LONG",
+            quantity: 1.0,
+            mode: crate::mutex::key::Mode::Live,
+        };
+        let r = fingerprinted(
+            &fp,
+            7 * crate::mutex::key::BUCKET_MS + 5,
+            Duration::from_secs(300),
+        )
+        .unwrap();
+        let at = |b| Key::fingerprint(&fp, b).unwrap();
+        assert_eq!(r.key, at(7));
+        assert_eq!(r.siblings, [at(6), at(8)]);
+    }
 
     #[test]
     fn media_types() {

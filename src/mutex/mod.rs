@@ -80,11 +80,13 @@ pub struct Reserve {
     pub key: Key,
     pub ttl: Duration,
     pub payload_hash: PayloadHash,
-    /// For fingerprints: the same trade's key in the previous minute bucket. If that
-    /// entry is live and was stored less than [`key::BUCKET_MS`] ago, this reserve is a
-    /// duplicate of it, so a retry that crosses a minute boundary is still caught. Decided
+    /// For fingerprints: the same trade's keys in the previous and the next minute
+    /// buckets. If one of those entries is live and was stored less than
+    /// [`key::BUCKET_MS`] ago, this reserve is a duplicate of it: a retry that crosses a
+    /// minute boundary is still caught, and so is a copy that read the clock just before
+    /// the boundary but reached the owner after one that read it just after. Decided
     /// inside the owner, so it is atomic with the reserve.
-    pub sibling: Option<Key>,
+    pub siblings: Vec<Key>,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

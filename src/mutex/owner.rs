@@ -564,11 +564,12 @@ impl Owner {
             }
             return Ok(Decision::Duplicate(duplicate(&req.key, live, now_wall)));
         }
-        if let Some(sib) = &req.sibling
-            && let Some(live) = self.live(sib, now_wall)
-            && now_wall.saturating_sub(live.stored_at) < BUCKET_MS
-        {
-            return Ok(Decision::Duplicate(duplicate(sib, live, now_wall)));
+        for sib in &req.siblings {
+            if let Some(live) = self.live(sib, now_wall)
+                && now_wall.saturating_sub(live.stored_at) < BUCKET_MS
+            {
+                return Ok(Decision::Duplicate(duplicate(sib, live, now_wall)));
+            }
         }
         // An expired entry of this same key is about to be replaced, so it does not count.
         let stale = self.index.get(req.key.as_str()).map(|l| l.seq);
