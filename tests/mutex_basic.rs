@@ -132,6 +132,31 @@ fn a_fingerprint_sibling_younger_than_a_bucket_is_a_duplicate() {
     owner.stop();
 }
 
+/// A wall clock stepped forward (NTP, an operator, a VM resumed) does not free a key
+/// early: the monotonic clock still says it lives, and a key lives while either clock says
+/// so.
+#[test]
+fn a_wall_clock_stepped_forward_frees_no_key() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, time) = Clock::manual(T0);
+    let (m, owner) = start(&dir.path().join("m.redb"), clock);
+    rt().block_on(async {
+        let k = key("stepped");
+        assert_eq!(m.reserve(reserve(&k, 60_000, 1)).await, Decision::Proceed);
+        time.step_wall_ms(3_600_000);
+        assert!(matches!(
+            m.reserve(reserve(&k, 60_000, 1)).await,
+            Decision::Duplicate(_)
+        ));
+        assert!(m.get(k.clone()).await.unwrap().is_some());
+        assert_eq!(m.list(10).await.unwrap().len(), 1);
+        // Once the monotonic clock has also run its TTL, the key is free.
+        time.advance_ms(60_000);
+        assert_eq!(m.reserve(reserve(&k, 60_000, 1)).await, Decision::Proceed);
+    });
+    owner.stop();
+}
+
 #[test]
 fn capacity_refuses_new_keys_but_not_duplicates() {
     let dir = tempfile::tempdir().unwrap();

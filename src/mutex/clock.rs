@@ -76,4 +76,9 @@ impl ManualClock {
         self.wall.fetch_add(ms, Ordering::SeqCst);
         self.mono.fetch_add(ms, Ordering::SeqCst);
     }
+
+    /// Steps the wall clock alone, forward, as NTP or an operator can.
+    pub fn step_wall_ms(&self, ms: u64) {
+        self.wall.fetch_add(ms, Ordering::SeqCst);
+    }
 }

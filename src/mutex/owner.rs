@@ -73,6 +73,17 @@ struct Live {
     expires_at: u64,
     payload_hash: PayloadHash,
     has_response: bool,
+    /// When the monotonic clock says it expires: the wheel's alarm.
+    due_mono: u64,
+}
+
+impl Live {
+    /// Live while either clock says so. Only the wall clock survives a restart, so it is
+    /// what the entry stores; but a wall clock stepped forward (NTP, an operator, a VM
+    /// resumed) must not free a key early, and the monotonic clock is not stepped.
+    fn live(&self, (now_wall, now_mono): (u64, u64)) -> bool {
+        self.expires_at > now_wall || self.due_mono > now_mono
+    }
 }
 
 /// An answer computed inside a batch, sent only once the batch's commit has returned.
@@ -322,7 +333,7 @@ impl Owner {
             )
         } else {
             for cmd in batch.drain(..) {
-                if let Some(r) = self.read_only(cmd, now_wall) {
+                if let Some(r) = self.read_only(cmd, (now_wall, now_mono)) {
                     replies.push(r);
                 }
             }
@@ -345,7 +356,7 @@ impl Owner {
                 for r in replies {
                     self.abandoned.extend(r.send());
                 }
-                self.release_abandoned(now_wall);
+                self.release_abandoned((now_wall, now_mono));
             }
             Err(e) => {
                 log::error!("mutex: write failed, failing closed until reopened: {e}");
@@ -479,7 +490,7 @@ impl Owner {
                 Err(e) => Err(Box::new((e, Some(Command::Reserve(req, tx))))),
             },
             Command::Commit(key, response) => {
-                let Some(live) = self.live_mut(&key, now_wall) else {
+                let Some(live) = self.live_mut(&key, (now_wall, now_mono)) else {
                     // Expired or released meanwhile: nothing left to mark.
                     log::debug!("mutex: commit of {key} found no live entry");
                     return Ok(None);
@@ -503,14 +514,14 @@ impl Owner {
                     Err(e) => Err(Box::new((e, None))),
                 }
             }
-            Command::Release(key) => match self.remove(&key, w, now_wall) {
+            Command::Release(key) => match self.remove(&key, w, (now_wall, now_mono)) {
                 Ok(_) => {
                     inc(&self.shared.stats.releases);
                     Ok(None)
                 }
                 Err(e) => Err(Box::new((e, None))),
             },
-            Command::ForceRelease(key, tx) => match self.remove(&key, w, now_wall) {
+            Command::ForceRelease(key, tx) => match self.remove(&key, w, (now_wall, now_mono)) {
                 Ok(was_live) => {
                     *durable = true;
                     Ok(Some(Reply::Bool(tx, was_live)))
@@ -525,7 +536,7 @@ impl Owner {
                 }
                 Err(e) => Err(Box::new((e, Some(Command::SetHalted(halted, tx))))),
             },
-            other => Ok(self.read_only(other, now_wall)),
+            other => Ok(self.read_only(other, (now_wall, now_mono))),
         }
         .map(|r| {
             // A duplicate of a committed key may want its stored answer; read it through
@@ -558,14 +569,14 @@ impl Owner {
         if self.halted {
             return Ok(Decision::Halted);
         }
-        if let Some(live) = self.live(&req.key, now_wall) {
+        if let Some(live) = self.live(&req.key, (now_wall, now_mono)) {
             if live.payload_hash != req.payload_hash {
                 return Ok(Decision::Mismatch);
             }
             return Ok(Decision::Duplicate(duplicate(&req.key, live, now_wall)));
         }
         for sib in &req.siblings {
-            if let Some(live) = self.live(sib, now_wall)
+            if let Some(live) = self.live(sib, (now_wall, now_mono))
                 && now_wall.saturating_sub(live.stored_at) < BUCKET_MS
             {
                 return Ok(Decision::Duplicate(duplicate(sib, live, now_wall)));
@@ -601,7 +612,7 @@ impl Owner {
     /// gateway would have released them had it been waiting: a retry may run. Like any
     /// release it rides in the next record; a crash before that leaves the key held until
     /// its TTL, which is safe.
-    fn release_abandoned(&mut self, now_wall: u64) {
+    fn release_abandoned(&mut self, now: (u64, u64)) {
         if self.abandoned.is_empty() {
             return;
         }
@@ -613,7 +624,7 @@ impl Owner {
             if self.index.get(key).is_none_or(|l| l.seq != seq) {
                 continue;
             }
-            match self.remove(&req.key, &mut w, now_wall) {
+            match self.remove(&req.key, &mut w, now) {
                 Ok(_) => {
                     inc(&self.shared.stats.releases);
                     log::warn!(key = key; "mutex: reserve granted after its caller gave up; released");
@@ -628,29 +639,26 @@ impl Owner {
     }
 
     /// Deletes a key's entry, live or not. Returns whether it was live.
-    fn remove(&mut self, key: &Key, w: &mut Batch, now_wall: u64) -> Result<bool, WriteError> {
+    fn remove(&mut self, key: &Key, w: &mut Batch, now: (u64, u64)) -> Result<bool, WriteError> {
         match self.index.remove(key.as_str()) {
             Some(live) => {
                 w.delete(live.seq)?;
-                Ok(live.expires_at > now_wall)
+                Ok(live.live(now))
             }
             None => Ok(false),
         }
     }
 
     /// Commands that only read: answered from the index.
-    fn read_only(&mut self, cmd: Command, now_wall: u64) -> Option<Reply> {
+    fn read_only(&mut self, cmd: Command, now: (u64, u64)) -> Option<Reply> {
         match cmd {
             Command::Get(key, tx) => {
-                let info = self.live(&key, now_wall).map(|l| info(&key, l));
+                let info = self.live(&key, now).map(|l| info(&key, l));
                 Some(Reply::Entry(tx, info))
             }
             Command::List(limit, tx) => {
-                let mut all: Vec<(&Rc<str>, &Live)> = self
-                    .index
-                    .iter()
-                    .filter(|(_, l)| l.expires_at > now_wall)
-                    .collect();
+                let mut all: Vec<(&Rc<str>, &Live)> =
+                    self.index.iter().filter(|(_, l)| l.live(now)).collect();
                 all.sort_unstable_by(|a, b| (a.1.expires_at, a.0).cmp(&(b.1.expires_at, b.0)));
                 let list = all
                     .into_iter()
@@ -723,16 +731,12 @@ impl Owner {
         expired
     }
 
-    fn live(&self, key: &Key, now_wall: u64) -> Option<&Live> {
-        self.index
-            .get(key.as_str())
-            .filter(|l| l.expires_at > now_wall)
+    fn live(&self, key: &Key, now: (u64, u64)) -> Option<&Live> {
+        self.index.get(key.as_str()).filter(|l| l.live(now))
     }
 
-    fn live_mut(&mut self, key: &Key, now_wall: u64) -> Option<&mut Live> {
-        self.index
-            .get_mut(key.as_str())
-            .filter(|l| l.expires_at > now_wall)
+    fn live_mut(&mut self, key: &Key, now: (u64, u64)) -> Option<&mut Live> {
+        self.index.get_mut(key.as_str()).filter(|l| l.live(now))
     }
 
     fn track(&mut self, seq: u64, key: Rc<str>, e: &Entry, now_wall: u64, now_mono: u64) {
@@ -747,6 +751,7 @@ impl Owner {
                 expires_at: e.expires_at,
                 payload_hash: e.payload_hash,
                 has_response: e.response.is_some(),
+                due_mono: due,
             },
         );
     }
