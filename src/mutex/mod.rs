@@ -53,10 +53,6 @@ pub struct Config {
     /// starts over; bigger means rarer checkpoints and a longer replay after a crash, but
     /// on ext4 a bigger file also makes every fdatasync slower (docs/DESIGN.md).
     pub journal_bytes: usize,
-    /// How long an idle owner polls its channel before it sleeps. A round trip to a
-    /// sleeping owner took 26-38 µs (p50) on the VMs measured, to a polling one 5-8 µs
-    /// (docs/BENCHMARKS.md); the price is CPU while traffic is sparse. Zero: never poll.
-    pub spin: Duration,
 }
 
 impl Default for Config {
@@ -69,7 +65,6 @@ impl Default for Config {
             deadline: Duration::from_secs(2),
             reopen_backoff_max: Duration::from_secs(5),
             journal_bytes: 1024 * 1024,
-            spin: Duration::from_micros(50),
         }
     }
 }

@@ -154,9 +154,6 @@ struct Owner {
     /// durability, ride in the next record instead of costing one of their own (see
     /// `write_batch`). Empty between batches otherwise, its buffers kept for reuse.
     carry: Batch,
-    /// Whether the last turn answered someone: only then is a next command likely soon
-    /// enough to be worth polling for (see `poll`).
-    answered: bool,
     /// Grants sent this turn that nobody took, with their entries, released at its end.
     abandoned: Vec<(Box<Reserve>, u64)>,
     index: HashMap<Rc<str>, Live>,
@@ -183,7 +180,6 @@ impl Owner {
             stall_hook,
             store: None,
             carry: Batch::default(),
-            answered: false,
             abandoned: Vec::new(),
             index: HashMap::new(),
             wheel,
@@ -211,9 +207,6 @@ impl Owner {
                 if matches!(first, Err(RecvTimeoutError::Timeout)) {
                     self.checkpoint();
                 }
-            }
-            if matches!(first, Err(RecvTimeoutError::Timeout)) {
-                first = self.poll(&rx);
             }
             if matches!(first, Err(RecvTimeoutError::Timeout)) && !self.carry.record().is_empty() {
                 // Idle with operations carried: wait a little for a record to carry them
@@ -257,32 +250,6 @@ impl Owner {
         self.close();
     }
 
-    /// Polls the channel for up to `Config::spin` before the loop sleeps on it: a command
-    /// that arrives meanwhile is taken without the cost of waking this thread. Only after
-    /// a turn that answered someone: a caller who was just answered (a connection with its
-    /// next order) is whom polling serves; after a turn of commits and releases, which
-    /// nobody waits for, it would only burn CPU while traffic is sparse.
-    fn poll(&self, rx: &Receiver<Command>) -> Result<Command, RecvTimeoutError> {
-        if self.store.is_none() || self.config.spin.is_zero() || !self.answered {
-            return Err(RecvTimeoutError::Timeout);
-        }
-        let until = Instant::now() + self.config.spin;
-        loop {
-            match rx.try_recv() {
-                Ok(cmd) => return Ok(cmd),
-                Err(TryRecvError::Disconnected) => return Err(RecvTimeoutError::Disconnected),
-                Err(TryRecvError::Empty) if Instant::now() >= until => {
-                    return Err(RecvTimeoutError::Timeout);
-                }
-                // Yield, not a bare spin: on a box with fewer cores than busy threads a
-                // spinning owner took a core from the workers that make its next command
-                // (16 connections, 2 cores: 51-63 -> 72-74 µs of CPU per response);
-                // yielding gives it back and keeps the throughput of no polling at all.
-                Err(TryRecvError::Empty) => std::thread::yield_now(),
-            }
-        }
-    }
-
     /// How long the loop may sleep: until the next alarm, or the next reopen attempt.
     fn next_wake(&self) -> Option<Duration> {
         let alarm = self
@@ -303,11 +270,9 @@ impl Owner {
     fn turn(&mut self, batch: &mut Vec<Command>) -> bool {
         let Holds {
             stop,
-            answered,
             reads,
             writes,
         } = Holds::of(batch);
-        self.answered = answered;
         let Some(mut store) = self.store.take() else {
             let u = self.failure.clone().unwrap_or(Unavailable::Stopped);
             for cmd in batch.drain(..) {
@@ -909,8 +874,6 @@ impl Owner {
 struct Holds {
     /// A Shutdown.
     stop: bool,
-    /// A command whose caller waits for an answer.
-    answered: bool,
     /// A `Get`, `List` or `Ping`.
     reads: bool,
     /// A command that changes the state.
@@ -924,13 +887,9 @@ impl Holds {
             match cmd {
                 Command::Reserve(..) | Command::ForceRelease(..) | Command::SetHalted(..) => {
                     h.writes = true;
-                    h.answered = true;
                 }
                 Command::Commit(..) | Command::Release(..) => h.writes = true,
-                Command::Get(..) | Command::List(..) | Command::Ping(..) => {
-                    h.reads = true;
-                    h.answered = true;
-                }
+                Command::Get(..) | Command::List(..) | Command::Ping(..) => h.reads = true,
                 Command::Stall(..) => {}
                 Command::Shutdown => h.stop = true,
             }
