@@ -268,7 +268,7 @@ pub struct Scan<'a> {
     pub torn: Option<u64>,
 }
 
-/// The records of journal `id` newer than `checkpoint`, and where the torn ones lie.
+/// The records of journal `id` newer than `checkpoint`, and the highest lsn of the torn ones.
 ///
 /// Every 4 KiB slot is examined, not only a chain from the start: a crash during a sync may
 /// leave an unsynced record torn while a later one (never acknowledged either) made it to

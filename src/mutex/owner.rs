@@ -4,11 +4,11 @@
 //! attempt), drain what else is queued up to `batch_limit`, apply it all to the in-memory
 //! index and to ONE journal record, and only then answer. A batch that granted a key or
 //! holds an operator write has its record written and synced first (one direct write, or
-//! a write and an fdatasync), so no Proceed leaves this thread before it is on disk. Anything else (commit,
-//! release, expiry) is carried into the next record, or written unsynced when the owner
-//! goes idle: a crash that loses it leaves a key pending until its TTL, which only ever
-//! blocks a retry, never lets one through. redb is written only at checkpoints
-//! (`store.rs`); docs/DESIGN.md has the whole protocol.
+//! a write and an fdatasync), so no Proceed leaves this thread before it is on disk.
+//! Anything else (commit, release, expiry) is carried into the next record, or written
+//! unsynced when the owner goes idle: a crash that loses it leaves a key pending until its
+//! TTL, which only ever blocks a retry, never lets one through. redb is written only at
+//! checkpoints (`store.rs`); docs/DESIGN.md has the whole protocol.
 //!
 //! Any storage error drops the database and the index, and the owner fails closed until a
 //! reopen (with exponential backoff) rebuilds both from disk.
