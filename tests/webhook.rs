@@ -555,6 +555,28 @@ async fn http1_http2_plaintext_and_slow_clients() {
         "a silent connection was kept open: {closed:?}"
     );
 
+    // A client that completes TLS and then says nothing at all is dropped: otherwise
+    // such connections, costing nothing to open, would take every connection slot.
+    for alpn in [Alpn::Http1, Alpn::Http2] {
+        let c = TlsClient::with(&setup.pki.ca_cert, alpn, None);
+        let mut idle = c.connect_raw(&gw.url()).await.unwrap();
+        let mut one = [0u8; 64];
+        let closed = tokio::time::timeout(Duration::from_secs(10), async {
+            loop {
+                match idle.read(&mut one).await {
+                    // An HTTP/2 server speaks first (its SETTINGS); read past that.
+                    Ok(n) if n > 0 => continue,
+                    other => return other,
+                }
+            }
+        })
+        .await;
+        assert!(
+            matches!(closed, Ok(Ok(0)) | Ok(Err(_))),
+            "an idle {alpn:?} connection was kept open: {closed:?}"
+        );
+    }
+
     // A client that completes TLS but never finishes its headers is dropped.
     let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Http1, None);
     let mut raw = c.connect_raw(&gw.url()).await.unwrap();
@@ -791,7 +813,10 @@ async fn sigterm_lets_in_flight_orders_commit_then_closes_cleanly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn connection_cap_holds_new_connections_until_one_closes() {
     let mut setup = Setup::new(None);
-    setup.set("server", "max_connections", 2);
+    // Long enough that the two connections, idle, keep their slots through the test.
+    setup
+        .set("server", "max_connections", 2)
+        .set("server", "header_timeout", "30s");
     let gw = setup.start();
     gw.wait_ready().await;
     let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Http1, None);

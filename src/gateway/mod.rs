@@ -3,6 +3,7 @@
 
 pub mod auth;
 pub mod idem;
+pub mod idle;
 pub mod limits;
 pub mod problem;
 pub mod tls;
@@ -33,6 +34,8 @@ const DRAIN: Duration = Duration::from_secs(30);
 pub struct ConnLimits {
     pub max_connections: usize,
     pub handshake_timeout: Duration,
+    /// For the headers of a request, then for its body, and the longest a connection may
+    /// have no request in flight (`idle.rs`).
     pub header_timeout: Duration,
 }
 
@@ -117,12 +120,28 @@ pub async fn serve(
                 ip: addr.ip().to_canonical(),
                 client_cn,
             });
-            let svc = service_fn(move |req| webhook::handle(gw.clone(), peer.clone(), req));
+            let activity = Arc::new(idle::Activity::new());
+            let busy = activity.clone();
+            let svc = service_fn(move |req| {
+                let request = busy.begin();
+                let answer = webhook::handle(gw.clone(), peer.clone(), req);
+                async move {
+                    let r = answer.await;
+                    drop(request);
+                    r
+                }
+            });
             let conn = builder
                 .serve_connection(TokioIo::new(stream), svc)
                 .into_owned();
-            if let Err(e) = watcher.watch(conn).await {
-                log::debug!("connection from {addr} ended: {e}");
+            tokio::select! {
+                r = watcher.watch(conn) => if let Err(e) = r {
+                    log::debug!("connection from {addr} ended: {e}");
+                },
+                // Nothing in flight, so dropping the connection cuts no request off.
+                () = activity.idle_for(limits.header_timeout) => {
+                    log::debug!("closing idle connection from {addr}");
+                }
             }
         });
     }
