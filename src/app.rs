@@ -12,6 +12,8 @@ use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
+use tokio::signal::unix::{Signal, SignalKind, signal};
+
 use crate::admin;
 use crate::config::{Config, ExecutorKind};
 use crate::executor::{self, Executor};
@@ -58,6 +60,8 @@ pub struct Started {
     tls: TlsConfig,
     gw: Arc<Gateway>,
     metrics: Arc<Metrics>,
+    /// Registered at start: from then on a SIGHUP reloads instead of ending the process.
+    hangup: std::io::Result<Signal>,
 }
 
 /// Binds everything and starts the owner. Errors here are start-up errors.
@@ -135,6 +139,7 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
         tls: Arc::new(RwLock::new(tls_cfg)),
         gw,
         metrics,
+        hangup: signal(SignalKind::hangup()),
     })
 }
 
@@ -164,6 +169,7 @@ impl Started {
             tls,
             gw,
             metrics,
+            hangup,
             ..
         } = self;
         let ready = Arc::new(AtomicBool::new(false));
@@ -185,7 +191,13 @@ impl Started {
             tokio::spawn(admin::serve(b, state, stopped()))
         });
         let supervisor = tokio::spawn(supervise(mutex.clone(), ready.clone(), stopped()));
-        let reloader = tokio::spawn(reload_on_hangup(config.clone(), tls.clone(), gw.clone()));
+        let reloader = tokio::spawn(reload_on_hangup(
+            hangup,
+            ready.clone(),
+            config.clone(),
+            tls.clone(),
+            gw.clone(),
+        ));
 
         log::info!("listening on https://{gateway_addr}");
         let limits = ConnLimits {
@@ -265,16 +277,26 @@ async fn supervise(mutex: Mutex, ready: Arc<AtomicBool>, stopped: impl Future<Ou
 }
 
 /// SIGHUP: reload certificates and secrets without dropping connections. A bad new file
-/// keeps the old configuration and says why.
-async fn reload_on_hangup(config: Config, tls: TlsConfig, gw: Arc<Gateway>) {
-    use tokio::signal::unix::{SignalKind, signal};
-    let Ok(mut hup) = signal(SignalKind::hangup()) else {
+/// keeps the old configuration and says why. RELOADING=1 and READY=1 frame the reload
+/// only once the supervisor has said READY=1: before that, READY=1 would tell systemd the
+/// database is open when it is not.
+async fn reload_on_hangup(
+    hangup: std::io::Result<Signal>,
+    ready: Arc<AtomicBool>,
+    config: Config,
+    tls: TlsConfig,
+    gw: Arc<Gateway>,
+) {
+    let Ok(mut hup) = hangup else {
         log::warn!("cannot listen for SIGHUP; reload disabled");
         return;
     };
     let mut config = config;
     while hup.recv().await.is_some() {
-        notify::reloading();
+        let announced = ready.load(Ordering::Relaxed);
+        if announced {
+            notify::reloading();
+        }
         match config.tls.load() {
             Ok(new) => {
                 match tls.write() {
@@ -301,7 +323,9 @@ async fn reload_on_hangup(config: Config, tls: TlsConfig, gw: Arc<Gateway>) {
             }
             Err(e) => log::error!("secret reload failed, keeping the current ones: {e}"),
         }
-        notify::ready();
+        if announced {
+            notify::ready();
+        }
     }
 }
 

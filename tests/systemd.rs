@@ -105,6 +105,38 @@ async fn ready_watchdog_status_stopping_and_a_stalled_owner() {
     assert!(gw.terminate().success());
 }
 
+/// A reload before the database has opened says nothing to systemd: its READY=1 would
+/// claim the database is open. READY=1 comes once it is.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_before_the_database_opens_does_not_say_ready() {
+    let mut setup = Setup::new(None);
+    setup.set("store", "path", "later/mutex.redb");
+    let sock_path = setup.dir.path().join("notify.sock");
+    let sock = UnixDatagram::bind(&sock_path).unwrap();
+    let sock_env = sock_path.display().to_string();
+    let mut gw = setup.start_with(&[("NOTIFY_SOCKET", sock_env.as_str())]);
+    let mut seen = Vec::new();
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l
+            .starts_with("STATUS=fail-closed"))
+        .is_some(),
+        "no fail-closed STATUS; got {seen:?}"
+    );
+    unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
+    let early = wait_for(&sock, &mut seen, Duration::from_secs(2), |l| {
+        l == "READY=1" || l.starts_with("RELOADING=1")
+    });
+    assert_eq!(early, None, "got {seen:?}");
+    std::fs::create_dir(setup.dir.path().join("later")).unwrap();
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l
+            == "READY=1")
+        .is_some(),
+        "no READY=1 once the database opened; got {seen:?}"
+    );
+    assert!(gw.terminate().success());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
     let setup = Setup::new(None);

@@ -9,8 +9,8 @@ use libfuzzer_sys::fuzz_target;
 fuzz_target!(|data: &[u8]| {
     let _ = hoox_edge::mutex::decode_entry(data);
     // An id and checkpoint of 0 accept any record whose crc holds.
-    if let Ok(records) = journal::scan(data, 0, 0) {
-        for (lsn, payload) in records {
+    if let Ok(found) = journal::scan(data, 0, 0) {
+        for (lsn, payload) in found.records {
             let _ = journal::decode(lsn, payload);
         }
     }
