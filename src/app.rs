@@ -181,11 +181,13 @@ impl Started {
             }
         };
 
+        let stopping = Arc::new(AtomicBool::new(false));
         let admin_task = admin.map(|b| {
             let state = admin::State {
                 mutex: mutex.clone(),
                 metrics: metrics.clone(),
                 ready: ready.clone(),
+                stopping: stopping.clone(),
                 stall_hook: stall_hook(),
             };
             tokio::spawn(admin::serve(b, state, stopped()))
@@ -207,6 +209,7 @@ impl Started {
         };
         gateway::serve(listener, tls, gw, limits, async {
             shutdown.await;
+            stopping.store(true, Ordering::Release);
             notify::stopping();
             log::info!("stopping: draining in-flight requests");
         })

@@ -336,12 +336,23 @@ fn admin_listen(args: &AdminArgs) -> Result<Listen, String> {
     struct PartialAdmin {
         listen: Option<String>,
     }
-    let from_file = std::fs::read_to_string(&path)
-        .ok()
-        .and_then(|t| toml::from_str::<Partial>(&t).ok())
-        .and_then(|p| p.admin)
-        .and_then(|a| a.listen);
-    Listen::parse(from_file.as_deref().unwrap_or(DEFAULT_ADMIN))
+    let text = match std::fs::read_to_string(&path) {
+        Ok(t) => t,
+        // No config at all: the gateway runs on its embedded defaults, admin included.
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound && args.config.is_none() => {
+            return Listen::parse(DEFAULT_ADMIN);
+        }
+        Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+    };
+    let partial = toml::from_str::<Partial>(&text)
+        .map_err(|e| format!("{}: {}", path.display(), e.message().trim()))?;
+    match partial.admin.and_then(|a| a.listen) {
+        Some(l) => Listen::parse(&l),
+        None => Err(format!(
+            "{} has no [admin] listen: that gateway serves no admin API (or pass --admin)",
+            path.display()
+        )),
+    }
 }
 
 fn operator(args: &AdminArgs, method: &str, path: &str) -> ExitCode {

@@ -63,6 +63,7 @@ fn state(mutex: &mutex::Mutex, ready: bool) -> State {
         mutex: mutex.clone(),
         metrics: Arc::new(Metrics::new()),
         ready: Arc::new(AtomicBool::new(ready)),
+        stopping: Arc::new(AtomicBool::new(false)),
         stall_hook: false,
     }
 }
@@ -280,6 +281,22 @@ async fn halt_is_persisted_and_readiness_follows_it() {
         (Some(true), Some(false))
     );
     assert_eq!(v["fail_closed"], Value::Null);
+
+    // A browser's POST (it always carries Origin) is refused, and changes nothing.
+    let mut tcp = tokio::net::TcpStream::connect(a.listen.to_string())
+        .await
+        .unwrap();
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    tcp.write_all(
+        b"POST /halt HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://example.com\r\n\
+          Content-Length: 0\r\nConnection: close\r\n\r\n",
+    )
+    .await
+    .unwrap();
+    let mut answer = String::new();
+    tcp.read_to_string(&mut answer).await.unwrap();
+    assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
+    assert!(!m.is_halted());
 
     let (s, v) = a.call("POST", "/halt").await;
     assert_eq!((s, v["halted"].as_bool()), (200, Some(true)));

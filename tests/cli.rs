@@ -77,6 +77,21 @@ async fn operator_releases_a_held_key_and_halts() {
     let o = cli(&["status", "--admin", "127.0.0.1:1"]);
     assert_eq!(o.status.code(), Some(69));
     assert!(String::from_utf8_lossy(&o.stderr).contains("admin listener"));
+
+    // A config that names no admin listener, or cannot be read: said so, naming the file,
+    // rather than trying the default address, where something else may listen.
+    let bare = setup.dir.path().join("no-admin.toml");
+    std::fs::write(&bare, "[store]\npath = \"x.redb\"\n").unwrap();
+    let missing = setup.dir.path().join("missing.toml");
+    for (file, says) in [(&bare, "no [admin]"), (&missing, "cannot read")] {
+        let o = cli(&["halt", "--config", file.to_str().unwrap()]);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert!(!o.status.success());
+        assert!(
+            err.contains(says) && err.contains(file.to_str().unwrap()),
+            "{err}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -331,9 +331,7 @@ fn a_stalled_owner_answers_timeout_and_only_with_the_hook() {
 #[test]
 fn an_unanswered_grant_frees_only_its_own_entry() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(&dir.path().join("m.redb"));
-    cfg.deadline = Duration::from_secs(10);
-    let (m, owner) = hoox_edge::mutex::start_with(cfg, Clock::system(), true);
+    let (m, owner) = start_stallable(&dir.path().join("m.redb"), Duration::from_secs(10));
     rt().block_on(async {
         let k = key("k");
         m.ping().await.unwrap();
@@ -360,6 +358,31 @@ fn an_unanswered_grant_frees_only_its_own_entry() {
             m.reserve(reserve(&k, 60_000, 1)).await,
             Decision::Duplicate(_)
         ));
+    });
+    owner.stop();
+}
+
+/// An operator write whose caller gave up (the CLI reported a failure) is not applied
+/// later: the operator would have been told it did not happen.
+#[test]
+fn an_operator_write_nobody_waits_for_is_not_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, owner) = start_stallable(&dir.path().join("m.redb"), Duration::from_millis(300));
+    rt().block_on(async {
+        let k = key("held");
+        assert_eq!(m.reserve(reserve(&k, 60_000, 1)).await, Decision::Proceed);
+        m.stall(Duration::from_millis(1_000));
+        assert_eq!(m.set_halted(true).await, Err(Unavailable::Timeout));
+        assert_eq!(m.force_release(k.clone()).await, Err(Unavailable::Timeout));
+        assert!(eventually(Duration::from_secs(5), async || m.ping().await.is_ok()).await);
+        assert!(
+            !m.ping().await.unwrap().halted,
+            "a halt reported as failed took effect"
+        );
+        assert!(
+            m.get(k).await.unwrap().is_some(),
+            "a release reported as failed took effect"
+        );
     });
     owner.stop();
 }

@@ -105,6 +105,9 @@ pub struct State {
     pub metrics: Arc<Metrics>,
     /// Set once the gateway's own listener is bound; `/readyz` is 503 before.
     pub ready: Arc<AtomicBool>,
+    /// Set when shutdown begins: `/readyz` is 503 while in-flight requests drain, so that
+    /// a load balancer stops sending before the listener closes.
+    pub stopping: Arc<AtomicBool>,
     /// Whether `POST /debug/stall` exists (fault tests only).
     pub stall_hook: bool,
 }
@@ -310,6 +313,15 @@ async fn route(state: &State, req: Request<Incoming>) -> Answer {
     if req.method() != allowed {
         return not_allowed(&allowed);
     }
+    // A browser on this host could otherwise POST here from any web page (halt, resume,
+    // release): browsers always send Origin with a POST, operator tools never do.
+    if allowed == Method::POST && req.headers().contains_key(hyper::header::ORIGIN) {
+        return problem(
+            StatusCode::FORBIDDEN,
+            "FORBIDDEN",
+            "requests from a browser are refused",
+        );
+    }
     match route {
         Route::Health => ok(json!({"status": "ok"})),
         Route::Ready => readyz(state).await,
@@ -353,6 +365,12 @@ async fn readyz(state: &State) -> Answer {
 async fn not_ready(state: &State) -> Option<(&'static str, String)> {
     if !state.ready.load(Ordering::Acquire) {
         return Some(("starting", "the gateway listener is not bound yet".into()));
+    }
+    if state.stopping.load(Ordering::Acquire) {
+        return Some((
+            "stopping",
+            "shutting down: in-flight requests are draining".into(),
+        ));
     }
     match state.mutex.ping().await {
         Err(u) => Some((u.reason(), u.to_string())),

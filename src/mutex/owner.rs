@@ -486,6 +486,10 @@ impl Owner {
                 }
                 Err(e) => Err(Box::new((e, None))),
             },
+            // An operator write whose caller has given up was reported to the operator as
+            // failed (503): applying it now would do what they were told did not happen.
+            Command::ForceRelease(_, tx) if tx.is_closed() => Ok(None),
+            Command::SetHalted(_, tx) if tx.is_closed() => Ok(None),
             Command::ForceRelease(key, tx) => match self.remove(&key, w, (now_wall, now_mono)) {
                 Ok(was_live) => {
                     *durable = true;

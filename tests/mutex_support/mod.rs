@@ -36,6 +36,13 @@ pub fn start(path: &Path, clock: Clock) -> (mutex::Mutex, mutex::Owner) {
     mutex::start(config(path), clock)
 }
 
+/// A mutex on the system clock with the stall hook on and callers waiting `deadline`.
+pub fn start_stallable(path: &Path, deadline: Duration) -> (mutex::Mutex, mutex::Owner) {
+    let mut cfg = config(path);
+    cfg.deadline = deadline;
+    mutex::start_with(cfg, Clock::system(), true)
+}
+
 pub fn rt() -> tokio::runtime::Runtime {
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(2)
