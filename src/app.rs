@@ -334,7 +334,6 @@ async fn reload_on_hangup(
 
 /// Resolves on SIGTERM or SIGINT.
 pub async fn terminate_signal() {
-    use tokio::signal::unix::{SignalKind, signal};
     match (
         signal(SignalKind::terminate()),
         signal(SignalKind::interrupt()),
