@@ -345,7 +345,7 @@ fn admin_listen(args: &AdminArgs) -> Result<Listen, String> {
         Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
     };
     let partial = toml::from_str::<Partial>(&text)
-        .map_err(|e| format!("{}: {}", path.display(), e.message().trim()))?;
+        .map_err(|e| format!("{}: {}", path.display(), crate::config::syntax(&text, &e)))?;
     match partial.admin.and_then(|a| a.listen) {
         Some(l) => Listen::parse(&l),
         None => Err(format!(

@@ -100,6 +100,15 @@ pub struct AuthConfig {
     pub bearer_tokens: Vec<Secret>,
 }
 
+/// A TOML error as its message and line number, not toml's own rendering: that quotes the
+/// offending line, which may hold a secret (an executor URL with credentials).
+pub fn syntax(text: &str, e: &toml::de::Error) -> String {
+    let line = e
+        .span()
+        .map_or(0, |s| text[..s.start].lines().count().max(1));
+    format!("line {line}: {}", e.message().trim().replace('\n', " "))
+}
+
 impl AuthConfig {
     /// The request authenticator these credentials make.
     pub fn authenticator(&self) -> Result<Authenticator, AuthConfigError> {
@@ -215,15 +224,8 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::new(path, "(file)", format!("cannot read: {e}")))?;
-        let raw: RawFile = toml::from_str(&text).map_err(|e| {
-            // The message and a line number, not toml's own rendering: that quotes the
-            // offending line, which may hold a secret (an executor URL with credentials).
-            let line = e
-                .span()
-                .map_or(0, |s| text[..s.start].lines().count().max(1));
-            let msg = e.message().trim().replace('\n', " ");
-            ConfigError::new(path, "(syntax)", format!("line {line}: {msg}"))
-        })?;
+        let raw: RawFile = toml::from_str(&text)
+            .map_err(|e| ConfigError::new(path, "(syntax)", syntax(&text, &e)))?;
         let base = path
             .parent()
             .map(Path::to_path_buf)
