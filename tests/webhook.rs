@@ -644,22 +644,47 @@ async fn mtls_requires_a_client_certificate_and_namespaces_by_it() {
     };
     assert!(failed, "a client without certificate got through");
     assert_eq!(exec.calls(), 0);
-    // Two clients, the same key: two namespaces, two orders.
-    let mut t = json!({"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,"idempotencyKey":"shared"});
-    for cn in ["desk-a", "desk-b"] {
-        let id = setup.pki.client(cn);
-        let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Any, Some(&id));
+    // Several clients, the same key: one namespace each, one order each. Among them a
+    // certificate named only in its subjectAltName, and two names that differ only in a
+    // character the namespace cannot hold (cleaned alike, they once shared one).
+    let t = json!({"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,"idempotencyKey":"shared"});
+    let clients = [
+        ("desk-a", setup.pki.client("desk-a")),
+        ("desk-b", setup.pki.client("desk-b")),
+        ("bot.lan", setup.pki.client_san_only("bot.lan")),
+        ("desk_c", setup.pki.client("desk_c")),
+        ("desk c", setup.pki.client("desk c")),
+    ];
+    let mut namespaces = Vec::new();
+    for (name, id) in &clients {
+        let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Any, Some(id));
         let r = c
             .request(hyper::Method::POST, &gw.url(), &[], t.to_string())
             .await;
-        assert_eq!(r.status, 200, "{cn}: {:?}", r.json());
+        assert_eq!(r.status, 200, "{name}: {:?}", r.json());
         assert_eq!(
-            r.header("idempotency-key").unwrap(),
-            format!("client:cert.{cn}:live:shared")
+            r.header("hoox-idempotency-outcome"),
+            Some("committed"),
+            "{name}"
         );
+        namespaces.push(r.header("idempotency-key").unwrap().to_string());
     }
-    assert_eq!(exec.calls(), 2);
-    t["quantity"] = json!(1);
+    assert_eq!(namespaces[0], "client:cert.desk-a:live:shared");
+    assert_eq!(namespaces[2], "client:cert.bot.lan:live:shared");
+    assert_eq!(namespaces[3], "client:cert.desk_c:live:shared");
+    assert!(
+        namespaces[4].starts_with("client:certhash.desk_c."),
+        "{}",
+        namespaces[4]
+    );
+    assert_eq!(exec.calls(), clients.len());
+    // The same client again is the duplicate it should be.
+    let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Any, Some(&clients[4].1));
+    let r = c
+        .request(hyper::Method::POST, &gw.url(), &[], t.to_string())
+        .await;
+    assert_eq!(r.header("idempotency-key").unwrap(), namespaces[4]);
+    assert_eq!(exec.calls(), clients.len());
 }
 
 #[test]

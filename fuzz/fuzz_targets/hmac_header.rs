@@ -52,7 +52,7 @@ fuzz_target!(|i: Input<'_>| {
         headers: &headers,
         body_api_key: i.body_api_key,
         raw_body: i.body,
-        client_cert_cn: i.cn,
+        client_cert_name: i.cn,
         now_unix_s: i.now,
     };
     if hmac_only.authenticate(&input).is_ok() {

@@ -202,12 +202,13 @@ pub struct AuthInput<'a> {
     pub headers: &'a HeaderMap,
     pub body_api_key: Option<&'a str>,
     pub raw_body: &'a [u8],
-    /// The CN of a client certificate that the TLS layer verified against the client CA.
-    pub client_cert_cn: Option<&'a str>,
+    /// The name of a client certificate that the TLS layer verified against the client
+    /// CA (`tls::client_name`).
+    pub client_cert_name: Option<&'a str>,
     pub now_unix_s: i64,
 }
 
-/// Who sent a request, as it namespaces client keys: `cert.<CN>` for a client
+/// Who sent a request, as it namespaces client keys: `cert.<name>` for a client
 /// certificate, `psk` for a shared secret. At most 64 characters of `[A-Za-z0-9._-]`,
 /// so it never contains the `:` that separates the parts of a key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
@@ -218,17 +219,30 @@ impl Identity {
         Identity("psk".into())
     }
 
-    /// A certificate's CN, with anything outside the charset replaced by `_`.
-    pub fn cert(cn: &str) -> Self {
-        let mut s = String::from("cert.");
+    /// A certificate's name, as `cert.<name>` when it fits the charset and the length.
+    /// Any other name becomes `certhash.<prefix>.<hash>`: the name cleaned (`_` for what
+    /// the charset lacks), cut, and the first 16 hex digits of its SHA-256. Cleaning alone
+    /// would give `desk a` and `desk_a`, or two long names that differ only at their
+    /// ends, one namespace: one client's key would then answer the other's trade. No
+    /// clean name starts with `certhash.`, so the two forms never meet.
+    pub fn cert(name: &str) -> Self {
+        const CLEAN: &str = "cert.";
+        const HASHED: &str = "certhash.";
+        const DIGITS: usize = 16;
+        let fits = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        let max = crate::mutex::key::MAX_IDENTITY;
+        if name.len() <= max - CLEAN.len() && name.chars().all(fits) {
+            return Identity(format!("{CLEAN}{name}"));
+        }
+        let digest = sha2::Sha256::digest(name.as_bytes());
+        let mut s = String::from(HASHED);
         s.extend(
-            cn.chars()
-                .take(crate::mutex::key::MAX_IDENTITY - s.len())
-                .map(|c| match c {
-                    'A'..='Z' | 'a'..='z' | '0'..='9' | '.' | '_' | '-' => c,
-                    _ => '_',
-                }),
+            name.chars()
+                .take(max - HASHED.len() - 1 - DIGITS)
+                .map(|c| if fits(c) { c } else { '_' }),
         );
+        s.push('.');
+        s.push_str(&hex::encode(&digest[..DIGITS / 2]));
         Identity(s)
     }
 
@@ -315,7 +329,7 @@ impl Authenticator {
                 Err(worst(errors.into_iter()))
             }
         };
-        ok.map(|()| match req.client_cert_cn {
+        ok.map(|()| match req.client_cert_name {
             Some(cn) => Identity::cert(cn),
             None => Identity::psk(),
         })
@@ -337,7 +351,7 @@ impl Authenticator {
                 matches_any(&self.bearer, token.as_bytes())
             }
             Method::Hmac => self.check_hmac(req),
-            Method::Mtls => match req.client_cert_cn {
+            Method::Mtls => match req.client_cert_name {
                 Some(_) if self.mtls => Ok(()),
                 _ => Err(AuthError::Missing),
             },
@@ -499,7 +513,7 @@ mod tests {
                 headers: &self.headers,
                 body_api_key: self.api_key,
                 raw_body: self.body,
-                client_cert_cn: self.cn,
+                client_cert_name: self.cn,
                 now_unix_s: self.now,
             })
         }
@@ -686,13 +700,36 @@ mod tests {
         assert_eq!(r.run(&a).unwrap().as_str(), "cert.signal-engine.lan");
         r.cn = Some("evil:live:x y/é");
         let id = r.run(&a).unwrap();
-        assert_eq!(id.as_str(), "cert.evil_live_x_y__");
+        assert!(id.as_str().starts_with("certhash.evil_live_x_y__."), "{id}");
+        let max = crate::mutex::key::MAX_IDENTITY;
         let long = Identity::cert(&"c".repeat(500));
-        assert_eq!(long.as_str().len(), crate::mutex::key::MAX_IDENTITY);
+        assert_eq!(long.as_str().len(), max);
         // The identity keeps client keys well formed: no ':' that could shift the namespace.
         let k = crate::mutex::ClientKey::parse("a:b").unwrap();
         let key = crate::mutex::Key::client(id.as_str(), crate::mutex::Mode::Live, &k).unwrap();
-        assert_eq!(key.as_str(), "client:cert.evil_live_x_y__:live:a:b");
+        assert_eq!(key.as_str(), format!("client:{id}:live:a:b"));
+        // Distinct names, distinct namespaces: what cleaning or cutting would have merged.
+        let names = [
+            "desk a".to_string(),
+            "desk_a".to_string(),
+            "desk/a".to_string(),
+            "d".repeat(max - 5),
+            "d".repeat(max - 4),
+            format!("{}x", "d".repeat(200)),
+            format!("{}y", "d".repeat(200)),
+            "certhash.desk_a".to_string(),
+        ];
+        let ids: Vec<Identity> = names.iter().map(|n| Identity::cert(n)).collect();
+        for (i, a) in ids.iter().enumerate() {
+            assert!(a.as_str().len() <= max, "{a}");
+            assert!(crate::mutex::Key::client(a.as_str(), crate::mutex::Mode::Live, &k).is_ok());
+            for b in &ids[i + 1..] {
+                assert_ne!(a, b);
+            }
+        }
+        // A clean name that fits keeps the plain form, as before.
+        assert_eq!(ids[1].as_str(), "cert.desk_a");
+        assert_eq!(ids[3].as_str(), format!("cert.{}", "d".repeat(max - 5)));
     }
 
     #[test]

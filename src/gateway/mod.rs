@@ -110,15 +110,15 @@ pub async fn serve(
                     }
                     Err(_) => return,
                 };
-            let client_cn = stream
+            let client_name = stream
                 .get_ref()
                 .1
                 .peer_certificates()
                 .and_then(|c| c.first())
-                .and_then(tls::client_cn);
+                .and_then(tls::client_name);
             let peer = Arc::new(Peer {
                 ip: addr.ip().to_canonical(),
-                client_cn,
+                client_name,
             });
             let activity = Arc::new(idle::Activity::new());
             let busy = activity.clone();

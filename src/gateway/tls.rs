@@ -78,11 +78,29 @@ impl TlsFiles {
     }
 }
 
-/// The common name of a verified client certificate, if it has one.
-pub fn client_cn(cert: &CertificateDer<'_>) -> Option<String> {
+/// The name a verified client certificate goes by: its subject's common name, or, for a
+/// certificate without one (current practice puts names only in the subjectAltName), its
+/// first DNS name, then URI, then email address there.
+pub fn client_name(cert: &CertificateDer<'_>) -> Option<String> {
+    use x509_parser::extensions::GeneralName;
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
-    let cn = parsed.subject().iter_common_name().next()?;
-    cn.as_str().ok().map(str::to_owned)
+    if let Some(cn) = parsed.subject().iter_common_name().next() {
+        return cn.as_str().ok().map(str::to_owned);
+    }
+    let san = parsed.subject_alternative_name().ok()??;
+    // The first of the best kind: `min_by_key` keeps the first of equals.
+    let (_, name) = san
+        .value
+        .general_names
+        .iter()
+        .filter_map(|n| match *n {
+            GeneralName::DNSName(s) => Some((0, s)),
+            GeneralName::URI(s) => Some((1, s)),
+            GeneralName::RFC822Name(s) => Some((2, s)),
+            _ => None,
+        })
+        .min_by_key(|&(rank, _)| rank)?;
+    Some(name.to_owned())
 }
 
 /// Writes `cert.pem` and `key.pem` (mode 0600) into `dir`: a self-signed certificate for

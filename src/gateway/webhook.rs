@@ -53,7 +53,7 @@ pub struct Gateway {
 pub struct Peer {
     pub ip: IpAddr,
     /// The common name of a verified client certificate (mTLS).
-    pub client_cn: Option<String>,
+    pub client_name: Option<String>,
 }
 
 /// What the mutex did with the key, told to the client in `Hoox-Idempotency-Outcome`.
@@ -195,7 +195,7 @@ async fn pipeline(
             headers: &parts.headers,
             body_api_key,
             raw_body: &raw,
-            client_cert_cn: peer.client_cn.as_deref(),
+            client_cert_name: peer.client_name.as_deref(),
             now_unix_s: (crate::mutex::clock::unix_ms() / 1000) as i64,
         })
         .map_err(|e| {

@@ -65,10 +65,22 @@ impl Pki {
         self.issue(cn, &[], ExtendedKeyUsagePurpose::ClientAuth)
     }
 
+    /// A client certificate with no common name, only the DNS name `name` in its
+    /// subjectAltName, as `<name>.pem` / `<name>.key`.
+    pub fn client_san_only(&self, name: &str) -> CertFiles {
+        self.issue("", &[name], ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
+    /// `cn` empty: no common name (the files are then named after the first of `names`).
     fn issue(&self, cn: &str, names: &[&str], usage: ExtendedKeyUsagePurpose) -> CertFiles {
+        let stem = if cn.is_empty() { names[0] } else { cn };
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let mut params = CertificateParams::new(names).unwrap();
-        params.distinguished_name.push(DnType::CommonName, cn);
+        // rcgen's default subject is a common name of its own: replace it.
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        if !cn.is_empty() {
+            params.distinguished_name.push(DnType::CommonName, cn);
+        }
         params.key_usages = vec![
             KeyUsagePurpose::DigitalSignature,
             KeyUsagePurpose::KeyEncipherment,
@@ -77,8 +89,8 @@ impl Pki {
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &*self.ca).unwrap();
         let files = CertFiles {
-            cert: self.dir.join(format!("{cn}.pem")),
-            key: self.dir.join(format!("{cn}.key")),
+            cert: self.dir.join(format!("{stem}.pem")),
+            key: self.dir.join(format!("{stem}.key")),
         };
         write_private(&files.cert, &cert.pem());
         write_private(&files.key, &key.serialize_pem());
