@@ -64,6 +64,38 @@ async fn success_commits_and_a_retry_is_a_duplicate() {
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
 }
 
+/// Venues name instruments `ES1!` or `BINANCE:BTCUSDT`: accepted, each its own
+/// fingerprint, and a `:` of the trade cannot make two trades one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn symbols_with_colons_have_fingerprints_of_their_own() {
+    let (exec, _setup, gw) = with_mock().await;
+    let post = async |exchange: &str, symbol: &str| {
+        let mut t = trade(symbol);
+        t["exchange"] = json!(exchange);
+        gw.post(&t, &[]).await
+    };
+    let r = post("binance", "BINANCE:BTCUSDT").await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    let key = r.header("idempotency-key").unwrap().to_string();
+    assert!(
+        key.starts_with("trade:binance:BINANCE%3ABTCUSDT:LONG:1.5:live:"),
+        "{key}"
+    );
+    assert_eq!(exec.ledger()[0].json()["symbol"], "BINANCE:BTCUSDT");
+    // Unescaped, these two would both be `trade:x:1:2:…`.
+    let r = post("x:1", "2").await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    let r = post("x", "1:2").await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    let r = post("cme", "ES1!").await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    assert_eq!(exec.calls(), 4);
+    // And each is still its own duplicate.
+    let r = post("x", "1:2").await;
+    assert_eq!(r.status, 409, "{:?}", r.json());
+    assert_eq!(exec.calls(), 4);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soft_fail_and_errors_release_so_a_retry_runs() {
     let (exec, _setup, gw) = with_mock().await;

@@ -45,6 +45,11 @@ fuzz_target!(|i: Input<'_>| {
     if let Ok(k) = Key::fingerprint(&fp, i.bucket) {
         assert_eq!(Key::from_stored(k.as_str()).as_ref(), Ok(&k));
         assert!(k.as_str().starts_with("trade:"));
+        // Exchange and symbol are escaped: whatever they hold, the key keeps its seven
+        // parts (the action is the gateway's own word, never a client's `:`).
+        if !i.action.contains(':') {
+            assert_eq!(k.as_str().split(':').count(), 7, "{}", k.as_str());
+        }
     }
     if let Ok(k) = Key::from_stored(i.stored) {
         assert_eq!(k.as_str(), i.stored);

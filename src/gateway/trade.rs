@@ -5,8 +5,10 @@
 //! trade's validity. [`Trade::from_object`] runs after authentication and enforces the
 //! schema, naming the first field that is wrong.
 //!
-//! The restricted charsets are not cosmetic: exchange, symbol and action become parts of
-//! the fingerprint key `trade:{exchange}:{symbol}:{action}:…`, so none may contain `:`.
+//! Exchange and symbol are printable ASCII without spaces: venues name instruments
+//! `ES1!`, `BRK.B` or `BINANCE:BTCUSDT`. They become parts of the fingerprint key
+//! `trade:{exchange}:{symbol}:{action}:…`, where `Key::fingerprint` percent-encodes
+//! anything beyond `[A-Za-z0-9._/-]`, the `:` that separates the parts among it.
 
 use bytes::Bytes;
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
@@ -151,19 +153,17 @@ impl Trade {
             Some(_) => return Err(field("apiKey", "must be a string")),
         };
         let exchange = required_str(&obj, "exchange")?;
-        if !(1..=MAX_EXCHANGE).contains(&exchange.len()) || !exchange.bytes().all(safe_byte) {
+        if !(1..=MAX_EXCHANGE).contains(&exchange.len()) || !exchange.bytes().all(visible) {
             return Err(field(
                 "exchange",
-                "must be 1 to 32 characters of A-Z a-z 0-9 . _ -",
+                "must be 1 to 32 printable ASCII characters, without spaces",
             ));
         }
         let symbol = required_str(&obj, "symbol")?;
-        if !(1..=MAX_SYMBOL).contains(&symbol.len())
-            || !symbol.bytes().all(|b| safe_byte(b) || b == b'/')
-        {
+        if !(1..=MAX_SYMBOL).contains(&symbol.len()) || !symbol.bytes().all(visible) {
             return Err(field(
                 "symbol",
-                "must be 1 to 20 characters of A-Z a-z 0-9 . _ - /",
+                "must be 1 to 20 printable ASCII characters, without spaces",
             ));
         }
         let action = Action::parse(required_str(&obj, "action")?).ok_or(field(
@@ -312,8 +312,9 @@ const KNOWN: &[&str] = &[
     "apiKey",
 ];
 
-fn safe_byte(b: u8) -> bool {
-    b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-')
+/// Printable ASCII but the space.
+fn visible(b: u8) -> bool {
+    b.is_ascii_graphic()
 }
 
 fn required_str<'a>(
@@ -501,19 +502,30 @@ mod tests {
             "exchange"
         );
         assert!(with("exchange", json!("a".repeat(32))).is_ok());
-        for bad in ["bin:ance", "bin ance", "bin/ance", "bïnance", "a\n"] {
+        for bad in ["bin ance", "bïnance", "a\n", "a\t"] {
             assert_eq!(err_field(with("exchange", json!(bad))), "exchange", "{bad}");
         }
-        assert!(with("exchange", json!("okx-v5.perp_1")).is_ok());
+        for good in ["okx-v5.perp_1", "bin:ance", "CME/GLOBEX", "a%b"] {
+            assert!(with("exchange", json!(good)).is_ok(), "{good}");
+        }
         assert_eq!(err_field(with("exchange", json!(7))), "exchange");
 
         assert_eq!(err_field(with("symbol", json!(""))), "symbol");
         assert_eq!(err_field(with("symbol", json!("A".repeat(21)))), "symbol");
         assert!(with("symbol", json!("A".repeat(20))).is_ok());
-        for bad in ["BTC:USDT", "BTC USDT", "BTC\\USDT", "€"] {
+        for bad in ["BTC USDT", "€", "BTC\u{7f}"] {
             assert_eq!(err_field(with("symbol", json!(bad))), "symbol", "{bad}");
         }
-        assert!(with("symbol", json!("ETH/USDT-PERP")).is_ok());
+        for good in [
+            "ETH/USDT-PERP",
+            "ES1!",
+            "BINANCE:BTCUSDT",
+            "BRK.B",
+            "BTC\\USDT",
+            "^GSPC",
+        ] {
+            assert!(with("symbol", json!(good)).is_ok(), "{good}");
+        }
     }
 
     #[test]
@@ -693,8 +705,9 @@ mod tests {
 
     #[test]
     fn the_longest_fingerprint_fits_a_key() {
+        // Every byte of exchange and symbol escaped: three bytes each in the key.
         let t = Trade::from_object(obj(json!({
-            "exchange": "e".repeat(32), "symbol": "S".repeat(20), "action": "CLOSE_SHORT",
+            "exchange": ":".repeat(32), "symbol": ":".repeat(20), "action": "CLOSE_SHORT",
             "quantity": 0.123456789012345, "test": true
         })))
         .unwrap();

@@ -8,7 +8,9 @@
 //! - client keys: `client:{identity}:{live|test}:{key}`, from the `Idempotency-Key`
 //!   header or the body's `idempotencyKey`;
 //! - fingerprints: `trade:{exchange}:{symbol}:{action}:{quantity}:{live|test}:{bucket}`,
-//!   derived from the trade when the client sent no key.
+//!   derived from the trade when the client sent no key. Exchange and symbol are
+//!   percent-encoded beyond `[A-Za-z0-9._/-]` (`BINANCE:BTC` is `BINANCE%3ABTC`), so no
+//!   two trades share a fingerprint through a `:` of their own.
 
 use std::fmt;
 
@@ -87,6 +89,24 @@ pub struct Fingerprint<'a> {
     pub mode: Mode,
 }
 
+/// `part` with every byte outside `[A-Za-z0-9._/-]` written `%XX`: unchanged for the
+/// names most venues use, so their fingerprints read as they always did.
+fn escape(part: &str) -> std::borrow::Cow<'_, str> {
+    let plain = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'/' | b'-');
+    if part.bytes().all(plain) {
+        return part.into();
+    }
+    let mut out = String::with_capacity(part.len() * 3);
+    for b in part.bytes() {
+        if plain(b) {
+            out.push(char::from(b));
+        } else {
+            out.push_str(&format!("%{b:02X}"));
+        }
+    }
+    out.into()
+}
+
 /// A stored, namespaced idempotency key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct Key(heapless::String<MAX_KEY>);
@@ -105,9 +125,9 @@ impl Key {
         let bucket = bucket.to_string();
         Self::build(&[
             "trade:",
-            fp.exchange,
+            &escape(fp.exchange),
             ":",
-            fp.symbol,
+            &escape(fp.symbol),
             ":",
             fp.action,
             ":",
@@ -209,5 +229,33 @@ mod tests {
         assert_eq!(k.as_str(), "trade:binance:BTCUSDT:LONG:1:live:2");
         assert_eq!(Key::from_stored(k.as_str()).unwrap(), k);
         assert!(Key::from_stored("other:x").is_err());
+    }
+
+    #[test]
+    fn a_colon_of_the_trade_cannot_shift_the_fingerprint() {
+        let key = |exchange, symbol| {
+            let fp = Fingerprint {
+                exchange,
+                symbol,
+                action: "LONG",
+                quantity: 1.0,
+                mode: Mode::Live,
+            };
+            Key::fingerprint(&fp, 2).unwrap()
+        };
+        assert_ne!(key("a", "b:c"), key("a:b", "c"));
+        assert_ne!(key("a", "b%3Ac"), key("a", "b:c"));
+        assert_eq!(
+            key("binance", "BINANCE:BTCUSDT").as_str(),
+            "trade:binance:BINANCE%3ABTCUSDT:LONG:1:live:2"
+        );
+        assert_eq!(
+            key("cme", "ES1!").as_str(),
+            "trade:cme:ES1%21:LONG:1:live:2"
+        );
+        assert_eq!(
+            key("okx", "ETH/USDT-PERP").as_str(),
+            "trade:okx:ETH/USDT-PERP:LONG:1:live:2"
+        );
     }
 }
