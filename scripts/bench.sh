@@ -10,8 +10,8 @@
 #
 # Everything listens on 127.0.0.1, every process started here is killed by PID on exit, and
 # every step is bounded in time. Knobs (environment):
-#   DURATION_S=10  CONNECTIONS="1 16 64"  ROUNDS=1 (bare/gateway pairs per connection count;
-#   the table takes medians)  RATE=1000  RATE_CONNECTIONS=16  PROTOCOL=http1|http2
+#   DURATION_S=10  CONNECTIONS="1 16 64"  ROUNDS=1 (bare/gateway pairs per connection count,
+#   and paced-disk/bare/gateway triples at RATE; the table and the verdicts take medians)  RATE=1000  RATE_CONNECTIONS=16  PROTOCOL=http1|http2
 #   AUTH=bearer|apikey|hmac  FSYNC_COUNT=1000  PORT_BASE=18440 (uses PORT_BASE..+3)
 #   BENCH_DIR (state; default a fresh folder in $TMPDIR or /var/tmp)  KEEP=1 (keep it)
 #   SKIP_BUILD=1  MUTEX_BENCH=0 (skip cargo bench --bench mutex)

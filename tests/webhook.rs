@@ -715,6 +715,7 @@ async fn mtls_requires_a_client_certificate_and_namespaces_by_it() {
     let r = c
         .request(hyper::Method::POST, &gw.url(), &[], t.to_string())
         .await;
+    assert_eq!(r.status, 409, "{:?}", r.json());
     assert_eq!(r.header("idempotency-key").unwrap(), namespaces[4]);
     assert_eq!(exec.calls(), clients.len());
 }

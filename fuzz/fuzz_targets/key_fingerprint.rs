@@ -19,6 +19,24 @@ struct Input<'a> {
     stored: &'a str,
 }
 
+/// `%XX` back to its byte (the escape is uppercase hex, and `%` itself is escaped).
+fn unescape(part: &str) -> Vec<u8> {
+    let b = part.as_bytes();
+    let mut out = Vec::with_capacity(b.len());
+    let mut i = 0;
+    while i < b.len() {
+        if b[i] == b'%' {
+            let hex = std::str::from_utf8(&b[i + 1..i + 3]).expect("escape is ASCII");
+            out.push(u8::from_str_radix(hex, 16).expect("escape is hex"));
+            i += 3;
+        } else {
+            out.push(b[i]);
+            i += 1;
+        }
+    }
+    out
+}
+
 fuzz_target!(|i: Input<'_>| {
     let mode = if i.test { Mode::Test } else { Mode::Live };
     if let Ok(ck) = ClientKey::parse(i.client_key) {
@@ -47,8 +65,12 @@ fuzz_target!(|i: Input<'_>| {
         assert!(k.as_str().starts_with("trade:"));
         // Exchange and symbol are escaped: whatever they hold, the key keeps its seven
         // parts (the action is the gateway's own word, never a client's `:`).
+        // And they come back whole, so no two trades share a fingerprint.
         if !i.action.contains(':') {
-            assert_eq!(k.as_str().split(':').count(), 7, "{}", k.as_str());
+            let parts: Vec<&str> = k.as_str().split(':').collect();
+            assert_eq!(parts.len(), 7, "{}", k.as_str());
+            assert_eq!(unescape(parts[1]), i.exchange.as_bytes());
+            assert_eq!(unescape(parts[2]), i.symbol.as_bytes());
         }
     }
     if let Ok(k) = Key::from_stored(i.stored) {

@@ -208,8 +208,9 @@ pub struct AuthInput<'a> {
     pub now_unix_s: i64,
 }
 
-/// Who sent a request, as it namespaces client keys: `cert.<name>` for a client
-/// certificate, `psk` for a shared secret. At most 64 characters of `[A-Za-z0-9._-]`,
+/// Who sent a request, as it namespaces client keys: `cert.<name>` (or
+/// `certhash.<prefix>.<hash>`, see [`Identity::cert`]) for a client certificate, `psk` for
+/// a shared secret. At most 64 characters of `[A-Za-z0-9._-]`,
 /// so it never contains the `:` that separates the parts of a key.
 #[derive(Debug, Clone, PartialEq, Eq, Hash)]
 pub struct Identity(String);
@@ -231,7 +232,7 @@ impl Identity {
         const DIGITS: usize = 16;
         let fits = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
         let max = crate::mutex::key::MAX_IDENTITY;
-        if name.len() <= max - CLEAN.len() && name.chars().all(fits) {
+        if !name.is_empty() && name.len() <= max - CLEAN.len() && name.chars().all(fits) {
             return Identity(format!("{CLEAN}{name}"));
         }
         let digest = sha2::Sha256::digest(name.as_bytes());
@@ -718,6 +719,7 @@ mod tests {
             format!("{}x", "d".repeat(200)),
             format!("{}y", "d".repeat(200)),
             "certhash.desk_a".to_string(),
+            String::new(),
         ];
         let ids: Vec<Identity> = names.iter().map(|n| Identity::cert(n)).collect();
         for (i, a) in ids.iter().enumerate() {

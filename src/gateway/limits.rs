@@ -8,7 +8,7 @@ use std::time::{Duration, Instant};
 use ipnet::IpNet;
 
 /// Most identities tracked at once. Identities are authenticated (a shared secret or a
-/// certificate CN), so this is far beyond any real fleet; it only bounds memory.
+/// certificate's name), so this is far beyond any real fleet; it only bounds memory.
 pub const MAX_BUCKETS: usize = 4096;
 /// Longest wait ever advised; keeps `Retry-After` sane whatever the configured rate.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);

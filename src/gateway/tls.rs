@@ -79,13 +79,20 @@ impl TlsFiles {
 }
 
 /// The name a verified client certificate goes by: its subject's common name, or, for a
-/// certificate without one (current practice puts names only in the subjectAltName), its
-/// first DNS name, then URI, then email address there.
+/// certificate without one (current practice puts names only in the subjectAltName), the
+/// first DNS name there, else the first URI, else the first email address. A CN and a DNS
+/// name that read alike are one client: the CA that signed both meant one name.
 pub fn client_name(cert: &CertificateDer<'_>) -> Option<String> {
     use x509_parser::extensions::GeneralName;
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
-    if let Some(cn) = parsed.subject().iter_common_name().next() {
-        return cn.as_str().ok().map(str::to_owned);
+    // An empty CN, or one in an encoding x509-parser does not decode, names nobody: the
+    // subjectAltName may still.
+    let cn = parsed.subject().iter_common_name().next();
+    if let Some(cn) = cn
+        .and_then(|cn| cn.as_str().ok())
+        .filter(|cn| !cn.is_empty())
+    {
+        return Some(cn.to_owned());
     }
     let san = parsed.subject_alternative_name().ok()??;
     // The first of the best kind: `min_by_key` keeps the first of equals.
@@ -99,6 +106,7 @@ pub fn client_name(cert: &CertificateDer<'_>) -> Option<String> {
             GeneralName::RFC822Name(s) => Some((2, s)),
             _ => None,
         })
+        .filter(|&(_, s)| !s.is_empty())
         .min_by_key(|&(rank, _)| rank)?;
     Some(name.to_owned())
 }
@@ -120,6 +128,51 @@ pub fn generate_self_signed(dir: &Path, names: &[String]) -> Result<(), TlsError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A self-signed certificate with the common name `cn` (none if `None`) and these
+    /// subjectAltNames.
+    fn cert(cn: Option<&str>, sans: Vec<rcgen::SanType>) -> CertificateDer<'static> {
+        let mut params = rcgen::CertificateParams::default();
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        if let Some(cn) = cn {
+            params
+                .distinguished_name
+                .push(rcgen::DnType::CommonName, cn);
+        }
+        params.subject_alt_names = sans;
+        let key = rcgen::KeyPair::generate().unwrap();
+        params.self_signed(&key).unwrap().der().clone()
+    }
+
+    #[test]
+    fn a_client_is_named_by_its_cn_else_its_best_alt_name() {
+        use rcgen::SanType::{DnsName, Rfc822Name, URI};
+        let dns = |s: &str| DnsName(s.try_into().unwrap());
+        let uri = |s: &str| URI(s.try_into().unwrap());
+        let mail = |s: &str| Rfc822Name(s.try_into().unwrap());
+        let name = |cn, sans| client_name(&cert(cn, sans));
+        assert_eq!(
+            name(Some("desk"), vec![dns("bot.lan")]).as_deref(),
+            Some("desk")
+        );
+        // No CN, or an empty one: the alt names, DNS before URI before email.
+        assert_eq!(
+            name(
+                None,
+                vec![mail("a@b.c"), uri("spiffe://x/y"), dns("bot.lan")]
+            )
+            .as_deref(),
+            Some("bot.lan")
+        );
+        assert_eq!(
+            name(Some(""), vec![mail("a@b.c"), uri("spiffe://x/y")]).as_deref(),
+            Some("spiffe://x/y")
+        );
+        assert_eq!(name(None, vec![mail("a@b.c")]).as_deref(), Some("a@b.c"));
+        // Nothing to go by: no name, so mTLS refuses it rather than share a namespace.
+        assert_eq!(name(Some(""), vec![]), None);
+        assert_eq!(name(None, vec![]), None);
+    }
 
     #[test]
     fn generated_certificate_loads() {

@@ -706,9 +706,12 @@ mod tests {
     #[test]
     fn the_longest_fingerprint_fits_a_key() {
         // Every byte of exchange and symbol escaped: three bytes each in the key.
+        // And the longest quantity the schema takes.
+        let quantity = 0.000_001_234_567_890_123_456_7;
+        assert_eq!(canonical_quantity(quantity).len(), MAX_QUANTITY_CHARS);
         let t = Trade::from_object(obj(json!({
             "exchange": ":".repeat(32), "symbol": ":".repeat(20), "action": "CLOSE_SHORT",
-            "quantity": 0.123456789012345, "test": true
+            "quantity": quantity, "test": true
         })))
         .unwrap();
         assert!(Key::fingerprint(&t.fingerprint(), u64::MAX).is_ok());

@@ -52,7 +52,7 @@ pub struct Gateway {
 #[derive(Debug, Clone)]
 pub struct Peer {
     pub ip: IpAddr,
-    /// The common name of a verified client certificate (mTLS).
+    /// The name of a verified client certificate (mTLS): `tls::client_name`.
     pub client_name: Option<String>,
 }
 
