@@ -101,7 +101,8 @@ fn escape(part: &str) -> std::borrow::Cow<'_, str> {
         if plain(b) {
             out.push(char::from(b));
         } else {
-            out.push_str(&format!("%{b:02X}"));
+            out.push('%');
+            out.push_str(&hex::encode_upper([b]));
         }
     }
     out.into()
@@ -216,16 +217,21 @@ mod tests {
         assert_eq!(canonical_quantity(0.0000001), "0.0000001");
     }
 
-    #[test]
-    fn fingerprint_has_the_spec_shape() {
+    /// The fingerprint of one LONG of 1, live, on `exchange` and `symbol`, in `bucket`.
+    fn long(exchange: &str, symbol: &str, bucket: u64) -> Key {
         let fp = Fingerprint {
-            exchange: "binance",
-            symbol: "BTCUSDT",
+            exchange,
+            symbol,
             action: "LONG",
             quantity: 1.0,
             mode: Mode::Live,
         };
-        let k = Key::fingerprint(&fp, bucket_of(120_000)).unwrap();
+        Key::fingerprint(&fp, bucket).unwrap()
+    }
+
+    #[test]
+    fn fingerprint_has_the_spec_shape() {
+        let k = long("binance", "BTCUSDT", bucket_of(120_000));
         assert_eq!(k.as_str(), "trade:binance:BTCUSDT:LONG:1:live:2");
         assert_eq!(Key::from_stored(k.as_str()).unwrap(), k);
         assert!(Key::from_stored("other:x").is_err());
@@ -233,16 +239,7 @@ mod tests {
 
     #[test]
     fn a_colon_of_the_trade_cannot_shift_the_fingerprint() {
-        let key = |exchange, symbol| {
-            let fp = Fingerprint {
-                exchange,
-                symbol,
-                action: "LONG",
-                quantity: 1.0,
-                mode: Mode::Live,
-            };
-            Key::fingerprint(&fp, 2).unwrap()
-        };
+        let key = |exchange, symbol| long(exchange, symbol, 2);
         assert_ne!(key("a", "b:c"), key("a:b", "c"));
         assert_ne!(key("a", "b%3Ac"), key("a", "b:c"));
         assert_eq!(
