@@ -417,6 +417,50 @@ async fn authentication_methods_and_failures() {
     assert_eq!(exec.calls(), 3);
 }
 
+/// A signed trade without a client key is dated by its signature, not by its arrival: a
+/// captured request replayed minutes later (inside the ±300 s window) is a duplicate of the
+/// original, and the same trade signed minutes apart is two trades even when both arrive
+/// in the same minute.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_trade_is_dated_by_its_signature() {
+    let (exec, _setup, gw) = with_mock().await;
+    let mut t = trade("ETHUSDT");
+    t.as_object_mut().unwrap().remove("apiKey");
+    let body = t.to_string();
+    let post = |ts: u64| {
+        let (url, c, body) = (gw.url(), gw.client.clone(), body.clone());
+        async move {
+            let sig = hoox_edge::gateway::auth::sign(SECRET.as_bytes(), ts as i64, body.as_bytes());
+            let ts = ts.to_string();
+            let h = [
+                ("x-hoox-timestamp", ts.as_str()),
+                ("x-hoox-signature", sig.as_str()),
+            ];
+            c.request(hyper::Method::POST, &url, &h, body).await
+        }
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let early = now - 150;
+    let bucket = |ts: u64| format!(":live:{}", ts / 60);
+
+    let r = post(early).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    let first = r.header("idempotency-key").unwrap().to_string();
+    assert!(first.ends_with(&bucket(early)), "{first}");
+    // Signed now: a trade of its own, two buckets or more from the first.
+    let r = post(now).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    assert!(r.header("idempotency-key").unwrap().ends_with(&bucket(now)));
+    // The first request again, byte for byte: its arrival minute is not its key's.
+    let r = post(early).await;
+    assert_eq!(r.status, 409, "{:?}", r.json());
+    assert_eq!(r.json()["key"], first.as_str());
+    assert_eq!(exec.calls(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ip_allowlist_forbids_others() {
     let mut setup = Setup::new(None);

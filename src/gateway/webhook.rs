@@ -190,7 +190,7 @@ async fn pipeline(
         // A poisoned lock means a reload panicked; the old value is still whole.
         Err(p) => p.into_inner().clone(),
     };
-    let identity = authenticator
+    let authenticated = authenticator
         .authenticate(&AuthInput {
             headers: &parts.headers,
             body_api_key,
@@ -205,7 +205,7 @@ async fn pipeline(
             );
             Answer::from(Problem::AuthFailed)
         })?;
-    let client = identity.to_string();
+    let client = authenticated.identity.to_string();
     let fail = |p: Problem| {
         let mut a = Answer::from(p);
         a.client = Some(client.clone());
@@ -215,7 +215,15 @@ async fn pipeline(
     let trade = trade::Trade::from_object(object).map_err(|e| fail(Problem::from(e)))?;
     // Key.
     let client_key = idem::resolve(&parts.headers, trade.idempotency_key()).map_err(fail)?;
-    let now = crate::mutex::clock::unix_ms();
+    // A signed trade is dated by its signature, not by its arrival. A captured request
+    // replayed minutes later, still inside the signature's window, then lands in the
+    // original's bucket and meets its key, where the arrival time would have put it in a
+    // bucket of its own once the minute had passed. And a signed backlog that arrives all
+    // at once keeps its trades apart by when they were decided.
+    let dated = authenticated
+        .signed_at
+        .and_then(|s| u64::try_from(s).ok())
+        .map_or_else(crate::mutex::clock::unix_ms, |s| s.saturating_mul(1000));
     let reserve = match &client_key {
         Some(k) => Reserve {
             key: Key::client(&client, trade.mode(), k)
@@ -225,7 +233,7 @@ async fn pipeline(
             siblings: Vec::new(),
         },
         None if gw.require_client_key => return Err(fail(Problem::IdempotencyKeyRequired)),
-        None => fingerprinted(&trade.fingerprint(), now, gw.ttl)
+        None => fingerprinted(&trade.fingerprint(), dated, gw.ttl)
             .map_err(|e| fail(Problem::InvalidRequest(e.to_string())))?,
     };
     let key = reserve.key.clone();
@@ -427,9 +435,10 @@ fn fresh_request_id() -> String {
 }
 
 /// The reserve of a trade without a client key: its fingerprint in the minute bucket of
-/// `now_ms`, with the neighbouring buckets as siblings (`Reserve::siblings`).
-fn fingerprinted(fp: &Fingerprint, now_ms: u64, ttl: Duration) -> Result<Reserve, KeyError> {
-    let bucket = bucket_of(now_ms);
+/// `dated_ms` (its signature's time, else its arrival), with the neighbouring buckets as
+/// siblings (`Reserve::siblings`).
+fn fingerprinted(fp: &Fingerprint, dated_ms: u64, ttl: Duration) -> Result<Reserve, KeyError> {
+    let bucket = bucket_of(dated_ms);
     Ok(Reserve {
         key: Key::fingerprint(fp, bucket)?,
         ttl,
