@@ -269,10 +269,9 @@ install_test() {
     # carries it unchanged (the minbase root has no systemd units to verify against).
     cmp -s "$CHROOT/usr/lib/systemd/system/hoox-edge.service" "$UNIT" || fail "installed unit differs"
     [[ -x $CHROOT/bin/kill ]] || fail "no /bin/kill for ExecReload (procps dependency)"
-    if in_root /usr/bin/hoox-edge check-config --help >/dev/null 2>&1; then
-        in_root /usr/bin/hoox-edge check-config --config /etc/hoox-edge/config.toml ||
-            fail "the installed default config does not pass check-config"
-    fi
+    in_root /usr/bin/hoox-edge check-config --config /etc/hoox-edge/config.toml ||
+        fail "the installed default config does not pass check-config"
+    reload_check
     echo "ok: user, directories and modes, secrets, conffile, unit installed and enabled"
 
     local secret
@@ -296,6 +295,30 @@ install_test() {
         fail "purge left the unit enabled"
     rm -f "$CHROOT/tmp/hoox-edge.deb"
     echo "ok: purge removes config, secrets, certificates, state, user and enablement"
+}
+
+# `systemctl reload` runs the unit's first ExecReload= (the check) as the service's user
+# before it signals: run that line as hoox-edge in the root, on the installed files, then
+# with each file the reload re-reads broken in turn. It must pass, then fail with EX_CONFIG.
+reload_check() {
+    local check rc f saved
+    check=$(sed -n 's/^ExecReload=//p' "$UNIT" | head -n1)
+    [[ $check == /usr/bin/hoox-edge\ check-config* ]] || fail "the first ExecReload= is not the check: $check"
+    # shellcheck disable=SC2086 # the unit's command line, split as systemd splits it
+    chroot --userspec=hoox-edge:hoox-edge "$CHROOT" $check >/dev/null ||
+        fail "the reload check fails as hoox-edge on the installed files"
+    for f in /etc/hoox-edge/tls/cert.pem /etc/hoox-edge/secrets/hmac; do
+        saved=$(mktemp)
+        cp -p "$CHROOT$f" "$saved"
+        : >"$CHROOT$f"
+        rc=0
+        # shellcheck disable=SC2086
+        chroot --userspec=hoox-edge:hoox-edge "$CHROOT" $check >/dev/null 2>&1 || rc=$?
+        cp -p "$saved" "$CHROOT$f"
+        rm -f "$saved"
+        [[ $rc == 78 ]] || fail "the reload check exits $rc with an empty $f, want 78"
+    done
+    echo "ok: the reload check passes as hoox-edge, and fails (78) on an empty certificate or secret"
 }
 
 expect_mode() {
