@@ -461,6 +461,60 @@ async fn a_signed_trade_is_dated_by_its_signature() {
     assert_eq!(exec.calls(), 2);
 }
 
+/// A signed request's key outlives its signature, whatever the TTL: with `ttl = "2s"`, a
+/// captured signed request replayed after those 2 s is still a duplicate; an unsigned
+/// one's key lives its 2 s.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_request_is_held_while_its_signature_is_valid() {
+    let exec = MockExecutor::start().await;
+    let mut setup = Setup::new(Some(&exec.url()));
+    setup.set("store", "ttl", "2s");
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let signed = |t: &Value| {
+        let mut t = t.clone();
+        t.as_object_mut().unwrap().remove("apiKey");
+        let body = t.to_string();
+        let sig = hoox_edge::gateway::auth::sign(SECRET.as_bytes(), now as i64, body.as_bytes());
+        let (url, c) = (gw.url(), gw.client.clone());
+        async move {
+            let ts = now.to_string();
+            let h = [
+                ("x-hoox-timestamp", ts.as_str()),
+                ("x-hoox-signature", sig.as_str()),
+            ];
+            c.request(hyper::Method::POST, &url, &h, body).await
+        }
+    };
+    let fingerprinted = trade("SOLUSDT");
+    let mut keyed = trade("ADAUSDT");
+    keyed["idempotencyKey"] = json!("signed-order-1");
+    let unsigned = trade("XRPUSDT");
+    assert_eq!(signed(&fingerprinted).await.status, 200);
+    assert_eq!(signed(&keyed).await.status, 200);
+    assert_eq!(gw.post(&unsigned, &[]).await.status, 200);
+    let expires = |r: support::client::Reply| {
+        assert_eq!(r.status, 409, "{:?}", r.json());
+        r.json()["expires_in_ms"].as_u64().unwrap()
+    };
+    // The window closes 300 s after the signed second (and the second it is in).
+    for t in [&fingerprinted, &keyed] {
+        let left = expires(signed(t).await);
+        assert!((290_000..=301_000).contains(&left), "{left}");
+    }
+    assert!(expires(gw.post(&unsigned, &[]).await) <= 2_000);
+    tokio::time::sleep(Duration::from_millis(2_500)).await;
+    for t in [&fingerprinted, &keyed] {
+        expires(signed(t).await);
+    }
+    assert_eq!(gw.post(&unsigned, &[]).await.status, 200);
+    assert_eq!(exec.calls(), 4);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ip_allowlist_forbids_others() {
     let mut setup = Setup::new(None);

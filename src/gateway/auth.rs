@@ -268,6 +268,16 @@ pub struct Authenticated {
     pub signed_at: Option<i64>,
 }
 
+impl Authenticated {
+    /// Until when (unix ms) this request, replayed byte for byte, still authenticates by
+    /// its signature; `None` without one. The window is checked in whole seconds of our
+    /// clock, so the last instant it accepts is just before `signed_at + window + 1` s.
+    pub fn signature_valid_until_ms(&self) -> Option<u64> {
+        let s = u64::try_from(self.signed_at?).ok()?;
+        Some(s.saturating_add(HMAC_WINDOW_S + 1).saturating_mul(1000))
+    }
+}
+
 #[derive(Debug)]
 pub struct Authenticator {
     api_keys: Vec<Secret>,
@@ -643,6 +653,27 @@ mod tests {
         assert!(r.run(&any).is_ok());
         assert_eq!(r.signed_at(&any), None);
         assert_eq!(Req::new().header(bearer.0, bearer.1).signed_at(&any), None);
+    }
+
+    /// The last second the window accepts is the one the key must outlive.
+    #[test]
+    fn a_signature_is_valid_until_its_window_closes() {
+        let a = auth(&[], &["s1"], &[], false, &[]);
+        let signed = Req::new().signed("s1", NOW - 100);
+        let until = signed.authenticate(&a).unwrap().signature_valid_until_ms();
+        let until = until.unwrap();
+        assert_eq!(until, (NOW - 100 + 301) as u64 * 1000);
+        // Replayed at the last millisecond before it, it still passes; at it, it does not.
+        for (ms, passes) in [(until - 1, true), (until, false)] {
+            let mut r = Req::new().signed("s1", NOW - 100);
+            r.now = (ms / 1000) as i64;
+            assert_eq!(r.run(&a).is_ok(), passes, "at {ms}");
+        }
+        let unsigned = Authenticated {
+            identity: Identity::psk(),
+            signed_at: None,
+        };
+        assert_eq!(unsigned.signature_valid_until_ms(), None);
     }
 
     #[test]

@@ -219,21 +219,29 @@ async fn pipeline(
     // replayed minutes later, still inside the signature's window, then lands in the
     // original's bucket and meets its key, where the arrival time would have put it in a
     // bucket of its own once the minute had passed. And a signed backlog that arrives all
-    // at once keeps its trades apart by when they were decided.
+    // at once keeps its trades apart by when they were decided (docs/DESIGN.md).
+    let now = crate::mutex::clock::unix_ms();
     let dated = authenticated
         .signed_at
         .and_then(|s| u64::try_from(s).ok())
-        .map_or_else(crate::mutex::clock::unix_ms, |s| s.saturating_mul(1000));
+        .map_or(now, |s| s.saturating_mul(1000));
+    // And a signed request's key lives at least as long as its signature does, whatever
+    // `ttl` says, so that no replay of it authenticates once the key is gone.
+    let ttl = authenticated
+        .signature_valid_until_ms()
+        .map_or(gw.ttl, |until| {
+            gw.ttl.max(Duration::from_millis(until.saturating_sub(now)))
+        });
     let reserve = match &client_key {
         Some(k) => Reserve {
             key: Key::client(&client, trade.mode(), k)
                 .map_err(|e| fail(Problem::InvalidIdempotencyKey(e.to_string())))?,
-            ttl: gw.ttl,
+            ttl,
             payload_hash: trade.payload_hash(),
             siblings: Vec::new(),
         },
         None if gw.require_client_key => return Err(fail(Problem::IdempotencyKeyRequired)),
-        None => fingerprinted(&trade.fingerprint(), dated, gw.ttl)
+        None => fingerprinted(&trade.fingerprint(), dated, ttl)
             .map_err(|e| fail(Problem::InvalidRequest(e.to_string())))?,
     };
     let key = reserve.key.clone();
