@@ -55,13 +55,11 @@ fuzz_target!(|i: Input<'_>| {
         client_cert_name: i.cn,
         now_unix_s: i.now,
     };
-    if let Ok(a) = hmac_only.authenticate(&input) {
-        let ts: i64 = headers[TIMESTAMP_HEADER].to_str().unwrap().trim().parse().unwrap();
+    if hmac_only.authenticate(&input).is_ok() {
+        let ts = headers[TIMESTAMP_HEADER].to_str().unwrap().trim();
         let sig = parse_signature_header(headers[SIGNATURE_HEADER].to_str().unwrap()).unwrap();
-        let genuine = parse_signature_header(&sign(HMAC, ts, i.body)).unwrap();
+        let genuine = parse_signature_header(&sign(HMAC, ts.parse().unwrap(), i.body)).unwrap();
         assert_eq!(sig, genuine, "a forged signature was accepted");
-        // The date a fingerprint takes is the one that was signed.
-        assert_eq!(a.signed_at, Some(ts));
     }
 
     // Every method, some of them required.
@@ -79,9 +77,8 @@ fuzz_target!(|i: Input<'_>| {
         required,
     )
     .unwrap();
-    if let Ok(a) = all.authenticate(&input) {
-        let id = a.identity.as_str();
-        assert!(id.len() <= 64 && !id.contains(':'));
+    if let Ok(id) = all.authenticate(&input) {
+        assert!(id.as_str().len() <= 64 && !id.as_str().contains(':'));
     }
 
     // The genuine signature of this body, now, always passes.

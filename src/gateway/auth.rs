@@ -258,26 +258,6 @@ impl fmt::Display for Identity {
     }
 }
 
-/// A request that authenticated.
-#[derive(Debug, Clone, PartialEq, Eq)]
-pub struct Authenticated {
-    pub identity: Identity,
-    /// The `X-Hoox-Timestamp` (unix seconds) of an HMAC signature that verified. It dates
-    /// the trade as its sender signed it, and a replay of the request carries it unchanged,
-    /// which is what lets the gateway's fingerprint catch the replay (`webhook.rs`).
-    pub signed_at: Option<i64>,
-}
-
-impl Authenticated {
-    /// Until when (unix ms) this request, replayed byte for byte, still authenticates by
-    /// its signature; `None` without one. The window is checked in whole seconds of our
-    /// clock, so the last instant it accepts is just before `signed_at + window + 1` s.
-    pub fn signature_valid_until_ms(&self) -> Option<u64> {
-        let s = u64::try_from(self.signed_at?).ok()?;
-        Some(s.saturating_add(HMAC_WINDOW_S + 1).saturating_mul(1000))
-    }
-}
-
 #[derive(Debug)]
 pub struct Authenticator {
     api_keys: Vec<Secret>,
@@ -323,15 +303,8 @@ impl Authenticator {
         }
     }
 
-    pub fn authenticate(&self, req: &AuthInput<'_>) -> Result<Authenticated, AuthError> {
-        let mut signed_at = None;
-        let mut verdict = |m| {
-            let r = self.check(m, req);
-            if let Ok(Some(ts)) = r {
-                signed_at = Some(ts);
-            }
-            r.map(drop)
-        };
+    pub fn authenticate(&self, req: &AuthInput<'_>) -> Result<Identity, AuthError> {
+        let verdict = |m| self.check(m, req);
         let ok = if self.required.is_empty() {
             // Every configured method is checked, so a refusal reports the most telling
             // reason: a wrong credential beats an expired one beats none at all.
@@ -357,22 +330,17 @@ impl Authenticator {
                 Err(worst(errors.into_iter()))
             }
         };
-        ok.map(|()| Authenticated {
-            identity: match req.client_cert_name {
-                Some(cn) => Identity::cert(cn),
-                None => Identity::psk(),
-            },
-            signed_at,
+        ok.map(|()| match req.client_cert_name {
+            Some(cn) => Identity::cert(cn),
+            None => Identity::psk(),
         })
     }
 
-    /// `Ok(Some(timestamp))` for a signature that verified, `Ok(None)` for any other
-    /// credential that did.
-    fn check(&self, m: Method, req: &AuthInput<'_>) -> Result<Option<i64>, AuthError> {
+    fn check(&self, m: Method, req: &AuthInput<'_>) -> Result<(), AuthError> {
         match m {
             Method::ApiKey => {
                 let presented = req.body_api_key.ok_or(AuthError::Missing)?;
-                matches_any(&self.api_keys, presented.as_bytes()).map(|()| None)
+                matches_any(&self.api_keys, presented.as_bytes())
             }
             Method::Bearer => {
                 let v = single(req.headers, hyper::header::AUTHORIZATION.as_str())?;
@@ -381,18 +349,17 @@ impl Authenticator {
                 if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
                     return Err(AuthError::Invalid);
                 }
-                matches_any(&self.bearer, token.as_bytes()).map(|()| None)
+                matches_any(&self.bearer, token.as_bytes())
             }
-            Method::Hmac => self.check_hmac(req).map(Some),
+            Method::Hmac => self.check_hmac(req),
             Method::Mtls => match req.client_cert_name {
-                Some(_) if self.mtls => Ok(None),
+                Some(_) if self.mtls => Ok(()),
                 _ => Err(AuthError::Missing),
             },
         }
     }
 
-    /// The signed timestamp, once the signature verifies.
-    fn check_hmac(&self, req: &AuthInput<'_>) -> Result<i64, AuthError> {
+    fn check_hmac(&self, req: &AuthInput<'_>) -> Result<(), AuthError> {
         let ts_text = single(req.headers, TIMESTAMP_HEADER);
         let sig_text = single(req.headers, SIGNATURE_HEADER);
         if let (Err(AuthError::Missing), Err(AuthError::Missing)) = (&ts_text, &sig_text) {
@@ -410,7 +377,7 @@ impl Authenticator {
             ok |= mac(s.expose(), ts_text.as_bytes(), req.raw_body).ct_eq(&sig);
         }
         if bool::from(ok) {
-            Ok(ts)
+            Ok(())
         } else {
             Err(AuthError::Invalid)
         }
@@ -542,7 +509,7 @@ mod tests {
             self.header(TIMESTAMP_HEADER, &ts.to_string())
                 .header(SIGNATURE_HEADER, &sig)
         }
-        fn authenticate(&self, a: &Authenticator) -> Result<Authenticated, AuthError> {
+        fn run(&self, a: &Authenticator) -> Result<Identity, AuthError> {
             a.authenticate(&AuthInput {
                 headers: &self.headers,
                 body_api_key: self.api_key,
@@ -550,12 +517,6 @@ mod tests {
                 client_cert_name: self.cn,
                 now_unix_s: self.now,
             })
-        }
-        fn run(&self, a: &Authenticator) -> Result<Identity, AuthError> {
-            self.authenticate(a).map(|x| x.identity)
-        }
-        fn signed_at(&self, a: &Authenticator) -> Option<i64> {
-            self.authenticate(a).ok()?.signed_at
         }
     }
 
@@ -626,54 +587,6 @@ mod tests {
             .header(TIMESTAMP_HEADER, &NOW.to_string())
             .header(SIGNATURE_HEADER, &old);
         assert_eq!(r.run(&a), Err(AuthError::Invalid));
-    }
-
-    /// Only a signature that verified dates a request: not one that failed beside a
-    /// credential that passed, and not a request with no signature at all.
-    #[test]
-    fn a_verified_signature_dates_the_request() {
-        let bearer = ("authorization", "Bearer b1");
-        let any = auth(&[], &["s1"], &["b1"], false, &[]);
-        let both = auth(
-            &[],
-            &["s1"],
-            &["b1"],
-            false,
-            &[Method::Hmac, Method::Bearer],
-        );
-        let signed = Req::new().signed("s1", NOW - 120);
-        assert_eq!(signed.signed_at(&any), Some(NOW - 120));
-        let r = Req::new().signed("s1", NOW + 7).header(bearer.0, bearer.1);
-        assert_eq!(r.signed_at(&any), Some(NOW + 7));
-        assert_eq!(r.signed_at(&both), Some(NOW + 7));
-        // A forged signature beside a good bearer token: in, but undated.
-        let r = Req::new()
-            .signed("s9", NOW - 120)
-            .header(bearer.0, bearer.1);
-        assert!(r.run(&any).is_ok());
-        assert_eq!(r.signed_at(&any), None);
-        assert_eq!(Req::new().header(bearer.0, bearer.1).signed_at(&any), None);
-    }
-
-    /// The last second the window accepts is the one the key must outlive.
-    #[test]
-    fn a_signature_is_valid_until_its_window_closes() {
-        let a = auth(&[], &["s1"], &[], false, &[]);
-        let signed = Req::new().signed("s1", NOW - 100);
-        let until = signed.authenticate(&a).unwrap().signature_valid_until_ms();
-        let until = until.unwrap();
-        assert_eq!(until, (NOW - 100 + 301) as u64 * 1000);
-        // Replayed at the last millisecond before it, it still passes; at it, it does not.
-        for (ms, passes) in [(until - 1, true), (until, false)] {
-            let mut r = Req::new().signed("s1", NOW - 100);
-            r.now = (ms / 1000) as i64;
-            assert_eq!(r.run(&a).is_ok(), passes, "at {ms}");
-        }
-        let unsigned = Authenticated {
-            identity: Identity::psk(),
-            signed_at: None,
-        };
-        assert_eq!(unsigned.signature_valid_until_ms(), None);
     }
 
     #[test]

@@ -190,7 +190,7 @@ async fn pipeline(
         // A poisoned lock means a reload panicked; the old value is still whole.
         Err(p) => p.into_inner().clone(),
     };
-    let authenticated = authenticator
+    let identity = authenticator
         .authenticate(&AuthInput {
             headers: &parts.headers,
             body_api_key,
@@ -205,7 +205,7 @@ async fn pipeline(
             );
             Answer::from(Problem::AuthFailed)
         })?;
-    let client = authenticated.identity.to_string();
+    let client = identity.to_string();
     let fail = |p: Problem| {
         let mut a = Answer::from(p);
         a.client = Some(client.clone());
@@ -215,33 +215,17 @@ async fn pipeline(
     let trade = trade::Trade::from_object(object).map_err(|e| fail(Problem::from(e)))?;
     // Key.
     let client_key = idem::resolve(&parts.headers, trade.idempotency_key()).map_err(fail)?;
-    // A signed trade is dated by its signature, not by its arrival. A captured request
-    // replayed minutes later, still inside the signature's window, then lands in the
-    // original's bucket and meets its key, where the arrival time would have put it in a
-    // bucket of its own once the minute had passed. And a signed backlog that arrives all
-    // at once keeps its trades apart by when they were decided (docs/DESIGN.md).
     let now = crate::mutex::clock::unix_ms();
-    let dated = authenticated
-        .signed_at
-        .and_then(|s| u64::try_from(s).ok())
-        .map_or(now, |s| s.saturating_mul(1000));
-    // And a signed request's key lives at least as long as its signature does, whatever
-    // `ttl` says, so that no replay of it authenticates once the key is gone.
-    let ttl = authenticated
-        .signature_valid_until_ms()
-        .map_or(gw.ttl, |until| {
-            gw.ttl.max(Duration::from_millis(until.saturating_sub(now)))
-        });
     let reserve = match &client_key {
         Some(k) => Reserve {
             key: Key::client(&client, trade.mode(), k)
                 .map_err(|e| fail(Problem::InvalidIdempotencyKey(e.to_string())))?,
-            ttl,
+            ttl: gw.ttl,
             payload_hash: trade.payload_hash(),
             siblings: Vec::new(),
         },
         None if gw.require_client_key => return Err(fail(Problem::IdempotencyKeyRequired)),
-        None => fingerprinted(&trade.fingerprint(), dated, ttl)
+        None => fingerprinted(&trade.fingerprint(), now, gw.ttl)
             .map_err(|e| fail(Problem::InvalidRequest(e.to_string())))?,
     };
     let key = reserve.key.clone();
@@ -443,10 +427,9 @@ fn fresh_request_id() -> String {
 }
 
 /// The reserve of a trade without a client key: its fingerprint in the minute bucket of
-/// `dated_ms` (its signature's time, else its arrival), with the neighbouring buckets as
-/// siblings (`Reserve::siblings`).
-fn fingerprinted(fp: &Fingerprint, dated_ms: u64, ttl: Duration) -> Result<Reserve, KeyError> {
-    let bucket = bucket_of(dated_ms);
+/// `now_ms`, with the neighbouring buckets as siblings (`Reserve::siblings`).
+fn fingerprinted(fp: &Fingerprint, now_ms: u64, ttl: Duration) -> Result<Reserve, KeyError> {
+    let bucket = bucket_of(now_ms);
     Ok(Reserve {
         key: Key::fingerprint(fp, bucket)?,
         ttl,
