@@ -301,9 +301,13 @@ install_test() {
 # before it signals: run that line as hoox-edge in the root, on the installed files, then
 # with each file the reload re-reads broken in turn. It must pass, then fail with EX_CONFIG.
 reload_check() {
-    local check rc f saved
-    check=$(sed -n 's/^ExecReload=//p' "$UNIT" | head -n1)
+    local check rc f saved lines
+    mapfile -t lines < <(sed -n 's/^ExecReload=//p' "$UNIT")
+    check=${lines[0]:-}
     [[ $check == /usr/bin/hoox-edge\ check-config* ]] || fail "the first ExecReload= is not the check: $check"
+    # shellcheck disable=SC2016 # systemd's $MAINPID, literally
+    [[ ${#lines[@]} == 2 && ${lines[1]} == '/bin/kill -HUP $MAINPID' ]] ||
+        fail "the check is not followed by the signal alone: ${lines[*]:1}"
     # shellcheck disable=SC2086 # the unit's command line, split as systemd splits it
     chroot --userspec=hoox-edge:hoox-edge "$CHROOT" $check >/dev/null ||
         fail "the reload check fails as hoox-edge on the installed files"

@@ -417,6 +417,45 @@ async fn authentication_methods_and_failures() {
     assert_eq!(exec.calls(), 3);
 }
 
+/// A fingerprint's minute is its arrival's, signed or not (SPEC §2): the same trade signed
+/// minutes apart but arriving seconds apart is one trade, and so is an unsigned copy of it.
+/// Dating by the signature instead let the re-signed retry of a stalled first attempt
+/// through (reverted in c6f369c).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_trade_is_dated_by_its_arrival() {
+    let (exec, _setup, gw) = with_mock().await;
+    let mut t = trade("ETHUSDT");
+    t.as_object_mut().unwrap().remove("apiKey");
+    let body = t.to_string();
+    let post = |ts: u64| {
+        let (url, c, body) = (gw.url(), gw.client.clone(), body.clone());
+        async move {
+            let sig = hoox_edge::gateway::auth::sign(SECRET.as_bytes(), ts as i64, body.as_bytes());
+            let ts = ts.to_string();
+            let h = [
+                ("x-hoox-timestamp", ts.as_str()),
+                ("x-hoox-signature", sig.as_str()),
+            ];
+            c.request(hyper::Method::POST, &url, &h, body).await
+        }
+    };
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs();
+    let r = post(now - 150).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    let first = r.header("idempotency-key").unwrap().to_string();
+    // Re-signed now, three minutes' buckets later by its signature: still a duplicate.
+    let r = post(now).await;
+    assert_eq!(r.status, 409, "{:?}", r.json());
+    assert_eq!(r.json()["key"], first.as_str());
+    let mut unsigned = t.clone();
+    unsigned["apiKey"] = json!(SECRET);
+    assert_eq!(gw.post(&unsigned, &[]).await.status, 409);
+    assert_eq!(exec.calls(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ip_allowlist_forbids_others() {
     let mut setup = Setup::new(None);
