@@ -446,7 +446,7 @@ async fn a_signed_trade_is_dated_by_its_arrival() {
     let r = post(now - 150).await;
     assert_eq!(r.status, 200, "{:?}", r.json());
     let first = r.header("idempotency-key").unwrap().to_string();
-    // Re-signed now, three minutes' buckets later by its signature: still a duplicate.
+    // Re-signed now, two or three buckets later by its signature: still a duplicate.
     let r = post(now).await;
     assert_eq!(r.status, 409, "{:?}", r.json());
     assert_eq!(r.json()["key"], first.as_str());
