@@ -204,6 +204,7 @@ impl Started {
         log::info!("listening on https://{gateway_addr}");
         let limits = ConnLimits {
             max_connections: config.max_connections,
+            max_connections_per_ip: config.max_connections_per_ip,
             handshake_timeout: config.handshake_timeout,
             header_timeout: config.header_timeout,
         };

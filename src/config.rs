@@ -70,6 +70,8 @@ pub struct Config {
     pub tls: TlsFiles,
     pub duplicate_response: DuplicateResponse,
     pub max_connections: usize,
+    /// Most connections one address may hold (`server.max_connections_per_ip`, default 256).
+    pub max_connections_per_ip: usize,
     pub handshake_timeout: Duration,
     pub header_timeout: Duration,
     pub admin: Option<Listen>,
@@ -168,6 +170,7 @@ struct RawServer {
     client_ca: Option<PathBuf>,
     duplicate_response: Option<String>,
     max_connections: Option<usize>,
+    max_connections_per_ip: Option<usize>,
     handshake_timeout: Option<String>,
     header_timeout: Option<String>,
 }
@@ -296,6 +299,13 @@ impl Config {
         let max_connections = raw.server.max_connections.unwrap_or(1024);
         if max_connections == 0 {
             return Err(err("server.max_connections", "must be at least 1".into()));
+        }
+        let max_connections_per_ip = raw.server.max_connections_per_ip.unwrap_or(256);
+        if max_connections_per_ip == 0 {
+            return Err(err(
+                "server.max_connections_per_ip",
+                "must be at least 1".into(),
+            ));
         }
 
         let admin = match raw.admin.and_then(|a| a.listen) {
@@ -433,6 +443,7 @@ impl Config {
             tls,
             duplicate_response,
             max_connections,
+            max_connections_per_ip,
             handshake_timeout,
             header_timeout,
             admin,

@@ -75,6 +75,7 @@ pub struct Metrics {
     executor_duration: Histogram,
     duplicates: Counter,
     rate_limited: Counter,
+    connections_refused: Counter,
 }
 
 impl Default for Metrics {
@@ -94,6 +95,7 @@ impl Metrics {
         let executor_duration = Histogram::new(DURATION_BOUNDS);
         let duplicates = Counter::default();
         let rate_limited = Counter::default();
+        let connections_refused = Counter::default();
         registry.register(
             "requests",
             "Webhook requests answered, by status and problem code",
@@ -129,6 +131,11 @@ impl Metrics {
             "Requests refused by the rate limit",
             rate_limited.clone(),
         );
+        registry.register(
+            "connections_refused",
+            "Connections closed at once: their address held server.max_connections_per_ip",
+            connections_refused.clone(),
+        );
         // Families whose labels are known are created at zero, so that a rate() or an alert
         // has a series to watch before the first event.
         for reason in REFUSED_REASONS {
@@ -146,6 +153,7 @@ impl Metrics {
             executor_duration,
             duplicates,
             rate_limited,
+            connections_refused,
         }
     }
 
@@ -179,6 +187,10 @@ impl Metrics {
 
     pub fn rate_limited(&self) {
         self.rate_limited.inc();
+    }
+
+    pub fn connection_refused(&self) {
+        self.connections_refused.inc();
     }
 
     /// The whole scrape: the gateway's families, then the mutex's.
@@ -420,6 +432,7 @@ mod tests {
             ("hoox_request_duration_seconds", "histogram"),
             ("hoox_duplicates_total", "counter"),
             ("hoox_rate_limited_total", "counter"),
+            ("hoox_connections_refused_total", "counter"),
             ("hoox_refused_total", "counter"),
             ("hoox_executor_outcomes_total", "counter"),
         ] {
@@ -443,6 +456,7 @@ mod tests {
         m.executor("success", Duration::from_millis(20));
         m.duplicate();
         m.rate_limited();
+        m.connection_refused();
         inc(&shared.stats.reserves);
         inc(&shared.stats.reserves);
         inc(&shared.stats.release_failures);
@@ -480,6 +494,7 @@ mod tests {
         );
         assert_eq!(value(&s, "hoox_duplicates_total", None), Some(1.0));
         assert_eq!(value(&s, "hoox_rate_limited_total", None), Some(1.0));
+        assert_eq!(value(&s, "hoox_connections_refused_total", None), Some(1.0));
         assert_eq!(value(&s, "hoox_mutex_reserves_total", None), Some(2.0));
         assert_eq!(
             value(&s, "hoox_mutex_release_failures_total", None),

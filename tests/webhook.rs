@@ -818,7 +818,13 @@ fn config_errors_exit_78_naming_key_and_file() {
     let (code, err) = check(&setup);
     assert_eq!(code, Some(78));
     assert!(err.contains("lissen"), "{err}");
-    setup.remove("server", "lissen");
+    setup
+        .remove("server", "lissen")
+        .set("server", "max_connections_per_ip", 0);
+    let (code, err) = check(&setup);
+    assert_eq!(code, Some(78));
+    assert!(err.contains("server.max_connections_per_ip"), "{err}");
+    setup.remove("server", "max_connections_per_ip");
 
     // What would only fail once serving, found by check-config too; an executor URL, which
     // may carry credentials, never echoed.
@@ -915,6 +921,55 @@ async fn sigterm_lets_in_flight_orders_commit_then_closes_cleanly() {
     );
     assert_eq!(gw.post(&t, &[]).await.status, 409);
     assert_eq!(exec.calls(), 1);
+}
+
+/// One address holds at most `max_connections_per_ip`: one more from it is closed before
+/// the handshake, while another address (127.0.0.2) is still served, and a closed
+/// connection gives its place back.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_address_cannot_take_every_connection() {
+    let mut setup = Setup::new(None);
+    setup
+        .set("server", "max_connections_per_ip", 2)
+        .set("server", "header_timeout", "30s");
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Http1, None);
+    let other: std::net::IpAddr = "127.0.0.2".parse().unwrap();
+    let first = c.connect(&gw.url()).await.unwrap();
+    let mut second = c.connect(&gw.url()).await.unwrap();
+    assert!(
+        c.connect(&gw.url()).await.is_err(),
+        "a third connection from 127.0.0.1 was served"
+    );
+    let mut elsewhere = c.connect_from(&gw.url(), Some(other)).await.unwrap();
+    let mut t = trade("BTCUSDT");
+    for (conn, k) in [(&mut second, "ip-1"), (&mut elsewhere, "ip-2")] {
+        t["idempotencyKey"] = json!(k);
+        let r = conn.post(&gw.url(), &[], t.to_string()).await.unwrap();
+        assert_eq!(r.status, 200);
+    }
+    let (_, metrics) = gw.admin("GET", "/metrics").await;
+    let metrics = metrics.as_str().unwrap_or_default();
+    assert!(
+        metrics.contains("hoox_connections_refused_total 1\n"),
+        "{metrics}"
+    );
+    // The gateway learns of the close when it reads the end of the stream.
+    drop(first);
+    let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+    let mut third = loop {
+        match c.connect(&gw.url()).await {
+            Ok(conn) => break conn,
+            Err(_) if tokio::time::Instant::now() < deadline => {
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+            Err(e) => panic!("the place of a closed connection was not given back: {e}"),
+        }
+    };
+    t["idempotencyKey"] = json!("ip-3");
+    let r = third.post(&gw.url(), &[], t.to_string()).await.unwrap();
+    assert_eq!(r.status, 200);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1,8 +1,9 @@
-//! The two cheap gates around the mutex: a per-identity rate limit and the IP allowlist.
+//! The cheap gates around the mutex: a per-identity rate limit, the IP allowlist, and a
+//! cap on the connections one address may hold.
 
 use std::collections::HashMap;
 use std::net::IpAddr;
-use std::sync::Mutex;
+use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
@@ -121,6 +122,71 @@ impl Allowlist {
     }
 }
 
+/// How many connections each address holds, so that one host on the LAN cannot take every
+/// slot of `server.max_connections` from the signal engine. An address is tracked only while
+/// it holds a connection, so the map never outgrows the connection cap.
+#[derive(Debug)]
+pub struct PerIp {
+    max: usize,
+    held: Mutex<HashMap<IpAddr, usize>>,
+}
+
+/// One connection's place in its address's count; dropping it gives the place back.
+#[derive(Debug)]
+pub struct IpSlot {
+    per_ip: Arc<PerIp>,
+    ip: IpAddr,
+}
+
+impl PerIp {
+    pub fn new(max: usize) -> Arc<Self> {
+        Arc::new(PerIp {
+            max,
+            held: Mutex::new(HashMap::new()),
+        })
+    }
+
+    /// A place for one more connection from `ip`, or `None` when it holds `max` already.
+    pub fn acquire(self: &Arc<Self>, ip: IpAddr) -> Option<IpSlot> {
+        // Every update below is a single insert or remove: a panic cannot leave the map
+        // half-changed, so a poisoned lock still guards a whole map.
+        let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
+        let n = held.entry(ip).or_insert(0);
+        if *n >= self.max {
+            return None;
+        }
+        *n += 1;
+        Some(IpSlot {
+            per_ip: self.clone(),
+            ip,
+        })
+    }
+
+    /// Addresses holding at least one connection.
+    pub fn tracked(&self) -> usize {
+        self.held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner)
+            .len()
+    }
+}
+
+impl Drop for IpSlot {
+    fn drop(&mut self) {
+        let mut held = self
+            .per_ip
+            .held
+            .lock()
+            .unwrap_or_else(PoisonError::into_inner);
+        if let Some(n) = held.get_mut(&self.ip) {
+            *n -= 1;
+            if *n == 0 {
+                held.remove(&self.ip);
+            }
+        }
+    }
+}
+
 /// `::ffff:10.0.0.0/104` is written by some operators for an IPv4 range; it means
 /// `10.0.0.0/8`, and only that form can match a canonical address.
 fn canonical_net(n: IpNet) -> IpNet {
@@ -141,6 +207,26 @@ mod tests {
 
     fn ms(n: u64) -> Duration {
         Duration::from_millis(n)
+    }
+
+    #[test]
+    fn each_address_holds_at_most_its_share() {
+        let a: IpAddr = "10.0.0.1".parse().unwrap();
+        let b: IpAddr = "10.0.0.2".parse().unwrap();
+        let per_ip = PerIp::new(2);
+        let first = per_ip.acquire(a).unwrap();
+        let _second = per_ip.acquire(a).unwrap();
+        assert!(per_ip.acquire(a).is_none());
+        // Another address is not held back by the first one's count.
+        let other = per_ip.acquire(b).unwrap();
+        assert_eq!(per_ip.tracked(), 2);
+        // A closed connection gives its place back.
+        drop(first);
+        let _third = per_ip.acquire(a).unwrap();
+        assert!(per_ip.acquire(a).is_none());
+        // An address with nothing open is forgotten.
+        drop(other);
+        assert_eq!(per_ip.tracked(), 1);
     }
 
     #[test]

@@ -24,6 +24,7 @@ use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 
+use limits::PerIp;
 pub use webhook::{Gateway, Peer};
 
 /// How long in-flight requests may take to finish their commit or release at shutdown.
@@ -33,6 +34,8 @@ const DRAIN: Duration = Duration::from_secs(30);
 #[derive(Debug, Clone, Copy)]
 pub struct ConnLimits {
     pub max_connections: usize,
+    /// Most connections one address may hold; one more is closed at once.
+    pub max_connections_per_ip: usize,
     pub handshake_timeout: Duration,
     /// For the headers of a request, then for its body, and the longest a connection may
     /// have no request in flight (`idle.rs`).
@@ -54,6 +57,7 @@ pub async fn serve(
 ) {
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let per_ip = PerIp::new(limits.max_connections_per_ip);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // A client that never finishes its headers is dropped (slowloris).
     builder
@@ -89,6 +93,12 @@ pub async fn serve(
             },
             _ = &mut shutdown => break,
         };
+        // Over its share: closed before the handshake, and its permit goes back.
+        let Some(ip_slot) = per_ip.acquire(addr.ip().to_canonical()) else {
+            gw.metrics.connection_refused();
+            log::debug!("connection from {addr} closed: its address is at max_connections_per_ip");
+            continue;
+        };
         let _ = tcp.set_nodelay(true);
         let current = match tls.read() {
             Ok(c) => c.clone(),
@@ -100,6 +110,7 @@ pub async fn serve(
         let watcher = graceful.watcher();
         tokio::spawn(async move {
             let _permit = permit;
+            let _ip_slot = ip_slot;
             let stream =
                 match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
                     Ok(Ok(s)) => s,

@@ -4,6 +4,7 @@
 //! Built on hyper's connection API rather than a pooled client so that a test sees the TLS
 //! handshake and the negotiated protocol, and controls when connections open.
 
+use std::net::{IpAddr, SocketAddr};
 use std::path::Path;
 use std::sync::Arc;
 use std::time::Duration;
@@ -16,7 +17,7 @@ use hyper::{Method, Request, StatusCode, Uri, Version};
 use hyper_util::rt::{TokioExecutor, TokioIo};
 use rustls::pki_types::pem::PemObject;
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, ServerName};
-use tokio::net::TcpStream;
+use tokio::net::{TcpSocket, TcpStream};
 use tokio_rustls::TlsConnector;
 
 use super::pki::CertFiles;
@@ -105,8 +106,14 @@ impl TlsClient {
     /// Opens a TLS connection to the host and port of `url`. Fails on a TCP or TLS error (an
     /// untrusted server, a refused client certificate), which tests of the handshake expect.
     pub async fn connect(&self, url: &str) -> std::io::Result<Conn> {
+        self.connect_from(url, None).await
+    }
+
+    /// As [`TlsClient::connect`], from the local address `from` when given (a second
+    /// loopback address, `127.0.0.2`, is another host as far as the gateway can tell).
+    pub async fn connect_from(&self, url: &str, from: Option<IpAddr>) -> std::io::Result<Conn> {
         let uri: Uri = url.parse().map_err(std::io::Error::other)?;
-        let tls = self.connect_raw(url).await?;
+        let tls = self.tls_stream(url, from).await?;
         let h2 = tls.get_ref().1.alpn_protocol() == Some(b"h2");
         let io = TokioIo::new(tls);
         let authority = uri.authority().map(|a| a.to_string()).unwrap_or_default();
@@ -129,12 +136,36 @@ impl TlsClient {
         &self,
         url: &str,
     ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        self.tls_stream(url, None).await
+    }
+
+    async fn tls_stream(
+        &self,
+        url: &str,
+        from: Option<IpAddr>,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
         let uri: Uri = url.parse().map_err(std::io::Error::other)?;
         let host = uri.host().unwrap_or("localhost");
         let port = uri.port_u16().unwrap_or(443);
         let bare = host.trim_start_matches('[').trim_end_matches(']');
         let name = ServerName::try_from(bare.to_owned()).map_err(std::io::Error::other)?;
-        let tcp = tokio::time::timeout(DEADLINE, TcpStream::connect((bare, port))).await??;
+        let tcp = async {
+            let Some(local) = from else {
+                return TcpStream::connect((bare, port)).await;
+            };
+            let to = tokio::net::lookup_host((bare, port))
+                .await?
+                .find(|a| a.is_ipv4() == local.is_ipv4())
+                .ok_or_else(|| std::io::Error::other(format!("{bare}: no address like {local}")))?;
+            let socket = if local.is_ipv4() {
+                TcpSocket::new_v4()?
+            } else {
+                TcpSocket::new_v6()?
+            };
+            socket.bind(SocketAddr::new(local, 0))?;
+            socket.connect(to).await
+        };
+        let tcp = tokio::time::timeout(DEADLINE, tcp).await??;
         tcp.set_nodelay(true)?;
         tokio::time::timeout(DEADLINE, self.connector.connect(name, tcp)).await?
     }
