@@ -160,8 +160,11 @@ load() {
 gateway_config() {
     mkdir -p "$1"
     {
-        printf '[server]\nlisten = "127.0.0.1:%s"\ncert = "%s"\nkey = "%s"\n\n' \
+        printf '[server]\nlisten = "127.0.0.1:%s"\ncert = "%s"\nkey = "%s"\n' \
             "$GW_PORT" "$WORK/tls/cert.pem" "$WORK/tls/key.pem"
+        # shellcheck disable=SC2086 # lists of counts
+        server_limits $CONNECTIONS "$RATE_CONNECTIONS" "$STORM_CONNECTIONS" "$CHAOS_CONNECTIONS"
+        echo
         printf '[admin]\nlisten = "127.0.0.1:%s"\n\n' "$ADMIN_PORT"
         printf '[store]\npath = "%s"\nttl = "300s"\n\n' "$1/mutex.redb"
         printf '[auth]\napi_keys_file = "%s"\nhmac_secrets_file = "%s"\nbearer_tokens_file = "%s"\n\n' \

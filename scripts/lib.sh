@@ -21,6 +21,15 @@ select_build() {
     fi
 }
 
+# server_limits N...: the `[server]` lines that let one address (the load tool's) hold the most
+# connections among N... (the gateway's default is a quarter of max_connections).
+server_limits() {
+    local most
+    most=$(printf '%s\n' "$@" | sort -n | tail -n 1)
+    printf 'max_connections = %s\nmax_connections_per_ip = %s\n' \
+        "$((most > 1024 ? most : 1024))" "$((most > 256 ? most : 256))"
+}
+
 # work_in DIR: state and logs go to DIR. On exit, every process whose PID is in PIDS is
 # killed (and reaped if it is our child), then DIR is removed unless KEEP=1.
 work_in() {

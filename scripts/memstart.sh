@@ -141,8 +141,11 @@ mkdir -p "$WORK/secrets" "$WORK/state"
 chmod 700 "$WORK/secrets"
 (umask 077 && head -c 24 /dev/urandom | od -An -tx1 | tr -d ' \n' >"$WORK/secrets/token")
 {
-    printf '[server]\nlisten = "127.0.0.1:%s"\ncert = "%s"\nkey = "%s"\n\n' \
+    printf '[server]\nlisten = "127.0.0.1:%s"\ncert = "%s"\nkey = "%s"\n' \
         "$GW_PORT" "$WORK/tls/cert.pem" "$WORK/tls/key.pem"
+    # shellcheck disable=SC2086 # lists of counts
+    server_limits "$CONNECTIONS" ${ALLOC_CONNECTIONS:-16 64}
+    echo
     printf '[admin]\nlisten = "127.0.0.1:%s"\n\n' "$ADMIN_PORT"
     printf '[store]\npath = "%s"\nttl = "1h"\n\n' "$WORK/state/mutex.redb"
     printf '[limits]\ncapacity = 200000\n\n'

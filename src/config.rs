@@ -70,7 +70,8 @@ pub struct Config {
     pub tls: TlsFiles,
     pub duplicate_response: DuplicateResponse,
     pub max_connections: usize,
-    /// Most connections one address may hold (`server.max_connections_per_ip`, default 256).
+    /// Most connections one address may hold (`server.max_connections_per_ip`; by default a
+    /// quarter of `max_connections`, at least 16).
     pub max_connections_per_ip: usize,
     pub handshake_timeout: Duration,
     pub header_timeout: Duration,
@@ -300,7 +301,10 @@ impl Config {
         if max_connections == 0 {
             return Err(err("server.max_connections", "must be at least 1".into()));
         }
-        let max_connections_per_ip = raw.server.max_connections_per_ip.unwrap_or(256);
+        let max_connections_per_ip = raw
+            .server
+            .max_connections_per_ip
+            .unwrap_or_else(|| default_per_ip(max_connections));
         if max_connections_per_ip == 0 {
             return Err(err(
                 "server.max_connections_per_ip",
@@ -543,6 +547,14 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("{s:?}: too large"))
 }
 
+/// One address's share of `max_connections` when the config names none: a quarter (256 of
+/// the default 1024), and at least 16, or all of them when there are fewer. So a runaway
+/// host leaves the signal engine most of the slots, and a small box is not made to refuse
+/// an engine's few connections.
+fn default_per_ip(max_connections: usize) -> usize {
+    (max_connections / 4).max(max_connections.min(16))
+}
+
 /// A fresh 256-bit secret, hex-encoded.
 pub fn random_token() -> Result<String, String> {
     let mut b = [0u8; 32];
@@ -576,6 +588,12 @@ pub fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn one_address_gets_a_quarter_of_the_slots_and_at_least_sixteen() {
+        let shares: Vec<_> = [1024, 128, 40, 8, 2].map(default_per_ip).into();
+        assert_eq!(shares, [256, 32, 16, 8, 2]);
+    }
 
     #[test]
     fn durations_need_a_unit() {

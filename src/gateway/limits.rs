@@ -148,8 +148,8 @@ impl PerIp {
 
     /// A place for one more connection from `ip`, or `None` when it holds `max` already.
     pub fn acquire(self: &Arc<Self>, ip: IpAddr) -> Option<IpSlot> {
-        // Every update below is a single insert or remove: a panic cannot leave the map
-        // half-changed, so a poisoned lock still guards a whole map.
+        // Nothing below can panic while the lock is held, and a count is changed in one
+        // step: a poisoned lock (from elsewhere) still guards a whole map.
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         let n = held.entry(ip).or_insert(0);
         if *n >= self.max {
