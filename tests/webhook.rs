@@ -975,6 +975,18 @@ async fn one_address_cannot_take_every_connection() {
         "a third connection from 127.0.0.1 was served"
     );
     assert_eq!(refused().await, before + 1);
+    // And the operator is told, once: at most one line a minute however many are refused.
+    assert!(c.connect(&gw.url()).await.is_err());
+    let said = gw.stderr();
+    let lines: Vec<_> = said
+        .lines()
+        .filter(|l| l.contains("over server.max_connections_per_ip = 2"))
+        .collect();
+    assert_eq!(lines.len(), 1, "{said}");
+    assert!(
+        lines[0].contains("WARN") && lines[0].contains("127.0.0.1"),
+        "{said}"
+    );
     let mut elsewhere = c.connect_from(&gw.url(), Some(other)).await.unwrap();
     let mut t = trade("BTCUSDT");
     for (conn, k) in [(&mut second, "ip-1"), (&mut elsewhere, "ip-2")] {

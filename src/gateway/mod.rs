@@ -13,7 +13,7 @@ pub mod webhook;
 use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
@@ -29,6 +29,9 @@ pub use webhook::{Gateway, Peer};
 
 /// How long in-flight requests may take to finish their commit or release at shutdown.
 const DRAIN: Duration = Duration::from_secs(30);
+/// Connections refused over `max_connections_per_ip` are logged at most this often (with
+/// how many since the last line): a flood must not become a flood of log lines.
+const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
 
 /// Connection-level limits.
 #[derive(Debug, Clone, Copy)]
@@ -58,6 +61,8 @@ pub async fn serve(
     let graceful = GracefulShutdown::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let per_ip = PerIp::new(limits.max_connections_per_ip);
+    // (when the last refusal was logged, refusals since then)
+    let mut refusals: (Option<Instant>, u64) = (None, 0);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // A client that never finishes its headers is dropped (slowloris).
     builder
@@ -96,7 +101,16 @@ pub async fn serve(
         // Over its share: closed before the handshake, and its permit goes back.
         let Some(ip_slot) = per_ip.acquire(addr.ip().to_canonical()) else {
             gw.metrics.connection_refused();
-            log::debug!("connection from {addr} closed: its address is at max_connections_per_ip");
+            refusals.1 += 1;
+            if refusals.0.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
+                log::warn!(
+                    "closed {} connection(s) over server.max_connections_per_ip = {}, the latest from {}",
+                    refusals.1,
+                    limits.max_connections_per_ip,
+                    addr.ip()
+                );
+                refusals = (Some(Instant::now()), 0);
+            }
             continue;
         };
         let _ = tcp.set_nodelay(true);
