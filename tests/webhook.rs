@@ -929,13 +929,7 @@ async fn sigterm_lets_in_flight_orders_commit_then_closes_cleanly() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_address_cannot_take_every_connection() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    let mut setup = Setup::new(None);
-    setup
-        .set("server", "max_connections_per_ip", 2)
-        .set("server", "header_timeout", "30s");
-    let gw = setup.start();
-    gw.wait_ready().await;
-    let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Http1, None);
+    let (_setup, gw, c) = capped_at_two("max_connections_per_ip").await;
     let other: std::net::IpAddr = "127.0.0.2".parse().unwrap();
     // The gateway learns of a close when its task ends, just after the client sees it.
     let connect_soon = async || {
@@ -1001,16 +995,22 @@ async fn one_address_cannot_take_every_connection() {
     assert_eq!(r.status, 200);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn connection_cap_holds_new_connections_until_one_closes() {
+/// A paper gateway with `server.<cap> = 2`, and an HTTP/1.1 client for it. Idle
+/// connections are kept 30 s, long enough to hold their places through a test.
+async fn capped_at_two(cap: &str) -> (Setup, support::gateway::Gateway, TlsClient) {
     let mut setup = Setup::new(None);
-    // Long enough that the two connections, idle, keep their slots through the test.
     setup
-        .set("server", "max_connections", 2)
+        .set("server", cap, 2)
         .set("server", "header_timeout", "30s");
     let gw = setup.start();
     gw.wait_ready().await;
     let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Http1, None);
+    (setup, gw, c)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connection_cap_holds_new_connections_until_one_closes() {
+    let (_setup, gw, c) = capped_at_two("max_connections").await;
     let first = c.connect(&gw.url()).await.unwrap();
     let mut second = c.connect(&gw.url()).await.unwrap();
     // Both slots are taken: a third connection waits in the backlog, unserved.

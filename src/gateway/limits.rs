@@ -163,6 +163,7 @@ impl PerIp {
     }
 
     /// Addresses holding at least one connection.
+    #[cfg(test)]
     pub fn tracked(&self) -> usize {
         self.held
             .lock()

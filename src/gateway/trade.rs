@@ -153,14 +153,18 @@ impl Trade {
             Some(_) => return Err(field("apiKey", "must be a string")),
         };
         let exchange = required_str(&obj, "exchange")?;
-        if !(1..=MAX_EXCHANGE).contains(&exchange.len()) || !exchange.bytes().all(visible) {
+        if !(1..=MAX_EXCHANGE).contains(&exchange.len())
+            || !exchange.bytes().all(|b| b.is_ascii_graphic())
+        {
             return Err(field(
                 "exchange",
                 "must be 1 to 32 printable ASCII characters, without spaces",
             ));
         }
         let symbol = required_str(&obj, "symbol")?;
-        if !(1..=MAX_SYMBOL).contains(&symbol.len()) || !symbol.bytes().all(visible) {
+        if !(1..=MAX_SYMBOL).contains(&symbol.len())
+            || !symbol.bytes().all(|b| b.is_ascii_graphic())
+        {
             return Err(field(
                 "symbol",
                 "must be 1 to 20 printable ASCII characters, without spaces",
@@ -311,11 +315,6 @@ const KNOWN: &[&str] = &[
     "idempotencyKey",
     "apiKey",
 ];
-
-/// Printable ASCII but the space.
-fn visible(b: u8) -> bool {
-    b.is_ascii_graphic()
-}
 
 fn required_str<'a>(
     obj: &'a Map<String, Value>,
