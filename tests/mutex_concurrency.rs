@@ -27,7 +27,7 @@ fn a_thousand_racers_one_winner_per_key() {
             let (mut proceed, mut dup) = (0, 0);
             for t in tasks {
                 match t.await.unwrap() {
-                    Decision::Proceed => proceed += 1,
+                    Decision::Proceed(_) => proceed += 1,
                     Decision::Duplicate(d) => {
                         assert_eq!(d.key, k);
                         dup += 1
@@ -49,7 +49,7 @@ fn a_thousand_racers_one_winner_per_key() {
             .collect();
         let mut proceed = 0;
         for t in tasks {
-            if t.await.unwrap() == Decision::Proceed {
+            if matches!(t.await.unwrap(), Decision::Proceed(_)) {
                 proceed += 1;
             }
         }

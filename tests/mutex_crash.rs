@@ -9,7 +9,7 @@ use std::io::{BufRead, BufReader, Write};
 use std::path::Path;
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
-use hoox_edge::mutex::{Clock, Decision, Snapshot, State, Unavailable};
+use hoox_edge::mutex::{Clock, Decision, Grant, Snapshot, State, Unavailable};
 use mutex_support::*;
 
 const TEST: &str = "sigkill_never_loses_a_granted_key";
@@ -100,14 +100,14 @@ fn reserve_until_killed(path: &Path) {
                         x ^= x << 17;
                         let name = format!("k{}", x % KEYSPACE);
                         let k = key(&name);
-                        if m.reserve(reserve(&k, 3_600_000, 1)).await == Decision::Proceed {
+                        if let Decision::Proceed(g) = m.reserve(reserve(&k, 3_600_000, 1)).await {
                             {
                                 let mut out = std::io::stdout().lock();
                                 writeln!(out, "PROCEED {name}").unwrap();
                                 out.flush().unwrap();
                             }
                             if x.is_multiple_of(3) {
-                                m.commit(k, None).unwrap();
+                                m.commit(g, None).unwrap();
                             }
                         }
                     }
@@ -132,25 +132,24 @@ fn the_journal_alone_brings_back_reserves_commits_and_releases() {
         child_begin();
         let (m, _owner) = start(Path::new(&path), Clock::system());
         rt().block_on(async {
+            let mut grants = Vec::new();
             for k in ["pending", "committed", "released", "later"] {
-                assert_eq!(
-                    m.reserve(reserve(&key(k), 3_600_000, 1)).await,
-                    Decision::Proceed
-                );
+                grants.push(granted(m.reserve(reserve(&key(k), 3_600_000, 1)).await));
             }
+            let [_pending, committed, released, later]: [Grant; 4] = grants.try_into().unwrap();
             let response = Snapshot {
                 status: 200,
                 body: b"filled".to_vec(),
             };
-            m.commit(key("committed"), Some(response)).unwrap();
-            m.release(key("released")).unwrap();
+            m.commit(committed, Some(response)).unwrap();
+            m.release(released).unwrap();
             // Commit and release are queued, not answered, and promise no fsync; a ping
             // is answered only once every earlier write is in the journal (a SIGKILL
             // keeps the page cache).
             m.ping().await.unwrap();
             // With nothing to read and nothing granted, the commit rides until the owner
             // has been idle for 2 ms (`CARRY_IDLE`), after its 50 µs poll: 500 ms is plenty.
-            m.commit(key("later"), None).unwrap();
+            m.commit(later, None).unwrap();
             std::thread::sleep(std::time::Duration::from_millis(500));
             println!("READY");
             std::future::pending::<()>().await
@@ -189,9 +188,11 @@ fn the_journal_alone_brings_back_reserves_commits_and_releases() {
             State::Committed,
             "the commit written when the owner went idle came back"
         );
-        assert_eq!(
-            m.reserve(reserve(&key("released"), 3_600_000, 1)).await,
-            Decision::Proceed,
+        assert!(
+            matches!(
+                m.reserve(reserve(&key("released"), 3_600_000, 1)).await,
+                Decision::Proceed(_)
+            ),
             "the release came back too"
         );
     });

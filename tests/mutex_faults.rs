@@ -64,9 +64,11 @@ async fn wait_recovered(m: &hoox_edge::mutex::Mutex, prefix: &str) -> bool {
     let mut n = 0;
     eventually(Duration::from_secs(10), async || {
         n += 1;
-        m.reserve(reserve(&key(&format!("{prefix}-{n}")), 3_600_000, 1))
-            .await
-            == Decision::Proceed
+        matches!(
+            m.reserve(reserve(&key(&format!("{prefix}-{n}")), 3_600_000, 1))
+                .await,
+            Decision::Proceed(_)
+        )
     })
     .await
 }
@@ -95,12 +97,8 @@ fn read_only_state_directory() {
     // A database that exists but sits on a read-only filesystem cannot be opened for
     // writing: both the first start and an existing file must fail closed.
     let (m, owner) = start(&path, Clock::system());
-    rt().block_on(async {
-        assert_eq!(
-            m.reserve(reserve(&key("before"), 3_600_000, 1)).await,
-            Decision::Proceed
-        );
-    });
+    let before =
+        rt().block_on(async { granted(m.reserve(reserve(&key("before"), 3_600_000, 1)).await) });
     owner.stop();
     fs.remount("ro");
     let (m, owner) = start(&path, Clock::system());
@@ -120,6 +118,12 @@ fn read_only_state_directory() {
                 .serving
                 .load(std::sync::atomic::Ordering::Relaxed)
         );
+        // A release while failing closed is soft: an error for the caller, counted, and
+        // the key stays held (below). The handle refuses it before it reaches any owner,
+        // so a grant of the previous start serves.
+        assert!(m.release(before).is_err());
+        let failures = &m.shared().stats.release_failures;
+        assert_eq!(failures.load(std::sync::atomic::Ordering::Relaxed), 1);
         fs.remount("rw");
         assert!(wait_recovered(&m, "rw").await, "serves again once writable");
         assert!(matches!(
@@ -188,7 +192,7 @@ fn reserve_through_fault(path: &Path, lift: impl FnOnce()) {
             let answers = futures_join(&m, &name).await;
             for (n, d) in answers {
                 match d {
-                    Decision::Proceed => say(format!("PROCEED {n}")),
+                    Decision::Proceed(_) => say(format!("PROCEED {n}")),
                     d if unavailable(&d) => {
                         failed += 1;
                         say(format!("UNAVAILABLE {n} {d:?}"));

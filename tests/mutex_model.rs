@@ -1,11 +1,14 @@
 //! Model-based test: random sequences of operations against the real mutex (real redb
 //! file, restarts included) and against a plain HashMap model must give identical answers.
+//! Commits and releases settle a grant picked from those not yet settled, stale ones
+//! included (their key released by the operator, or expired, and perhaps reserved again),
+//! so the model also checks that a grant acts only on the entry it made.
 
 mod mutex_support;
 
 use std::collections::HashMap;
 
-use hoox_edge::mutex::{Clock, Decision, Duplicate, Key, Snapshot, State, key::BUCKET_MS};
+use hoox_edge::mutex::{Clock, Decision, Duplicate, Grant, Key, Snapshot, State, key::BUCKET_MS};
 use mutex_support::*;
 use proptest::prelude::*;
 
@@ -15,8 +18,12 @@ const T0: u64 = 1_800_000_000_000;
 enum Op {
     /// key index, ttl in seconds, payload hash, sibling key index
     Reserve(usize, u64, u8, Option<usize>),
-    Commit(usize, bool),
-    Release(usize),
+    /// key index, with a response, which of the key's unsettled grants
+    Commit(usize, bool, usize),
+    /// key index, which of the key's unsettled grants
+    Release(usize, usize),
+    /// the operator's release
+    ForceRelease(usize),
     Advance(u64),
     Restart,
 }
@@ -25,8 +32,9 @@ fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
         5 => (0..KEYS, prop_oneof![1..5u64, Just(90), Just(300)], 0..2u8, proptest::option::weighted(0.5, 0..KEYS))
             .prop_map(|(k, t, h, s)| Op::Reserve(k, t, h, s)),
-        2 => (0..KEYS, any::<bool>()).prop_map(|(k, r)| Op::Commit(k, r)),
-        2 => (0..KEYS).prop_map(Op::Release),
+        2 => (0..KEYS, any::<bool>(), 0..3usize).prop_map(|(k, r, g)| Op::Commit(k, r, g)),
+        2 => (0..KEYS, 0..3usize).prop_map(|(k, g)| Op::Release(k, g)),
+        1 => (0..KEYS).prop_map(Op::ForceRelease),
         3 => prop_oneof![3 => 0..1_500u64, 1 => Just(1), 1 => Just(BUCKET_MS - 1), 1 => Just(BUCKET_MS)].prop_map(Op::Advance),
         1 => Just(Op::Restart),
     ]
@@ -47,6 +55,16 @@ struct ModelEntry {
     expires_at: u64,
     hash: u8,
     response: Option<Snapshot>,
+    /// Which grant made it.
+    grant: u64,
+}
+
+/// What the model says a reserve gets: a grant (numbered by the model), or this answer.
+// One per reserve, compared and dropped: its size costs nothing worth a Box.
+#[allow(clippy::large_enum_variant)]
+enum Expect {
+    Grant(u64),
+    Answer(Decision),
 }
 
 /// The specification, as plainly as it can be written.
@@ -54,6 +72,7 @@ struct ModelEntry {
 struct Model {
     now: u64,
     map: HashMap<usize, ModelEntry>,
+    grants: u64,
 }
 
 impl Model {
@@ -82,19 +101,20 @@ impl Model {
         ttl_ms: u64,
         hash: u8,
         sib: Option<usize>,
-    ) -> Decision {
+    ) -> Expect {
         if let Some(e) = self.live(k) {
             if e.hash != hash {
-                return Decision::Mismatch;
+                return Expect::Answer(Decision::Mismatch);
             }
-            return self.dup(keys, k, e);
+            return Expect::Answer(self.dup(keys, k, e));
         }
         if let Some(s) = sib
             && let Some(e) = self.live(s)
             && self.now - e.stored_at < BUCKET_MS
         {
-            return self.dup(keys, s, e);
+            return Expect::Answer(self.dup(keys, s, e));
         }
+        self.grants += 1;
         self.map.insert(
             k,
             ModelEntry {
@@ -103,9 +123,15 @@ impl Model {
                 expires_at: self.now + ttl_ms,
                 hash,
                 response: None,
+                grant: self.grants,
             },
         );
-        Decision::Proceed
+        Expect::Grant(self.grants)
+    }
+
+    /// The entry `grant` made, if `k` still holds it.
+    fn held_by(&mut self, k: usize, grant: u64) -> Option<&mut ModelEntry> {
+        self.map.get_mut(&k).filter(|e| e.grant == grant)
     }
 }
 
@@ -130,26 +156,51 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         .build()
         .unwrap();
     let (mut m, mut owner) = start(&path, clock.clone());
+    // Per key, the grants not yet settled, with the model's number for each.
+    let mut held: HashMap<usize, Vec<(u64, Grant)>> = HashMap::new();
     for op in ops {
         match op {
             Op::Reserve(k, ttl, h, sib) => {
                 let mut r = reserve(&keys[k], ttl * 1_000, h);
                 r.siblings = sib.map(|s| keys[s].clone()).into_iter().collect();
                 let got = rt.block_on(m.reserve(r));
-                let want = model.reserve(&keys, k, ttl * 1_000, h, sib);
-                prop_assert_eq!(got, want, "reserve {} at {}", k, model.now - T0);
+                match (got, model.reserve(&keys, k, ttl * 1_000, h, sib)) {
+                    (Decision::Proceed(g), Expect::Grant(id)) => {
+                        prop_assert_eq!(g.key(), &keys[k]);
+                        held.entry(k).or_default().push((id, g));
+                    }
+                    (got, Expect::Answer(want)) => {
+                        prop_assert_eq!(got, want, "reserve {} at {}", k, model.now - T0)
+                    }
+                    (got, Expect::Grant(_)) => {
+                        prop_assert!(false, "reserve {}: expected a grant, got {:?}", k, got)
+                    }
+                }
             }
-            Op::Commit(k, with_response) => {
+            Op::Commit(k, with_response, pick) => {
+                let Some((id, g)) = take(&mut held, k, pick) else {
+                    continue;
+                };
                 let snap = with_response.then(|| snapshot(k));
-                m.commit(keys[k].clone(), snap.clone()).unwrap();
+                m.commit(g, snap.clone()).unwrap();
                 let now = model.now;
-                if let Some(e) = model.map.get_mut(&k).filter(|e| now < e.expires_at) {
+                if let Some(e) = model.held_by(k, id).filter(|e| now < e.expires_at) {
                     e.state = State::Committed;
                     e.response = snap;
                 }
             }
-            Op::Release(k) => {
-                m.release(keys[k].clone()).unwrap();
+            Op::Release(k, pick) => {
+                let Some((id, g)) = take(&mut held, k, pick) else {
+                    continue;
+                };
+                m.release(g).unwrap();
+                if model.held_by(k, id).is_some() {
+                    model.map.remove(&k);
+                }
+            }
+            Op::ForceRelease(k) => {
+                let was_live = rt.block_on(m.force_release(keys[k].clone())).unwrap();
+                prop_assert_eq!(was_live, model.live(k).is_some(), "force release {}", k);
                 model.map.remove(&k);
             }
             Op::Advance(ms) => {
@@ -159,6 +210,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Restart => {
                 owner.stop();
                 (m, owner) = start(&path, clock.clone());
+                // A grant belongs to the owner that made it, which is gone.
+                held.clear();
             }
         }
         // The published count and the owner's own count agree with the model's live keys.
@@ -178,6 +231,17 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     }
     owner.stop();
     Ok(())
+}
+
+/// Takes one of `k`'s unsettled grants, if it has any.
+fn take(
+    held: &mut HashMap<usize, Vec<(u64, Grant)>>,
+    k: usize,
+    pick: usize,
+) -> Option<(u64, Grant)> {
+    let grants = held.get_mut(&k).filter(|g| !g.is_empty())?;
+    let i = pick % grants.len();
+    Some(grants.swap_remove(i))
 }
 
 proptest! {

@@ -1040,3 +1040,59 @@ async fn connection_cap_holds_new_connections_until_one_closes() {
         200
     );
 }
+
+/// The operator releases a key while its trade is at the executor (`keys release`), and
+/// the sender's retry goes through. The first trade then fails, and the gateway releases
+/// its grant: that must not free the retry's reservation, whose trade is still at the
+/// executor. A third copy sent meanwhile is refused, and the executor sees two orders.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_late_release_leaves_the_retry_the_operator_let_through_held() {
+    let exec = MockExecutor::start().await;
+    exec.set_mode(Mode::SlowFail(Duration::from_millis(1200)));
+    let mut setup = Setup::new(Some(&exec.url()));
+    setup.set("executor", "timeout", "8s");
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let mut t = trade("BTCUSDT");
+    t["idempotencyKey"] = json!("operator-let-through");
+    let key = "client:psk:live:operator-let-through";
+    let send = || {
+        let (client, url, body) = (gw.client.clone(), gw.url(), t.to_string());
+        tokio::spawn(async move { client.request(hyper::Method::POST, &url, &[], body).await })
+    };
+    let at_executor = async |n: usize| {
+        while exec.calls() < n {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    };
+    let first = send();
+    at_executor(1).await;
+    let release = format!(
+        "/keys/{}/release",
+        hoox_edge::admin::client::encode_key(key)
+    );
+    assert_eq!(gw.admin("POST", &release).await.0, 200);
+    exec.set_mode(Mode::Slow(Duration::from_millis(5000)));
+    let second = send();
+    at_executor(2).await;
+
+    let r = first.await.unwrap();
+    assert_eq!(r.status, 502, "{}", r.json());
+    assert_eq!(
+        key_state(&gw, key).await,
+        "pending",
+        "the retry's key was freed"
+    );
+    let third = gw.post(&t, &[]).await;
+    assert_eq!(third.status, 409, "{}", third.json());
+    assert!(
+        !second.is_finished(),
+        "the retry left the executor too soon for this test"
+    );
+    assert_eq!(exec.calls(), 2, "a third order reached the executor");
+
+    let r = second.await.unwrap();
+    assert_eq!(r.status, 200, "{}", r.json());
+    assert_eq!(key_state(&gw, key).await, "committed");
+    assert_eq!(exec.calls(), 2);
+}

@@ -24,7 +24,7 @@ use crate::gateway::problem::Problem;
 use crate::gateway::{idem, trade};
 use crate::metrics::Metrics;
 use crate::mutex::key::{Fingerprint, KeyError, bucket_of};
-use crate::mutex::{Decision, Key, Mutex, Reserve, Snapshot};
+use crate::mutex::{Decision, Grant, Key, Mutex, Reserve, Snapshot};
 
 /// The largest webhook body (SPEC §3).
 pub const MAX_BODY: usize = 64 * 1024;
@@ -244,8 +244,8 @@ async fn pipeline(
         return Err(halted());
     }
     // Reserve.
-    match gw.mutex.reserve(reserve).await {
-        Decision::Proceed => {}
+    let grant = match gw.mutex.reserve(reserve).await {
+        Decision::Proceed(grant) => grant,
         Decision::Halted => return Err(halted()),
         Decision::Duplicate(d) => {
             gw.metrics.duplicate();
@@ -272,13 +272,13 @@ async fn pipeline(
             log::error!("mutex unavailable, refusing trade: {u} request_id={request_id}");
             return Err(keyed(Problem::from(&u), None));
         }
-    }
+    };
     // Rate limit: after the reserve, so a duplicate costs no quota; a refusal releases.
     if let Some(limiter) = &gw.limiter
         && let Err(retry) = limiter.check(&client, Instant::now())
     {
         gw.metrics.rate_limited();
-        let settled = release(gw, &key);
+        let settled = release(gw, grant);
         return Err(keyed(Problem::rate_limited(retry), Some(settled)));
     }
     // Executor, then settle the key. A client that hangs up drops this future, and that
@@ -291,8 +291,7 @@ async fn pipeline(
     };
     let (response, settled, code) = if gw.executor.may_wait() {
         let gw2 = gw.clone();
-        let key2 = key.clone();
-        let task = tokio::spawn(async move { execute_and_settle(&gw2, key2, order).await });
+        let task = tokio::spawn(async move { execute_and_settle(&gw2, grant, order).await });
         match task.await {
             Ok(r) => r,
             // The task panicked: the key stays pending until its TTL, which is safe.
@@ -302,7 +301,7 @@ async fn pipeline(
             }
         }
     } else {
-        execute_and_settle(gw, key.clone(), order).await
+        execute_and_settle(gw, grant, order).await
     };
     Ok(Answer {
         response,
@@ -315,7 +314,7 @@ async fn pipeline(
 
 async fn execute_and_settle(
     gw: &Gateway,
-    key: Key,
+    grant: Grant,
     order: Order,
 ) -> (Response<Full<Bytes>>, Settled, Option<&'static str>) {
     let started = Instant::now();
@@ -331,12 +330,12 @@ async fn execute_and_settle(
                 status,
                 body: body.to_vec(),
             });
-            let settled = match gw.mutex.commit(key.clone(), snapshot) {
+            let settled = match gw.mutex.commit(grant, snapshot) {
                 Ok(()) => Settled::Committed,
                 // The order went through but the commit did not: the key stays pending until
                 // its TTL, which blocks retries just as well. Say so.
                 Err(e) => {
-                    log::error!("commit failed, key held until TTL: {e} key={key}");
+                    log::error!("commit failed, key held until TTL: {e} key={}", order.key);
                     Settled::Held
                 }
             };
@@ -344,17 +343,20 @@ async fn execute_and_settle(
         }
         Outcome::SoftFail { status, .. } | Outcome::Failed { status, .. } => problem(
             Problem::ExecutionFailed(format!("executor answered {status} without success")),
-            release(gw, &key),
+            release(gw, grant),
         ),
         Outcome::NotSent(why) => {
-            log::warn!("executor unreachable, key released: {why} key={key}");
-            problem(Problem::ExecutorUnreachable, release(gw, &key))
+            log::warn!(
+                "executor unreachable, key released: {why} key={}",
+                order.key
+            );
+            problem(Problem::ExecutorUnreachable, release(gw, grant))
         }
         Outcome::Unknown(why) => {
-            log::error!("executor outcome unknown: {why} key={key}");
+            log::error!("executor outcome unknown: {why} key={}", order.key);
             match gw.on_unknown {
                 OnUnknown::Hold => problem(Problem::OutcomeUnknown, Settled::Held),
-                OnUnknown::Release => problem(Problem::OutcomeUnknown, release(gw, &key)),
+                OnUnknown::Release => problem(Problem::OutcomeUnknown, release(gw, grant)),
             }
         }
     }
@@ -363,8 +365,8 @@ async fn execute_and_settle(
 /// Releases soft-fail: a lost release leaves the key pending until its TTL, which is safe.
 /// The handle counts and logs a failure; the trade's answer does not change, but its
 /// `Hoox-Idempotency-Outcome` says `held`, so the client knows a retry will be refused.
-fn release(gw: &Gateway, key: &Key) -> Settled {
-    match gw.mutex.release(key.clone()) {
+fn release(gw: &Gateway, grant: Grant) -> Settled {
+    match gw.mutex.release(grant) {
         Ok(()) => Settled::Released,
         Err(_) => Settled::Held,
     }

@@ -108,13 +108,14 @@ pub struct Snapshot {
 }
 
 /// What the owner decided for a reserve.
-// `Duplicate` carries a `Key` inline (bounded, no allocation); a decision is made once per
-// request and moved through one channel, so its size costs nothing worth a Box.
+// `Proceed` and `Duplicate` carry a `Key` inline (bounded, no allocation); a decision is made
+// once per request and moved through one channel, so its size costs nothing worth a Box.
 #[allow(clippy::large_enum_variant)]
-#[derive(Debug, Clone, PartialEq)]
+#[derive(Debug, PartialEq)]
 pub enum Decision {
-    /// The key is ours, and that is durable on disk.
-    Proceed,
+    /// The key is ours, and that is durable on disk. Settle it with [`Mutex::commit`] or
+    /// [`Mutex::release`], which take the grant.
+    Proceed(Grant),
     /// A live entry holds the key.
     Duplicate(Duplicate),
     /// A live entry holds the key with a different payload hash.
@@ -125,6 +126,27 @@ pub enum Decision {
     Halted,
     /// The mutex cannot guarantee anything right now: refuse the trade.
     Unavailable(Unavailable),
+}
+
+/// A reservation the owner granted: the entry it made, not only its key. Commit and
+/// release take it, and act only while the key still holds that entry. Between the grant
+/// and its settling, an operator may release the key (`keys release`) and a retry may
+/// reserve it again while the first trade is still executing; the first trade's commit or
+/// release must not touch that newer reservation, or its release would let a third
+/// delivery through while the second is in flight. Not `Clone`: each grant is settled at
+/// most once.
+#[derive(Debug, PartialEq, Eq)]
+pub struct Grant {
+    key: Key,
+    /// The entry's sequence number, unique for the life of the process (the owner never
+    /// hands one out twice, across reopens too).
+    seq: u64,
+}
+
+impl Grant {
+    pub fn key(&self) -> &Key {
+        &self.key
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
@@ -200,8 +222,8 @@ pub(crate) enum Command {
     /// Commit and release are not answered: the channel keeps their order, so every later
     /// command sees them, and no answer could promise more (they are never made durable
     /// on their own; see `owner.rs`).
-    Commit(Box<Key>, Option<Snapshot>),
-    Release(Box<Key>),
+    Commit(Box<Grant>, Option<Snapshot>),
+    Release(Box<Grant>),
     Get(
         Box<Key>,
         oneshot::Sender<Result<Option<EntryInfo>, Unavailable>>,
@@ -296,7 +318,7 @@ impl Mutex {
         let s = &self.shared.stats;
         stats::inc(&s.reserves);
         stats::inc(match d {
-            Decision::Proceed => &s.proceeds,
+            Decision::Proceed(_) => &s.proceeds,
             Decision::Duplicate(_) => &s.duplicates,
             Decision::Mismatch => &s.mismatches,
             Decision::Halted | Decision::Unavailable(_) => &s.unavailable,
@@ -304,18 +326,22 @@ impl Mutex {
         d
     }
 
-    /// Pending becomes committed; the expiry does not move. Queued, not awaited: `Ok`
-    /// means every later command to the mutex, from any caller, sees the key committed.
-    /// It rides in the next journal record, so a crash can undo it; the key is then
-    /// pending until its TTL, which blocks a retry just as well.
-    pub fn commit(&self, key: Key, response: Option<Snapshot>) -> Result<(), Unavailable> {
-        self.send(Command::Commit(Box::new(key), response))
+    /// The grant's entry becomes committed; the expiry does not move. Queued, not awaited:
+    /// `Ok` means every later command to the mutex, from any caller, sees the key
+    /// committed, unless the key no longer holds this grant's entry (it was released by
+    /// an operator, or expired), in which case nothing changes. It rides in the next
+    /// journal record, so a crash can undo it; the key is then pending until its TTL,
+    /// which blocks a retry just as well.
+    pub fn commit(&self, grant: Grant, response: Option<Snapshot>) -> Result<(), Unavailable> {
+        self.send(Command::Commit(Box::new(grant), response))
     }
 
-    /// Frees the key so that a retry may reserve it; queued like [`Mutex::commit`]. A
-    /// failure is counted, and the key then simply lives until its TTL, which is safe.
-    pub fn release(&self, key: Key) -> Result<(), Unavailable> {
-        let r = self.send(Command::Release(Box::new(key.clone())));
+    /// Frees the grant's entry so that a retry may reserve the key; queued like
+    /// [`Mutex::commit`], and like it a no-op once the key holds another entry. A failure
+    /// is counted, and the key then simply lives until its TTL, which is safe.
+    pub fn release(&self, grant: Grant) -> Result<(), Unavailable> {
+        let key = grant.key.clone();
+        let r = self.send(Command::Release(Box::new(grant)));
         if let Err(u) = &r {
             stats::inc(&self.shared.stats.release_failures);
             log::warn!("mutex: release of {key} failed ({u}); it stays held until its TTL");

@@ -27,8 +27,8 @@ use super::stats::inc;
 use super::store::{self, Batch, Entry, Store, WriteError};
 use super::wheel::Wheel;
 use super::{
-    Clock, Command, Config, Decision, Duplicate, EntryInfo, Key, PayloadHash, Reserve, Shared,
-    State, Status, Unavailable,
+    Clock, Command, Config, Decision, Duplicate, EntryInfo, Grant, Key, PayloadHash, Reserve,
+    Shared, State, Status, Unavailable,
 };
 
 /// First pause after a failure; doubled up to `Config::reopen_backoff_max`.
@@ -88,9 +88,8 @@ impl Live {
 
 /// An answer computed inside a batch, sent only once the batch's commit has returned.
 enum Reply {
-    /// A Proceed: kept with its request and the entry it made, in case nobody is left to
-    /// take it.
-    Granted(oneshot::Sender<Decision>, Box<Reserve>, u64),
+    /// A Proceed, kept apart in case nobody is left to take it.
+    Granted(oneshot::Sender<Decision>, Grant),
     Decision(oneshot::Sender<Decision>, Decision),
     Unit(oneshot::Sender<Result<(), Unavailable>>),
     Entry(
@@ -106,14 +105,17 @@ enum Reply {
 }
 
 impl Reply {
-    /// Returns the request of a Proceed whose caller had already given up (its deadline
+    /// Returns the grant of a Proceed whose caller had already given up (its deadline
     /// passed, or its client went away): the trade was never sent, and its key must be
     /// freed for a retry (`Owner::release_abandoned`). Any other answer nobody takes is
     /// simply dropped.
-    fn send(self) -> Option<(Box<Reserve>, u64)> {
+    fn send(self) -> Option<Grant> {
         let _ = match self {
-            Reply::Granted(tx, req, seq) => {
-                return tx.send(Decision::Proceed).err().map(|_| (req, seq));
+            Reply::Granted(tx, grant) => {
+                return match tx.send(Decision::Proceed(grant)) {
+                    Err(Decision::Proceed(grant)) => Some(grant),
+                    _ => None,
+                };
             }
             Reply::Decision(tx, d) => tx.send(d).map_err(drop),
             Reply::Unit(tx) => tx.send(Ok(())).map_err(drop),
@@ -154,8 +156,8 @@ struct Owner {
     /// durability, ride in the next record instead of costing one of their own (see
     /// `write_batch`). Empty between batches otherwise, its buffers kept for reuse.
     carry: Batch,
-    /// Grants sent this turn that nobody took, with their entries, released at its end.
-    abandoned: Vec<(Box<Reserve>, u64)>,
+    /// Grants sent this turn that nobody took, released at its end.
+    abandoned: Vec<Grant>,
     index: HashMap<Rc<str>, Live>,
     /// Alarms carry the expiry they were set for, so an alarm left behind by a released and
     /// re-reserved key is recognised as stale and ignored.
@@ -445,19 +447,22 @@ impl Owner {
     ) -> Result<Option<Reply>, Box<(WriteError, Option<Command>)>> {
         match cmd {
             Command::Reserve(req, tx) => match self.reserve(&req, w, now_wall, now_mono) {
-                Ok(Decision::Proceed) => {
+                Ok(Decision::Proceed(grant)) => {
                     *durable = true;
-                    // `reserve` has just made the entry: the last sequence number.
-                    let seq = self.next_seq - 1;
-                    Ok(Some(Reply::Granted(tx, req, seq)))
+                    Ok(Some(Reply::Granted(tx, grant)))
                 }
                 Ok(d) => Ok(Some(Reply::Decision(tx, d))),
                 Err(e) => Err(Box::new((e, Some(Command::Reserve(req, tx))))),
             },
-            Command::Commit(key, response) => {
-                let Some(live) = self.live_mut(&key, (now_wall, now_mono)) else {
-                    // Expired or released meanwhile: nothing left to mark.
-                    log::debug!("mutex: commit of {key} found no live entry");
+            Command::Commit(grant, response) => {
+                let key = &grant.key;
+                let Some(live) = self
+                    .live_mut(key, (now_wall, now_mono))
+                    .filter(|l| l.seq == grant.seq)
+                else {
+                    // Expired, or released by an operator (and perhaps reserved again):
+                    // this grant's entry is gone, and a newer one is not this trade's.
+                    log::warn!(key = key.as_str(); "mutex: commit found its entry gone (released by an operator, or expired); nothing marked");
                     return Ok(None);
                 };
                 live.state = State::Committed;
@@ -479,9 +484,13 @@ impl Owner {
                     Err(e) => Err(Box::new((e, None))),
                 }
             }
-            Command::Release(key) => match self.remove(&key, w, (now_wall, now_mono)) {
-                Ok(_) => {
+            Command::Release(grant) => match self.release(&grant, w, (now_wall, now_mono)) {
+                Ok(true) => {
                     inc(&self.shared.stats.releases);
+                    Ok(None)
+                }
+                Ok(false) => {
+                    log::warn!(key = grant.key.as_str(); "mutex: release found its entry gone (released by an operator, or expired); nothing freed");
                     Ok(None)
                 }
                 Err(e) => Err(Box::new((e, None))),
@@ -574,7 +583,10 @@ impl Owner {
         w.put(seq, &entry)?;
         self.next_seq += 1;
         self.track(seq, Rc::from(req.key.as_str()), &entry, now_wall, now_mono);
-        Ok(Decision::Proceed)
+        Ok(Decision::Proceed(Grant {
+            key: req.key.clone(),
+            seq,
+        }))
     }
 
     /// Frees the keys of grants whose callers had given up (see `Reply::send`), as the
@@ -586,15 +598,13 @@ impl Owner {
             return;
         }
         let mut w = std::mem::take(&mut self.carry);
-        for (req, seq) in std::mem::take(&mut self.abandoned) {
-            let key = req.key.as_str();
+        for grant in std::mem::take(&mut self.abandoned) {
+            let key = grant.key.as_str();
             // Only that grant's own entry: later in the same turn an operator may have
             // released the key, and another caller reserved it again.
-            if self.index.get(key).is_none_or(|l| l.seq != seq) {
-                continue;
-            }
-            match self.remove(&req.key, &mut w, now) {
-                Ok(_) => {
+            match self.release(&grant, &mut w, now) {
+                Ok(false) => {}
+                Ok(true) => {
                     inc(&self.shared.stats.releases);
                     log::warn!(key = key; "mutex: reserve granted after its caller gave up; released");
                 }
@@ -605,6 +615,24 @@ impl Owner {
         }
         self.carry = w;
         self.publish_index();
+    }
+
+    /// Deletes the entry `grant` made, live or not, if the key still holds it. Returns
+    /// whether it did.
+    fn release(
+        &mut self,
+        grant: &Grant,
+        w: &mut Batch,
+        now: (u64, u64),
+    ) -> Result<bool, WriteError> {
+        if self
+            .index
+            .get(grant.key.as_str())
+            .is_none_or(|l| l.seq != grant.seq)
+        {
+            return Ok(false);
+        }
+        self.remove(&grant.key, w, now).map(|_| true)
     }
 
     /// Deletes a key's entry, live or not. Returns whether it was live.
@@ -754,7 +782,10 @@ impl Owner {
                     }
                     self.track(seq, Rc::from(e.key.as_str()), &e, now_wall, now_mono);
                 }
-                self.next_seq = loaded.next_seq;
+                // Never backwards: a grant from before the failure may still be settled,
+                // and must not match a newer entry that reused its number (the table's
+                // numbers restart after its highest, which may have been released).
+                self.next_seq = self.next_seq.max(loaded.next_seq);
                 if skipped > 0 {
                     log::warn!("mutex: ignored {skipped} stored keys of an unknown shape");
                 }
@@ -919,5 +950,77 @@ fn info(key: &Key, l: &Live) -> EntryInfo {
         stored_at: l.stored_at,
         expires_at: l.expires_at,
         has_response: l.has_response,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// An owner driven turn by turn on this thread, on a fresh database.
+    fn owner(dir: &std::path::Path) -> Owner {
+        let config = Config {
+            path: dir.join("m.redb"),
+            journal_bytes: 64 * 1024,
+            ..Config::default()
+        };
+        let (clock, _time) = Clock::manual(1_800_000_000_000);
+        let mut o = Owner::new(config, clock, Arc::default(), false);
+        o.reopen();
+        assert!(o.store.is_some(), "{:?}", o.failure);
+        o
+    }
+
+    /// Runs one command in a turn of its own and returns its answer.
+    fn ask<T>(o: &mut Owner, make: impl FnOnce(oneshot::Sender<T>) -> Command) -> T {
+        let (tx, mut rx) = oneshot::channel();
+        o.turn(&mut vec![make(tx)]);
+        rx.try_recv().expect("answered within the turn")
+    }
+
+    fn reserve(o: &mut Owner, key: &Key) -> Decision {
+        let req = Reserve {
+            key: key.clone(),
+            ttl: Duration::from_secs(300),
+            payload_hash: [1; 32],
+            siblings: Vec::new(),
+        };
+        ask(o, |tx| Command::Reserve(Box::new(req), tx))
+    }
+
+    /// The table numbers its entries on from its highest at each open, so after the
+    /// highest was released a reopen would hand that number out again. A grant from
+    /// before the failure, settled after the reopen, would then act on the new entry of
+    /// the same key: a late release would free a reservation whose trade is in flight.
+    #[test]
+    fn a_reopen_never_reuses_a_grants_number() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let key = Key::from_stored("trade:x:BTC:LONG:1:live:1").unwrap();
+        let Decision::Proceed(old) = reserve(&mut o, &key) else {
+            panic!("a fresh key is granted")
+        };
+        assert!(
+            ask(&mut o, |tx| Command::ForceRelease(
+                Box::new(key.clone()),
+                tx
+            ))
+            .unwrap()
+        );
+        // The disk fails and the owner reopens, as after a real fault: the table is empty.
+        o.fail(Unavailable::CommitFailed("a fault".into()));
+        o.reopen();
+        assert!(o.store.is_some(), "{:?}", o.failure);
+        let Decision::Proceed(new) = reserve(&mut o, &key) else {
+            panic!("the released key is granted again")
+        };
+        assert_ne!(old.seq, new.seq);
+        o.turn(&mut vec![Command::Release(Box::new(old))]);
+        assert!(
+            matches!(reserve(&mut o, &key), Decision::Duplicate(_)),
+            "the stale grant's release freed the new reservation"
+        );
+        o.turn(&mut vec![Command::Release(Box::new(new))]);
+        assert!(matches!(reserve(&mut o, &key), Decision::Proceed(_)));
     }
 }

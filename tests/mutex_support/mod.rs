@@ -4,7 +4,7 @@
 use std::path::Path;
 use std::time::Duration;
 
-use hoox_edge::mutex::{self, ClientKey, Clock, Config, Key, Mode, Reserve};
+use hoox_edge::mutex::{self, ClientKey, Clock, Config, Decision, Grant, Key, Mode, Reserve};
 
 pub fn config(path: &Path) -> Config {
     Config {
@@ -29,6 +29,14 @@ pub fn reserve(k: &Key, ttl_ms: u64, hash: u8) -> Reserve {
         ttl: Duration::from_millis(ttl_ms),
         payload_hash: [hash; 32],
         siblings: Vec::new(),
+    }
+}
+
+/// The grant of a Proceed. Panics, naming the decision, on anything else.
+pub fn granted(d: Decision) -> Grant {
+    match d {
+        Decision::Proceed(g) => g,
+        other => panic!("expected Proceed, got {other:?}"),
     }
 }
 

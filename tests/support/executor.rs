@@ -34,6 +34,8 @@ pub enum Mode {
     Reset,
     /// Success, after this long: keeps an order in flight so that duplicates race it.
     Slow(Duration),
+    /// 500, after this long.
+    SlowFail(Duration),
 }
 
 /// One request as the mock received it.
@@ -261,6 +263,13 @@ async fn answer(
             StatusCode::INTERNAL_SERVER_ERROR,
             serde_json::json!({"success": false, "error": "exchange down"}),
         ),
+        Mode::SlowFail(delay) => {
+            tokio::time::sleep(delay).await;
+            reply(
+                StatusCode::INTERNAL_SERVER_ERROR,
+                serde_json::json!({"success": false, "error": "exchange down"}),
+            )
+        }
         Mode::Hang => std::future::pending().await,
         Mode::Reset => {
             reset.notify_one();
