@@ -138,6 +138,7 @@ fn req(caller: usize, n: u64) -> Reserve {
         ttl: Duration::from_secs(300),
         payload_hash: [1; 32],
         siblings: Vec::new(),
+        guard: None,
     }
 }
 

@@ -393,8 +393,7 @@ impl Config {
                     return Err(err("executor.timeout", "must be more than 0s".into()));
                 }
                 // A key that expires while its order is out no longer stands between a
-                // retry and that order, and the order's late release would free the key's
-                // next holder.
+                // retry and that order.
                 if ttl <= executor_timeout {
                     return Err(err(
                         "store.ttl",

@@ -112,6 +112,7 @@ fn reserve(key: &Key) -> Reserve {
         ttl: Duration::from_secs(300),
         payload_hash: [7; 32],
         siblings: Vec::new(),
+        guard: None,
     }
 }
 

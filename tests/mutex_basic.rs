@@ -5,7 +5,7 @@ mod mutex_support;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use hoox_edge::mutex::{Clock, Decision, Key, Snapshot, State, Unavailable, key::BUCKET_MS};
+use hoox_edge::mutex::{Clock, Decision, Guard, Key, Snapshot, State, Unavailable, key::BUCKET_MS};
 use mutex_support::*;
 
 const T0: u64 = 1_800_000_000_000;
@@ -451,6 +451,70 @@ fn a_grant_settles_only_its_own_entry() {
         ));
         m.release(new).unwrap();
         granted(m.reserve(reserve(&e, 1_000, 1)).await);
+    });
+    owner.stop();
+}
+
+/// A signed request's guard: checked after the trade's own key, so that a resend inside
+/// the minute gets the trade's answer; the holder once the trade's key has moved on (a
+/// fingerprint of a later minute); committed with the trade and released with it; gone
+/// at its own TTL; and counted against the capacity.
+#[test]
+fn a_guard_holds_a_signature_beside_its_trade() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, time) = Clock::manual(T0);
+    let mut cfg = config(&dir.path().join("m.redb"));
+    cfg.capacity = 5;
+    let (m, owner) = hoox_edge::mutex::start(cfg, clock);
+    let guarded = |k: &Key, sig: u8| {
+        let mut r = reserve(k, 300_000, 1);
+        r.guard = Some(Guard {
+            key: Key::signature(&[sig; 32]),
+            ttl: Duration::from_secs(600),
+        });
+        r
+    };
+    let sig = |n: u8| Key::signature(&[n; 32]);
+    rt().block_on(async {
+        let (minute_1, minute_3) = (key("minute-1"), key("minute-3"));
+        let g = granted(m.reserve(guarded(&minute_1, 1)).await);
+        match m.reserve(guarded(&minute_1, 1)).await {
+            Decision::Duplicate(d) => assert_eq!(d.key, minute_1, "the trade's key answers first"),
+            other => panic!("expected the trade's duplicate, got {other:?}"),
+        }
+        time.advance_ms(120_000);
+        match m.reserve(guarded(&minute_3, 1)).await {
+            Decision::Duplicate(d) => {
+                assert_eq!(d.key, sig(1));
+                assert_eq!(d.state, State::Pending);
+            }
+            other => panic!("a replay under a later key went through: {other:?}"),
+        }
+        m.commit(g, None).unwrap();
+        assert_eq!(
+            m.get(sig(1)).await.unwrap().unwrap().state,
+            State::Committed,
+            "committed with its trade"
+        );
+
+        // Released with its trade: the same request may be sent again.
+        let other = key("other");
+        let g = granted(m.reserve(guarded(&other, 2)).await);
+        m.release(g).unwrap();
+        assert_eq!(m.get(sig(2)).await.unwrap(), None);
+        granted(m.reserve(guarded(&other, 2)).await);
+
+        // Four entries live (two trades, two guards): a plain fifth fits, and then a
+        // guarded request, which needs two, does not.
+        granted(m.reserve(reserve(&key("plain"), 300_000, 1)).await);
+        assert_eq!(
+            m.reserve(guarded(&key("full"), 3)).await,
+            Decision::Unavailable(Unavailable::Capacity)
+        );
+
+        // The guard lives its own TTL: past it, the signature holds nothing.
+        time.advance_ms(600_000);
+        granted(m.reserve(guarded(&minute_3, 1)).await);
     });
     owner.stop();
 }

@@ -8,7 +8,9 @@ mod mutex_support;
 
 use std::collections::HashMap;
 
-use hoox_edge::mutex::{Clock, Decision, Duplicate, Grant, Key, Snapshot, State, key::BUCKET_MS};
+use hoox_edge::mutex::{
+    Clock, Decision, Duplicate, Grant, Guard, Key, Snapshot, State, key::BUCKET_MS,
+};
 use mutex_support::*;
 use proptest::prelude::*;
 
@@ -16,8 +18,9 @@ const T0: u64 = 1_800_000_000_000;
 
 #[derive(Debug, Clone)]
 enum Op {
-    /// key index, ttl in seconds, payload hash, sibling key index
-    Reserve(usize, u64, u8, Option<usize>),
+    /// key index, ttl in seconds, payload hash, sibling key index, guard (index, ttl in
+    /// seconds)
+    Reserve(usize, u64, u8, Option<usize>, Option<(usize, u64)>),
     /// key index, with a response, which of the key's unsettled grants
     Commit(usize, bool, usize),
     /// key index, which of the key's unsettled grants
@@ -30,21 +33,30 @@ enum Op {
 
 fn op() -> impl Strategy<Value = Op> {
     prop_oneof![
-        5 => (0..KEYS, prop_oneof![1..5u64, Just(90), Just(300)], 0..2u8, proptest::option::weighted(0.5, 0..KEYS))
-            .prop_map(|(k, t, h, s)| Op::Reserve(k, t, h, s)),
+        5 => (
+            0..KEYS,
+            prop_oneof![1..5u64, Just(90), Just(300)],
+            0..2u8,
+            proptest::option::weighted(0.5, 0..KEYS),
+            proptest::option::weighted(0.4, (0..GUARDS, prop_oneof![1..5u64, Just(600)])),
+        )
+            .prop_map(|(k, t, h, s, g)| Op::Reserve(k, t, h, s, g)),
         2 => (0..KEYS, any::<bool>(), 0..3usize).prop_map(|(k, r, g)| Op::Commit(k, r, g)),
         2 => (0..KEYS, 0..3usize).prop_map(|(k, g)| Op::Release(k, g)),
-        1 => (0..KEYS).prop_map(Op::ForceRelease),
+        1 => (0..KEYS + GUARDS).prop_map(Op::ForceRelease),
         3 => prop_oneof![3 => 0..1_500u64, 1 => Just(1), 1 => Just(BUCKET_MS - 1), 1 => Just(BUCKET_MS)].prop_map(Op::Advance),
         1 => Just(Op::Restart),
     ]
 }
 
 const KEYS: usize = 3;
+/// Signature guards, after the trade keys in `keys()`.
+const GUARDS: usize = 2;
 
 fn keys() -> Vec<Key> {
     (0..KEYS)
         .map(|i| Key::from_stored(&format!("trade:x:S:LONG:1:live:{i}")).unwrap())
+        .chain((0..GUARDS).map(|g| Key::signature(&[g as u8; 32])))
         .collect()
 }
 
@@ -101,6 +113,7 @@ impl Model {
         ttl_ms: u64,
         hash: u8,
         sib: Option<usize>,
+        guard: Option<(usize, u64)>,
     ) -> Expect {
         if let Some(e) = self.live(k) {
             if e.hash != hash {
@@ -114,18 +127,25 @@ impl Model {
         {
             return Expect::Answer(self.dup(keys, s, e));
         }
+        if let Some((g, _)) = guard
+            && let Some(e) = self.live(KEYS + g)
+        {
+            return Expect::Answer(self.dup(keys, KEYS + g, e));
+        }
         self.grants += 1;
-        self.map.insert(
-            k,
-            ModelEntry {
+        let entries = std::iter::once((k, ttl_ms, hash))
+            .chain(guard.map(|(g, ttl_s)| (KEYS + g, ttl_s * 1_000, 0)));
+        for (k, ttl_ms, hash) in entries {
+            let e = ModelEntry {
                 state: State::Pending,
                 stored_at: self.now,
                 expires_at: self.now + ttl_ms,
                 hash,
                 response: None,
                 grant: self.grants,
-            },
-        );
+            };
+            self.map.insert(k, e);
+        }
         Expect::Grant(self.grants)
     }
 
@@ -156,18 +176,24 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
         .build()
         .unwrap();
     let (mut m, mut owner) = start(&path, clock.clone());
-    // Per key, the grants not yet settled, with the model's number for each.
-    let mut held: HashMap<usize, Vec<(u64, Grant)>> = HashMap::new();
+    // Per key, the grants not yet settled, with the model's number for each and the
+    // index of its guard.
+    let mut held: HashMap<usize, Vec<Held>> = HashMap::new();
     for op in ops {
         match op {
-            Op::Reserve(k, ttl, h, sib) => {
+            Op::Reserve(k, ttl, h, sib, guard) => {
                 let mut r = reserve(&keys[k], ttl * 1_000, h);
                 r.siblings = sib.map(|s| keys[s].clone()).into_iter().collect();
+                r.guard = guard.map(|(g, ttl_s)| Guard {
+                    key: keys[KEYS + g].clone(),
+                    ttl: std::time::Duration::from_secs(ttl_s),
+                });
                 let got = rt.block_on(m.reserve(r));
-                match (got, model.reserve(&keys, k, ttl * 1_000, h, sib)) {
+                match (got, model.reserve(&keys, k, ttl * 1_000, h, sib, guard)) {
                     (Decision::Proceed(g), Expect::Grant(id)) => {
                         prop_assert_eq!(g.key(), &keys[k]);
-                        held.entry(k).or_default().push((id, g));
+                        let guard = guard.map(|(g, _)| KEYS + g);
+                        held.entry(k).or_default().push((id, g, guard));
                     }
                     (got, Expect::Answer(want)) => {
                         prop_assert_eq!(got, want, "reserve {} at {}", k, model.now - T0)
@@ -178,24 +204,29 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
             }
             Op::Commit(k, with_response, pick) => {
-                let Some((id, g)) = take(&mut held, k, pick) else {
+                let Some((id, g, guard)) = take(&mut held, k, pick) else {
                     continue;
                 };
                 let snap = with_response.then(|| snapshot(k));
                 m.commit(g, snap.clone()).unwrap();
                 let now = model.now;
-                if let Some(e) = model.held_by(k, id).filter(|e| now < e.expires_at) {
-                    e.state = State::Committed;
-                    e.response = snap;
+                let entries = std::iter::once((k, snap)).chain(guard.map(|g| (g, None)));
+                for (k, snap) in entries {
+                    if let Some(e) = model.held_by(k, id).filter(|e| now < e.expires_at) {
+                        e.state = State::Committed;
+                        e.response = snap;
+                    }
                 }
             }
             Op::Release(k, pick) => {
-                let Some((id, g)) = take(&mut held, k, pick) else {
+                let Some((id, g, guard)) = take(&mut held, k, pick) else {
                     continue;
                 };
                 m.release(g).unwrap();
-                if model.held_by(k, id).is_some() {
-                    model.map.remove(&k);
+                for k in std::iter::once(k).chain(guard) {
+                    if model.held_by(k, id).is_some() {
+                        model.map.remove(&k);
+                    }
                 }
             }
             Op::ForceRelease(k) => {
@@ -233,12 +264,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     Ok(())
 }
 
+/// An unsettled grant: the model's number for it, the grant, and its guard's index.
+type Held = (u64, Grant, Option<usize>);
+
 /// Takes one of `k`'s unsettled grants, if it has any.
-fn take(
-    held: &mut HashMap<usize, Vec<(u64, Grant)>>,
-    k: usize,
-    pick: usize,
-) -> Option<(u64, Grant)> {
+fn take(held: &mut HashMap<usize, Vec<Held>>, k: usize, pick: usize) -> Option<Held> {
     let grants = held.get_mut(&k).filter(|g| !g.is_empty())?;
     let i = pick % grants.len();
     Some(grants.swap_remove(i))

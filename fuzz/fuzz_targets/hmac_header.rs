@@ -77,8 +77,14 @@ fuzz_target!(|i: Input<'_>| {
         required,
     )
     .unwrap();
-    if let Ok(id) = all.authenticate(&input) {
-        assert!(id.as_str().len() <= 64 && !id.as_str().contains(':'));
+    if let Ok(ok) = all.authenticate(&input) {
+        let id = ok.identity.as_str();
+        assert!(id.len() <= 64 && !id.contains(':'));
+        // A signature is reported only when it verified.
+        if let Some(sig) = ok.signature {
+            let genuine = sign(HMAC, sig.timestamp, i.body);
+            assert_eq!(Ok(sig.mac), parse_signature_header(&genuine));
+        }
     }
 
     // The genuine signature of this body, now, always passes.

@@ -208,6 +208,29 @@ pub struct AuthInput<'a> {
     pub now_unix_s: i64,
 }
 
+/// A request that authenticated: who sent it, and its HMAC signature if one verified.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Authenticated {
+    pub identity: Identity,
+    pub signature: Option<Signature>,
+}
+
+/// A verified HMAC signature. Unlike a static secret it names one request, and it keeps
+/// authenticating that request, and only that one, until its timestamp leaves the window:
+/// the gateway holds a key of its own until then (`mutex::Guard`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Signature {
+    pub timestamp: i64,
+    pub mac: [u8; 32],
+}
+
+impl Signature {
+    /// The unix second after which it no longer authenticates.
+    pub fn valid_until(&self) -> i64 {
+        self.timestamp.saturating_add(HMAC_WINDOW_S as i64)
+    }
+}
+
 /// Who sent a request, as it namespaces client keys: `cert.<name>` (or
 /// `certhash.<prefix>.<hash>`, see [`Identity::cert`]) for a client certificate, `psk` for
 /// a shared secret. At most 64 characters of `[A-Za-z0-9._-]`,
@@ -303,44 +326,43 @@ impl Authenticator {
         }
     }
 
-    pub fn authenticate(&self, req: &AuthInput<'_>) -> Result<Identity, AuthError> {
-        let verdict = |m| self.check(m, req);
-        let ok = if self.required.is_empty() {
-            // Every configured method is checked, so a refusal reports the most telling
-            // reason: a wrong credential beats an expired one beats none at all.
-            let results: Vec<_> = Method::ALL
+    pub fn authenticate(&self, req: &AuthInput<'_>) -> Result<Authenticated, AuthError> {
+        // Every configured method is checked (or every required one), so a refusal
+        // reports the most telling reason: a wrong credential beats an expired one beats
+        // none at all; and a signature that verified is known even when another method
+        // was enough.
+        let checked: Vec<_> = if self.required.is_empty() {
+            Method::ALL
                 .into_iter()
                 .filter(|&m| self.configured(m))
-                .map(verdict)
-                .collect();
-            if results.iter().any(Result::is_ok) {
-                Ok(())
-            } else {
-                Err(worst(results.into_iter().filter_map(Result::err)))
-            }
+                .map(|m| self.check(m, req))
+                .collect()
         } else {
-            let errors: Vec<_> = self
-                .required
-                .iter()
-                .filter_map(|&m| verdict(m).err())
-                .collect();
-            if errors.is_empty() {
-                Ok(())
-            } else {
-                Err(worst(errors.into_iter()))
-            }
+            self.required.iter().map(|&m| self.check(m, req)).collect()
         };
-        ok.map(|()| match req.client_cert_name {
-            Some(cn) => Identity::cert(cn),
-            None => Identity::psk(),
+        let passed = if self.required.is_empty() {
+            checked.iter().any(Result::is_ok)
+        } else {
+            checked.iter().all(Result::is_ok)
+        };
+        if !passed {
+            return Err(worst(checked.into_iter().filter_map(Result::err)));
+        }
+        Ok(Authenticated {
+            identity: match req.client_cert_name {
+                Some(cn) => Identity::cert(cn),
+                None => Identity::psk(),
+            },
+            signature: checked.into_iter().find_map(|r| r.ok().flatten()),
         })
     }
 
-    fn check(&self, m: Method, req: &AuthInput<'_>) -> Result<(), AuthError> {
+    /// `Ok(Some)` for a signature that verified; `Ok(None)` for any other credential.
+    fn check(&self, m: Method, req: &AuthInput<'_>) -> Result<Option<Signature>, AuthError> {
         match m {
             Method::ApiKey => {
                 let presented = req.body_api_key.ok_or(AuthError::Missing)?;
-                matches_any(&self.api_keys, presented.as_bytes())
+                matches_any(&self.api_keys, presented.as_bytes()).map(|()| None)
             }
             Method::Bearer => {
                 let v = single(req.headers, hyper::header::AUTHORIZATION.as_str())?;
@@ -349,17 +371,17 @@ impl Authenticator {
                 if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
                     return Err(AuthError::Invalid);
                 }
-                matches_any(&self.bearer, token.as_bytes())
+                matches_any(&self.bearer, token.as_bytes()).map(|()| None)
             }
-            Method::Hmac => self.check_hmac(req),
+            Method::Hmac => self.check_hmac(req).map(Some),
             Method::Mtls => match req.client_cert_name {
-                Some(_) if self.mtls => Ok(()),
+                Some(_) if self.mtls => Ok(None),
                 _ => Err(AuthError::Missing),
             },
         }
     }
 
-    fn check_hmac(&self, req: &AuthInput<'_>) -> Result<(), AuthError> {
+    fn check_hmac(&self, req: &AuthInput<'_>) -> Result<Signature, AuthError> {
         let ts_text = single(req.headers, TIMESTAMP_HEADER);
         let sig_text = single(req.headers, SIGNATURE_HEADER);
         if let (Err(AuthError::Missing), Err(AuthError::Missing)) = (&ts_text, &sig_text) {
@@ -377,7 +399,10 @@ impl Authenticator {
             ok |= mac(s.expose(), ts_text.as_bytes(), req.raw_body).ct_eq(&sig);
         }
         if bool::from(ok) {
-            Ok(())
+            Ok(Signature {
+                timestamp: ts,
+                mac: sig,
+            })
         } else {
             Err(AuthError::Invalid)
         }
@@ -510,6 +535,9 @@ mod tests {
                 .header(SIGNATURE_HEADER, &sig)
         }
         fn run(&self, a: &Authenticator) -> Result<Identity, AuthError> {
+            self.authenticated(a).map(|ok| ok.identity)
+        }
+        fn authenticated(&self, a: &Authenticator) -> Result<Authenticated, AuthError> {
             a.authenticate(&AuthInput {
                 headers: &self.headers,
                 body_api_key: self.api_key,

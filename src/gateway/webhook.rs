@@ -24,7 +24,7 @@ use crate::gateway::problem::Problem;
 use crate::gateway::{idem, trade};
 use crate::metrics::Metrics;
 use crate::mutex::key::{Fingerprint, KeyError, bucket_of};
-use crate::mutex::{Decision, Grant, Key, Mutex, Reserve, Snapshot};
+use crate::mutex::{Decision, Grant, Guard, Key, Mutex, Reserve, Snapshot};
 
 /// The largest webhook body (SPEC §3).
 pub const MAX_BODY: usize = 64 * 1024;
@@ -190,7 +190,7 @@ async fn pipeline(
         // A poisoned lock means a reload panicked; the old value is still whole.
         Err(p) => p.into_inner().clone(),
     };
-    let identity = authenticator
+    let authenticated = authenticator
         .authenticate(&AuthInput {
             headers: &parts.headers,
             body_api_key,
@@ -205,7 +205,7 @@ async fn pipeline(
             );
             Answer::from(Problem::AuthFailed)
         })?;
-    let client = identity.to_string();
+    let client = authenticated.identity.to_string();
     let fail = |p: Problem| {
         let mut a = Answer::from(p);
         a.client = Some(client.clone());
@@ -216,18 +216,31 @@ async fn pipeline(
     // Key.
     let client_key = idem::resolve(&parts.headers, trade.idempotency_key()).map_err(fail)?;
     let now = crate::mutex::clock::unix_ms();
-    let reserve = match &client_key {
+    let mut reserve = match &client_key {
         Some(k) => Reserve {
             key: Key::client(&client, trade.mode(), k)
                 .map_err(|e| fail(Problem::InvalidIdempotencyKey(e.to_string())))?,
             ttl: gw.ttl,
             payload_hash: trade.payload_hash(),
             siblings: Vec::new(),
+            guard: None,
         },
         None if gw.require_client_key => return Err(fail(Problem::IdempotencyKeyRequired)),
         None => fingerprinted(&trade.fingerprint(), now, gw.ttl)
             .map_err(|e| fail(Problem::InvalidRequest(e.to_string())))?,
     };
+    // A signed request stays replayable until its timestamp leaves the window, which
+    // can outlast the trade's key (a fingerprint matches for a minute): its signature
+    // holds a key of its own until then, by this clock.
+    reserve.guard = authenticated.signature.map(|sig| {
+        let until_ms = u64::try_from(sig.valid_until().saturating_add(1))
+            .unwrap_or(0)
+            .saturating_mul(1000);
+        Guard {
+            key: Key::signature(&sig.mac),
+            ttl: Duration::from_millis(until_ms.saturating_sub(now)),
+        }
+    });
     let key = reserve.key.clone();
     let keyed = |p: Problem, settled: Option<Settled>| {
         let mut a = fail(p);
@@ -442,6 +455,7 @@ fn fingerprinted(fp: &Fingerprint, now_ms: u64, ttl: Duration) -> Result<Reserve
             Key::fingerprint(fp, bucket.saturating_sub(1))?,
             Key::fingerprint(fp, bucket + 1)?,
         ],
+        guard: None,
     })
 }
 

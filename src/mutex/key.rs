@@ -11,6 +11,10 @@
 //!   derived from the trade when the client sent no key. Exchange and symbol are
 //!   percent-encoded beyond `[A-Za-z0-9._/-]` (`BINANCE:BTC` is `BINANCE%3ABTC`), so no
 //!   two trades share a fingerprint through a `:` of their own.
+//!
+//! And one kind that guards them: `sig:{32 hex digits}`, the first half of a SHA-256 of a
+//! request's HMAC signature, held beside the trade's key while the signature could be
+//! replayed (`mutex::Guard`).
 
 use std::fmt;
 
@@ -140,10 +144,24 @@ impl Key {
         ])
     }
 
+    /// The replay guard of a request signed with `mac` (the signature's 32 bytes).
+    pub fn signature(mac: &[u8; 32]) -> Self {
+        use sha2::Digest;
+        let digest = sha2::Sha256::digest(mac);
+        let mut buf = heapless::String::new();
+        // "sig:" and 32 hex digits fit MAX_KEY many times over.
+        let _ = buf.push_str("sig:");
+        let _ = buf.push_str(&hex::encode(&digest[..16]));
+        Key(buf)
+    }
+
     /// Rebuilds a key read back from the table. Anything this version could not have
     /// written is refused rather than trusted.
     pub fn from_stored(s: &str) -> Result<Self, KeyError> {
-        if !(s.starts_with("client:") || s.starts_with("trade:")) {
+        let guard = s.strip_prefix("sig:").is_some_and(|h| {
+            h.len() == 32 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+        });
+        if !(s.starts_with("client:") || s.starts_with("trade:") || guard) {
             return Err(KeyError::Stored);
         }
         Self::build(&[s])
@@ -206,6 +224,23 @@ mod tests {
         let c = Key::client("bob", Mode::Live, &k).unwrap();
         assert_ne!(a, b);
         assert_ne!(a, c);
+    }
+
+    #[test]
+    fn a_signature_guard_is_its_own_namespace() {
+        let g = Key::signature(&[7; 32]);
+        assert!(g.as_str().starts_with("sig:"));
+        assert_eq!(g.as_str().len(), 4 + 32);
+        assert_ne!(g, Key::signature(&[8; 32]));
+        assert_eq!(Key::from_stored(g.as_str()).unwrap(), g);
+        for bad in [
+            "sig:",
+            "sig:xyz",
+            "sig:0123456789ABCDEF0123456789abcdef",
+            &format!("{g}0"),
+        ] {
+            assert_eq!(Key::from_stored(bad), Err(KeyError::Stored), "{bad}");
+        }
     }
 
     #[test]

@@ -82,6 +82,21 @@ pub struct Reserve {
     /// the boundary but reached the owner after one that read it just after. Decided
     /// inside the owner, so it is atomic with the reserve.
     pub siblings: Vec<Key>,
+    /// For a request whose HMAC signature verified: a key of the signature's own.
+    pub guard: Option<Guard>,
+}
+
+/// A key held beside the trade's own for as long as a credential stays replayable (an
+/// HMAC signature: until its timestamp leaves the window), so that the same request
+/// replayed later, once the trade's key no longer matches (a fingerprint's minute has
+/// passed), is a duplicate. The owner checks it after the trade's key and its siblings,
+/// so a resend inside the minute still gets the trade's own answer; it stores it in the
+/// same record as the trade's entry; and the trade's [`Grant`] commits and releases it, so
+/// that a request that was never sent may be sent again.
+#[derive(Debug, Clone)]
+pub struct Guard {
+    pub key: Key,
+    pub ttl: Duration,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]
@@ -141,6 +156,8 @@ pub struct Grant {
     /// The entry's sequence number, unique for the life of the process (the owner never
     /// hands one out twice, across reopens too).
     seq: u64,
+    /// The [`Guard`]'s entry, made in the same batch, settled with this one.
+    guard: Option<Box<Grant>>,
 }
 
 impl Grant {

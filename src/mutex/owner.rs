@@ -28,7 +28,7 @@ use super::store::{self, Batch, Entry, Store, WriteError};
 use super::wheel::Wheel;
 use super::{
     Clock, Command, Config, Decision, Duplicate, EntryInfo, Grant, Key, PayloadHash, Reserve,
-    Shared, State, Status, Unavailable,
+    Shared, Snapshot, State, Status, Unavailable,
 };
 
 /// First pause after a failure; doubled up to `Config::reopen_backoff_max`.
@@ -455,34 +455,19 @@ impl Owner {
                 Err(e) => Err(Box::new((e, Some(Command::Reserve(req, tx))))),
             },
             Command::Commit(grant, response) => {
-                let key = &grant.key;
-                let Some(live) = self
-                    .live_mut(key, (now_wall, now_mono))
-                    .filter(|l| l.seq == grant.seq)
-                else {
+                let now = (now_wall, now_mono);
+                let committed = self.commit(&grant, response, w, now);
+                let guard = grant.guard.as_ref().map(|g| self.commit(g, None, w, now));
+                match (committed, guard.transpose()) {
+                    (Ok(true), Ok(_)) => inc(&self.shared.stats.commits),
                     // Expired, or released by an operator (and perhaps reserved again):
                     // this grant's entry is gone, and a newer one is not this trade's.
-                    log::warn!(key = key.as_str(); "mutex: commit found its entry gone (released by an operator, or expired); nothing marked");
-                    return Ok(None);
-                };
-                live.state = State::Committed;
-                live.has_response = response.is_some();
-                let seq = live.seq;
-                let entry = Entry {
-                    key: key.as_str().to_string(),
-                    state: State::Committed,
-                    stored_at: live.stored_at,
-                    expires_at: live.expires_at,
-                    payload_hash: live.payload_hash,
-                    response,
-                };
-                match w.put(seq, &entry) {
-                    Ok(()) => {
-                        inc(&self.shared.stats.commits);
-                        Ok(None)
+                    (Ok(false), Ok(_)) => {
+                        log::warn!(key = grant.key.as_str(); "mutex: commit found its entry gone (released by an operator, or expired); nothing marked")
                     }
-                    Err(e) => Err(Box::new((e, None))),
+                    (Err(e), _) | (_, Err(e)) => return Err(Box::new((e, None))),
                 }
+                Ok(None)
             }
             Command::Release(grant) => match self.release(&grant, w, (now_wall, now_mono)) {
                 Ok(true) => {
@@ -560,33 +545,93 @@ impl Owner {
                 return Ok(Decision::Duplicate(duplicate(sib, live, now_wall)));
             }
         }
-        // An expired entry of this same key is about to be replaced, so it does not count.
-        let stale = self.index.get(req.key.as_str()).map(|l| l.seq);
-        if self.index.len() - usize::from(stale.is_some()) >= self.config.capacity {
+        // After the trade's own key: a resend inside the minute gets the trade's answer.
+        if let Some(g) = &req.guard
+            && let Some(live) = self.live(&g.key, (now_wall, now_mono))
+        {
+            return Ok(Decision::Duplicate(duplicate(&g.key, live, now_wall)));
+        }
+        // An expired entry of the same key is about to be replaced, so it does not count.
+        let keys = std::iter::once(&req.key).chain(req.guard.as_ref().map(|g| &g.key));
+        let (new, replaced) = keys.fold((0, 0), |(n, r), k| {
+            (n + 1, r + usize::from(self.index.contains_key(k.as_str())))
+        });
+        if self.index.len() - replaced + new > self.config.capacity {
             return Ok(Decision::Unavailable(Unavailable::Capacity));
         }
-        if let Some(seq) = stale {
-            w.delete(seq)?;
+        let now = (now_wall, now_mono);
+        let seq = self.put_new(&req.key, req.ttl, req.payload_hash, w, now)?;
+        let guard = match &req.guard {
+            Some(g) => Some(Box::new(Grant {
+                seq: self.put_new(&g.key, g.ttl, [0; 32], w, now)?,
+                key: g.key.clone(),
+                guard: None,
+            })),
+            None => None,
+        };
+        Ok(Decision::Proceed(Grant {
+            key: req.key.clone(),
+            seq,
+            guard,
+        }))
+    }
+
+    /// Writes a new pending entry for `key`, replacing an expired one not yet reaped, and
+    /// tracks it. Returns its sequence number.
+    fn put_new(
+        &mut self,
+        key: &Key,
+        ttl: Duration,
+        payload_hash: PayloadHash,
+        w: &mut Batch,
+        (now_wall, now_mono): (u64, u64),
+    ) -> Result<u64, WriteError> {
+        if let Some(old) = self.index.get(key.as_str()) {
+            w.delete(old.seq)?;
         }
-        let ttl_ms = u64::try_from(req.ttl.as_millis())
-            .unwrap_or(u64::MAX)
-            .max(1);
+        let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         let entry = Entry {
-            key: req.key.as_str().to_string(),
+            key: key.as_str().to_string(),
             state: State::Pending,
             stored_at: now_wall,
             expires_at: now_wall.saturating_add(ttl_ms),
-            payload_hash: req.payload_hash,
+            payload_hash,
             response: None,
         };
         let seq = self.next_seq;
         w.put(seq, &entry)?;
         self.next_seq += 1;
-        self.track(seq, Rc::from(req.key.as_str()), &entry, now_wall, now_mono);
-        Ok(Decision::Proceed(Grant {
-            key: req.key.clone(),
-            seq,
-        }))
+        self.track(seq, Rc::from(key.as_str()), &entry, now_wall, now_mono);
+        Ok(seq)
+    }
+
+    /// Marks the entry `grant` made committed, if the key still holds it live. Returns
+    /// whether it did.
+    fn commit(
+        &mut self,
+        grant: &Grant,
+        response: Option<Snapshot>,
+        w: &mut Batch,
+        now: (u64, u64),
+    ) -> Result<bool, WriteError> {
+        let Some(live) = self
+            .live_mut(&grant.key, now)
+            .filter(|l| l.seq == grant.seq)
+        else {
+            return Ok(false);
+        };
+        live.state = State::Committed;
+        live.has_response = response.is_some();
+        let entry = Entry {
+            key: grant.key.as_str().to_string(),
+            state: State::Committed,
+            stored_at: live.stored_at,
+            expires_at: live.expires_at,
+            payload_hash: live.payload_hash,
+            response,
+        };
+        w.put(grant.seq, &entry)?;
+        Ok(true)
     }
 
     /// Frees the keys of grants whose callers had given up (see `Reply::send`), as the
@@ -617,14 +662,17 @@ impl Owner {
         self.publish_index();
     }
 
-    /// Deletes the entry `grant` made, live or not, if the key still holds it. Returns
-    /// whether it did.
+    /// Deletes the entry `grant` made, live or not, if the key still holds it, and its
+    /// guard's likewise. Returns whether the trade's own entry was deleted.
     fn release(
         &mut self,
         grant: &Grant,
         w: &mut Batch,
         now: (u64, u64),
     ) -> Result<bool, WriteError> {
+        if let Some(g) = &grant.guard {
+            self.release(g, w, now)?;
+        }
         if self
             .index
             .get(grant.key.as_str())
@@ -984,8 +1032,62 @@ mod tests {
             ttl: Duration::from_secs(300),
             payload_hash: [1; 32],
             siblings: Vec::new(),
+            guard: None,
         };
         ask(o, |tx| Command::Reserve(Box::new(req), tx))
+    }
+
+    /// A grant nobody takes is released at the end of its turn, with its guard: the
+    /// request was never sent, and its resend, the same bytes, must be able to run.
+    #[test]
+    fn an_unanswered_grant_is_released_with_its_guard() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let key = Key::from_stored("trade:x:BTC:LONG:1:live:1").unwrap();
+        let guard = Key::signature(&[1; 32]);
+        let (tx, rx) = oneshot::channel();
+        drop(rx);
+        let req = Reserve {
+            key: key.clone(),
+            ttl: Duration::from_secs(300),
+            payload_hash: [1; 32],
+            siblings: Vec::new(),
+            guard: Some(super::super::Guard {
+                key: guard.clone(),
+                ttl: Duration::from_secs(600),
+            }),
+        };
+        o.turn(&mut vec![Command::Reserve(Box::new(req), tx)]);
+        assert!(!o.index.contains_key(key.as_str()));
+        assert!(!o.index.contains_key(guard.as_str()));
+        assert!(matches!(reserve(&mut o, &key), Decision::Proceed(_)));
+    }
+
+    /// A grant made before a failure still settles its own entry after the reopen, which
+    /// brings the entry back from the journal with its number.
+    #[test]
+    fn a_grant_from_before_a_reopen_still_settles() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let (a, b) = (
+            Key::from_stored("trade:x:BTC:LONG:1:live:1").unwrap(),
+            Key::from_stored("trade:x:ETH:LONG:1:live:1").unwrap(),
+        );
+        let (Decision::Proceed(ga), Decision::Proceed(gb)) =
+            (reserve(&mut o, &a), reserve(&mut o, &b))
+        else {
+            panic!("fresh keys are granted")
+        };
+        o.fail(Unavailable::CommitFailed("a fault".into()));
+        o.reopen();
+        assert!(o.store.is_some(), "{:?}", o.failure);
+        o.turn(&mut vec![Command::Commit(Box::new(ga), None)]);
+        o.turn(&mut vec![Command::Release(Box::new(gb))]);
+        match reserve(&mut o, &a) {
+            Decision::Duplicate(d) => assert_eq!(d.state, State::Committed),
+            other => panic!("the commit after the reopen was lost: {other:?}"),
+        }
+        assert!(matches!(reserve(&mut o, &b), Decision::Proceed(_)));
     }
 
     /// The table numbers its entries on from its highest at each open, so after the
