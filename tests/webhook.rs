@@ -1234,3 +1234,29 @@ async fn a_signatures_key_is_settled_with_its_trade() {
     assert_eq!(r.status, 200, "{:?}", r.json());
     assert_eq!(exec.calls(), 3);
 }
+
+/// The signature covers the timestamp and the body, not the headers: a captured signed
+/// request replayed at once under a new `Idempotency-Key` header is refused by the
+/// signature's key. Two trades told apart in the body (`idempotencyKey`) are two signed
+/// requests, even signed in the same second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_request_replayed_under_a_new_header_key_is_refused() {
+    let (exec, _setup, gw) = with_mock().await;
+    let mut t = trade("BTCUSDT");
+    t.as_object_mut().unwrap().remove("apiKey");
+    let body = t.to_string();
+    let ts = unix_now_s();
+    let r = post_signed(&gw, &body, ts, &[("idempotency-key", "header-1")]).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    let r = post_signed(&gw, &body, ts, &[("idempotency-key", "header-2")]).await;
+    assert_eq!(r.status, 409, "the replay went through: {:?}", r.json());
+    assert!(r.json()["key"].as_str().unwrap().starts_with("sig:"));
+    assert_eq!(exec.calls(), 1);
+
+    for k in ["body-1", "body-2"] {
+        t["idempotencyKey"] = json!(k);
+        let r = post_signed(&gw, &t.to_string(), ts, &[]).await;
+        assert_eq!(r.status, 200, "{k}: {:?}", r.json());
+    }
+    assert_eq!(exec.calls(), 3);
+}
