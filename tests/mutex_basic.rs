@@ -469,12 +469,12 @@ fn a_guard_holds_a_signature_beside_its_trade() {
     let guarded = |k: &Key, sig: u8| {
         let mut r = reserve(k, 300_000, 1);
         r.guard = Some(Guard {
-            key: Key::signature(&[sig; 32]),
+            key: Key::signature("psk", &[sig; 32]),
             ttl: Duration::from_secs(600),
         });
         r
     };
-    let sig = |n: u8| Key::signature(&[n; 32]);
+    let sig = |n: u8| Key::signature("psk", &[n; 32]);
     rt().block_on(async {
         let (minute_1, minute_3) = (key("minute-1"), key("minute-3"));
         let g = granted(m.reserve(guarded(&minute_1, 1)).await);
@@ -504,13 +504,18 @@ fn a_guard_holds_a_signature_beside_its_trade() {
         assert_eq!(m.get(sig(2)).await.unwrap(), None);
         granted(m.reserve(guarded(&other, 2)).await);
 
-        // Four entries live (two trades, two guards): a plain fifth fits, and then a
-        // guarded request, which needs two, does not.
-        granted(m.reserve(reserve(&key("plain"), 300_000, 1)).await);
+        // Four entries live (two trades, two guards) of five: a guarded request needs
+        // two places, and is refused; a plain one fits.
         assert_eq!(
             m.reserve(guarded(&key("full"), 3)).await,
             Decision::Unavailable(Unavailable::Capacity)
         );
+        assert_eq!(
+            m.get(sig(3)).await.unwrap(),
+            None,
+            "a refusal stores nothing"
+        );
+        granted(m.reserve(reserve(&key("plain"), 300_000, 1)).await);
 
         // The guard lives its own TTL: past it, the signature holds nothing.
         time.advance_ms(600_000);

@@ -1260,3 +1260,65 @@ async fn a_signed_request_replayed_under_a_new_header_key_is_refused() {
     }
     assert_eq!(exec.calls(), 3);
 }
+
+/// A replay that authenticates in the last second of its signature's window but reaches
+/// the mutex later (here behind an owner stalled for 1.5 s) is still refused: the guard
+/// outlives the window by the mutex's deadline. With the guard held only as long as the
+/// window, this replay was a second order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_replay_at_the_end_of_its_window_is_refused_however_late_it_is_decided() {
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let gw = setup.start_with(&[(hoox_edge::app::STALL_HOOK_ENV, "1")]);
+    gw.wait_ready().await;
+    let unix_ms = || {
+        std::time::SystemTime::now()
+            .duration_since(std::time::UNIX_EPOCH)
+            .unwrap()
+            .as_millis() as u64
+    };
+    let until = async |at_ms: u64| {
+        let now = unix_ms();
+        assert!(
+            now <= at_ms,
+            "{} ms late: the machine is too slow for this test",
+            now - at_ms
+        );
+        tokio::time::sleep(Duration::from_millis(at_ms - now)).await;
+    };
+    // Start early in a second `s`, and sign at s - 299: the signature authenticates
+    // until the end of second s + 1.
+    until((unix_ms() / 1000 + 1) * 1000 + 10).await;
+    let s = unix_ms() / 1000;
+    let ts = s - 299;
+    let mut t = trade("BTCUSDT");
+    t.as_object_mut().unwrap().remove("apiKey");
+    let body = t.to_string();
+    let headers = [("idempotency-key", "edge-1")];
+    let r = post_signed(&gw, &body, ts, &headers).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    // Free the trade's key, so that only the signature's stands in the way.
+    let release = format!(
+        "/keys/{}/release",
+        hoox_edge::admin::client::encode_key("client:psk:live:edge-1")
+    );
+    assert_eq!(gw.admin("POST", &release).await.0, 200);
+
+    until((s + 1) * 1000 + 400).await;
+    assert_eq!(gw.admin("POST", "/debug/stall?ms=1500").await.0, 200);
+    let r = post_signed(&gw, &body, ts, &headers).await;
+    assert!(unix_ms() >= (s + 2) * 1000 + 500, "the owner did not stall");
+    assert_eq!(
+        r.status,
+        409,
+        "the late replay went through: {:?}",
+        r.json()
+    );
+    let v = r.json();
+    assert!(v["key"].as_str().unwrap().starts_with("sig:"), "{v}");
+    assert!(
+        v["detail"].as_str().unwrap().contains("signed request"),
+        "{v}"
+    );
+    assert_eq!(exec.calls(), 1);
+}

@@ -100,8 +100,11 @@ fuzz_target!(|i: Input<'_>| {
         now_unix_s: now,
         ..input
     };
-    assert!(
-        hmac_only.authenticate(&ok).is_ok(),
-        "a genuine signature was refused"
-    );
+    let signed = hmac_only
+        .authenticate(&ok)
+        .expect("a genuine signature was refused");
+    // And it is reported, for the replay guard, as signed.
+    let sig = signed.signature.expect("a verified signature was not reported");
+    assert_eq!(sig.timestamp, now);
+    assert_eq!(Ok(sig.mac), parse_signature_header(&sign(HMAC, now, i.body)));
 });

@@ -617,6 +617,36 @@ mod tests {
         assert_eq!(r.run(&a), Err(AuthError::Invalid));
     }
 
+    /// A verified signature is reported, whichever method was enough; an unverified one,
+    /// or one a `require` list does not check, is not.
+    #[test]
+    fn a_verified_signature_is_reported() {
+        let genuine = Some(Signature {
+            timestamp: NOW,
+            mac: parse_signature_header(&sign(b"s1", NOW, BODY)).unwrap(),
+        });
+        let signature = |a: &Authenticator, r: Req| r.authenticated(a).map(|ok| ok.signature);
+        let any = auth(&[], &["s1"], &["tok"], false, &[]);
+        let bearer = || Req::new().header("authorization", "Bearer tok");
+        assert_eq!(signature(&any, Req::new().signed("s1", NOW)), Ok(genuine));
+        assert_eq!(signature(&any, bearer().signed("s1", NOW)), Ok(genuine));
+        assert_eq!(signature(&any, bearer()), Ok(None));
+        assert_eq!(signature(&any, bearer().signed("s9", NOW)), Ok(None));
+        let only_bearer = auth(&[], &["s1"], &["tok"], false, &[Method::Bearer]);
+        assert_eq!(
+            signature(&only_bearer, bearer().signed("s1", NOW)),
+            Ok(None)
+        );
+        let both = auth(
+            &[],
+            &["s1"],
+            &["tok"],
+            false,
+            &[Method::Bearer, Method::Hmac],
+        );
+        assert_eq!(signature(&both, bearer().signed("s1", NOW)), Ok(genuine));
+    }
+
     #[test]
     fn hmac_headers_are_strict() {
         let a = auth(&[], &["s1"], &[], false, &[]);

@@ -137,6 +137,10 @@ impl Problem {
             MethodNotAllowed => "use POST".into(),
             PayloadTooLarge => "body larger than 64 KiB".into(),
             UnsupportedMediaType => "body must be application/json".into(),
+            // Held by its signature's guard, not by the trade's key (docs/DESIGN.md).
+            Duplicate { key, state, .. } if key.starts_with(crate::mutex::key::GUARD_PREFIX) => {
+                format!("this signed request was already accepted ({state}); sign a new one")
+            }
             Duplicate { state, .. } => format!("this trade was already accepted ({state})"),
             KeyReused => "this idempotency key was used with a different trade".into(),
             RateLimited { retry_after_s } => {

@@ -18,7 +18,7 @@ use hyper::{Method, Request, Response, StatusCode};
 
 use crate::config::{DuplicateResponse, OnUnknown};
 use crate::executor::{Executor, Order, Outcome};
-use crate::gateway::auth::{AuthInput, Authenticator};
+use crate::gateway::auth::{AuthInput, Authenticator, Signature};
 use crate::gateway::limits::{Allowlist, RateLimiter};
 use crate::gateway::problem::Problem;
 use crate::gateway::{idem, trade};
@@ -230,17 +230,10 @@ async fn pipeline(
             .map_err(|e| fail(Problem::InvalidRequest(e.to_string())))?,
     };
     // A signed request stays replayable until its timestamp leaves the window, which
-    // can outlast the trade's key (a fingerprint matches for a minute): its signature
-    // holds a key of its own until then, by this clock.
-    reserve.guard = authenticated.signature.map(|sig| {
-        let until_ms = u64::try_from(sig.valid_until().saturating_add(1))
-            .unwrap_or(0)
-            .saturating_mul(1000);
-        Guard {
-            key: Key::signature(&sig.mac),
-            ttl: Duration::from_millis(until_ms.saturating_sub(now)),
-        }
-    });
+    // can outlast the trade's key (a fingerprint matches for a minute).
+    reserve.guard = authenticated
+        .signature
+        .map(|sig| guard(&client, &sig, now, gw.mutex.deadline()));
     let key = reserve.key.clone();
     let keyed = |p: Problem, settled: Option<Settled>| {
         let mut a = fail(p);
@@ -443,6 +436,20 @@ fn fresh_request_id() -> String {
 
 /// The reserve of a trade without a client key: its fingerprint in the minute bucket of
 /// `now_ms`, with the neighbouring buckets as siblings (`Reserve::siblings`).
+/// The guard of a request whose signature verified: held until the signature stops
+/// authenticating by this clock (from the second after the window's last), and then for
+/// the mutex's deadline, the longest a reserve that authenticated just in time can take
+/// to reach the owner (one answered later is released unanswered).
+fn guard(identity: &str, sig: &Signature, now_ms: u64, deadline: Duration) -> Guard {
+    let until_ms = u64::try_from(sig.valid_until().saturating_add(1))
+        .unwrap_or(0)
+        .saturating_mul(1000);
+    Guard {
+        key: Key::signature(identity, &sig.mac),
+        ttl: Duration::from_millis(until_ms.saturating_sub(now_ms)) + deadline,
+    }
+}
+
 fn fingerprinted(fp: &Fingerprint, now_ms: u64, ttl: Duration) -> Result<Reserve, KeyError> {
     let bucket = bucket_of(now_ms);
     Ok(Reserve {
@@ -462,6 +469,32 @@ fn fingerprinted(fp: &Fingerprint, now_ms: u64, ttl: Duration) -> Result<Reserve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The guard lives while the signature authenticates (`abs_diff > HMAC_WINDOW_S`
+    /// refuses it, in whole seconds), and a deadline more.
+    #[test]
+    fn a_guard_outlives_its_signature_by_the_mutex_deadline() {
+        let sig = Signature {
+            timestamp: 1_800_000_000,
+            mac: [3; 32],
+        };
+        let deadline = Duration::from_secs(2);
+        let ts_ms = 1_800_000_000_000;
+        let g = guard("psk", &sig, ts_ms + 250, deadline);
+        assert_eq!(g.key, Key::signature("psk", &[3; 32]));
+        assert_eq!(g.ttl, Duration::from_millis(301_000 - 250) + deadline);
+        // Signed 300 s ahead of us: it authenticates until 600 s from now.
+        let g = guard("psk", &sig, ts_ms - 300_000, deadline);
+        assert_eq!(g.ttl, Duration::from_millis(601_000) + deadline);
+        // The last instant it authenticates.
+        let last = ts_ms + 300_999;
+        let input_s = (last / 1000) as i64;
+        assert!(input_s.abs_diff(sig.timestamp) <= crate::gateway::auth::HMAC_WINDOW_S);
+        assert_eq!(
+            guard("psk", &sig, last, deadline).ttl,
+            Duration::from_millis(1) + deadline
+        );
+    }
 
     #[test]
     fn a_fingerprint_has_both_neighbouring_buckets_as_siblings() {

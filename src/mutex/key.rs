@@ -13,8 +13,8 @@
 //!   two trades share a fingerprint through a `:` of their own.
 //!
 //! And one kind that guards them: `sig:{32 hex digits}`, the first half of a SHA-256 of a
-//! request's HMAC signature, held beside the trade's key while the signature could be
-//! replayed (`mutex::Guard`).
+//! request's HMAC signature and its sender's identity, held beside the trade's key while
+//! the signature could be replayed (`mutex::Guard`).
 
 use std::fmt;
 
@@ -24,6 +24,8 @@ pub const MAX_CLIENT_KEY: usize = 255;
 pub const MAX_IDENTITY: usize = 64;
 /// The longest stored key: a namespace plus the longest client key, with room to spare.
 pub const MAX_KEY: usize = 384;
+/// The namespace of signature guards.
+pub const GUARD_PREFIX: &str = "sig:";
 /// Width of a fingerprint's time bucket.
 pub const BUCKET_MS: u64 = 60_000;
 
@@ -144,21 +146,32 @@ impl Key {
         ])
     }
 
-    /// The replay guard of a request signed with `mac` (the signature's 32 bytes).
-    pub fn signature(mac: &[u8; 32]) -> Self {
+    /// The replay guard of a request that `identity` signed with `mac` (the signature's
+    /// 32 bytes). Namespaced like every key: two clients that share a secret and send the
+    /// same body in the same second do not collide.
+    pub fn signature(identity: &str, mac: &[u8; 32]) -> Self {
         use sha2::Digest;
-        let digest = sha2::Sha256::digest(mac);
+        let digest = sha2::Sha256::new()
+            .chain_update(identity.as_bytes())
+            .chain_update([0])
+            .chain_update(mac)
+            .finalize();
         let mut buf = heapless::String::new();
-        // "sig:" and 32 hex digits fit MAX_KEY many times over.
-        let _ = buf.push_str("sig:");
+        // The prefix and 32 hex digits fit MAX_KEY many times over.
+        let _ = buf.push_str(GUARD_PREFIX);
         let _ = buf.push_str(&hex::encode(&digest[..16]));
         Key(buf)
+    }
+
+    /// Whether this is a signature guard's key.
+    pub fn is_guard(&self) -> bool {
+        self.0.starts_with(GUARD_PREFIX)
     }
 
     /// Rebuilds a key read back from the table. Anything this version could not have
     /// written is refused rather than trusted.
     pub fn from_stored(s: &str) -> Result<Self, KeyError> {
-        let guard = s.strip_prefix("sig:").is_some_and(|h| {
+        let guard = s.strip_prefix(GUARD_PREFIX).is_some_and(|h| {
             h.len() == 32 && h.bytes().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
         });
         if !(s.starts_with("client:") || s.starts_with("trade:") || guard) {
@@ -228,10 +241,16 @@ mod tests {
 
     #[test]
     fn a_signature_guard_is_its_own_namespace() {
-        let g = Key::signature(&[7; 32]);
-        assert!(g.as_str().starts_with("sig:"));
+        let g = Key::signature("psk", &[7; 32]);
+        assert!(g.is_guard() && g.as_str().starts_with("sig:"));
         assert_eq!(g.as_str().len(), 4 + 32);
-        assert_ne!(g, Key::signature(&[8; 32]));
+        assert_ne!(g, Key::signature("psk", &[8; 32]));
+        assert_ne!(g, Key::signature("cert.desk-a", &[7; 32]));
+        assert!(
+            !Key::from_stored("trade:x:S:LONG:1:live:1")
+                .unwrap()
+                .is_guard()
+        );
         assert_eq!(Key::from_stored(g.as_str()).unwrap(), g);
         for bad in [
             "sig:",

@@ -402,6 +402,11 @@ impl Mutex {
             .load(std::sync::atomic::Ordering::Relaxed)
     }
 
+    /// How long a caller waits for an answer before it gives up.
+    pub fn deadline(&self) -> Duration {
+        self.deadline
+    }
+
     /// Published counters and gauges. No round trip.
     pub fn shared(&self) -> &Shared {
         &self.shared

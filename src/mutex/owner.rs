@@ -1044,7 +1044,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut o = owner(dir.path());
         let key = Key::from_stored("trade:x:BTC:LONG:1:live:1").unwrap();
-        let guard = Key::signature(&[1; 32]);
+        let guard = Key::signature("psk", &[1; 32]);
         let (tx, rx) = oneshot::channel();
         drop(rx);
         let req = Reserve {
