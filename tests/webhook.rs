@@ -424,9 +424,7 @@ async fn authentication_methods_and_failures() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signed_trade_is_dated_by_its_arrival() {
     let (exec, _setup, gw) = with_mock().await;
-    let mut t = trade("ETHUSDT");
-    t.as_object_mut().unwrap().remove("apiKey");
-    let body = t.to_string();
+    let (t, body) = without_api_key("ETHUSDT");
     let post = |ts: u64| {
         let (url, c, body) = (gw.url(), gw.client.clone(), body.clone());
         async move {
@@ -1074,10 +1072,7 @@ async fn a_late_settle_leaves_the_retry_the_operator_let_through_alone() {
     };
     let first = send(&t);
     at_executor(1).await;
-    let release = format!(
-        "/keys/{}/release",
-        hoox_edge::admin::client::encode_key(key)
-    );
+    let release = release_path(key);
     assert_eq!(gw.admin("POST", &release).await.0, 200);
     exec.set_mode(Mode::Slow(Duration::from_millis(5000)));
     let second = send(&t);
@@ -1108,10 +1103,7 @@ async fn a_late_settle_leaves_the_retry_the_operator_let_through_alone() {
     // A first trade that succeeds late.
     t["idempotencyKey"] = json!("operator-let-through-2");
     let key = "client:psk:live:operator-let-through-2";
-    let release = format!(
-        "/keys/{}/release",
-        hoox_edge::admin::client::encode_key(key)
-    );
+    let release = release_path(key);
     exec.set_mode(Mode::Slow(Duration::from_millis(1200)));
     let first = send(&t);
     at_executor(3).await;
@@ -1134,6 +1126,20 @@ async fn a_late_settle_leaves_the_retry_the_operator_let_through_alone() {
     assert_eq!(second.await.unwrap().status, 200);
     assert_eq!(key_state(&gw, key).await, "committed");
     assert_eq!(exec.calls(), 4);
+}
+
+/// A trade without its `apiKey`, so that only a signature authenticates it, and its body.
+fn without_api_key(symbol: &str) -> (Value, String) {
+    let mut t = trade(symbol);
+    t.as_object_mut().unwrap().remove("apiKey");
+    let body = t.to_string();
+    (t, body)
+}
+
+/// The admin path that releases `key`.
+fn release_path(key: &str) -> String {
+    let key = hoox_edge::admin::client::encode_key(key);
+    format!("/keys/{key}/release")
 }
 
 /// Posts `body` signed at unix second `ts`, with `extra` headers.
@@ -1169,9 +1175,7 @@ fn unix_now_s() -> u64 {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signed_request_replayed_after_its_minute_is_refused() {
     let (exec, _setup, gw) = with_mock().await;
-    let mut t = trade("SOLUSDT");
-    t.as_object_mut().unwrap().remove("apiKey");
-    let body = t.to_string();
+    let (_, body) = without_api_key("SOLUSDT");
     let signed_at = unix_now_s();
     let r = post_signed(&gw, &body, signed_at, &[]).await;
     assert_eq!(r.status, 200, "{:?}", r.json());
@@ -1198,9 +1202,7 @@ async fn a_signed_request_replayed_after_its_minute_is_refused() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signatures_key_is_settled_with_its_trade() {
     let (exec, _setup, gw) = with_mock().await;
-    let mut t = trade("BTCUSDT");
-    t.as_object_mut().unwrap().remove("apiKey");
-    let body = t.to_string();
+    let (_, body) = without_api_key("BTCUSDT");
     let signed_at = unix_now_s();
     let headers = [("idempotency-key", "signed-1")];
     exec.set_mode(Mode::ServerError);
@@ -1218,10 +1220,8 @@ async fn a_signatures_key_is_settled_with_its_trade() {
     );
     assert_eq!(exec.calls(), 2);
 
-    let encoded = |k: &str| hoox_edge::admin::client::encode_key(k);
     let trade_key = "client:psk:live:signed-1";
-    let release = |k: &str| format!("/keys/{}/release", encoded(k));
-    assert_eq!(gw.admin("POST", &release(trade_key)).await.0, 200);
+    assert_eq!(gw.admin("POST", &release_path(trade_key)).await.0, 200);
     let r = post_signed(&gw, &body, signed_at, &headers).await;
     assert_eq!(r.status, 409, "{:?}", r.json());
     let sig_key = r.json()["key"].as_str().unwrap().to_string();
@@ -1229,7 +1229,7 @@ async fn a_signatures_key_is_settled_with_its_trade() {
     assert_eq!(key_state(&gw, &sig_key).await, "committed");
     assert_eq!(exec.calls(), 2);
 
-    assert_eq!(gw.admin("POST", &release(&sig_key)).await.0, 200);
+    assert_eq!(gw.admin("POST", &release_path(&sig_key)).await.0, 200);
     let r = post_signed(&gw, &body, signed_at, &headers).await;
     assert_eq!(r.status, 200, "{:?}", r.json());
     assert_eq!(exec.calls(), 3);
@@ -1242,9 +1242,7 @@ async fn a_signatures_key_is_settled_with_its_trade() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signed_request_replayed_under_a_new_header_key_is_refused() {
     let (exec, _setup, gw) = with_mock().await;
-    let mut t = trade("BTCUSDT");
-    t.as_object_mut().unwrap().remove("apiKey");
-    let body = t.to_string();
+    let (mut t, body) = without_api_key("BTCUSDT");
     let ts = unix_now_s();
     let r = post_signed(&gw, &body, ts, &[("idempotency-key", "header-1")]).await;
     assert_eq!(r.status, 200, "{:?}", r.json());
@@ -1291,17 +1289,12 @@ async fn a_replay_at_the_end_of_its_window_is_refused_however_late_it_is_decided
     until((unix_ms() / 1000 + 1) * 1000 + 10).await;
     let s = unix_ms() / 1000;
     let ts = s - 299;
-    let mut t = trade("BTCUSDT");
-    t.as_object_mut().unwrap().remove("apiKey");
-    let body = t.to_string();
+    let (_, body) = without_api_key("BTCUSDT");
     let headers = [("idempotency-key", "edge-1")];
     let r = post_signed(&gw, &body, ts, &headers).await;
     assert_eq!(r.status, 200, "{:?}", r.json());
     // Free the trade's key, so that only the signature's stands in the way.
-    let release = format!(
-        "/keys/{}/release",
-        hoox_edge::admin::client::encode_key("client:psk:live:edge-1")
-    );
+    let release = release_path("client:psk:live:edge-1");
     assert_eq!(gw.admin("POST", &release).await.0, 200);
 
     until((s + 1) * 1000 + 400).await;

@@ -1,4 +1,5 @@
-//! Keys: client keys under every identity, fingerprints, and keys read back from disk.
+//! Keys: client keys under every identity, fingerprints, signature guards, and keys read
+//! back from disk.
 #![no_main]
 
 use arbitrary::Arbitrary;
@@ -17,6 +18,7 @@ struct Input<'a> {
     quantity: f64,
     bucket: u64,
     stored: &'a str,
+    mac: [u8; 32],
 }
 
 /// `%XX` back to its byte (the escape is uppercase hex, and `%` itself is escaped).
@@ -73,7 +75,12 @@ fuzz_target!(|i: Input<'_>| {
             assert_eq!(unescape(parts[2]), i.symbol.as_bytes());
         }
     }
+    // A guard is its own namespace, whoever signed, and comes back from disk whole.
+    let g = Key::signature(i.client_key, &i.mac);
+    assert!(g.is_guard());
+    assert_eq!(Key::from_stored(g.as_str()).as_ref(), Ok(&g));
     if let Ok(k) = Key::from_stored(i.stored) {
         assert_eq!(k.as_str(), i.stored);
+        assert_eq!(k.is_guard(), i.stored.starts_with("sig:"));
     }
 });
