@@ -1048,7 +1048,6 @@ async fn connection_cap_holds_new_connections_until_one_closes() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_settle_leaves_the_retry_the_operator_let_through_alone() {
     let exec = MockExecutor::start().await;
-    exec.set_mode(Mode::SlowFail(Duration::from_millis(1200)));
     let mut setup = Setup::new(Some(&exec.url()));
     setup.set("executor", "timeout", "8s");
     let gw = setup.start();
@@ -1070,13 +1069,20 @@ async fn a_late_settle_leaves_the_retry_the_operator_let_through_alone() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
     };
-    let first = send(&t);
-    at_executor(1).await;
-    let release = release_path(key);
-    assert_eq!(gw.admin("POST", &release).await.0, 200);
-    exec.set_mode(Mode::Slow(Duration::from_millis(5000)));
-    let second = send(&t);
-    at_executor(2).await;
+    // Sends `t` in `first`'s mode; once it is at the executor, the operator releases its
+    // key and the retry goes out, to stay at the executor for 5 s.
+    let let_through = async |t: &Value, key: &str, first: Mode, orders: usize| {
+        exec.set_mode(first);
+        let first = send(t);
+        at_executor(orders + 1).await;
+        assert_eq!(gw.admin("POST", &release_path(key)).await.0, 200);
+        exec.set_mode(Mode::Slow(Duration::from_millis(5000)));
+        let second = send(t);
+        at_executor(orders + 2).await;
+        (first, second)
+    };
+    let (first, second) =
+        let_through(&t, key, Mode::SlowFail(Duration::from_millis(1200)), 0).await;
 
     let r = first.await.unwrap();
     assert_eq!(r.status, 502, "{}", r.json());
@@ -1103,14 +1109,7 @@ async fn a_late_settle_leaves_the_retry_the_operator_let_through_alone() {
     // A first trade that succeeds late.
     t["idempotencyKey"] = json!("operator-let-through-2");
     let key = "client:psk:live:operator-let-through-2";
-    let release = release_path(key);
-    exec.set_mode(Mode::Slow(Duration::from_millis(1200)));
-    let first = send(&t);
-    at_executor(3).await;
-    assert_eq!(gw.admin("POST", &release).await.0, 200);
-    exec.set_mode(Mode::Slow(Duration::from_millis(5000)));
-    let second = send(&t);
-    at_executor(4).await;
+    let (first, second) = let_through(&t, key, Mode::Slow(Duration::from_millis(1200)), 2).await;
     let r = first.await.unwrap();
     assert_eq!(r.status, 200, "{}", r.json());
     assert_eq!(r.header("hoox-idempotency-outcome"), Some("committed"));
