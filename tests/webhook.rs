@@ -1167,20 +1167,26 @@ fn unix_now_s() -> u64 {
         .as_secs()
 }
 
-/// A captured signed request, replayed once its fingerprint's minute has passed but while
-/// its signature still authenticates, is refused: the signature holds a key of its own.
-/// The same trade signed afresh is a new trade, as any trade a minute later is (SPEC §2).
-/// Waits 61 s, the least that lets a fingerprint go.
+/// A captured signed request, replayed once its trade's key no longer blocks (a fingerprint
+/// blocks for its minute, or its TTL, here 2 s) but while its signature still
+/// authenticates, is refused: the signature holds a key of its own. The same trade signed
+/// afresh is a new trade, as any trade after its key has gone is (SPEC §2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_signed_request_replayed_after_its_minute_is_refused() {
-    let (exec, _setup, gw) = with_mock().await;
+async fn a_signed_request_replayed_after_its_trade_key_is_refused() {
+    let exec = MockExecutor::start().await;
+    let mut setup = Setup::new(Some(&exec.url()));
+    setup.set("store", "ttl", "2s");
+    let gw = setup.start();
+    gw.wait_ready().await;
     let (_, body) = without_api_key("SOLUSDT");
     let signed_at = unix_now_s();
     let r = post_signed(&gw, &body, signed_at, &[]).await;
     assert_eq!(r.status, 200, "{:?}", r.json());
-    assert!(r.header("idempotency-key").unwrap().starts_with("trade:"));
+    let trade_key = r.header("idempotency-key").unwrap().to_string();
+    assert!(trade_key.starts_with("trade:"), "{trade_key}");
 
-    tokio::time::sleep(Duration::from_secs(61)).await;
+    tokio::time::sleep(Duration::from_millis(2500)).await;
+    assert_eq!(key_state(&gw, &trade_key).await, "absent");
     let r = post_signed(&gw, &body, signed_at, &[]).await;
     assert_eq!(r.status, 409, "the replay went through: {:?}", r.json());
     let v = r.json();
