@@ -156,9 +156,7 @@ fn a_wall_clock_stepped_forward_frees_no_key() {
 fn capacity_refuses_new_keys_but_not_duplicates() {
     let dir = tempfile::tempdir().unwrap();
     let (clock, time) = Clock::manual(T0);
-    let mut cfg = config(&dir.path().join("m.redb"));
-    cfg.capacity = 2;
-    let (m, owner) = hoox_edge::mutex::start(cfg, clock);
+    let (m, owner) = start_capped(&dir.path().join("m.redb"), clock, 2);
     rt().block_on(async {
         granted(m.reserve(reserve(&key("a"), 1_000, 1)).await);
         granted(m.reserve(reserve(&key("b"), 5_000, 1)).await);
@@ -463,9 +461,7 @@ fn a_grant_settles_only_its_own_entry() {
 fn a_guard_holds_a_signature_beside_its_trade() {
     let dir = tempfile::tempdir().unwrap();
     let (clock, time) = Clock::manual(T0);
-    let mut cfg = config(&dir.path().join("m.redb"));
-    cfg.capacity = 5;
-    let (m, owner) = hoox_edge::mutex::start(cfg, clock);
+    let (m, owner) = start_capped(&dir.path().join("m.redb"), clock, 5);
     let guarded = |k: &Key, sig: u8| {
         let mut r = reserve(k, 300_000, 1);
         r.guard = Some(Guard {

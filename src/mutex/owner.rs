@@ -551,12 +551,14 @@ impl Owner {
         {
             return Ok(Decision::Duplicate(duplicate(&g.key, live, now_wall)));
         }
-        // An expired entry of the same key is about to be replaced, so it does not count.
-        let keys = std::iter::once(&req.key).chain(req.guard.as_ref().map(|g| &g.key));
-        let (new, replaced) = keys.fold((0, 0), |(n, r), k| {
-            (n + 1, r + usize::from(self.index.contains_key(k.as_str())))
-        });
-        if self.index.len() - replaced + new > self.config.capacity {
+        // Both keys are free by now: one still in the index is expired, and is replaced in
+        // place, so only those not in it take a new one.
+        let new = [Some(&req.key), req.guard.as_ref().map(|g| &g.key)]
+            .into_iter()
+            .flatten()
+            .filter(|k| !self.index.contains_key(k.as_str()))
+            .count();
+        if self.index.len() + new > self.config.capacity {
             return Ok(Decision::Unavailable(Unavailable::Capacity));
         }
         let now = (now_wall, now_mono);

@@ -45,6 +45,13 @@ pub fn start(path: &Path, clock: Clock) -> (mutex::Mutex, mutex::Owner) {
     mutex::start(config(path), clock)
 }
 
+/// As [`start`], holding at most `capacity` keys.
+pub fn start_capped(path: &Path, clock: Clock, capacity: usize) -> (mutex::Mutex, mutex::Owner) {
+    let mut cfg = config(path);
+    cfg.capacity = capacity;
+    mutex::start(cfg, clock)
+}
+
 /// A mutex on the system clock with the stall hook on and callers waiting `deadline`.
 pub fn start_stallable(path: &Path, deadline: Duration) -> (mutex::Mutex, mutex::Owner) {
     let mut cfg = config(path);
