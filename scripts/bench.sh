@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # scripts/bench.sh: what does the gateway cost, and does it keep its promise under fire?
 #
-#   scripts/bench.sh             fsync baseline, bare TLS vs gateway (paper executor) at
+#   scripts/bench.sh             fsync and hand-off baselines, bare TLS vs gateway (paper executor) at
 #                                1/16/64 connections, open loop at 1k req/s, mutex bench
 #   scripts/bench.sh --storm     also: many connections, few keys, http executor -> ledger
 #   scripts/bench.sh --chaos     also: SIGKILL the gateway under load again and again, restart,
@@ -247,6 +247,16 @@ if [ "$MAIN" = 1 ]; then
         -v p50="$(jget "$WORK/fsync-2.json" p50_us)" 'BEGIN {
             if (one > 0) printf "  fsync by 2 writers: p50 %d us, %d syncs/s (%.2f x one writer)\n", p50, two, two / one }'
 
+    # Every reserve crosses to the owner thread and back. What one such round trip costs
+    # here, between two bare threads, with the other asleep: on a VM whose idle vCPUs halt,
+    # a wake across CPUs is far dearer than one within a CPU (docs/BENCHMARKS.md).
+    echo "-- hand-off baseline (a round trip between two threads, the other asleep in between)"
+    "$BIN/hoox-load" handoff --json >"$WORK/handoff.json"
+    "$BIN/hoox-load" handoff --one-cpu --json >"$WORK/handoff-1.json"
+    HANDOFF_P50=$(jget "$WORK/handoff.json" p50_us)
+    echo "  any CPU: p50 $HANDOFF_P50 us  p99 $(jget "$WORK/handoff.json" p99_us) us;" \
+        "one CPU: p50 $(jget "$WORK/handoff-1.json" p50_us) us  p99 $(jget "$WORK/handoff-1.json" p99_us) us"
+
     # Closed loop: bare and gateway run back to back at each connection count, ROUNDS times,
     # so that the shared machine's drift (the bare server's req/s moved 58k-86k within an
     # hour here) hits a pair alike and the ratio compares like with like.
@@ -388,6 +398,8 @@ if [ "$MAIN" = 1 ] && [ "$GATEWAY" = 1 ]; then
             printf "        %s us, median %d us; added p99 less the disk'"'"'s, median %d us: %s)\n",
                 disk_per, fr99, over, (over <= 1000 ? "MET" : "MISSED") }'
     echo "target: gateway >= 0.50 x bare req/s at 16 connections: ${C16:-n/a (16 not among CONNECTIONS)}"
+    echo "        (each reserve's hand-off to the owner and back, between bare threads: p50 $HANDOFF_P50 us;" \
+        "one fsync: p50 $FSYNC_P50 us)"
 fi
 if [ "$MAIN" = 1 ]; then
     if [ "$MUTEX_BENCH" = 1 ] && [ -f benches/mutex.rs ]; then

@@ -1,8 +1,10 @@
 //! hoox-load: size your box. Drives the gateway over its public TLS interface only, plays the
 //! executor it forwards to (the ledger, which notices a key forwarded twice), and measures the
-//! one thing no webhook can beat, a synced write on the state directory's filesystem.
+//! two things no webhook can beat: a synced write on the state directory's filesystem, and a
+//! round trip between two threads (every reserve makes one, to the mutex's owner and back).
 
 mod fsync;
+mod handoff;
 mod ledger;
 mod run;
 
@@ -15,7 +17,9 @@ use clap::{Parser, Subcommand};
 pub type Error = Box<dyn std::error::Error + Send + Sync>;
 
 #[derive(Parser)]
-#[command(about = "Load generator, ledger executor and fsync baseline for hoox-edge")]
+#[command(
+    about = "Load generator, ledger executor, and fsync and hand-off baselines for hoox-edge"
+)]
 struct Cli {
     #[command(subcommand)]
     command: Command,
@@ -69,6 +73,17 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
+    /// Time a round trip between two threads over bounded channels, the other one asleep in
+    /// between: the floor under each reserve's hand-off to the mutex's owner thread.
+    Handoff {
+        #[arg(long, default_value_t = 20_000)]
+        count: u32,
+        /// Hold both threads to one CPU, so that no wake crosses CPUs.
+        #[arg(long)]
+        one_cpu: bool,
+        #[arg(long)]
+        json: bool,
+    },
 }
 
 fn main() -> ExitCode {
@@ -111,6 +126,19 @@ fn tokio_main(command: Command) -> Result<ExitCode, Error> {
                     direct,
                 };
                 fsync::run(&dir, count, size, mode, json)
+            }
+            // Blocking too: the runtime's own threads stay asleep meanwhile.
+            Command::Handoff {
+                count,
+                one_cpu,
+                json,
+            } => {
+                let placement = if one_cpu {
+                    handoff::Placement::OneCpu
+                } else {
+                    handoff::Placement::Any
+                };
+                handoff::run(count, placement, json)
             }
         }
     })
