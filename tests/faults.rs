@@ -5,8 +5,13 @@
 //! IDEMPOTENCY_UNAVAILABLE with `/readyz` 503 and zero executor calls, then recover without a
 //! restart once the fault is gone.
 //!
+//! An I/O error from the disk, mid-run, comes from a FUSE file system that fails writes
+//! and syncs with EIO on command (`support/eiofs.rs`).
+//!
 //! The mounts need root, as CI has.
 
+#[path = "support/eiofs.rs"]
+mod eiofs;
 mod support;
 
 use std::os::unix::process::CommandExt;
@@ -254,5 +259,51 @@ async fn file_size_limit_mid_run() {
     assert_recovers(&gw, &exec, "fsize-after").await;
     for k in accepted.iter().rev().take(20) {
         assert_eq!(gw.post(&keyed(k), &[]).await.status, 409);
+    }
+}
+
+/// A disk that starts failing: every write and sync returns EIO. Then one whose writes land
+/// but whose syncs fail, so that the writer cannot know what reached the disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn disk_io_errors_mid_run() {
+    use eiofs::{EioMount, Fault};
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let backing = tempfile::tempdir().unwrap();
+    let disk = EioMount::new(&setup.dir.path().join("state"), backing.path());
+    let gw = setup.start();
+    gw.wait_ready().await;
+    assert_eq!(gw.post(&keyed("eio-0"), &[]).await.status, 200);
+
+    for (fault, n) in [(Fault::WritesAndSyncs, 1), (Fault::Syncs, 2)] {
+        let calls = exec.calls();
+        disk.fail(fault);
+        let refused = format!("eio-{n}-refused");
+        let r = gw.post(&keyed(&refused), &[]).await;
+        assert_eq!(r.status, 503, "{fault:?}: {:?}", r.json());
+        assert_eq!(code(&r.json()), "IDEMPOTENCY_UNAVAILABLE");
+        assert_fails_closed(&gw, &exec, &format!("eio-{n}-while")).await;
+        assert_eq!(
+            exec.calls(),
+            calls,
+            "{fault:?}: a trade reached the executor"
+        );
+
+        disk.fail(Fault::None);
+        assert_recovers(&gw, &exec, &format!("eio-{n}-after")).await;
+        // What was accepted before the fault is still held.
+        assert_eq!(gw.post(&keyed("eio-0"), &[]).await.status, 409);
+        // The trade refused when the disk failed was never sent: its retry goes through,
+        // even where its record reached the disk (Fault::Syncs).
+        let calls = exec.calls();
+        let r = gw.post(&keyed(&refused), &[]).await;
+        assert_eq!(
+            r.status,
+            200,
+            "{fault:?}: the refused trade's retry: {:?}",
+            r.json()
+        );
+        assert_eq!(exec.calls(), calls + 1);
+        assert_eq!(gw.post(&keyed(&refused), &[]).await.status, 409);
     }
 }

@@ -127,12 +127,15 @@ impl Reply {
         None
     }
 
-    /// The batch did not commit: whatever was decided is void.
-    fn fail(self, u: &Unavailable) {
+    /// The batch did not commit: whatever was decided is void. Returns the grant of a
+    /// Proceed so voided: its entry may yet be on the disk (`Owner::void`).
+    fn fail(self, u: &Unavailable) -> Option<Grant> {
         let _ = match self {
-            Reply::Granted(tx, ..) | Reply::Decision(tx, _) => {
-                tx.send(Decision::Unavailable(u.clone())).map_err(drop)
+            Reply::Granted(tx, grant) => {
+                let _ = tx.send(Decision::Unavailable(u.clone()));
+                return Some(grant);
             }
+            Reply::Decision(tx, _) => tx.send(Decision::Unavailable(u.clone())).map_err(drop),
             Reply::Unit(tx) => tx.send(Err(u.clone())).map_err(drop),
             Reply::Entry(tx, _) => tx.send(Err(u.clone())).map_err(drop),
             Reply::List(tx, _) => tx.send(Err(u.clone())).map_err(drop),
@@ -142,6 +145,7 @@ impl Reply {
                 tx.send(s).map_err(drop)
             }
         };
+        None
     }
 }
 
@@ -158,6 +162,11 @@ struct Owner {
     carry: Batch,
     /// Grants sent this turn that nobody took, released at its end.
     abandoned: Vec<Grant>,
+    /// Grants whose trade was never sent, made by a write that failed: the caller was
+    /// told Unavailable (or had given up), but the record may have reached the disk all
+    /// the same (a sync that fails after its write landed), and a reopen would find the
+    /// keys held. Released by the reopen that succeeds, so that the retry is let through.
+    void: Vec<Grant>,
     index: HashMap<Rc<str>, Live>,
     /// Alarms carry the expiry they were set for, so an alarm left behind by a released and
     /// re-reserved key is recognised as stale and ignored.
@@ -183,6 +192,7 @@ impl Owner {
             store: None,
             carry: Batch::default(),
             abandoned: Vec::new(),
+            void: Vec::new(),
             index: HashMap::new(),
             wheel,
             halted: false,
@@ -331,10 +341,11 @@ impl Owner {
                 // The index holds this batch's uncommitted changes: drop it with the
                 // database; a reopen rebuilds both from what is truly on disk.
                 drop(store);
-                self.abandoned.clear();
+                let abandoned = std::mem::take(&mut self.abandoned);
+                self.void.extend(abandoned);
                 self.fail(u.clone());
                 for r in replies {
-                    r.fail(&u);
+                    self.void.extend(r.fail(&u));
                 }
                 for cmd in batch.drain(..) {
                     self.refuse(cmd, &u);
@@ -850,6 +861,15 @@ impl Owner {
                 if self.backoff > Duration::ZERO {
                     log::info!("mutex: database reopened, {} live keys", self.index.len());
                 }
+                let mut store = store;
+                if let Err(e) = self.free_void(&mut store, (now_wall, now_mono)) {
+                    log::error!(
+                        "mutex: cannot free the keys of a failed write: {e}; failing closed"
+                    );
+                    self.fail(Unavailable::CommitFailed(e.to_string()));
+                    self.publish();
+                    return;
+                }
                 self.store = Some(store);
                 self.failure = None;
                 // The backoff is reset by the first batch that commits, not here: a disk
@@ -865,6 +885,40 @@ impl Owner {
             }
         }
         self.publish();
+    }
+
+    /// Frees, on reopen, the entries of grants a failed write voided, where the disk kept
+    /// them: one synced record, before anything else is served. Kept for the next reopen if
+    /// it cannot be written.
+    fn free_void(&mut self, store: &mut Store, now: (u64, u64)) -> Result<(), WriteError> {
+        if self.void.is_empty() {
+            return Ok(());
+        }
+        let void = std::mem::take(&mut self.void);
+        let mut w = Batch::default();
+        let mut freed = 0;
+        let mut result = Ok(());
+        for g in &void {
+            match self.release(g, &mut w, now) {
+                Ok(true) => freed += 1,
+                Ok(false) => {}
+                Err(e) => {
+                    result = Err(e);
+                    break;
+                }
+            }
+        }
+        if result.is_ok() {
+            result = self.write_record(store, w, true, &mut Vec::new());
+        }
+        if result.is_err() {
+            self.void = void;
+        } else if freed > 0 {
+            log::warn!(
+                "mutex: freed {freed} key(s) whose reserve failed with the disk but reached it"
+            );
+        }
+        result
     }
 
     /// Enters the fail-closed state and schedules a reopen.

@@ -1,0 +1,545 @@
+//! A disk that fails on command: a FUSE file system that passes every call through to a
+//! backing directory, until the test tells it to answer writes and syncs with EIO. The
+//! gateway sees the kernel's own EIO from write(2) and fsync(2), as from a dying disk;
+//! nothing in the gateway knows it is under test.
+//!
+//! Served by a thread of the test process (fuser, mounted with mount(2): root, as CI has).
+//! Unmounted on drop; drop the gateway first, so that nothing holds a file open.
+
+use std::collections::HashMap;
+use std::ffi::OsStr;
+use std::fs::{File, Metadata, OpenOptions};
+use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::{Arc, Mutex};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
+
+use fuser::{
+    AccessFlags, BackgroundSession, Config, Errno, FileAttr, FileHandle, FileType, Filesystem,
+    FopenFlags, Generation, INodeNo, LockOwner, MountOption, OpenFlags, RenameFlags, ReplyAttr,
+    ReplyCreate, ReplyData, ReplyDirectory, ReplyEmpty, ReplyEntry, ReplyOpen, ReplyStatfs,
+    ReplyWrite, Request, TimeOrNow, WriteFlags,
+};
+
+/// What the disk does with writes and syncs.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[repr(u8)]
+pub enum Fault {
+    /// Everything passes through.
+    None = 0,
+    /// Every write and every sync fails with EIO; nothing reaches the backing file.
+    WritesAndSyncs = 1,
+    /// Writes reach the backing file, but every sync fails with EIO: the data may or may
+    /// not be on the disk, and the writer cannot tell.
+    Syncs = 2,
+}
+
+/// The kernel may cache nothing: every call must reach us, so that a fault takes effect at
+/// once and no cached attribute hides a write that failed.
+const TTL: Duration = Duration::ZERO;
+
+pub struct EioMount {
+    fault: Arc<AtomicU8>,
+    session: Option<BackgroundSession>,
+}
+
+impl EioMount {
+    /// Mounts, on `mountpoint`, the contents of `backing`.
+    pub fn new(mountpoint: &Path, backing: &Path) -> EioMount {
+        let fault = Arc::new(AtomicU8::new(Fault::None as u8));
+        let fs = EioFs {
+            fault: fault.clone(),
+            state: Mutex::new(State {
+                paths: HashMap::from([(INodeNo::ROOT.0, backing.to_path_buf())]),
+                next_ino: 2,
+                files: HashMap::new(),
+                next_fh: 1,
+            }),
+        };
+        let mut config = Config::default();
+        config.mount_options = vec![
+            MountOption::FSName("hoox-eiofs".into()),
+            MountOption::DefaultPermissions,
+        ];
+        config.acl = fuser::SessionACL::All;
+        let session = fuser::spawn_mount(fs, mountpoint, &config).expect("mount the FUSE disk");
+        EioMount {
+            fault,
+            session: Some(session),
+        }
+    }
+
+    pub fn fail(&self, fault: Fault) {
+        self.fault.store(fault as u8, Ordering::SeqCst);
+    }
+}
+
+impl Drop for EioMount {
+    fn drop(&mut self) {
+        if let Some(s) = self.session.take() {
+            let _ = s.umount_and_join();
+        }
+    }
+}
+
+struct State {
+    /// inode -> path in the backing directory
+    paths: HashMap<u64, PathBuf>,
+    next_ino: u64,
+    files: HashMap<u64, File>,
+    next_fh: u64,
+}
+
+impl State {
+    fn path(&self, ino: INodeNo) -> Result<PathBuf, Errno> {
+        self.paths.get(&ino.0).cloned().ok_or(Errno::ENOENT)
+    }
+
+    /// The inode of a backing path, numbering it on first sight.
+    fn ino(&mut self, path: &Path) -> u64 {
+        if let Some((&i, _)) = self.paths.iter().find(|(_, p)| p.as_path() == path) {
+            return i;
+        }
+        let i = self.next_ino;
+        self.next_ino += 1;
+        self.paths.insert(i, path.to_path_buf());
+        i
+    }
+
+    fn forget_path(&mut self, path: &Path) {
+        self.paths.retain(|_, p| p.as_path() != path);
+    }
+
+    fn file(&self, fh: FileHandle) -> Result<&File, Errno> {
+        self.files.get(&fh.0).ok_or(Errno::EBADF)
+    }
+}
+
+struct EioFs {
+    fault: Arc<AtomicU8>,
+    state: Mutex<State>,
+}
+
+fn time(secs: i64, nsecs: i64) -> SystemTime {
+    UNIX_EPOCH + Duration::new(secs.max(0) as u64, nsecs.clamp(0, 999_999_999) as u32)
+}
+
+fn attr(ino: u64, m: &Metadata) -> FileAttr {
+    let kind = if m.is_dir() {
+        FileType::Directory
+    } else if m.file_type().is_symlink() {
+        FileType::Symlink
+    } else {
+        FileType::RegularFile
+    };
+    FileAttr {
+        ino: INodeNo(ino),
+        size: m.len(),
+        blocks: m.blocks(),
+        atime: time(m.atime(), m.atime_nsec()),
+        mtime: time(m.mtime(), m.mtime_nsec()),
+        ctime: time(m.ctime(), m.ctime_nsec()),
+        crtime: UNIX_EPOCH,
+        kind,
+        perm: (m.mode() & 0o7777) as u16,
+        nlink: m.nlink() as u32,
+        uid: m.uid(),
+        gid: m.gid(),
+        rdev: m.rdev() as u32,
+        blksize: 4096,
+        flags: 0,
+    }
+}
+
+fn errno(e: std::io::Error) -> Errno {
+    Errno::from(e)
+}
+
+/// The flags to open the backing file with: the caller's access mode and O_APPEND; not
+/// O_DIRECT (the kernel hands us unaligned buffers) nor O_DSYNC (the kernel asks us to sync
+/// after each such write, and that sync is where the fault strikes).
+fn backing_options(flags: i32) -> OpenOptions {
+    let mut o = OpenOptions::new();
+    match flags & libc::O_ACCMODE {
+        libc::O_WRONLY => o.write(true),
+        libc::O_RDWR => o.read(true).write(true),
+        _ => o.read(true),
+    };
+    if flags & libc::O_APPEND != 0 {
+        o.append(true);
+    }
+    o
+}
+
+impl EioFs {
+    fn fault(&self) -> Fault {
+        match self.fault.load(Ordering::SeqCst) {
+            1 => Fault::WritesAndSyncs,
+            2 => Fault::Syncs,
+            _ => Fault::None,
+        }
+    }
+
+    fn state(&self) -> std::sync::MutexGuard<'_, State> {
+        self.state.lock().unwrap_or_else(|p| p.into_inner())
+    }
+
+    fn entry_of(&self, path: &Path) -> Result<FileAttr, Errno> {
+        let m = std::fs::symlink_metadata(path).map_err(errno)?;
+        let ino = self.state().ino(path);
+        Ok(attr(ino, &m))
+    }
+
+    fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf, Errno> {
+        Ok(self.state().path(parent)?.join(name))
+    }
+}
+
+impl Filesystem for EioFs {
+    fn lookup(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEntry) {
+        match self.child(parent, name).and_then(|p| self.entry_of(&p)) {
+            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
+        let path = self.state().path(ino);
+        match path.and_then(|p| std::fs::symlink_metadata(&p).map_err(errno)) {
+            Ok(m) => reply.attr(&TTL, &attr(ino.0, &m)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn setattr(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        mode: Option<u32>,
+        _uid: Option<u32>,
+        _gid: Option<u32>,
+        size: Option<u64>,
+        _atime: Option<TimeOrNow>,
+        _mtime: Option<TimeOrNow>,
+        _ctime: Option<SystemTime>,
+        _fh: Option<FileHandle>,
+        _crtime: Option<SystemTime>,
+        _chgtime: Option<SystemTime>,
+        _bkuptime: Option<SystemTime>,
+        _flags: Option<fuser::BsdFileFlags>,
+        reply: ReplyAttr,
+    ) {
+        let r = (|| {
+            let path = self.state().path(ino)?;
+            if let Some(len) = size {
+                if self.fault() == Fault::WritesAndSyncs {
+                    return Err(Errno::EIO);
+                }
+                OpenOptions::new()
+                    .write(true)
+                    .open(&path)
+                    .and_then(|f| f.set_len(len))
+                    .map_err(errno)?;
+            }
+            if let Some(mode) = mode {
+                std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
+                    .map_err(errno)?;
+            }
+            std::fs::symlink_metadata(&path).map_err(errno)
+        })();
+        match r {
+            Ok(m) => reply.attr(&TTL, &attr(ino.0, &m)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn mkdir(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        reply: ReplyEntry,
+    ) {
+        let r = self.child(parent, name).and_then(|p| {
+            std::fs::create_dir(&p).map_err(errno)?;
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).map_err(errno)?;
+            self.entry_of(&p)
+        });
+        match r {
+            Ok(a) => reply.entry(&TTL, &a, Generation(0)),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
+        let r = self.child(parent, name).and_then(|p| {
+            std::fs::remove_file(&p).map_err(errno)?;
+            self.state().forget_path(&p);
+            Ok(())
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn rename(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        newparent: INodeNo,
+        newname: &OsStr,
+        _flags: RenameFlags,
+        reply: ReplyEmpty,
+    ) {
+        let r = (|| {
+            let from = self.child(parent, name)?;
+            let to = self.child(newparent, newname)?;
+            std::fs::rename(&from, &to).map_err(errno)?;
+            let mut st = self.state();
+            st.forget_path(&to);
+            for p in st.paths.values_mut() {
+                if *p == from {
+                    *p = to.clone();
+                }
+            }
+            Ok(())
+        })();
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
+        let r = (|| {
+            let path = self.state().path(ino)?;
+            let file = backing_options(flags.0).open(path).map_err(errno)?;
+            let mut st = self.state();
+            let fh = st.next_fh;
+            st.next_fh += 1;
+            st.files.insert(fh, file);
+            Ok(fh)
+        })();
+        match r {
+            Ok(fh) => reply.opened(FileHandle(fh), FopenFlags::empty()),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn create(
+        &self,
+        _req: &Request,
+        parent: INodeNo,
+        name: &OsStr,
+        mode: u32,
+        _umask: u32,
+        flags: i32,
+        reply: ReplyCreate,
+    ) {
+        let r = (|| {
+            let path = self.child(parent, name)?;
+            let mut o = backing_options(flags);
+            o.create(true).mode(mode);
+            if flags & libc::O_EXCL != 0 {
+                o.create_new(true);
+            }
+            if flags & libc::O_TRUNC != 0 {
+                o.truncate(true);
+            }
+            let file = o.open(&path).map_err(errno)?;
+            let a = self.entry_of(&path)?;
+            let mut st = self.state();
+            let fh = st.next_fh;
+            st.next_fh += 1;
+            st.files.insert(fh, file);
+            Ok((a, fh))
+        })();
+        match r {
+            Ok((a, fh)) => {
+                reply.created(&TTL, &a, Generation(0), FileHandle(fh), FopenFlags::empty())
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn read(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        size: u32,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyData,
+    ) {
+        let st = self.state();
+        let r = st.file(fh).and_then(|f| {
+            let mut buf = vec![0u8; size as usize];
+            let mut done = 0;
+            while done < buf.len() {
+                match f.read_at(&mut buf[done..], offset + done as u64) {
+                    Ok(0) => break,
+                    Ok(n) => done += n,
+                    Err(e) => return Err(errno(e)),
+                }
+            }
+            buf.truncate(done);
+            Ok(buf)
+        });
+        match r {
+            Ok(b) => reply.data(&b),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn write(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        offset: u64,
+        data: &[u8],
+        _write_flags: WriteFlags,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        reply: ReplyWrite,
+    ) {
+        if self.fault() == Fault::WritesAndSyncs {
+            return reply.error(Errno::EIO);
+        }
+        let st = self.state();
+        match st
+            .file(fh)
+            .and_then(|f| f.write_all_at(data, offset).map_err(errno))
+        {
+            Ok(()) => reply.written(data.len() as u32),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn flush(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        _fh: FileHandle,
+        _lock_owner: LockOwner,
+        reply: ReplyEmpty,
+    ) {
+        reply.ok();
+    }
+
+    fn release(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        _flags: OpenFlags,
+        _lock_owner: Option<LockOwner>,
+        _flush: bool,
+        reply: ReplyEmpty,
+    ) {
+        self.state().files.remove(&fh.0);
+        reply.ok();
+    }
+
+    fn fsync(
+        &self,
+        _req: &Request,
+        _ino: INodeNo,
+        fh: FileHandle,
+        datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        if self.fault() != Fault::None {
+            return reply.error(Errno::EIO);
+        }
+        let st = self.state();
+        let r = st.file(fh).and_then(|f| {
+            if datasync {
+                f.sync_data()
+            } else {
+                f.sync_all()
+            }
+            .map_err(errno)
+        });
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn readdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        offset: u64,
+        mut reply: ReplyDirectory,
+    ) {
+        let r = (|| {
+            let dir = self.state().path(ino)?;
+            let mut entries = vec![
+                (ino.0, FileType::Directory, ".".into()),
+                (ino.0, FileType::Directory, "..".into()),
+            ];
+            for e in std::fs::read_dir(&dir).map_err(errno)? {
+                let e = e.map_err(errno)?;
+                let kind = if e.file_type().map_err(errno)?.is_dir() {
+                    FileType::Directory
+                } else {
+                    FileType::RegularFile
+                };
+                let i = self.state().ino(&e.path());
+                entries.push((i, kind, e.file_name()));
+            }
+            Ok(entries)
+        })();
+        match r {
+            Ok(entries) => {
+                for (n, (i, kind, name)) in entries.into_iter().enumerate().skip(offset as usize) {
+                    if reply.add(INodeNo(i), n as u64 + 1, kind, name) {
+                        break;
+                    }
+                }
+                reply.ok();
+            }
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn fsyncdir(
+        &self,
+        _req: &Request,
+        ino: INodeNo,
+        _fh: FileHandle,
+        _datasync: bool,
+        reply: ReplyEmpty,
+    ) {
+        if self.fault() != Fault::None {
+            return reply.error(Errno::EIO);
+        }
+        let r = self
+            .state()
+            .path(ino)
+            .and_then(|p| File::open(p).and_then(|d| d.sync_all()).map_err(errno));
+        match r {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
+        }
+    }
+
+    fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
+        // Plenty of room, as the backing disk has: the fault is EIO, not ENOSPC.
+        reply.statfs(1 << 24, 1 << 23, 1 << 23, 1 << 20, 1 << 19, 4096, 255, 4096);
+    }
+
+    fn access(&self, _req: &Request, _ino: INodeNo, _mask: AccessFlags, reply: ReplyEmpty) {
+        reply.ok();
+    }
+}
