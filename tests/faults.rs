@@ -262,8 +262,22 @@ async fn file_size_limit_mid_run() {
     }
 }
 
+/// Waits (at most 10 s) until the gateway has logged `needle`.
+async fn wait_logged(gw: &Gateway, needle: &str) {
+    for _ in 0..200 {
+        if gw.stderr().contains(needle) {
+            return;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    panic!("never logged {needle:?}; stderr:\n{}", gw.stderr());
+}
+
 /// A disk that starts failing: every write and sync returns EIO. Then one whose writes land
-/// but whose syncs fail, so that the writer cannot know what reached the disk.
+/// but whose syncs fail, so that the writer cannot know what reached the disk; the
+/// reserve refused then must not hold its key once the disk is back. Last, the same with
+/// the journal's syncs still failing when the database opens again: the reopen cannot
+/// free that key yet, so it keeps failing closed, and frees it at the next.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disk_io_errors_mid_run() {
     use eiofs::{EioMount, Fault};
@@ -275,13 +289,28 @@ async fn disk_io_errors_mid_run() {
     gw.wait_ready().await;
     assert_eq!(gw.post(&keyed("eio-0"), &[]).await.status, 200);
 
-    for (fault, n) in [(Fault::WritesAndSyncs, 1), (Fault::Syncs, 2)] {
+    let phases = [
+        (Fault::WritesAndSyncs, None),
+        (Fault::Syncs, None),
+        (Fault::Syncs, Some(Fault::JournalWrites)),
+    ];
+    for (n, (fault, at_reopen)) in phases.into_iter().enumerate() {
+        // The readiness probe asks the owner, which first writes what it carries (the
+        // last trade's commit): the reserve below makes the first write the fault meets.
+        gw.wait_ready().await;
+        let failed_writes = gw.stderr().matches("mutex: write failed").count();
         let calls = exec.calls();
         disk.fail(fault);
         let refused = format!("eio-{n}-refused");
         let r = gw.post(&keyed(&refused), &[]).await;
         assert_eq!(r.status, 503, "{fault:?}: {:?}", r.json());
         assert_eq!(code(&r.json()), "IDEMPOTENCY_UNAVAILABLE");
+        wait_logged(&gw, "mutex: write failed").await;
+        assert_eq!(
+            gw.stderr().matches("mutex: write failed").count(),
+            failed_writes + 1,
+            "{fault:?}: the reserve's own write was not the one that failed"
+        );
         assert_fails_closed(&gw, &exec, &format!("eio-{n}-while")).await;
         assert_eq!(
             exec.calls(),
@@ -289,6 +318,13 @@ async fn disk_io_errors_mid_run() {
             "{fault:?}: a trade reached the executor"
         );
 
+        if let Some(f) = at_reopen {
+            // The database opens, but the record that frees the refused key cannot be
+            // written: still closed, and the key is kept to free at the next reopen.
+            disk.fail(f);
+            wait_logged(&gw, "cannot free the keys of a failed write").await;
+            assert_fails_closed(&gw, &exec, &format!("eio-{n}-reopening")).await;
+        }
         disk.fail(Fault::None);
         assert_recovers(&gw, &exec, &format!("eio-{n}-after")).await;
         // What was accepted before the fault is still held.

@@ -162,9 +162,13 @@ struct Owner {
     carry: Batch,
     /// Grants sent this turn that nobody took, released at its end.
     abandoned: Vec<Grant>,
-    /// Grants whose trade was never sent, made by a write that failed: the caller was
-    /// told Unavailable (or had given up), but the record may have reached the disk all
-    /// the same (a sync that fails after its write landed), and a reopen would find the
+    /// Grants released since the last record was written: their releases are only in
+    /// `carry` (or in the batch being built). A failed write drops those, so `fail` moves
+    /// the grants to `void`, to be released again.
+    released: Vec<Grant>,
+    /// Grants whose trade was never sent, or whose release a failed write dropped: made
+    /// before a write failed, their entries may be on the disk all the same (a sync that
+    /// fails after its write landed, or an earlier record), and a reopen would find the
     /// keys held. Released by the reopen that succeeds, so that the retry is let through.
     void: Vec<Grant>,
     index: HashMap<Rc<str>, Live>,
@@ -192,6 +196,7 @@ impl Owner {
             store: None,
             carry: Batch::default(),
             abandoned: Vec::new(),
+            released: Vec::new(),
             void: Vec::new(),
             index: HashMap::new(),
             wheel,
@@ -341,8 +346,6 @@ impl Owner {
                 // The index holds this batch's uncommitted changes: drop it with the
                 // database; a reopen rebuilds both from what is truly on disk.
                 drop(store);
-                let abandoned = std::mem::take(&mut self.abandoned);
-                self.void.extend(abandoned);
                 self.fail(u.clone());
                 for r in replies {
                     self.void.extend(r.fail(&u));
@@ -422,6 +425,7 @@ impl Owner {
         let journaled = store.journal.fits(w.record().len());
         if journaled {
             store.journal.append(w.record(), durable)?;
+            self.released.clear();
             if durable {
                 self.shared
                     .stats
@@ -438,6 +442,7 @@ impl Owner {
         self.carry = w;
         applied?;
         if !journaled {
+            self.released.clear();
             let took = t.elapsed().as_secs_f64();
             self.shared.stats.fsync_seconds.observe(took);
             self.shared.stats.checkpoint_seconds.observe(took);
@@ -483,6 +488,7 @@ impl Owner {
             Command::Release(grant) => match self.release(&grant, w, (now_wall, now_mono)) {
                 Ok(true) => {
                     inc(&self.shared.stats.releases);
+                    self.released.push(*grant);
                     Ok(None)
                 }
                 Ok(false) => {
@@ -665,6 +671,7 @@ impl Owner {
                 Ok(true) => {
                     inc(&self.shared.stats.releases);
                     log::warn!(key = key; "mutex: reserve granted after its caller gave up; released");
+                    self.released.push(grant);
                 }
                 Err(e) => {
                     log::warn!(key = key; "mutex: cannot release an unanswered grant ({e}); it stays held until its TTL")
@@ -858,17 +865,16 @@ impl Owner {
                     .expired
                     .fetch_add(loaded.purged, Ordering::Relaxed);
                 self.halted = loaded.halted;
-                if self.backoff > Duration::ZERO {
-                    log::info!("mutex: database reopened, {} live keys", self.index.len());
-                }
                 let mut store = store;
                 if let Err(e) = self.free_void(&mut store, (now_wall, now_mono)) {
                     log::error!(
                         "mutex: cannot free the keys of a failed write: {e}; failing closed"
                     );
                     self.fail(Unavailable::CommitFailed(e.to_string()));
-                    self.publish();
                     return;
+                }
+                if self.backoff > Duration::ZERO {
+                    log::info!("mutex: database reopened, {} live keys", self.index.len());
                 }
                 self.store = Some(store);
                 self.failure = None;
@@ -887,9 +893,9 @@ impl Owner {
         self.publish();
     }
 
-    /// Frees, on reopen, the entries of grants a failed write voided, where the disk kept
-    /// them: one synced record, before anything else is served. Kept for the next reopen if
-    /// it cannot be written.
+    /// Frees, on reopen, the entries of the grants in `void` that the disk kept: one synced
+    /// record, before anything else is served. Kept for the next reopen if it cannot be
+    /// written.
     fn free_void(&mut self, store: &mut Store, now: (u64, u64)) -> Result<(), WriteError> {
         if self.void.is_empty() {
             return Ok(());
@@ -914,15 +920,20 @@ impl Owner {
         if result.is_err() {
             self.void = void;
         } else if freed > 0 {
-            log::warn!(
-                "mutex: freed {freed} key(s) whose reserve failed with the disk but reached it"
-            );
+            self.shared
+                .stats
+                .releases
+                .fetch_add(freed, Ordering::Relaxed);
+            log::warn!("mutex: freed {freed} key(s) a failed write had left held");
         }
         result
     }
 
     /// Enters the fail-closed state and schedules a reopen.
     fn fail(&mut self, u: Unavailable) {
+        // Whatever was not yet written is lost with `carry`: settle it again at the reopen.
+        self.void.append(&mut self.abandoned);
+        self.void.append(&mut self.released);
         self.store = None;
         self.carry = Batch::default();
         self.index.clear();
@@ -1082,15 +1093,23 @@ mod tests {
         rx.try_recv().expect("answered within the turn")
     }
 
-    fn reserve(o: &mut Owner, key: &Key) -> Decision {
-        let req = Reserve {
+    fn trade_key(symbol: &str) -> Key {
+        Key::from_stored(&format!("trade:x:{symbol}:LONG:1:live:1")).unwrap()
+    }
+
+    /// A plain reserve of `key`: no siblings, no guard.
+    fn request(key: &Key) -> Box<Reserve> {
+        Box::new(Reserve {
             key: key.clone(),
             ttl: Duration::from_secs(300),
             payload_hash: [1; 32],
             siblings: Vec::new(),
             guard: None,
-        };
-        ask(o, |tx| Command::Reserve(Box::new(req), tx))
+        })
+    }
+
+    fn reserve(o: &mut Owner, key: &Key) -> Decision {
+        ask(o, |tx| Command::Reserve(request(key), tx))
     }
 
     /// A grant nobody takes is released at the end of its turn, with its guard: the
@@ -1125,10 +1144,7 @@ mod tests {
     fn a_grant_from_before_a_reopen_still_settles() {
         let dir = tempfile::tempdir().unwrap();
         let mut o = owner(dir.path());
-        let (a, b) = (
-            Key::from_stored("trade:x:BTC:LONG:1:live:1").unwrap(),
-            Key::from_stored("trade:x:ETH:LONG:1:live:1").unwrap(),
-        );
+        let (a, b) = (trade_key("BTC"), trade_key("ETH"));
         let (Decision::Proceed(ga), Decision::Proceed(gb)) =
             (reserve(&mut o, &a), reserve(&mut o, &b))
         else {
@@ -1144,6 +1160,38 @@ mod tests {
             other => panic!("the commit after the reopen was lost: {other:?}"),
         }
         assert!(matches!(reserve(&mut o, &b), Decision::Proceed(_)));
+    }
+
+    /// A release rides in `carry` until the next record is written, and a write that
+    /// fails drops `carry`. The reserve is on the disk, so the reopen would hold the key
+    /// for its TTL although its trade failed (or was never sent): the release is made
+    /// again at the reopen. Both kinds: the gateway's, and the owner's own for a grant
+    /// nobody took.
+    #[test]
+    fn a_release_a_failed_write_dropped_is_made_at_the_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let (a, b) = (trade_key("BTC"), trade_key("ETH"));
+        let Decision::Proceed(ga) = reserve(&mut o, &a) else {
+            panic!("a fresh key is granted")
+        };
+        o.turn(&mut vec![Command::Release(Box::new(ga))]);
+        let (tx, rx) = oneshot::channel();
+        drop(rx);
+        o.turn(&mut vec![Command::Reserve(request(&b), tx)]);
+        assert!(
+            !o.carry.record().is_empty(),
+            "both releases are carried, not yet written"
+        );
+        o.fail(Unavailable::CommitFailed("a fault".into()));
+        o.reopen();
+        assert!(o.store.is_some(), "{:?}", o.failure);
+        for k in [&a, &b] {
+            assert!(
+                matches!(reserve(&mut o, k), Decision::Proceed(_)),
+                "{k} stayed held after its release was lost"
+            );
+        }
     }
 
     /// The table numbers its entries on from its highest at each open, so after the

@@ -33,6 +33,9 @@ pub enum Fault {
     /// Writes reach the backing file, but every sync fails with EIO: the data may or may
     /// not be on the disk, and the writer cannot tell.
     Syncs = 2,
+    /// As `WritesAndSyncs`, for the files whose name ends in `-journal` only: the
+    /// database opens, and the mutex's first record fails without reaching the disk.
+    JournalWrites = 3,
 }
 
 /// The kernel may cache nothing: every call must reach us, so that a fault takes effect at
@@ -40,6 +43,7 @@ pub enum Fault {
 const TTL: Duration = Duration::ZERO;
 
 pub struct EioMount {
+    mountpoint: PathBuf,
     fault: Arc<AtomicU8>,
     session: Option<BackgroundSession>,
 }
@@ -65,6 +69,7 @@ impl EioMount {
         config.acl = fuser::SessionACL::All;
         let session = fuser::spawn_mount(fs, mountpoint, &config).expect("mount the FUSE disk");
         EioMount {
+            mountpoint: mountpoint.to_path_buf(),
             fault,
             session: Some(session),
         }
@@ -77,8 +82,19 @@ impl EioMount {
 
 impl Drop for EioMount {
     fn drop(&mut self) {
-        if let Some(s) = self.session.take() {
-            let _ = s.umount_and_join();
+        if let Some(s) = self.session.take()
+            && let Err(e) = s.umount_and_join()
+        {
+            // Busy (a file still open): detach it, so no mount outlives the test.
+            eprintln!(
+                "eiofs: unmount failed ({e}); detaching {}",
+                self.mountpoint.display()
+            );
+            let path = std::ffi::CString::new(self.mountpoint.as_os_str().as_encoded_bytes());
+            if let Ok(p) = path {
+                // SAFETY: a valid NUL-terminated path; MNT_DETACH takes no other argument.
+                unsafe { libc::umount2(p.as_ptr(), libc::MNT_DETACH) };
+            }
         }
     }
 }
@@ -177,7 +193,38 @@ impl EioFs {
         match self.fault.load(Ordering::SeqCst) {
             1 => Fault::WritesAndSyncs,
             2 => Fault::Syncs,
+            3 => Fault::JournalWrites,
             _ => Fault::None,
+        }
+    }
+
+    /// Whether the fault fails this write (or, if `!write`, this sync) of `ino`.
+    fn strikes(&self, st: &State, ino: INodeNo, write: bool) -> bool {
+        match self.fault() {
+            Fault::None => false,
+            Fault::WritesAndSyncs => true,
+            Fault::Syncs => !write,
+            Fault::JournalWrites => st
+                .path(ino)
+                .is_ok_and(|p| p.to_string_lossy().ends_with("-journal")),
+        }
+    }
+
+    /// A sync of `ino`, unless the fault strikes it.
+    fn sync(
+        &self,
+        ino: INodeNo,
+        reply: ReplyEmpty,
+        sync: impl FnOnce(&State) -> Result<(), Errno>,
+    ) {
+        let st = self.state();
+        match if self.strikes(&st, ino, false) {
+            Err(Errno::EIO)
+        } else {
+            sync(&st)
+        } {
+            Ok(()) => reply.ok(),
+            Err(e) => reply.error(e),
         }
     }
 
@@ -233,7 +280,7 @@ impl Filesystem for EioFs {
         let r = (|| {
             let path = self.state().path(ino)?;
             if let Some(len) = size {
-                if self.fault() == Fault::WritesAndSyncs {
+                if self.strikes(&self.state(), ino, true) {
                     return Err(Errno::EIO);
                 }
                 OpenOptions::new()
@@ -401,7 +448,7 @@ impl Filesystem for EioFs {
     fn write(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         data: &[u8],
@@ -410,10 +457,10 @@ impl Filesystem for EioFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        if self.fault() == Fault::WritesAndSyncs {
+        let st = self.state();
+        if self.strikes(&st, ino, true) {
             return reply.error(Errno::EIO);
         }
-        let st = self.state();
         match st
             .file(fh)
             .and_then(|f| f.write_all_at(data, offset).map_err(errno))
@@ -451,16 +498,13 @@ impl Filesystem for EioFs {
     fn fsync(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         datasync: bool,
         reply: ReplyEmpty,
     ) {
-        if self.fault() != Fault::None {
-            return reply.error(Errno::EIO);
-        }
-        let st = self.state();
-        let r = st.file(fh).and_then(|f| {
+        self.sync(ino, reply, |st| {
+            let f = st.file(fh)?;
             if datasync {
                 f.sync_data()
             } else {
@@ -468,10 +512,6 @@ impl Filesystem for EioFs {
             }
             .map_err(errno)
         });
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
     }
 
     fn readdir(
@@ -521,17 +561,11 @@ impl Filesystem for EioFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
-        if self.fault() != Fault::None {
-            return reply.error(Errno::EIO);
-        }
-        let r = self
-            .state()
-            .path(ino)
-            .and_then(|p| File::open(p).and_then(|d| d.sync_all()).map_err(errno));
-        match r {
-            Ok(()) => reply.ok(),
-            Err(e) => reply.error(e),
-        }
+        self.sync(ino, reply, |st| {
+            File::open(st.path(ino)?)
+                .and_then(|d| d.sync_all())
+                .map_err(errno)
+        });
     }
 
     fn statfs(&self, _req: &Request, _ino: INodeNo, reply: ReplyStatfs) {
