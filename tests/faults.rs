@@ -262,22 +262,25 @@ async fn file_size_limit_mid_run() {
     }
 }
 
-/// Waits (at most 10 s) until the gateway has logged `needle`.
-async fn wait_logged(gw: &Gateway, needle: &str) {
+/// Waits (at most 10 s) until the gateway has logged `needle` `times` times in all.
+async fn wait_logged(gw: &Gateway, needle: &str, times: usize) {
     for _ in 0..200 {
-        if gw.stderr().contains(needle) {
+        if gw.stderr().matches(needle).count() >= times {
             return;
         }
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    panic!("never logged {needle:?}; stderr:\n{}", gw.stderr());
+    panic!(
+        "never logged {needle:?} {times} times; stderr:\n{}",
+        gw.stderr()
+    );
 }
 
 /// A disk that starts failing: every write and sync returns EIO. Then one whose writes land
 /// but whose syncs fail, so that the writer cannot know what reached the disk; the
 /// reserve refused then must not hold its key once the disk is back. Last, the same with
-/// the journal's syncs still failing when the database opens again: the reopen cannot
-/// free that key yet, so it keeps failing closed, and frees it at the next.
+/// the journal's writes failing when the database opens again: the reopen cannot free
+/// that key yet, so it keeps failing closed, and frees it at the next.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disk_io_errors_mid_run() {
     use eiofs::{EioMount, Fault};
@@ -305,7 +308,7 @@ async fn disk_io_errors_mid_run() {
         let r = gw.post(&keyed(&refused), &[]).await;
         assert_eq!(r.status, 503, "{fault:?}: {:?}", r.json());
         assert_eq!(code(&r.json()), "IDEMPOTENCY_UNAVAILABLE");
-        wait_logged(&gw, "mutex: write failed").await;
+        wait_logged(&gw, "mutex: write failed", failed_writes + 1).await;
         assert_eq!(
             gw.stderr().matches("mutex: write failed").count(),
             failed_writes + 1,
@@ -322,7 +325,7 @@ async fn disk_io_errors_mid_run() {
             // The database opens, but the record that frees the refused key cannot be
             // written: still closed, and the key is kept to free at the next reopen.
             disk.fail(f);
-            wait_logged(&gw, "cannot free the keys of a failed write").await;
+            wait_logged(&gw, "cannot free the keys of a failed write", 1).await;
             assert_fails_closed(&gw, &exec, &format!("eio-{n}-reopening")).await;
         }
         disk.fail(Fault::None);

@@ -754,8 +754,14 @@ impl Owner {
     fn refuse(&mut self, cmd: Command, u: &Unavailable) {
         let _ = match cmd {
             Command::Reserve(_, tx) => tx.send(Decision::Unavailable(u.clone())).map_err(drop),
-            // Not answered: the handle said so when it queued them (`Mutex::send`).
-            Command::Commit(..) | Command::Release(..) => Ok(()),
+            // Not answered: the handle said so when it queued them (`Mutex::send`). A
+            // release queued before the failure was published was taken as made: it is
+            // made at the reopen instead, like those a failed write dropped.
+            Command::Commit(..) => Ok(()),
+            Command::Release(grant) => {
+                self.void.push(*grant);
+                Ok(())
+            }
             Command::SetHalted(_, tx) => tx.send(Err(u.clone())).map_err(drop),
             Command::Get(_, tx) => tx.send(Err(u.clone())).map_err(drop),
             Command::List(_, tx) => tx.send(Err(u.clone())).map_err(drop),
@@ -920,10 +926,8 @@ impl Owner {
         if result.is_err() {
             self.void = void;
         } else if freed > 0 {
-            self.shared
-                .stats
-                .releases
-                .fetch_add(freed, Ordering::Relaxed);
+            // Not counted in `stats.releases` again: each was counted when it was asked
+            // for, or its reserve was refused.
             log::warn!("mutex: freed {freed} key(s) a failed write had left held");
         }
         result
@@ -969,7 +973,9 @@ impl Owner {
     fn checkpoint(&mut self) {
         let t = Instant::now();
         let done = self.maintain("checkpoint", |o, store| {
-            store::apply(store, &mut o.carry, true)
+            store::apply(store, &mut o.carry, true)?;
+            o.released.clear();
+            Ok(())
         });
         if done {
             self.shared
@@ -1175,12 +1181,15 @@ mod tests {
         let Decision::Proceed(ga) = reserve(&mut o, &a) else {
             panic!("a fresh key is granted")
         };
-        o.turn(&mut vec![Command::Release(Box::new(ga))]);
+        // A grant nobody takes: written with its reserve, released into `carry`.
         let (tx, rx) = oneshot::channel();
         drop(rx);
         o.turn(&mut vec![Command::Reserve(request(&b), tx)]);
-        assert!(
-            !o.carry.record().is_empty(),
+        // The gateway's release, in a turn of its own: carried too, nothing written.
+        o.turn(&mut vec![Command::Release(Box::new(ga))]);
+        assert_eq!(
+            o.released.len(),
+            2,
             "both releases are carried, not yet written"
         );
         o.fail(Unavailable::CommitFailed("a fault".into()));
@@ -1192,6 +1201,23 @@ mod tests {
                 "{k} stayed held after its release was lost"
             );
         }
+    }
+
+    /// A release that reaches the owner while it fails closed (queued before the failure
+    /// was published) is made at the reopen: its sender was told it was queued.
+    #[test]
+    fn a_release_refused_while_failing_is_made_at_the_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let a = trade_key("BTC");
+        let Decision::Proceed(ga) = reserve(&mut o, &a) else {
+            panic!("a fresh key is granted")
+        };
+        o.fail(Unavailable::CommitFailed("a fault".into()));
+        o.turn(&mut vec![Command::Release(Box::new(ga))]);
+        o.reopen();
+        assert!(o.store.is_some(), "{:?}", o.failure);
+        assert!(matches!(reserve(&mut o, &a), Decision::Proceed(_)));
     }
 
     /// The table numbers its entries on from its highest at each open, so after the
