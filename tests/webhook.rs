@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use support::client::{Alpn, TlsClient};
 use support::executor::{MockExecutor, Mode, refused_url};
-use support::gateway::{SECRET, Setup, trade, with_mock};
+use support::gateway::{SECRET, Setup, trade, with_mock, with_mock_configured};
 
 /// The key's state as the admin API tells it: "pending", "committed", or "absent".
 async fn key_state(gw: &support::gateway::Gateway, key: &str) -> String {
@@ -170,11 +170,10 @@ async fn timeout_after_send_holds_the_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn on_unknown_release_lets_the_retry_run() {
-    let exec = MockExecutor::start().await;
-    let mut setup = Setup::new(Some(&exec.url()));
-    setup.set("executor", "on_unknown_outcome", "release");
-    let gw = setup.start();
-    gw.wait_ready().await;
+    let (exec, _setup, gw) = with_mock_configured(|setup| {
+        setup.set("executor", "on_unknown_outcome", "release");
+    })
+    .await;
     exec.set_mode(Mode::Hang);
     let mut t = trade("BNBUSDT");
     t["idempotencyKey"] = json!("hang-rel");
@@ -189,11 +188,10 @@ async fn on_unknown_release_lets_the_retry_run() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn bad_requests_are_refused_before_the_executor() {
-    let exec = MockExecutor::start().await;
-    let mut setup = Setup::new(Some(&exec.url()));
-    setup.set("keys", "require_client_key", false);
-    let gw = setup.start();
-    gw.wait_ready().await;
+    let (exec, _setup, gw) = with_mock_configured(|setup| {
+        setup.set("keys", "require_client_key", false);
+    })
+    .await;
     let c = &gw.client;
     let raw = |body: &'static str, headers: Vec<(&'static str, &'static str)>| {
         let url = gw.url();
@@ -471,13 +469,12 @@ async fn ip_allowlist_forbids_others() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_limit_spares_duplicates_and_leaves_no_reservation() {
-    let exec = MockExecutor::start().await;
-    let mut setup = Setup::new(Some(&exec.url()));
-    setup
-        .set("limits", "rate_per_s", 0.01)
-        .set("limits", "burst", 2);
-    let gw = setup.start();
-    gw.wait_ready().await;
+    let (exec, _setup, gw) = with_mock_configured(|setup| {
+        setup
+            .set("limits", "rate_per_s", 0.01)
+            .set("limits", "burst", 2);
+    })
+    .await;
     let with_key = |k: &str| {
         let mut t = trade("BTCUSDT");
         t["idempotencyKey"] = json!(k);
@@ -573,11 +570,10 @@ async fn five_hundred_concurrent_identical_webhooks_forward_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_answers_a_duplicate_with_the_stored_response() {
-    let exec = MockExecutor::start().await;
-    let mut setup = Setup::new(Some(&exec.url()));
-    setup.set("server", "duplicate_response", "replay");
-    let gw = setup.start();
-    gw.wait_ready().await;
+    let (exec, _setup, gw) = with_mock_configured(|setup| {
+        setup.set("server", "duplicate_response", "replay");
+    })
+    .await;
     let first = gw.post(&trade("BTCUSDT"), &[]).await;
     assert_eq!(first.status, 200);
     let again = gw.post(&trade("BTCUSDT"), &[]).await;
@@ -692,16 +688,15 @@ async fn http1_http2_plaintext_and_slow_clients() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mtls_requires_a_client_certificate_and_namespaces_by_it() {
-    let exec = MockExecutor::start().await;
-    let mut setup = Setup::new(Some(&exec.url()));
-    setup.set(
-        "server",
-        "client_ca",
-        setup.pki.ca_cert.display().to_string(),
-    );
-    setup.set("auth", "require", vec!["mtls"]);
-    let gw = setup.start();
-    gw.wait_ready().await;
+    let (exec, setup, gw) = with_mock_configured(|setup| {
+        setup.set(
+            "server",
+            "client_ca",
+            setup.pki.ca_cert.display().to_string(),
+        );
+        setup.set("auth", "require", vec!["mtls"]);
+    })
+    .await;
     // Without a certificate: the handshake or the request fails, nothing is sent.
     let anon = TlsClient::new(&setup.pki.ca_cert);
     let failed = match anon.connect(&gw.url()).await {
@@ -1047,11 +1042,10 @@ async fn connection_cap_holds_new_connections_until_one_closes() {
 /// retry's reservation committed while the retry is still out.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_late_settle_leaves_the_retry_the_operator_let_through_alone() {
-    let exec = MockExecutor::start().await;
-    let mut setup = Setup::new(Some(&exec.url()));
-    setup.set("executor", "timeout", "8s");
-    let gw = setup.start();
-    gw.wait_ready().await;
+    let (exec, _setup, gw) = with_mock_configured(|setup| {
+        setup.set("executor", "timeout", "8s");
+    })
+    .await;
     let mut t = trade("BTCUSDT");
     t["idempotencyKey"] = json!("operator-let-through");
     let key = "client:psk:live:operator-let-through";
@@ -1173,11 +1167,10 @@ fn unix_now_s() -> u64 {
 /// afresh is a new trade, as any trade after its key has gone is (SPEC §2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signed_request_replayed_after_its_trade_key_is_refused() {
-    let exec = MockExecutor::start().await;
-    let mut setup = Setup::new(Some(&exec.url()));
-    setup.set("store", "ttl", "2s");
-    let gw = setup.start();
-    gw.wait_ready().await;
+    let (exec, _setup, gw) = with_mock_configured(|setup| {
+        setup.set("store", "ttl", "2s");
+    })
+    .await;
     let (_, body) = without_api_key("SOLUSDT");
     let signed_at = unix_now_s();
     let r = post_signed(&gw, &body, signed_at, &[]).await;

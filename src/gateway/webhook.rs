@@ -434,8 +434,6 @@ fn fresh_request_id() -> String {
     hex::encode((z ^ (z >> 31)).to_be_bytes())
 }
 
-/// The reserve of a trade without a client key: its fingerprint in the minute bucket of
-/// `now_ms`, with the neighbouring buckets as siblings (`Reserve::siblings`).
 /// The guard of a request whose signature verified: held until the signature stops
 /// authenticating by this clock (from the second after the window's last), and then for
 /// the mutex's deadline, the longest a reserve that authenticated just in time can take
@@ -450,6 +448,8 @@ fn guard(identity: &str, sig: &Signature, now_ms: u64, deadline: Duration) -> Gu
     }
 }
 
+/// The reserve of a trade without a client key: its fingerprint in the minute bucket of
+/// `now_ms`, with the neighbouring buckets as siblings (`Reserve::siblings`).
 fn fingerprinted(fp: &Fingerprint, now_ms: u64, ttl: Duration) -> Result<Reserve, KeyError> {
     let bucket = bucket_of(now_ms);
     Ok(Reserve {

@@ -295,8 +295,16 @@ impl Drop for Gateway {
 
 /// The usual rig: a mock executor, a gateway configured for it, started and ready.
 pub async fn with_mock() -> (MockExecutor, Setup, Gateway) {
+    with_mock_configured(|_| {}).await
+}
+
+/// As [`with_mock`], with the config changed by `configure` before the start.
+pub async fn with_mock_configured(
+    configure: impl FnOnce(&mut Setup),
+) -> (MockExecutor, Setup, Gateway) {
     let exec = MockExecutor::start().await;
-    let setup = Setup::new(Some(&exec.url()));
+    let mut setup = Setup::new(Some(&exec.url()));
+    configure(&mut setup);
     let gw = setup.start();
     gw.wait_ready().await;
     (exec, setup, gw)
