@@ -2,6 +2,10 @@
 //! disk, so one write + fdatasync on the same filesystem is the latency floor the gateway is
 //! judged against. With `--direct`, the write is made as the journal makes it where the
 //! file system allows: `O_DIRECT | O_DSYNC`, one call that returns once it is on disk.
+//!
+//! It also reports the CPU time the process spent per sync, nearly all of it in the kernel:
+//! on a VM, where each flush to the virtual disk traps to the hypervisor, a durable write
+//! costs the CPU several bare TLS responses' worth, and the gateway pays it once per batch.
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -52,8 +56,9 @@ pub fn run(dir: &Path, count: u32, size: usize, mode: Mode, json: bool) -> Resul
     let result = measure(&path, count, size, mode);
     // Remove the probe file whatever happened; a failed measurement must not leave litter.
     let _ = std::fs::remove_file(&path);
-    let (hist, took) = result?;
+    let Measured { hist, took, cpu } = result?;
     let us = |q: f64| hist.value_at_quantile(q);
+    let cpu_us_per_sync = cpu.as_secs_f64() * 1e6 / f64::from(count.max(1));
     // Closed loop only: how many syncs the disk completed per second (paced, it is the rate).
     let syncs_per_s = mode
         .rate
@@ -64,6 +69,7 @@ pub fn run(dir: &Path, count: u32, size: usize, mode: Mode, json: bool) -> Resul
             "dir": dir.display().to_string(), "count": count, "size": size, "rate": mode.rate,
             "writers": mode.writers, "direct": mode.direct, "syncs_per_s": syncs_per_s.map(f64::round),
             "p50_us": us(0.5), "p99_us": us(0.99), "max_us": hist.max(),
+            "cpu_us_per_sync": (cpu_us_per_sync * 10.0).round() / 10.0,
         });
         println!("{out}");
     } else {
@@ -78,7 +84,8 @@ pub fn run(dir: &Path, count: u32, size: usize, mode: Mode, json: bool) -> Resul
             .map(|s| format!(", {s:.0} syncs/s"))
             .unwrap_or_default();
         println!(
-            "fsync {how}{} x {count}{paced}{by} ({size} B): p50 {} us  p99 {} us  max {} us{per_s}",
+            "fsync {how}{} x {count}{paced}{by} ({size} B): p50 {} us  p99 {} us  max {} us{per_s}, \
+             cpu {cpu_us_per_sync:.1} us per sync",
             dir.display(),
             us(0.5),
             us(0.99),
@@ -88,13 +95,17 @@ pub fn run(dir: &Path, count: u32, size: usize, mode: Mode, json: bool) -> Resul
     Ok(ExitCode::SUCCESS)
 }
 
-/// One latency per write, and how long the writes took (the file's preparation not counted).
-fn measure(
-    path: &Path,
-    count: u32,
-    size: usize,
-    mode: Mode,
-) -> Result<(Histogram<u64>, Duration), Error> {
+/// What the writes took; the file's preparation is not counted.
+struct Measured {
+    /// One latency per write.
+    hist: Histogram<u64>,
+    /// From the first write to the last sync.
+    took: Duration,
+    /// The CPU time, user and system, the writer threads spent, together.
+    cpu: Duration,
+}
+
+fn measure(path: &Path, count: u32, size: usize, mode: Mode) -> Result<Measured, Error> {
     let mut file = OpenOptions::new().create_new(true).write(true).open(path)?;
     // Overwrites in a file written in full first, as the mutex's journal does: a write that
     // grows a file also syncs its size and new blocks, which no reserve pays.
@@ -138,7 +149,8 @@ fn measure(
         let threads: Vec<_> = (0..w)
             .map(|t| {
                 let (sync, schedule) = (&sync, schedule.as_ref());
-                s.spawn(move || -> Result<Histogram<u64>, Error> {
+                s.spawn(move || -> Result<(Histogram<u64>, Duration), Error> {
+                    let cpu_before = thread_cpu()?;
                     let mut h = histogram()?;
                     match schedule {
                         Some(plan) => plan.follow(count, &mut h, sync)?,
@@ -154,7 +166,7 @@ fn measure(
                             }
                         }
                     }
-                    Ok(h)
+                    Ok((h, thread_cpu()?.saturating_sub(cpu_before)))
                 })
             })
             .collect();
@@ -168,10 +180,27 @@ fn measure(
     });
     let took = started.elapsed();
     let mut hist = histogram()?;
+    let mut cpu = Duration::ZERO;
     for part in parts {
-        hist.add(part?)?;
+        let (h, c) = part?;
+        hist.add(h)?;
+        cpu += c;
     }
-    Ok((hist, took))
+    Ok(Measured { hist, took, cpu })
+}
+
+/// The CPU time the calling thread has used so far, user and system. Per thread, so that
+/// nothing else in the process (another test, say) is counted.
+fn thread_cpu() -> Result<Duration, Error> {
+    // SAFETY: getrusage writes only into the struct it is given, which is ours and zeroed.
+    let mut r: libc::rusage = unsafe { std::mem::zeroed() };
+    if unsafe { libc::getrusage(libc::RUSAGE_THREAD, &mut r) } != 0 {
+        return Err(format!("getrusage: {}", std::io::Error::last_os_error()).into());
+    }
+    let tv = |t: libc::timeval| {
+        Duration::from_secs(t.tv_sec.max(0) as u64) + Duration::from_micros(t.tv_usec.max(0) as u64)
+    };
+    Ok(tv(r.ru_utime) + tv(r.ru_stime))
 }
 
 fn histogram() -> Result<Histogram<u64>, Error> {
@@ -262,11 +291,11 @@ mod tests {
         let paced = |rate, writers| mode(Some(rate), writers, false);
         let hist = measure(&dir.path().join("probe"), 40, 4096, paced(2000.0, 1))
             .unwrap()
-            .0;
+            .hist;
         assert_eq!(hist.len(), 40, "one latency per scheduled write");
         let hist = measure(&dir.path().join("probe2"), 40, 4096, paced(2000.0, 2))
             .unwrap()
-            .0;
+            .hist;
         assert_eq!(
             hist.len(),
             40,
@@ -289,18 +318,24 @@ mod tests {
         let closed = |writers| mode(None, writers, false);
         let hist = measure(&dir.path().join("probe"), 30, 4096, closed(3))
             .unwrap()
-            .0;
+            .hist;
         assert_eq!(hist.len(), 30, "one latency per sync, over all writers");
         // A count that does not divide among the writers is still the count.
         let hist = measure(&dir.path().join("probe2"), 10, 4096, closed(4))
             .unwrap()
-            .0;
+            .hist;
         assert_eq!(hist.len(), 10);
         // One writer syncs one write after another: the writes' time is at least the sum of
         // their latencies, and syncs/s is counted over it.
-        let (hist, took) = measure(&dir.path().join("probe3"), 20, 4096, closed(1)).unwrap();
+        let Measured { hist, took, cpu } =
+            measure(&dir.path().join("probe3"), 20, 4096, closed(1)).unwrap();
         let sum_us = hist.mean() * hist.len() as f64;
         assert!(took.as_micros() as f64 >= sum_us, "{took:?} < {sum_us} us");
+        // One writer: its syscalls cost some CPU, and no more than the writes' time (the
+        // kernel counts a thread's run time to the nanosecond; 1 ms for the split into
+        // user and system, which it samples).
+        assert!(cpu > Duration::ZERO, "a write and a sync cost no CPU?");
+        assert!(cpu <= took + Duration::from_millis(1), "{cpu:?} > {took:?}");
     }
 
     #[test]
@@ -316,8 +351,8 @@ mod tests {
             .is_err();
         let got = measure(&dir.path().join("probe"), 12, 8192, direct(2));
         assert_eq!(got.is_err(), refused, "{:?}", got.err());
-        if let Ok((hist, _)) = got {
-            assert_eq!(hist.len(), 12);
+        if let Ok(m) = got {
+            assert_eq!(m.hist.len(), 12);
         }
         assert!(
             run(dir.path(), 10, 1000, direct(1), true).is_err(),
