@@ -3,9 +3,10 @@
 //! judged against. With `--direct`, the write is made as the journal makes it where the
 //! file system allows: `O_DIRECT | O_DSYNC`, one call that returns once it is on disk.
 //!
-//! It also reports the CPU time the process spent per sync, nearly all of it in the kernel:
-//! on a VM, where each flush to the virtual disk traps to the hypervisor, a durable write
-//! costs the CPU several bare TLS responses' worth, and the gateway pays it once per batch.
+//! A closed loop also reports the CPU time its writers spent per sync, nearly all of it in
+//! the kernel: on a VM, where each flush to the virtual disk traps to the hypervisor, a
+//! durable write costs the CPU several bare TLS responses' worth, and the gateway pays it
+//! once per batch.
 
 use std::fs::OpenOptions;
 use std::io::Write;
@@ -58,18 +59,17 @@ pub fn run(dir: &Path, count: u32, size: usize, mode: Mode, json: bool) -> Resul
     let _ = std::fs::remove_file(&path);
     let Measured { hist, took, cpu } = result?;
     let us = |q: f64| hist.value_at_quantile(q);
-    let cpu_us_per_sync = cpu.as_secs_f64() * 1e6 / f64::from(count.max(1));
-    // Closed loop only: how many syncs the disk completed per second (paced, it is the rate).
-    let syncs_per_s = mode
-        .rate
-        .is_none()
-        .then(|| f64::from(count) / took.as_secs_f64());
+    // Closed loop only: how many syncs the disk completed per second (paced, it is the
+    // rate), and the CPU each cost (paced, the writers also spin to meet the schedule).
+    let closed = mode.rate.is_none();
+    let syncs_per_s = closed.then(|| f64::from(count) / took.as_secs_f64());
+    let cpu_us_per_sync = closed.then(|| cpu.as_secs_f64() * 1e6 / f64::from(count.max(1)));
     if json {
         let out = serde_json::json!({
             "dir": dir.display().to_string(), "count": count, "size": size, "rate": mode.rate,
             "writers": mode.writers, "direct": mode.direct, "syncs_per_s": syncs_per_s.map(f64::round),
             "p50_us": us(0.5), "p99_us": us(0.99), "max_us": hist.max(),
-            "cpu_us_per_sync": (cpu_us_per_sync * 10.0).round() / 10.0,
+            "cpu_us_per_sync": cpu_us_per_sync.map(|c| (c * 10.0).round() / 10.0),
         });
         println!("{out}");
     } else {
@@ -83,9 +83,11 @@ pub fn run(dir: &Path, count: u32, size: usize, mode: Mode, json: bool) -> Resul
         let per_s = syncs_per_s
             .map(|s| format!(", {s:.0} syncs/s"))
             .unwrap_or_default();
+        let cpu = cpu_us_per_sync
+            .map(|c| format!(", cpu {c:.1} us per sync"))
+            .unwrap_or_default();
         println!(
-            "fsync {how}{} x {count}{paced}{by} ({size} B): p50 {} us  p99 {} us  max {} us{per_s}, \
-             cpu {cpu_us_per_sync:.1} us per sync",
+            "fsync {how}{} x {count}{paced}{by} ({size} B): p50 {} us  p99 {} us  max {} us{per_s}{cpu}",
             dir.display(),
             us(0.5),
             us(0.99),
