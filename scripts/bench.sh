@@ -227,21 +227,22 @@ if [ "$MAIN" = 1 ]; then
     "$BIN/hoox-load" fsync --dir "$WORK/state" --count "$FSYNC_COUNT" --json >"$WORK/fsync.json"
     FSYNC_P50=$(jget "$WORK/fsync.json" p50_us)
     FSYNC_P99=$(jget "$WORK/fsync.json" p99_us)
+    SYNC_CPU=$(jget "$WORK/fsync.json" cpu_us_per_sync)
     echo "  fsync p50 $FSYNC_P50 us  p99 $FSYNC_P99 us  $(jget "$WORK/fsync.json" syncs_per_s) syncs/s," \
-        "cpu $(jget "$WORK/fsync.json" cpu_us_per_sync) us per sync"
+        "cpu ${SYNC_CPU:-?} us per sync"
     # The journal syncs with one O_DIRECT | O_DSYNC write where the file system takes it
     # (docs/DESIGN.md): so do the paced baselines below, and this one shows what it gains.
     DIRECT=(--direct)
     if "$BIN/hoox-load" fsync --dir "$WORK/state" --count "$FSYNC_COUNT" --direct --json \
         >"$WORK/fsync-direct.json" 2>/dev/null; then
+        SYNC_CPU_DIRECT=$(jget "$WORK/fsync-direct.json" cpu_us_per_sync)
         echo "  direct (O_DIRECT | O_DSYNC, as the journal): p50 $(jget "$WORK/fsync-direct.json" p50_us) us" \
             " p99 $(jget "$WORK/fsync-direct.json" p99_us) us  $(jget "$WORK/fsync-direct.json" syncs_per_s) syncs/s," \
-            "cpu $(jget "$WORK/fsync-direct.json" cpu_us_per_sync) us per sync"
-        SYNC_CPU=$(jget "$WORK/fsync-direct.json" cpu_us_per_sync)
+            "cpu ${SYNC_CPU_DIRECT:-?} us per sync"
+        SYNC_CPU=$SYNC_CPU_DIRECT
     else
         echo "  direct I/O refused on this file system: the journal uses write + fdatasync"
         DIRECT=()
-        SYNC_CPU=$(jget "$WORK/fsync.json" cpu_us_per_sync)
     fi
     # Does this disk overlap flushes? If two writers sync nearly twice as often at the same
     # latency, a group commit with two syncs in flight would wait less than one that queues
@@ -408,9 +409,14 @@ if [ "$MAIN" = 1 ] && [ "$GATEWAY" = 1 ]; then
     # CPU, not time: what one durable write costs the machine (nearly all in the kernel; on
     # a VM, a trap to the hypervisor), next to what a whole bare response costs. The
     # gateway pays the write once per batch of reserves.
-    cpu16() { for r in $(seq "$ROUNDS"); do cat "$WORK/$1-c16-r$r.cpu" 2>/dev/null; done | median; }
-    echo "        (CPU per response at 16 connections: bare $(cpu16 bare) us, gateway $(cpu16 gateway) us;" \
-        "one durable write: ${SYNC_CPU:-?} us of CPU)"
+    cpu16() {
+        local r
+        for r in $(seq "$ROUNDS"); do cat "$WORK/$1-c16-r$r.cpu" 2>/dev/null; done | median
+    }
+    if [ -n "${C16:-}" ]; then
+        echo "        (CPU per response at 16 connections: bare $(cpu16 bare) us, gateway $(cpu16 gateway) us;" \
+            "one durable write: ${SYNC_CPU:-?} us of its writer's CPU)"
+    fi
 fi
 if [ "$MAIN" = 1 ]; then
     if [ "$MUTEX_BENCH" = 1 ] && [ -f benches/mutex.rs ]; then
