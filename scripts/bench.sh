@@ -406,8 +406,8 @@ if [ "$MAIN" = 1 ] && [ "$GATEWAY" = 1 ]; then
     echo "target: gateway >= 0.50 x bare req/s at 16 connections: ${C16:-n/a (16 not among CONNECTIONS)}"
     echo "        (each reserve's hand-off to the owner and back, between bare threads: p50 $HANDOFF_P50 us;" \
         "one fsync: p50 $FSYNC_P50 us)"
-    # CPU, not time: what one durable write costs the machine (nearly all in the kernel; on
-    # a VM, a trap to the hypervisor), next to what a whole bare response costs. The
+    # CPU, not time: what one durable write costs its writer (nearly all in the kernel; on
+    # a VM, likely exits to the hypervisor), next to what a whole bare response costs. The
     # gateway pays the write once per batch of reserves.
     cpu16() {
         local r

@@ -106,6 +106,8 @@ struct Measured {
     cpu: Duration,
 }
 
+/// Overwrites and syncs `count` blocks of `size` bytes in a fresh file at `path`, driven as
+/// `mode` says, and times each.
 fn measure(path: &Path, count: u32, size: usize, mode: Mode) -> Result<Measured, Error> {
     let mut file = OpenOptions::new().create_new(true).write(true).open(path)?;
     // Overwrites in a file written in full first, as the mutex's journal does: a write that
