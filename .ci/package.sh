@@ -158,6 +158,9 @@ check_unit() {
     systemd-analyze verify "$tmp/hoox-edge.service" || fail "systemd-analyze verify $UNIT"
     rm -rf "$tmp"
     echo "ok: systemd-analyze verify"
+    # Expiries persist in wall time: the gateway must start after the clock is set where
+    # the box can wait for it (README, docs/DESIGN.md).
+    grep -qx 'After=time-sync.target' "$UNIT" || fail "$UNIT is not ordered after time-sync.target"
     score=$(systemd-analyze security --offline=true --no-pager "$UNIT" 2>&1 |
         sed -n 's/.*Overall exposure level for [^:]*: \([0-9.]*\).*/\1/p')
     [[ -n $score ]] || fail "no exposure score from systemd-analyze security"
