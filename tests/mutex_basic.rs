@@ -312,21 +312,16 @@ fn an_unanswered_grant_frees_only_its_own_entry() {
     rt().block_on(async {
         let k = key("k");
         m.ping().await.unwrap();
-        // Queued behind a stall, so that the owner takes all three in one batch.
+        // Queued behind a stall, in this order, so that the owner takes all three in one
+        // batch.
         m.stall(Duration::from_millis(1_000));
-        let gone = tokio::spawn({
-            let (m, k) = (m.clone(), k.clone());
-            async move { m.reserve(reserve(&k, 60_000, 1)).await }
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
-        gone.abort();
-        let operator = tokio::spawn({
-            let (m, k) = (m.clone(), k.clone());
-            async move { m.force_release(k).await }
-        });
-        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut gone = Box::pin(m.reserve(reserve(&k, 60_000, 1)));
+        queue(gone.as_mut());
+        drop(gone);
+        let mut operator = Box::pin(m.force_release(k.clone()));
+        queue(operator.as_mut());
         granted(m.reserve(reserve(&k, 60_000, 1)).await);
-        assert_eq!(operator.await.unwrap(), Ok(true));
+        assert_eq!(operator.await, Ok(true));
         assert!(
             m.get(k.clone()).await.unwrap().is_some(),
             "the second grant was freed"
@@ -335,6 +330,29 @@ fn an_unanswered_grant_frees_only_its_own_entry() {
             m.reserve(reserve(&k, 60_000, 1)).await,
             Decision::Duplicate(_)
         ));
+    });
+    owner.stop();
+}
+
+/// A grant the owner delivered, but its caller never took (the request went away between
+/// the owner's answer and its next poll), is released: nobody sent that trade, and its
+/// retry must not find the key held for the whole TTL.
+#[test]
+fn a_grant_delivered_but_never_taken_is_released() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, owner) = start(&dir.path().join("m.redb"), Clock::system());
+    rt().block_on(async {
+        let k = key("k");
+        let mut call = Box::pin(m.reserve(reserve(&k, 60_000, 1)));
+        queue(call.as_mut());
+        // The owner answers in order: once `get` sees the entry, the grant is in the
+        // reserve's channel, delivered.
+        assert!(m.get(k.clone()).await.unwrap().is_some());
+        drop(call);
+        let releases = || m.shared().stats.releases.load(Ordering::Relaxed);
+        assert!(eventually(Duration::from_secs(5), async || releases() == 1).await);
+        assert_eq!(m.get(k.clone()).await.unwrap(), None);
+        granted(m.reserve(reserve(&k, 60_000, 1)).await);
     });
     owner.stop();
 }

@@ -327,7 +327,18 @@ pub fn start_with(config: Config, clock: Clock, stall_hook: bool) -> (Mutex, Own
 impl Mutex {
     /// Reserve `req.key`. `Proceed` means the reservation is durable on disk.
     pub async fn reserve(&self, req: Reserve) -> Decision {
-        let d = match self.call(|tx| Command::Reserve(Box::new(req), tx)).await {
+        // A grant that reaches a caller who stopped waiting (timed out, or its request went
+        // away) is released here; one that cannot reach it, by the owner.
+        let unclaimed = |m: &Mutex, d: Decision| {
+            if let Decision::Proceed(grant) = d {
+                log::warn!(key = grant.key.as_str(); "mutex: reserve granted after its caller gave up; released");
+                let _ = m.release(grant);
+            }
+        };
+        let d = match self
+            .call_settling(|tx| Command::Reserve(Box::new(req), tx), unclaimed)
+            .await
+        {
             Ok(d) => d,
             Err(u) => Decision::Unavailable(u),
         };
@@ -434,12 +445,46 @@ impl Mutex {
         &self,
         make: impl FnOnce(oneshot::Sender<T>) -> Command,
     ) -> Result<T, Unavailable> {
+        self.call_settling(make, |_, _| {}).await
+    }
+
+    /// A round trip to the owner. An answer sent but never taken (the deadline passed, or
+    /// the caller dropped this future, between the owner's send and the caller's next
+    /// poll) goes to `unclaimed` instead of being dropped unseen.
+    async fn call_settling<T>(
+        &self,
+        make: impl FnOnce(oneshot::Sender<T>) -> Command,
+        unclaimed: fn(&Mutex, T),
+    ) -> Result<T, Unavailable> {
         let (tx, rx) = oneshot::channel();
         self.enqueue(make(tx))?;
-        match tokio::time::timeout(self.deadline, rx).await {
+        let mut waiting = Waiting {
+            rx,
+            mutex: self,
+            unclaimed,
+        };
+        match tokio::time::timeout(self.deadline, &mut waiting.rx).await {
             Ok(Ok(v)) => Ok(v),
             Ok(Err(_)) => Err(Unavailable::Stopped),
             Err(_) => Err(Unavailable::Timeout),
+        }
+    }
+}
+
+/// The receiving end of a call, which settles an answer nobody took when dropped.
+struct Waiting<'a, T> {
+    rx: oneshot::Receiver<T>,
+    mutex: &'a Mutex,
+    unclaimed: fn(&Mutex, T),
+}
+
+impl<T> Drop for Waiting<'_, T> {
+    fn drop(&mut self) {
+        // Closed first: from here on the owner's send fails, and the owner settles the
+        // answer itself (`Reply::send`). Whatever it sent before is still in the channel.
+        self.rx.close();
+        if let Ok(v) = self.rx.try_recv() {
+            (self.unclaimed)(self.mutex, v);
         }
     }
 }

@@ -476,11 +476,7 @@ impl Owner {
                 let guard = grant.guard.as_ref().map(|g| self.commit(g, None, w, now));
                 match (committed, guard.transpose()) {
                     (Ok(true), Ok(_)) => inc(&self.shared.stats.commits),
-                    // Expired, or released by an operator (and perhaps reserved again):
-                    // this grant's entry is gone, and a newer one is not this trade's.
-                    (Ok(false), Ok(_)) => {
-                        log::warn!(key = grant.key.as_str(); "mutex: commit found its entry gone (released by an operator, or expired); nothing marked")
-                    }
+                    (Ok(false), Ok(_)) => entry_gone("commit", &grant),
                     (Err(e), _) | (_, Err(e)) => return Err(Box::new((e, None))),
                 }
                 Ok(None)
@@ -492,7 +488,7 @@ impl Owner {
                     Ok(None)
                 }
                 Ok(false) => {
-                    log::warn!(key = grant.key.as_str(); "mutex: release found its entry gone (released by an operator, or expired); nothing freed");
+                    entry_gone("release", &grant);
                     Ok(None)
                 }
                 Err(e) => Err(Box::new((e, None))),
@@ -1062,6 +1058,13 @@ fn duplicate(key: &Key, l: &Live, now_wall: u64) -> Duplicate {
         expires_in_ms: l.expires_at.saturating_sub(now_wall),
         response: None,
     }
+}
+
+/// A commit or release (`what`) found its grant's entry gone: expired, or released by an
+/// operator (and perhaps reserved again, by a newer trade it must not touch). Nothing is
+/// written: the key is free already, or another trade's.
+fn entry_gone(what: &str, grant: &Grant) {
+    log::warn!(key = grant.key.as_str(); "mutex: {what} found its entry gone (released by an operator, or expired); nothing done");
 }
 
 fn info(key: &Key, l: &Live) -> EntryInfo {

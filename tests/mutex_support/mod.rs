@@ -79,6 +79,13 @@ pub async fn eventually(limit: Duration, mut f: impl AsyncFnMut() -> bool) -> bo
     false
 }
 
+/// Polls a call to the mutex once, which queues its command, and asserts it is still
+/// waiting for the answer: a command known to be queued, without sleeping on it.
+pub fn queue<F: Future>(call: std::pin::Pin<&mut F>) {
+    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+    assert!(call.poll(&mut cx).is_pending(), "answered at once");
+}
+
 /// When set, the test binary was re-executed as a child process with this role.
 pub const CHILD_ENV: &str = "HOOX_MUTEX_TEST_CHILD";
 
