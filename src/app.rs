@@ -8,8 +8,8 @@
 
 use std::future::Future;
 use std::net::SocketAddr;
+use std::sync::Arc;
 use std::sync::atomic::{AtomicBool, Ordering};
-use std::sync::{Arc, RwLock};
 use std::time::Duration;
 
 use tokio::signal::unix::{Signal, SignalKind, signal};
@@ -19,7 +19,7 @@ use crate::config::{Config, ExecutorKind};
 use crate::executor::{self, Executor};
 use crate::gateway::auth::Authenticator;
 use crate::gateway::limits::{Allowlist, RateLimiter};
-use crate::gateway::{self, ConnLimits, Gateway, TlsConfig};
+use crate::gateway::{self, ConnLimits, Gateway, Reloadable, TlsConfig};
 use crate::metrics::Metrics;
 use crate::mutex::{self, Clock, Mutex};
 use crate::platform::notify;
@@ -39,6 +39,8 @@ pub enum RunError {
         addr: String,
         source: std::io::Error,
     },
+    #[error("TLS: {0}")]
+    Tls(#[from] crate::gateway::tls::TlsError),
     #[error("executor: {0}")]
     Executor(String),
     #[error("authentication: {0}")]
@@ -66,10 +68,7 @@ pub struct Started {
 
 /// Binds everything and starts the owner. Errors here are start-up errors.
 pub async fn start(config: Config) -> Result<Started, RunError> {
-    let tls_cfg = config.tls.load().map_err(|e| RunError::Bind {
-        addr: config.listen.to_string(),
-        source: std::io::Error::other(e.to_string()),
-    })?;
+    let tls_cfg = config.tls.load()?;
     let (mutex, owner) = mutex::start_with(
         mutex::Config {
             path: config.store_path.clone(),
@@ -81,13 +80,9 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
     );
     let executor = match &config.executor {
         ExecutorKind::Paper => Executor::Paper(executor::paper::Paper::new()),
-        ExecutorKind::Http { url, ca_file } => Executor::Http(
-            executor::http::HttpExecutor::new(executor::http::HttpConfig {
-                url: url.clone(),
-                timeout: config.executor_timeout,
-                ca_file: ca_file.clone(),
-            })
-            .map_err(|e| RunError::Executor(e.to_string()))?,
+        ExecutorKind::Http(cfg) => Executor::Http(
+            executor::http::HttpExecutor::new(cfg.clone())
+                .map_err(|e| RunError::Executor(e.to_string()))?,
         ),
     };
     let authenticator = authenticator(&config)?;
@@ -97,10 +92,8 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
     let gw = Arc::new(Gateway {
         mutex: mutex.clone(),
         executor,
-        auth: RwLock::new(Arc::new(authenticator)),
-        limiter: config
-            .rate_per_s
-            .map(|r| RateLimiter::new(r, config.burst.max(1))),
+        auth: Reloadable::new(Arc::new(authenticator)),
+        limiter: config.rate_per_s.map(|r| RateLimiter::new(r, config.burst)),
         allowlist,
         metrics: metrics.clone(),
         ttl: config.ttl,
@@ -136,7 +129,7 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
         owner,
         listener,
         admin,
-        tls: Arc::new(RwLock::new(tls_cfg)),
+        tls: Arc::new(Reloadable::new(tls_cfg)),
         gw,
         metrics,
         hangup: signal(SignalKind::hangup()),
@@ -303,10 +296,7 @@ async fn reload_on_hangup(
         }
         match config.tls.load() {
             Ok(new) => {
-                match tls.write() {
-                    Ok(mut t) => *t = new,
-                    Err(p) => *p.into_inner() = new,
-                }
+                tls.replace(new);
                 log::info!("reloaded TLS certificate");
             }
             Err(e) => log::error!("TLS reload failed, keeping the current certificate: {e}"),
@@ -316,10 +306,7 @@ async fn reload_on_hangup(
                 config.auth = auth;
                 match authenticator(&config) {
                     Ok(a) => {
-                        match gw.auth.write() {
-                            Ok(mut g) => *g = Arc::new(a),
-                            Err(p) => *p.into_inner() = Arc::new(a),
-                        }
+                        gw.auth.replace(Arc::new(a));
                         log::info!("reloaded secrets");
                     }
                     Err(e) => log::error!("secret reload failed, keeping the current ones: {e}"),

@@ -13,7 +13,10 @@ use serde::Deserialize;
 
 use crate::admin::Listen;
 use crate::gateway::auth::{self, AuthConfigError, Authenticator, Method, Secret};
-use crate::gateway::tls::TlsFiles;
+use crate::gateway::tls::{TlsError, TlsFiles};
+
+/// The most `server.max_connections` may be.
+const MAX_CONNECTIONS: usize = 1_000_000;
 
 /// The exit code for every configuration error (sysexits.h EX_CONFIG).
 pub const EX_CONFIG: i32 = 78;
@@ -56,10 +59,8 @@ pub enum OnUnknown {
 #[derive(Debug, Clone)]
 pub enum ExecutorKind {
     Paper,
-    Http {
-        url: hyper::Uri,
-        ca_file: Option<PathBuf>,
-    },
+    /// Checked by building an executor from it once, as `serve` will.
+    Http(crate::executor::HttpConfig),
 }
 
 #[derive(Debug, Clone)]
@@ -81,7 +82,6 @@ pub struct Config {
     pub capacity: usize,
     pub auth: AuthConfig,
     pub executor: ExecutorKind,
-    pub executor_timeout: Duration,
     pub on_unknown_outcome: OnUnknown,
     pub rate_per_s: Option<f64>,
     pub burst: u32,
@@ -260,7 +260,6 @@ impl Config {
             .ok_or_else(|| err("server.key", "required".into()))?);
         need_file("server.cert", &cert)?;
         need_file("server.key", &key)?;
-        auth::refuse_world_readable(&key).map_err(|e| err("server.key", e.to_string()))?;
         let client_ca = raw.server.client_ca.map(rel);
         if let Some(ca) = &client_ca {
             need_file("server.client_ca", ca)?;
@@ -271,7 +270,19 @@ impl Config {
             client_ca,
         };
         // Load once now so that a bad certificate is a config error, not a runtime one.
-        tls.load().map_err(|e| err("server.cert", e.to_string()))?;
+        tls.load().map_err(|e| {
+            let key = match &e {
+                TlsError::Key(_) => "server.key",
+                TlsError::File { path, .. } if Path::new(path) == tls.key => "server.key",
+                TlsError::File { path, .. }
+                    if tls.client_ca.as_deref() == Some(Path::new(path)) =>
+                {
+                    "server.client_ca"
+                }
+                _ => "server.cert",
+            };
+            err(key, e.to_string())
+        })?;
 
         let duplicate_response = match raw.server.duplicate_response.as_deref() {
             None | Some("reject") => DuplicateResponse::Reject,
@@ -287,19 +298,24 @@ impl Config {
             None => Ok(default),
             Some(s) => parse_duration(s).map_err(|m| err(key, m)),
         };
-        let handshake_timeout = duration(
-            "server.handshake_timeout",
-            &raw.server.handshake_timeout,
-            Duration::from_secs(10),
-        )?;
-        let header_timeout = duration(
-            "server.header_timeout",
-            &raw.server.header_timeout,
-            Duration::from_secs(10),
-        )?;
+        // A zero would drop every connection the moment it was made, and without a word.
+        let timeout = |key: &str, v: &Option<String>| {
+            let d = duration(key, v, Duration::from_secs(10))?;
+            if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
+                return Err(err(key, "must be between 100ms and 1h".into()));
+            }
+            Ok(d)
+        };
+        let handshake_timeout = timeout("server.handshake_timeout", &raw.server.handshake_timeout)?;
+        let header_timeout = timeout("server.header_timeout", &raw.server.header_timeout)?;
         let max_connections = raw.server.max_connections.unwrap_or(1024);
-        if max_connections == 0 {
-            return Err(err("server.max_connections", "must be at least 1".into()));
+        // The top bound keeps the connection semaphore's own limit (it panics beyond
+        // `usize::MAX >> 3`) out of reach; a million is past any file-descriptor limit.
+        if !(1..=MAX_CONNECTIONS).contains(&max_connections) {
+            return Err(err(
+                "server.max_connections",
+                format!("must be between 1 and {MAX_CONNECTIONS}"),
+            ));
         }
         let max_connections_per_ip = raw
             .server
@@ -366,48 +382,73 @@ impl Config {
             AuthConfigError::RequiredNotConfigured(_) => err("auth.require", e.to_string()),
         })?;
 
-        let executor_timeout = duration(
-            "executor.timeout",
-            &raw.executor.timeout,
-            Duration::from_secs(10),
-        )?;
         let executor = match raw.executor.kind.as_deref() {
-            None | Some("paper") => ExecutorKind::Paper,
             Some("http") => {
                 let url = raw
                     .executor
                     .url
                     .ok_or_else(|| err("executor.url", "required when kind = \"http\"".into()))?;
-                // Never echoed: it may carry credentials.
-                let url: hyper::Uri = url
-                    .parse()
-                    .map_err(|e| err("executor.url", format!("not a URL: {e}")))?;
-                if !matches!(url.scheme_str(), Some("http") | Some("https")) || url.host().is_none()
-                {
-                    return Err(err(
-                        "executor.url",
-                        "must be an http or https URL with a host".into(),
-                    ));
-                }
-                if executor_timeout.is_zero() {
-                    return Err(err("executor.timeout", "must be more than 0s".into()));
-                }
+                let cfg = crate::executor::HttpConfig {
+                    // Never echoed: it may carry credentials.
+                    url: url
+                        .parse()
+                        .map_err(|e| err("executor.url", format!("not a URL: {e}")))?,
+                    timeout: duration(
+                        "executor.timeout",
+                        &raw.executor.timeout,
+                        Duration::from_secs(10),
+                    )?,
+                    ca_file: raw.executor.ca_file.map(rel),
+                };
                 // A key that expires while its order is out no longer stands between a
                 // retry and that order.
-                if ttl <= executor_timeout {
+                if ttl <= cfg.timeout {
                     return Err(err(
                         "store.ttl",
                         format!(
                             "must be longer than executor.timeout ({})",
-                            humantime::format_duration(executor_timeout)
+                            humantime::format_duration(cfg.timeout)
                         ),
                     ));
                 }
-                let ca_file = raw.executor.ca_file.map(rel);
-                if let Some(ca) = &ca_file {
-                    need_file("executor.ca_file", ca)?;
+                // The executor's own checks, and its CA file read, now rather than at start.
+                crate::executor::HttpExecutor::new(cfg.clone()).map_err(|e| {
+                    use crate::executor::ExecutorError as E;
+                    let key = match e {
+                        E::Url => "executor.url",
+                        E::Timeout => "executor.timeout",
+                        E::CaFile { .. } => "executor.ca_file",
+                        E::Tls(_) => "executor",
+                    };
+                    err(key, e.to_string())
+                })?;
+                ExecutorKind::Http(cfg)
+            }
+            kind @ (None | Some("paper")) => {
+                // Set for an HTTP executor that is not selected: orders would be simulated
+                // while the operator believes they go out. Refused, not ignored.
+                let stray = [
+                    ("executor.url", raw.executor.url.is_some()),
+                    ("executor.ca_file", raw.executor.ca_file.is_some()),
+                    ("executor.timeout", raw.executor.timeout.is_some()),
+                ];
+                if let Some((key, _)) = stray.iter().find(|(_, set)| *set) {
+                    return Err(match kind {
+                        None => err(
+                            "executor.kind",
+                            format!(
+                                "required when {key} is set: \"http\" sends orders there, \
+                                 \"paper\" only simulates fills"
+                            ),
+                        ),
+                        Some(_) => err(
+                            key,
+                            "only used by kind = \"http\"; the paper executor sends no order"
+                                .into(),
+                        ),
+                    });
                 }
-                ExecutorKind::Http { url, ca_file }
+                ExecutorKind::Paper
             }
             Some(o) => {
                 return Err(err(
@@ -432,6 +473,16 @@ impl Config {
         {
             return Err(err("limits.rate_per_s", "must be a positive number".into()));
         }
+        let burst = match (raw.limits.burst, raw.limits.rate_per_s) {
+            (Some(0), _) => return Err(err("limits.burst", "must be at least 1".into())),
+            (Some(_), None) => {
+                return Err(err(
+                    "limits.burst",
+                    "only used with limits.rate_per_s, which is not set".into(),
+                ));
+            }
+            (b, _) => b.unwrap_or(20),
+        };
         let allow_ips = raw.limits.allow_ips.unwrap_or_default();
         crate::gateway::limits::Allowlist::parse(&allow_ips)
             .map_err(|e| err("limits.allow_ips", e.to_string()))?;
@@ -455,10 +506,9 @@ impl Config {
             capacity,
             auth,
             executor,
-            executor_timeout,
             on_unknown_outcome,
             rate_per_s: raw.limits.rate_per_s,
-            burst: raw.limits.burst.unwrap_or(20),
+            burst,
             allow_ips,
             require_client_key: raw.keys.require_client_key.unwrap_or(false),
         })

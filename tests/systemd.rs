@@ -229,4 +229,26 @@ async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
         !gw.stderr().contains("leaked-token"),
         "a secret reached the log"
     );
+
+    // So is a private key anyone may read, as at start: the current certificate stays.
+    let third = support::pki::Pki::new(setup.dir.path(), "third");
+    std::fs::copy(&third.server.cert, &setup.pki.server.cert).unwrap();
+    std::fs::copy(&third.server.key, &setup.pki.server.key).unwrap();
+    std::fs::set_permissions(
+        &setup.pki.server.key,
+        std::os::unix::fs::PermissionsExt::from_mode(0o644),
+    )
+    .unwrap();
+    unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l
+            == "READY=1")
+        .is_some()
+    );
+    assert_eq!(post("hup-5", new.clone()).await, 200, "the certificate changed");
+    let log = gw.stderr();
+    assert!(
+        log.contains("TLS reload failed") && log.contains("readable by everyone"),
+        "{log}"
+    );
 }

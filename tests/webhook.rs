@@ -821,7 +821,7 @@ fn config_errors_exit_78_naming_key_and_file() {
 
     // What would only fail once serving, found by check-config too; an executor URL, which
     // may carry credentials, never echoed.
-    let cases: [(&str, &str, toml::Value, &str); 6] = [
+    let cases: [(&str, &str, toml::Value, &str); 12] = [
         (
             "executor",
             "url",
@@ -830,6 +830,34 @@ fn config_errors_exit_78_naming_key_and_file() {
         ),
         ("executor", "url", "/orders".into(), "executor.url"),
         ("executor", "timeout", "0s".into(), "executor.timeout"),
+        // Exists, holds no certificate: only reading it tells.
+        (
+            "executor",
+            "ca_file",
+            "/dev/null".into(),
+            "executor.ca_file",
+        ),
+        (
+            "server",
+            "handshake_timeout",
+            "0s".into(),
+            "server.handshake_timeout",
+        ),
+        (
+            "server",
+            "header_timeout",
+            "2h".into(),
+            "server.header_timeout",
+        ),
+        (
+            "server",
+            "max_connections",
+            toml::Value::Integer(i64::MAX),
+            "server.max_connections",
+        ),
+        ("limits", "burst", 0.into(), "limits.burst"),
+        // Without `rate_per_s` there is no bucket for a burst to size.
+        ("limits", "burst", 5.into(), "limits.burst"),
         ("store", "ttl", "10s".into(), "store.ttl"),
         (
             "auth",
@@ -853,6 +881,21 @@ fn config_errors_exit_78_naming_key_and_file() {
         assert_eq!(code, Some(78), "{section}.{key}: {err}");
         assert!(err.contains(named), "{err}");
         assert!(!err.contains("s3cret"), "a URL's password leaked: {err}");
+    }
+    // An HTTP executor's keys beside a paper one (or no kind): simulated fills while the
+    // operator believes orders go out. Refused, naming what to change.
+    for (kind, named) in [(Some("paper"), "executor.url"), (None, "executor.kind")] {
+        let mut s = Setup::new(None);
+        s.set("executor", "url", "http://127.0.0.1:9/orders");
+        match kind {
+            Some(k) => s.set("executor", "kind", k),
+            None => s.remove("executor", "kind"),
+        };
+        let (code, err) = check(&s);
+        assert_eq!(code, Some(78), "{kind:?}: {err}");
+        assert!(err.contains(named), "{err}");
+        s.remove("executor", "url");
+        assert_eq!(check(&s).0, Some(0), "{kind:?} alone is the paper executor");
     }
     // A syntax error is told by line, without quoting the line.
     let setup = Setup::new(None);

@@ -36,7 +36,7 @@ const MAX_CONNECT: Duration = Duration::from_secs(3);
 /// Pooled connections idle longer than this are closed, ahead of typical server idle timeouts.
 const POOL_IDLE: Duration = Duration::from_secs(50);
 
-#[derive(Debug, Clone)]
+#[derive(Clone)]
 pub struct HttpConfig {
     /// Where orders are POSTed; `http://` or `https://`.
     pub url: Uri,
@@ -60,19 +60,28 @@ pub enum ExecutorError {
     Tls(#[from] rustls::Error),
 }
 
+impl fmt::Debug for HttpConfig {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Host and port only: userinfo, path and query may hold secrets. Every Debug that
+        // shows the executor (the config's, the executor's) comes through here.
+        f.debug_struct("HttpConfig")
+            .field("host", &self.url.host())
+            .field("port", &self.url.port_u16())
+            .field("timeout", &self.timeout)
+            .field("ca_file", &self.ca_file)
+            .finish_non_exhaustive()
+    }
+}
+
 pub struct HttpExecutor {
     client: Client<Bounded<HttpsConnector<HttpConnector>>, Full<Bytes>>,
-    url: Uri,
-    timeout: Duration,
+    cfg: HttpConfig,
 }
 
 impl fmt::Debug for HttpExecutor {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        // Host and port only: userinfo, path and query may hold secrets.
         f.debug_struct("HttpExecutor")
-            .field("host", &self.url.host())
-            .field("port", &self.url.port_u16())
-            .field("timeout", &self.timeout)
+            .field("cfg", &self.cfg)
             .finish_non_exhaustive()
     }
 }
@@ -104,11 +113,7 @@ impl HttpExecutor {
             .timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE)
             .build(connector);
-        Ok(Self {
-            client,
-            url: cfg.url,
-            timeout: cfg.timeout,
-        })
+        Ok(Self { client, cfg })
     }
 
     pub async fn execute(&self, order: &Order) -> Outcome {
@@ -116,14 +121,14 @@ impl HttpExecutor {
             Ok(request) => request,
             Err(e) => return Outcome::NotSent(format!("cannot build the request: {e}")),
         };
-        match tokio::time::timeout(self.timeout, self.send(request)).await {
+        match tokio::time::timeout(self.cfg.timeout, self.send(request)).await {
             Ok(outcome) => outcome,
-            Err(_) => Outcome::Unknown(format!("no answer within {:?}", self.timeout)),
+            Err(_) => Outcome::Unknown(format!("no answer within {:?}", self.cfg.timeout)),
         }
     }
 
     fn request(&self, order: &Order) -> Result<Request<Full<Bytes>>, hyper::http::Error> {
-        Request::post(self.url.clone())
+        Request::post(self.cfg.url.clone())
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
             .header("idempotency-key", order.key.as_str())
             .header("x-request-id", order.request_id.as_str())
@@ -277,12 +282,13 @@ mod tests {
 
     #[test]
     fn debug_hides_credentials_in_the_url() {
-        let e =
-            HttpExecutor::new(cfg("https://user:hunter2@exec.local:9443/o?token=s3cret")).unwrap();
-        let debug = format!("{e:?}");
-        assert!(debug.contains("exec.local"));
-        for secret in ["hunter2", "s3cret", "user"] {
-            assert!(!debug.contains(secret), "{debug}");
+        let c = cfg("https://user:hunter2@exec.local:9443/o?token=s3cret");
+        let e = HttpExecutor::new(c.clone()).unwrap();
+        for debug in [format!("{e:?}"), format!("{c:?}")] {
+            assert!(debug.contains("exec.local"));
+            for secret in ["hunter2", "s3cret", "user"] {
+                assert!(!debug.contains(secret), "{debug}");
+            }
         }
     }
 }

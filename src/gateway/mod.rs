@@ -47,7 +47,34 @@ pub struct ConnLimits {
 
 /// The TLS configuration in force. SIGHUP swaps it; each new connection takes the current one,
 /// and connections already open keep theirs.
-pub type TlsConfig = Arc<RwLock<Arc<ServerConfig>>>;
+pub type TlsConfig = Arc<Reloadable<ServerConfig>>;
+
+/// A value SIGHUP replaces whole (the TLS configuration, the authenticator): each user takes
+/// the current one and keeps it for as long as it needs it.
+pub struct Reloadable<T>(RwLock<Arc<T>>);
+
+impl<T> Reloadable<T> {
+    pub fn new(value: Arc<T>) -> Self {
+        Reloadable(RwLock::new(value))
+    }
+
+    // A poisoned lock means a thread panicked holding it; what it holds is an `Arc`,
+    // swapped in one store, so it is whole either way, and still served.
+
+    pub fn current(&self) -> Arc<T> {
+        match self.0.read() {
+            Ok(v) => v.clone(),
+            Err(p) => p.into_inner().clone(),
+        }
+    }
+
+    pub fn replace(&self, value: Arc<T>) {
+        match self.0.write() {
+            Ok(mut v) => *v = value,
+            Err(p) => *p.into_inner() = value,
+        }
+    }
+}
 
 /// Accepts connections until `shutdown` resolves, then stops accepting and lets in-flight
 /// requests finish (up to [`DRAIN`]).
@@ -114,11 +141,7 @@ pub async fn serve(
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let current = match tls.read() {
-            Ok(c) => c.clone(),
-            Err(p) => p.into_inner().clone(),
-        };
-        let acceptor = TlsAcceptor::from(current);
+        let acceptor = TlsAcceptor::from(tls.current());
         let gw = gw.clone();
         let builder = builder.clone();
         let watcher = graceful.watcher();

@@ -14,6 +14,9 @@ use rustls::{RootCertStore, ServerConfig};
 pub enum TlsError {
     #[error("{path}: {message}")]
     File { path: String, message: String },
+    /// The private key is readable by everyone.
+    #[error("{0}")]
+    Key(#[from] super::auth::SecretError),
     #[error("TLS configuration: {0}")]
     Config(String),
     #[error("certificate generation: {0}")]
@@ -43,6 +46,8 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 
 impl TlsFiles {
     pub fn load(&self) -> Result<Arc<ServerConfig>, TlsError> {
+        // Here, so that a reload refuses a key made world-readable since the start.
+        super::auth::refuse_world_readable(&self.key)?;
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&self.cert)
             .map_err(|e| file_err(&self.cert, e))?
             .collect::<Result<_, _>>()

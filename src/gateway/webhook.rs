@@ -7,7 +7,7 @@
 
 use std::convert::Infallible;
 use std::net::IpAddr;
-use std::sync::{Arc, RwLock};
+use std::sync::Arc;
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -21,7 +21,7 @@ use crate::executor::{Executor, Order, Outcome};
 use crate::gateway::auth::{AuthInput, Authenticator, Signature};
 use crate::gateway::limits::{Allowlist, RateLimiter};
 use crate::gateway::problem::Problem;
-use crate::gateway::{idem, trade};
+use crate::gateway::{Reloadable, idem, trade};
 use crate::metrics::Metrics;
 use crate::mutex::key::{Fingerprint, KeyError, bucket_of};
 use crate::mutex::{Decision, Grant, Guard, Key, Mutex, Reserve, Snapshot};
@@ -34,7 +34,7 @@ pub struct Gateway {
     pub mutex: Mutex,
     pub executor: Executor,
     /// Swapped whole on SIGHUP; a request takes the one current when it starts.
-    pub auth: RwLock<Arc<Authenticator>>,
+    pub auth: Reloadable<Authenticator>,
     pub limiter: Option<RateLimiter>,
     pub allowlist: Allowlist,
     pub metrics: Arc<Metrics>,
@@ -185,11 +185,7 @@ async fn pipeline(
     let object = trade::parse_object(&raw).map_err(Problem::from)?;
     // Authentication.
     let body_api_key = trade::body_api_key(&object);
-    let authenticator = match gw.auth.read() {
-        Ok(a) => a.clone(),
-        // A poisoned lock means a reload panicked; the old value is still whole.
-        Err(p) => p.into_inner().clone(),
-    };
+    let authenticator = gw.auth.current();
     let authenticated = authenticator
         .authenticate(&AuthInput {
             headers: &parts.headers,
