@@ -531,8 +531,8 @@ fn ok(v: Value) -> Answer {
     respond(StatusCode::OK, "application/json", v.to_string().into())
 }
 
-/// RFC 9457 with `type: about:blank`, so `title` is the reason phrase; what went wrong is
-/// in `code` (stable) and `detail` (for people).
+/// An error answer: the same problem document, headers included, as the webhook's, so an
+/// operator's tools read both faces alike.
 fn problem(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Answer {
     problem_with(status, code, detail.into(), None)
 }
@@ -544,19 +544,14 @@ fn problem_with(
     detail: String,
     reason: Option<&'static str>,
 ) -> Answer {
-    let mut body = json!({
-        "type": "about:blank",
-        "title": status.canonical_reason().unwrap_or(""),
-        "status": status.as_u16(),
-        "code": code,
-        "detail": detail,
-    });
+    let mut doc = crate::gateway::problem::document(status, code, detail);
     if let Some(r) = reason {
-        body["reason"] = r.into();
+        doc["reason"] = r.into();
     }
-    respond(status, "application/problem+json", body.to_string().into())
+    crate::gateway::problem::respond(status, &doc)
 }
 
+/// `no-store` like the errors: keys, status and readiness change from one call to the next.
 fn respond(status: StatusCode, content_type: &'static str, body: Bytes) -> Answer {
     let mut r = Response::new(Full::new(body));
     *r.status_mut() = status;

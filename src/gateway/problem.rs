@@ -1,5 +1,6 @@
 //! Every error answer of the webhook: RFC 9457 `application/problem+json` with a stable
-//! `code` (SPEC §3). Clients branch on `code`, never on `title` or `detail`.
+//! `code` (SPEC §3). Clients branch on `code`, never on `title` or `detail`. The admin face
+//! builds its errors with [`document`] and [`respond`] too.
 //!
 //! `type` is `about:blank`, so `title` is the status's reason phrase as RFC 9457 §4.2.1
 //! asks; what went wrong is in `code` and `detail`.
@@ -161,14 +162,7 @@ impl Problem {
 
     /// The problem document.
     pub fn body(&self) -> Value {
-        let status = self.status();
-        let mut doc = json!({
-            "type": "about:blank",
-            "title": status.canonical_reason().unwrap_or("Error"),
-            "status": status.as_u16(),
-            "code": self.code(),
-            "detail": self.detail(),
-        });
+        let mut doc = document(self.status(), self.code(), self.detail());
         if let Problem::Duplicate {
             key,
             state,
@@ -188,15 +182,8 @@ impl Problem {
     }
 
     pub fn response(&self) -> Response<Full<Bytes>> {
-        let mut res = Response::new(Full::new(Bytes::from(self.body().to_string())));
-        *res.status_mut() = self.status();
+        let mut res = respond(self.status(), &self.body());
         let h = res.headers_mut();
-        h.insert(
-            header::CONTENT_TYPE,
-            HeaderValue::from_static("application/problem+json"),
-        );
-        // An error is about this one request: no cache may keep it.
-        h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
         if let Some(s) = self.retry_after() {
             h.insert(header::RETRY_AFTER, HeaderValue::from(s));
         }
@@ -217,6 +204,36 @@ impl Problem {
         }
         res
     }
+}
+
+/// The members every problem document has, the webhook's and the admin face's alike; a
+/// caller adds its own (`key`, `reason`, `retry_after_s`, ...) to what this returns. One
+/// builder, so that the two faces cannot drift apart.
+///
+/// `title` falls back to "Error" for a status without a reason phrase (none we send):
+/// RFC 9457 makes `title` a human-readable summary, which an empty string is not.
+pub fn document(status: StatusCode, code: &str, detail: impl Into<String>) -> Value {
+    json!({
+        "type": "about:blank",
+        "title": status.canonical_reason().unwrap_or("Error"),
+        "status": status.as_u16(),
+        "code": code,
+        "detail": detail.into(),
+    })
+}
+
+/// The answer that carries `doc`, for both faces.
+pub fn respond(status: StatusCode, doc: &Value) -> Response<Full<Bytes>> {
+    let mut res = Response::new(Full::new(Bytes::from(doc.to_string())));
+    *res.status_mut() = status;
+    let h = res.headers_mut();
+    h.insert(
+        header::CONTENT_TYPE,
+        HeaderValue::from_static("application/problem+json"),
+    );
+    // An error is about this one request: no cache may keep it.
+    h.insert(header::CACHE_CONTROL, HeaderValue::from_static("no-store"));
+    res
 }
 
 impl From<&crate::mutex::Duplicate> for Problem {
@@ -339,6 +356,7 @@ mod tests {
                 res.headers()[header::CONTENT_TYPE],
                 "application/problem+json"
             );
+            assert_eq!(res.headers()[header::CACHE_CONTROL], "no-store");
             assert_eq!(v["type"], "about:blank");
             assert_eq!(v["status"], p.status().as_u16());
             assert_eq!(v["code"], p.code());
