@@ -7,7 +7,7 @@
 //! | route                      | answer                                                      |
 //! |----------------------------|-------------------------------------------------------------|
 //! | `GET /healthz`             | 200 while the process runs                                  |
-//! | `GET /readyz`              | 200 when bound, the owner answers, serving and not halted   |
+//! | `GET /readyz`              | 200: database open, owner answering, serving, not halted    |
 //! | `GET /metrics`             | Prometheus text                                             |
 //! | `GET /status`              | `{live_keys, halted, serving, fail_closed, detail, version}`|
 //! | `GET /keys?limit=N`        | `{keys: [entry], truncated}`, oldest expiry first           |
@@ -103,7 +103,9 @@ impl fmt::Display for Listen {
 pub struct State {
     pub mutex: Mutex,
     pub metrics: Arc<Metrics>,
-    /// Set once the gateway's own listener is bound; `/readyz` is 503 before.
+    /// Set once the mutex's database has opened (`app`'s supervisor, on the owner's first
+    /// ping that is not failing closed); `/readyz` is 503 before. The gateway's listener is
+    /// bound earlier still, at start, so readiness waits on the database alone.
     pub ready: Arc<AtomicBool>,
     /// Set when shutdown begins: `/readyz` is 503 while in-flight requests drain, so that
     /// a load balancer stops sending before the listener closes.
@@ -364,7 +366,7 @@ async fn readyz(state: &State) -> Answer {
 /// Why the gateway should not be sent traffic, if it should not: `(reason, detail)`.
 async fn not_ready(state: &State) -> Option<(&'static str, String)> {
     if !state.ready.load(Ordering::Acquire) {
-        return Some(("starting", "the gateway listener is not bound yet".into()));
+        return Some(("starting", "the mutex's database is not open yet".into()));
     }
     if state.stopping.load(Ordering::Acquire) {
         return Some((
