@@ -88,6 +88,9 @@ where
 /// Encodes a stored key as one path segment. Unreserved characters and `:` (legal in a
 /// path segment, and the key's own separator) are kept, so that a URL stays readable;
 /// everything else, `/` and `%` included, becomes `%XX`.
+///
+/// The fingerprint's own escaping (`mutex::key::escape`) keeps `/` and escapes `:`, the
+/// reverse of what a path segment needs; its reasons are there.
 pub fn encode_key(key: &str) -> String {
     let mut out = String::with_capacity(key.len());
     for b in key.bytes() {

@@ -97,6 +97,12 @@ pub struct Fingerprint<'a> {
 
 /// `part` with every byte outside `[A-Za-z0-9._/-]` written `%XX`: unchanged for the
 /// names most venues use, so their fingerprints read as they always did.
+///
+/// Not [`encode_key`](crate::admin::client::encode_key), whose set differs on purpose: here
+/// `:` must be escaped, as it separates a fingerprint's fields, and `/` is kept
+/// (`ETH/USDT`); there `/` must be escaped, as a key is one URL path segment, and `:` is
+/// kept. Nor may this set change: a fingerprint is a stored key, so a trade resent across
+/// an upgrade that changed it would get a new key, and be let through again.
 fn escape(part: &str) -> std::borrow::Cow<'_, str> {
     let plain = |b: u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'/' | b'-');
     if part.bytes().all(plain) {
