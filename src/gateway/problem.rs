@@ -37,6 +37,8 @@ pub enum Problem {
     PayloadTooLarge,
     UnsupportedMediaType,
     Duplicate {
+        /// The stored key as text, not a `Key`: that holds 384 bytes inline, which every
+        /// `Result<_, Problem>` would then carry.
         key: String,
         state: &'static str,
         age_ms: u64,
@@ -139,7 +141,7 @@ impl Problem {
             PayloadTooLarge => "body larger than 64 KiB".into(),
             UnsupportedMediaType => "body must be application/json".into(),
             // Held by its signature's guard, not by the trade's key (docs/DESIGN.md).
-            Duplicate { key, state, .. } if key.starts_with(crate::mutex::key::GUARD_PREFIX) => {
+            Duplicate { key, state, .. } if crate::mutex::key::is_guard(key) => {
                 format!("this signed request was already accepted ({state}); sign a new one")
             }
             Duplicate { state, .. } => format!("this trade was already accepted ({state})"),

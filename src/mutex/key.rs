@@ -171,7 +171,7 @@ impl Key {
 
     /// Whether this is a signature guard's key.
     pub fn is_guard(&self) -> bool {
-        self.0.starts_with(GUARD_PREFIX)
+        is_guard(&self.0)
     }
 
     /// Rebuilds a key read back from the table. Anything this version could not have
@@ -206,6 +206,12 @@ impl fmt::Display for Key {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         f.write_str(&self.0)
     }
+}
+
+/// Whether a stored key, held as text, is a signature guard's: the one check behind
+/// [`Key::is_guard`], for callers that keep the string rather than the `Key`.
+pub fn is_guard(stored: &str) -> bool {
+    stored.starts_with(GUARD_PREFIX)
 }
 
 /// The minute bucket of a unix time.
