@@ -108,7 +108,8 @@ pub struct AuthConfig {
 pub fn syntax(text: &str, e: &toml::de::Error) -> String {
     let line = e
         .span()
-        .map_or(0, |s| text[..s.start].lines().count().max(1));
+        .and_then(|s| text.get(..s.start))
+        .map_or(0, |before| before.lines().count().max(1));
     format!("line {line}: {}", e.message().trim().replace('\n', " "))
 }
 

@@ -166,7 +166,7 @@ async fn failing_closed_is_not_ready_and_says_why() {
 }
 
 #[tokio::test]
-async fn not_ready_until_the_gateway_listener_is_bound() {
+async fn not_ready_until_the_database_has_opened() {
     let dir = tempfile::tempdir().unwrap();
     let (m, owner) = start_mutex(&dir.path().join("mutex.redb"));
     let st = state(&m, false);

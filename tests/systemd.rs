@@ -245,7 +245,11 @@ async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
             == "READY=1")
         .is_some()
     );
-    assert_eq!(post("hup-5", new.clone()).await, 200, "the certificate changed");
+    assert_eq!(
+        post("hup-5", new.clone()).await,
+        200,
+        "the certificate changed"
+    );
     let log = gw.stderr();
     assert!(
         log.contains("TLS reload failed") && log.contains("readable by everyone"),

@@ -53,6 +53,7 @@ impl Outcome {
     }
 
     /// The executor's status code, when it answered.
+    #[cfg(test)]
     pub fn status(&self) -> Option<u16> {
         match self {
             Outcome::Success { status, .. }

@@ -16,7 +16,6 @@ use serde::{Serialize, Serializer};
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
-use super::auth::Secret;
 use crate::mutex::key::canonical_quantity;
 use crate::mutex::{Fingerprint, Mode, PayloadHash};
 
@@ -133,8 +132,6 @@ impl Action {
 pub struct Trade {
     /// As received, `apiKey` already removed.
     obj: Map<String, Value>,
-    /// A `Secret`, so that printing a trade never prints the credential.
-    api_key: Option<Secret>,
     pub exchange: String,
     pub symbol: String,
     pub action: Action,
@@ -147,11 +144,12 @@ pub struct Trade {
 
 impl Trade {
     pub fn from_object(mut obj: Map<String, Value>) -> Result<Trade, TradeError> {
-        let api_key = match obj.remove("apiKey") {
-            None | Some(Value::Null) => None,
-            Some(Value::String(s)) => Some(Secret::new(s)),
+        // The credential stops here: authentication read it already (`body_api_key`), and
+        // neither the trade nor the order it becomes keeps a copy.
+        match obj.remove("apiKey") {
+            None | Some(Value::Null) | Some(Value::String(_)) => {}
             Some(_) => return Err(field("apiKey", "must be a string")),
-        };
+        }
         let exchange = required_str(&obj, "exchange")?;
         if !(1..=MAX_EXCHANGE).contains(&exchange.len())
             || !exchange.bytes().all(|b| b.is_ascii_graphic())
@@ -228,7 +226,6 @@ impl Trade {
             leverage,
             test,
             idempotency_key,
-            api_key,
             obj,
         })
     }
@@ -289,13 +286,6 @@ impl Trade {
     pub fn forward_body(&self) -> Bytes {
         // A map with string keys always serialises; `Value`'s own `Display` relies on the same.
         Bytes::from(serde_json::to_vec(&self.obj).unwrap_or_default())
-    }
-
-    pub fn api_key(&self) -> Option<&str> {
-        // Built from a `String` above, so always UTF-8.
-        self.api_key
-            .as_ref()
-            .and_then(|s| std::str::from_utf8(s.expose()).ok())
     }
 
     pub fn idempotency_key(&self) -> Option<&str> {
@@ -468,7 +458,6 @@ mod tests {
         assert_eq!(t.leverage, Some(10));
         assert_eq!(t.mode(), Mode::Test);
         assert_eq!(t.idempotency_key(), Some(" raw key "));
-        assert_eq!(t.api_key(), Some("k"));
     }
 
     #[test]
@@ -476,7 +465,7 @@ mod tests {
         let t = Trade::from_object(obj(base())).unwrap();
         assert_eq!(t.mode(), Mode::Live);
         assert_eq!((t.price, t.leverage), (None, None));
-        assert_eq!((t.api_key(), t.idempotency_key()), (None, None));
+        assert_eq!(t.idempotency_key(), None);
         // null means absent for the optional fields.
         let t = with("price", Value::Null).unwrap();
         assert_eq!(t.price, None);
@@ -608,7 +597,6 @@ mod tests {
         let fwd = t.forward_body();
         assert!(!String::from_utf8_lossy(&fwd).contains("s3cret"));
         assert!(!format!("{t:?}").contains("s3cret"));
-        assert_eq!(t.api_key(), Some("s3cret"));
         let v: Value = serde_json::from_slice(&fwd).unwrap();
         assert_eq!(
             v,

@@ -127,7 +127,7 @@ pub struct Key(heapless::String<MAX_KEY>);
 impl Key {
     /// A client's own key, namespaced by who sent it and in which mode.
     pub fn client(identity: &str, mode: Mode, key: &ClientKey) -> Result<Self, KeyError> {
-        let identity = &identity[..identity.len().min(MAX_IDENTITY)];
+        let identity = &identity[..identity.floor_char_boundary(MAX_IDENTITY)];
         Self::build(&["client:", identity, ":", mode.as_str(), ":", key.as_str()])
     }
 

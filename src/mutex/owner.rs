@@ -614,8 +614,9 @@ impl Owner {
             response: None,
         };
         let seq = self.next_seq;
+        let next = seq.checked_add(1).ok_or(WriteError::SeqExhausted)?;
         w.put(seq, &entry)?;
-        self.next_seq += 1;
+        self.next_seq = next;
         self.track(seq, Rc::from(key.as_str()), &entry, now_wall, now_mono);
         Ok(seq)
     }
@@ -807,7 +808,8 @@ impl Owner {
     }
 
     fn track(&mut self, seq: u64, key: Rc<str>, e: &Entry, now_wall: u64, now_mono: u64) {
-        let due = now_mono + e.expires_at.saturating_sub(now_wall);
+        // Saturating: `expires_at` may come from the disk.
+        let due = now_mono.saturating_add(e.expires_at.saturating_sub(now_wall));
         self.wheel.insert(due, (key.clone(), e.expires_at));
         self.index.insert(
             key,

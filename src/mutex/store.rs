@@ -163,6 +163,10 @@ pub(super) enum WriteError {
     Journal(#[from] std::io::Error),
     #[error("cannot encode a journal record: {0}")]
     Encode(#[from] postcard::Error),
+    /// Only a damaged table holds a number this high: failing closed beats wrapping to 0,
+    /// where a new entry would overwrite a live one.
+    #[error("entry numbers exhausted")]
+    SeqExhausted,
 }
 
 macro_rules! via_redb_error {
@@ -250,7 +254,7 @@ pub(super) fn open(
         for row in entries.iter()? {
             let (k, v) = row?;
             let seq = k.value();
-            next_seq = seq + 1;
+            next_seq = seq.checked_add(1).ok_or(WriteError::SeqExhausted)?;
             let entry = decode_entry(v.value()).map_err(|err| LoadError::Entry { seq, err })?;
             if entry.expires_at <= now_wall {
                 expired.push(seq);
@@ -509,6 +513,30 @@ mod tests {
 
         let (_store, loaded) = open(&path, JOURNAL, NOW).expect("third open");
         assert_eq!(held(&loaded), [0, 1, 2, 10, 11]);
+    }
+
+    /// The last entry number is taken: a damaged table, refused at the open rather than
+    /// wrapped to 0, where the next reserve would overwrite entry 0.
+    #[test]
+    fn an_entry_at_the_last_number_fails_the_open() {
+        const NOW: u64 = 1_700_000_000_000;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        let (store, _) = open(&path, 16 * 4096, NOW).unwrap();
+        let mut e = sample();
+        e.expires_at = NOW + 300_000;
+        let txn = store.db.begin_write().unwrap();
+        txn.open_table(ENTRIES)
+            .unwrap()
+            .insert(u64::MAX, encode_entry(&e).as_slice())
+            .unwrap();
+        txn.commit().unwrap();
+        drop(store);
+        let err = open(&path, 16 * 4096, NOW).err().expect("opened");
+        assert!(
+            matches!(err, LoadError::Replay(WriteError::SeqExhausted)),
+            "{err}"
+        );
     }
 
     #[test]
