@@ -172,6 +172,10 @@ struct Owner {
     /// keys held. Released by the reopen that succeeds, so that the retry is let through.
     void: Vec<Grant>,
     index: HashMap<Rc<str>, Live>,
+    /// While failing closed: the monotonic deadlines of the entries the index held, by
+    /// entry number. The reopen must read the table by the wall clock alone, which may
+    /// have been stepped forward meanwhile; these keep a key live as the index did.
+    dues: HashMap<u64, u64>,
     /// Alarms carry the expiry they were set for, so an alarm left behind by a released and
     /// re-reserved key is recognised as stale and ignored.
     wheel: Wheel<(Rc<str>, u64)>,
@@ -199,6 +203,7 @@ impl Owner {
             released: Vec::new(),
             void: Vec::new(),
             index: HashMap::new(),
+            dues: HashMap::new(),
             wheel,
             halted: false,
             next_seq: 0,
@@ -617,7 +622,7 @@ impl Owner {
         let next = seq.checked_add(1).ok_or(WriteError::SeqExhausted)?;
         w.put(seq, &entry)?;
         self.next_seq = next;
-        self.track(seq, Rc::from(key.as_str()), &entry, now_wall, now_mono);
+        self.track(seq, Rc::from(key.as_str()), &entry, (now_wall, now_mono), 0);
         Ok(seq)
     }
 
@@ -807,9 +812,20 @@ impl Owner {
         self.index.get_mut(key.as_str()).filter(|l| l.live(now))
     }
 
-    fn track(&mut self, seq: u64, key: Rc<str>, e: &Entry, now_wall: u64, now_mono: u64) {
+    /// Indexes an entry, due on the monotonic clock when the wall clock says, or at `due`
+    /// if that is later.
+    fn track(
+        &mut self,
+        seq: u64,
+        key: Rc<str>,
+        e: &Entry,
+        (now_wall, now_mono): (u64, u64),
+        due: u64,
+    ) {
         // Saturating: `expires_at` may come from the disk.
-        let due = now_mono.saturating_add(e.expires_at.saturating_sub(now_wall));
+        let due = now_mono
+            .saturating_add(e.expires_at.saturating_sub(now_wall))
+            .max(due);
         self.wheel.insert(due, (key.clone(), e.expires_at));
         self.index.insert(
             key,
@@ -841,7 +857,9 @@ impl Owner {
         }
         let now_wall = self.clock.wall_ms();
         let now_mono = self.clock.mono_ms();
-        match store::open(&self.config.path, self.config.journal_bytes, now_wall) {
+        // An entry the monotonic clock still holds is kept, whatever the wall clock says.
+        let held = |seq: u64| self.dues.get(&seq).is_some_and(|&due| due > now_mono);
+        match store::open(&self.config.path, self.config.journal_bytes, now_wall, held) {
             Ok((store, loaded)) => {
                 self.index.clear();
                 self.wheel = Wheel::new(now_mono);
@@ -852,8 +870,10 @@ impl Owner {
                         skipped += 1;
                         continue;
                     }
-                    self.track(seq, Rc::from(e.key.as_str()), &e, now_wall, now_mono);
+                    let due = self.dues.get(&seq).copied().unwrap_or(0);
+                    self.track(seq, Rc::from(e.key.as_str()), &e, (now_wall, now_mono), due);
                 }
+                self.dues.clear();
                 // Never backwards: a grant from before the failure may still be settled,
                 // and must not match a newer entry that reused its number (the table's
                 // numbers restart after its highest, which may have been released).
@@ -936,6 +956,16 @@ impl Owner {
         // Whatever was not yet written is lost with `carry`: settle it again at the reopen.
         self.void.append(&mut self.abandoned);
         self.void.append(&mut self.released);
+        // The index goes, and with it each key's monotonic deadline: keep those for the
+        // reopen (added to any from an earlier failure the reopen has not yet consumed).
+        let now_mono = self.clock.mono_ms();
+        self.dues.retain(|_, due| *due > now_mono);
+        self.dues.extend(
+            self.index
+                .values()
+                .filter(|l| l.due_mono > now_mono)
+                .map(|l| (l.seq, l.due_mono)),
+        );
         self.store = None;
         self.carry = Batch::default();
         self.index.clear();
@@ -1085,16 +1115,21 @@ mod tests {
 
     /// An owner driven turn by turn on this thread, on a fresh database.
     fn owner(dir: &std::path::Path) -> Owner {
+        owner_with_clock(dir).0
+    }
+
+    /// As [`owner`], with the handle that moves its clock.
+    fn owner_with_clock(dir: &std::path::Path) -> (Owner, Arc<super::super::clock::ManualClock>) {
         let config = Config {
             path: dir.join("m.redb"),
             journal_bytes: 64 * 1024,
             ..Config::default()
         };
-        let (clock, _time) = Clock::manual(1_800_000_000_000);
+        let (clock, time) = Clock::manual(1_800_000_000_000);
         let mut o = Owner::new(config, clock, Arc::default(), false);
         o.reopen();
         assert!(o.store.is_some(), "{:?}", o.failure);
-        o
+        (o, time)
     }
 
     /// Runs one command in a turn of its own and returns its answer.
@@ -1171,6 +1206,35 @@ mod tests {
             other => panic!("the commit after the reopen was lost: {other:?}"),
         }
         assert!(matches!(reserve(&mut o, &b), Decision::Proceed(_)));
+    }
+
+    /// A wall clock stepped forward while the owner fails closed frees no key at the
+    /// reopen: the table is read by the wall clock, but a key the monotonic clock still
+    /// held before the failure stays held until that clock says otherwise.
+    #[test]
+    fn a_wall_clock_stepped_while_failing_closed_frees_no_key_at_the_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut o, time) = owner_with_clock(dir.path());
+        let k = trade_key("BTC");
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+        o.fail(Unavailable::CommitFailed("a fault".into()));
+        time.step_wall_ms(3_600_000);
+        // A reopen that fails too keeps the deadlines for the next one.
+        std::fs::rename(dir.path().join("m.redb"), dir.path().join("away")).unwrap();
+        std::fs::create_dir(dir.path().join("m.redb")).unwrap();
+        o.reopen();
+        assert!(o.store.is_none(), "opened a directory");
+        std::fs::remove_dir(dir.path().join("m.redb")).unwrap();
+        std::fs::rename(dir.path().join("away"), dir.path().join("m.redb")).unwrap();
+        o.reopen();
+        assert!(o.store.is_some(), "{:?}", o.failure);
+        assert!(
+            matches!(reserve(&mut o, &k), Decision::Duplicate(_)),
+            "the reopen freed a key the monotonic clock still held"
+        );
+        // Held until the monotonic clock has run the TTL (300 s), then free.
+        time.advance_ms(300_000);
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
     }
 
     /// A release rides in `carry` until the next record is written, and a write that

@@ -193,8 +193,9 @@ via_redb_error!(
 );
 
 /// Opens (or creates) the database and its journal, replays the journal into the database,
-/// reads every entry, deletes those expired at `now_wall`, and commits all that durably:
-/// a checkpoint, after which the journal starts empty and the file holds only live keys.
+/// reads every entry, deletes those expired at `now_wall` but not `held` (by number), and
+/// commits all that durably: a checkpoint, after which the journal starts empty and the
+/// file holds only live keys.
 ///
 /// Integrity is checked on every open: a plain redb open trusts the file and may panic on
 /// one damaged outside redb, and a panic in the owner would take the process down instead
@@ -204,6 +205,7 @@ pub(super) fn open(
     path: &Path,
     journal_bytes: usize,
     now_wall: u64,
+    held: impl Fn(u64) -> bool,
 ) -> Result<(Store, Loaded), LoadError> {
     let db = Database::builder()
         .set_cache_size(CACHE_BYTES)
@@ -256,7 +258,7 @@ pub(super) fn open(
             let seq = k.value();
             next_seq = seq.checked_add(1).ok_or(WriteError::SeqExhausted)?;
             let entry = decode_entry(v.value()).map_err(|err| LoadError::Entry { seq, err })?;
-            if entry.expires_at <= now_wall {
+            if entry.expires_at <= now_wall && !held(seq) {
                 expired.push(seq);
             } else {
                 live.push((seq, entry));
@@ -496,7 +498,7 @@ mod tests {
         };
         let held = |loaded: &Loaded| loaded.live.iter().map(|(s, _)| *s).collect::<Vec<_>>();
 
-        let (mut store, _) = open(&path, JOURNAL, NOW).unwrap();
+        let (mut store, _) = open(&path, JOURNAL, NOW, |_| false).unwrap();
         reserve(&mut store, 0..4);
         drop(store);
         // The crash came during the fourth record's sync: it is torn, never answered.
@@ -506,12 +508,12 @@ mod tests {
             .unwrap();
         journal.write_all_at(&[0xff], 3 * 4096 + 40).unwrap();
 
-        let (mut store, loaded) = open(&path, JOURNAL, NOW).unwrap();
+        let (mut store, loaded) = open(&path, JOURNAL, NOW, |_| false).unwrap();
         assert_eq!(held(&loaded), [0, 1, 2]);
         reserve(&mut store, 10..12);
         drop(store);
 
-        let (_store, loaded) = open(&path, JOURNAL, NOW).expect("third open");
+        let (_store, loaded) = open(&path, JOURNAL, NOW, |_| false).expect("third open");
         assert_eq!(held(&loaded), [0, 1, 2, 10, 11]);
     }
 
@@ -522,7 +524,7 @@ mod tests {
         const NOW: u64 = 1_700_000_000_000;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
-        let (store, _) = open(&path, 16 * 4096, NOW).unwrap();
+        let (store, _) = open(&path, 16 * 4096, NOW, |_| false).unwrap();
         let mut e = sample();
         e.expires_at = NOW + 300_000;
         let txn = store.db.begin_write().unwrap();
@@ -532,7 +534,9 @@ mod tests {
             .unwrap();
         txn.commit().unwrap();
         drop(store);
-        let err = open(&path, 16 * 4096, NOW).err().expect("opened");
+        let err = open(&path, 16 * 4096, NOW, |_| false)
+            .err()
+            .expect("opened");
         assert!(
             matches!(err, LoadError::Replay(WriteError::SeqExhausted)),
             "{err}"
