@@ -334,6 +334,48 @@ fn an_unanswered_grant_frees_only_its_own_entry() {
     owner.stop();
 }
 
+/// A full queue is refused at once (`Busy`), not waited on: the caller answers 503 and
+/// the sender retries, while what was queued before is served as usual.
+#[test]
+fn a_full_queue_is_busy_and_loses_nothing_queued() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir.path().join("m.redb"));
+    cfg.queue_depth = 4;
+    let (m, owner) = hoox_edge::mutex::start_with(cfg, Clock::system(), true);
+    rt().block_on(async {
+        m.ping().await.unwrap();
+        // Let the owner take the stall (and with it whatever is queued) and sleep.
+        m.stall(Duration::from_millis(1_000));
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        let mut queued = Vec::new();
+        let busy = loop {
+            assert!(
+                queued.len() <= 4,
+                "a queue of 4 took {} reserves",
+                queued.len()
+            );
+            let k = key(&format!("q{}", queued.len()));
+            let mut call = Box::pin(m.reserve(reserve(&k, 60_000, 1)));
+            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
+            match call.as_mut().poll(&mut cx) {
+                std::task::Poll::Pending => queued.push(call),
+                std::task::Poll::Ready(d) => break d,
+            }
+        };
+        assert_eq!(busy, Decision::Unavailable(Unavailable::Busy));
+        // 3 if the owner had not yet taken the stall out of the queue.
+        assert!(
+            (3..=4).contains(&queued.len()),
+            "busy after {} reserves",
+            queued.len()
+        );
+        for call in queued {
+            granted(call.await);
+        }
+    });
+    owner.stop();
+}
+
 /// A grant the owner delivered, but its caller never took (the request went away between
 /// the owner's answer and its next poll), is released: nobody sent that trade, and its
 /// retry must not find the key held for the whole TTL.

@@ -589,17 +589,21 @@ async fn http1_http2_plaintext_and_slow_clients() {
     let setup = Setup::new(None);
     let gw = setup.start();
     gw.wait_ready().await;
-    for (alpn, want) in [
-        (Alpn::Http1, hyper::Version::HTTP_11),
-        (Alpn::Http2, hyper::Version::HTTP_2),
-    ] {
-        let c = TlsClient::with(&setup.pki.ca_cert, alpn, None);
-        let mut t = trade("BTCUSDT");
-        t["idempotencyKey"] = json!(format!("{alpn:?}"));
-        let r = c
-            .request(hyper::Method::POST, &gw.url(), &[], t.to_string())
-            .await;
-        assert_eq!((r.status.as_u16(), r.version), (200, want));
+    // Both protocols, over TLS 1.3 and over 1.2 (SPEC §3): a client that offers only
+    // 1.2 is served too.
+    for tls in [&rustls::version::TLS13, &rustls::version::TLS12] {
+        for (alpn, want) in [
+            (Alpn::Http1, hyper::Version::HTTP_11),
+            (Alpn::Http2, hyper::Version::HTTP_2),
+        ] {
+            let c = TlsClient::with_versions(&setup.pki.ca_cert, alpn, None, &[tls]);
+            let mut t = trade("BTCUSDT");
+            t["idempotencyKey"] = json!(format!("{alpn:?}-{:?}", tls.version));
+            let r = c
+                .request(hyper::Method::POST, &gw.url(), &[], t.to_string())
+                .await;
+            assert_eq!((r.status.as_u16(), r.version), (200, want), "{tls:?}");
+        }
     }
     // Plaintext HTTP on the TLS port gets no HTTP answer.
     let mut s = tokio::net::TcpStream::connect(gw.addr).await.unwrap();

@@ -73,13 +73,23 @@ impl TlsClient {
     }
 
     pub fn with(ca: &Path, alpn: Alpn, identity: Option<&CertFiles>) -> TlsClient {
+        Self::with_versions(ca, alpn, identity, rustls::DEFAULT_VERSIONS)
+    }
+
+    /// As [`TlsClient::with`], offering only these TLS versions.
+    pub fn with_versions(
+        ca: &Path,
+        alpn: Alpn,
+        identity: Option<&CertFiles>,
+        versions: &[&'static rustls::SupportedProtocolVersion],
+    ) -> TlsClient {
         let mut roots = rustls::RootCertStore::empty();
         for cert in CertificateDer::pem_file_iter(ca).unwrap() {
             roots.add(cert.unwrap()).unwrap();
         }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let builder = rustls::ClientConfig::builder_with_provider(provider)
-            .with_safe_default_protocol_versions()
+            .with_protocol_versions(versions)
             .unwrap()
             .with_root_certificates(roots);
         let mut config = match identity {
