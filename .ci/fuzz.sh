@@ -17,8 +17,10 @@ cd "$(dirname "$0")/.."
 secs="${FUZZ_SECONDS:-20}"
 targets="${FUZZ_TARGETS:-webhook_body idem_header key_fingerprint hmac_header entry_decode}"
 
+# --debug: it only drives cargo and libFuzzer, so its own speed does not matter; its
+# build does.
 if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
-    cargo install cargo-fuzz --locked
+    cargo install cargo-fuzz --locked --debug
 fi
 
 dir_args=()

@@ -72,8 +72,10 @@ install_tools() {
     step "tools"
     apt_tools
     rustup target add "${TARGETS[@]}" >/dev/null 2>&1 || rustup target add "${TARGETS[@]}"
+    # --debug: builds in 49 s instead of 90 (2026-12-01), and packs the same .deb, byte
+    # for byte, as fast: its work here is copying and compressing one small binary.
     if ! cargo deb --version >/dev/null 2>&1; then
-        cargo install cargo-deb --locked
+        cargo install cargo-deb --locked --debug
     fi
     echo "ok: ${PKGS[*]}, musl targets, $(cargo deb --version)"
 }
