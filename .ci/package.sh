@@ -82,11 +82,13 @@ install_tools() {
 
 build() {
     step "release builds (LTO, one codegen unit)"
-    for t in "${TARGETS[@]}"; do
-        local t0=$SECONDS
-        cargo build --release --locked --target "$t" --bin hoox-edge
-        echo "built $t in $((SECONDS - t0))s"
-    done
+    local t0=$SECONDS args=()
+    for t in "${TARGETS[@]}"; do args+=(--target "$t"); done
+    # One cargo for both targets: its job queue fills one target's single-threaded LTO with
+    # the other's compiling, and builds the host's build scripts once. 5 min 36 s for the
+    # two here, against 3 min 30 s + 3 min 22 s one after the other (2026-12-01).
+    cargo build --release --locked "${args[@]}" --bin hoox-edge
+    echo "built ${TARGETS[*]} in $((SECONDS - t0))s"
 }
 
 check_static() {
