@@ -356,8 +356,7 @@ fn a_full_queue_is_busy_and_loses_nothing_queued() {
             );
             let k = key(&format!("q{}", queued.len()));
             let mut call = Box::pin(m.reserve(reserve(&k, 60_000, 1)));
-            let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-            match call.as_mut().poll(&mut cx) {
+            match poll_once(call.as_mut()) {
                 std::task::Poll::Pending => queued.push(call),
                 std::task::Poll::Ready(d) => break d,
             }

@@ -82,8 +82,12 @@ pub async fn eventually(limit: Duration, mut f: impl AsyncFnMut() -> bool) -> bo
 /// Polls a call to the mutex once, which queues its command, and asserts it is still
 /// waiting for the answer: a command known to be queued, without sleeping on it.
 pub fn queue<F: Future>(call: std::pin::Pin<&mut F>) {
-    let mut cx = std::task::Context::from_waker(std::task::Waker::noop());
-    assert!(call.poll(&mut cx).is_pending(), "answered at once");
+    assert!(poll_once(call).is_pending(), "answered at once");
+}
+
+/// Polls a call to the mutex once, without a waker: it queues its command, or is refused.
+pub fn poll_once<F: Future>(call: std::pin::Pin<&mut F>) -> std::task::Poll<F::Output> {
+    call.poll(&mut std::task::Context::from_waker(std::task::Waker::noop()))
 }
 
 /// When set, the test binary was re-executed as a child process with this role.
