@@ -82,3 +82,32 @@ impl ManualClock {
         self.wall.fetch_add(ms, Ordering::SeqCst);
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn the_system_clock_reads_unix_milliseconds() {
+        let before = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        let clock = Clock::system();
+        let (wall, free) = (clock.wall_ms(), unix_ms());
+        let after = SystemTime::now().duration_since(UNIX_EPOCH).unwrap();
+        for ms in [wall, free] {
+            assert!(
+                before.as_millis() as u64 <= ms && ms <= after.as_millis() as u64,
+                "{ms} outside [{before:?}, {after:?}]"
+            );
+        }
+    }
+
+    #[test]
+    fn a_manual_clock_moves_only_when_told() {
+        let (clock, hand) = Clock::manual(5_000);
+        assert_eq!((clock.wall_ms(), clock.mono_ms()), (5_000, 0));
+        hand.advance_ms(250);
+        assert_eq!((clock.wall_ms(), clock.mono_ms()), (5_250, 250));
+        hand.step_wall_ms(1_000);
+        assert_eq!((clock.wall_ms(), clock.mono_ms()), (6_250, 250));
+    }
+}
