@@ -181,9 +181,15 @@ async fn not_ready_until_the_database_has_opened() {
 
 #[tokio::test]
 async fn bad_requests_are_refused_before_the_mutex_is_asked() {
+    // The mutex fails closed (its directory is missing): any request that reached it would
+    // be answered 503, so a 400, 404 or 405 below proves it was never asked.
     let dir = tempfile::tempdir().unwrap();
-    let (m, owner) = start_mutex(&dir.path().join("mutex.redb"));
+    let (m, owner) = start_mutex(&dir.path().join("missing").join("mutex.redb"));
     let a = Admin::start(&Listen::parse("127.0.0.1:0").unwrap(), state(&m, true)).await;
+    for path in ["/keys/client:a:live:b", "/keys?limit=10"] {
+        let (s, v) = a.call("GET", path).await;
+        assert_eq!(s, 503, "{path} asks the mutex: {v}");
+    }
     for (method, path, status, code) in [
         ("GET", "/nope", 404, "NOT_FOUND"),
         ("GET", "/", 404, "NOT_FOUND"),

@@ -41,7 +41,11 @@ async fn assert_fails_closed(gw: &Gateway, exec: &MockExecutor, k: &str) {
     let r = gw.post(&keyed(k), &[]).await;
     assert_eq!(r.status, 503, "{:?}", r.json());
     assert_eq!(code(&r.json()), "IDEMPOTENCY_UNAVAILABLE");
-    assert!(r.header("retry-after").is_some());
+    let wait: u64 = r
+        .header("retry-after")
+        .and_then(|s| s.parse().ok())
+        .expect("503 carries Retry-After in seconds");
+    assert!(wait >= 1, "Retry-After {wait}: senders would retry at once");
     assert_eq!(
         exec.calls(),
         calls,

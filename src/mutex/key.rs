@@ -78,12 +78,6 @@ impl ClientKey {
     }
 }
 
-impl fmt::Display for ClientKey {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
-        f.write_str(&self.0)
-    }
-}
-
 /// The parts of a trade that make its automatic fingerprint. Built by the gateway from a
 /// parsed trade, whose schema already bounds and restricts these strings.
 #[derive(Debug, Clone, PartialEq)]
