@@ -7,8 +7,9 @@ mod support;
 use std::process::{Command, Output};
 
 use serde_json::{Value, json};
+use support::client::{Reply, TlsClient};
 use support::executor::{MockExecutor, Mode};
-use support::gateway::{BIN, SECRET, Setup, trade};
+use support::gateway::{BIN, Gateway, SECRET, Setup, trade};
 
 fn cli(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().unwrap()
@@ -173,12 +174,86 @@ fn gen_cert_writes_a_loadable_private_certificate() {
     assert!(o.status.success());
 }
 
-#[test]
-fn embedded_defaults_check_and_print_a_working_curl_line() {
-    // `serve` with no config on a free port: the first run creates its state and prints the
-    // line to try; the line names files that exist.
-    let dir = tempfile::tempdir().unwrap();
-    let state = dir.path().join("state");
+/// What a printed `curl` line asks for: `--cacert FILE`, `-H @FILE` (headers read from a
+/// file), `-H 'Name: value'`, `-d 'BODY'`, and the URL. Words split as a shell would, for the
+/// single quotes the gateway prints.
+#[derive(Debug, Default)]
+struct CurlLine {
+    cacert: String,
+    header_files: Vec<String>,
+    headers: Vec<(String, String)>,
+    body: String,
+    url: String,
+}
+
+fn parse_curl(line: &str) -> CurlLine {
+    let mut words = Vec::new();
+    let mut word = String::new();
+    let (mut quoted, mut in_word) = (false, false);
+    for c in line.trim().chars() {
+        match c {
+            '\'' => (quoted, in_word) = (!quoted, true),
+            c if c.is_whitespace() && !quoted => {
+                if in_word {
+                    words.push(std::mem::take(&mut word));
+                }
+                in_word = false;
+            }
+            c => {
+                word.push(c);
+                in_word = true;
+            }
+        }
+    }
+    assert!(!quoted, "unbalanced quote in {line:?}");
+    if in_word {
+        words.push(word);
+    }
+    assert_eq!(words.first().map(String::as_str), Some("curl"), "{line:?}");
+    let mut out = CurlLine::default();
+    let mut it = words.into_iter().skip(1);
+    while let Some(w) = it.next() {
+        let mut arg = || it.next().unwrap_or_else(|| panic!("{w} without a value"));
+        match w.as_str() {
+            "--cacert" => out.cacert = arg(),
+            "-H" => {
+                let h = arg();
+                match h.strip_prefix('@') {
+                    Some(file) => out.header_files.push(file.to_string()),
+                    None => out.headers.push(header_line(&h)),
+                }
+            }
+            "-d" | "--data" | "--data-binary" => out.body = arg(),
+            u if u.starts_with("https://") => out.url = u.to_string(),
+            other => panic!("unexpected curl argument {other:?} in {line:?}"),
+        }
+    }
+    out
+}
+
+fn header_line(h: &str) -> (String, String) {
+    let (k, v) = h
+        .split_once(':')
+        .unwrap_or_else(|| panic!("not a header: {h:?}"));
+    (k.trim().to_string(), v.trim().to_string())
+}
+
+/// The next stdout line of a gateway that contains `needle`, within 20 s.
+fn next_line_with(rx: &std::sync::mpsc::Receiver<String>, needle: &str) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let mut seen = Vec::new();
+    loop {
+        let left = deadline.saturating_duration_since(std::time::Instant::now());
+        match rx.recv_timeout(left) {
+            Ok(l) if l.contains(needle) => return l,
+            Ok(l) => seen.push(l),
+            Err(e) => panic!("no line with {needle:?} ({e}); stdout after the first: {seen:?}"),
+        }
+    }
+}
+
+/// One start of `serve` on the embedded defaults: the gateway, ready, and its curl line.
+async fn serve_embedded(state: &std::path::Path) -> (Gateway, CurlLine, String) {
     let mut cmd = Command::new(BIN);
     cmd.args([
         "serve",
@@ -188,35 +263,122 @@ fn embedded_defaults_check_and_print_a_working_curl_line() {
         "127.0.0.1:0",
         "--state-dir",
     ])
-    .arg(&state)
+    .arg(state)
     .stdout(std::process::Stdio::piped())
-    .stderr(std::process::Stdio::null());
-    let mut child = cmd.spawn().unwrap();
-    let stdout = child.stdout.take().unwrap();
-    let lines: Vec<String> = std::io::BufRead::lines(std::io::BufReader::new(stdout))
-        .map_while(Result::ok)
-        .take(3)
+    .stderr(std::process::Stdio::piped())
+    .env_remove("NOTIFY_SOCKET")
+    .env_remove("WATCHDOG_USEC");
+    // The certificate is written before the listener binds, so it exists once the first
+    // line is out; the gateway's own client trusts it (the test's requests use the one the
+    // curl line names).
+    let (gw, rx) = Gateway::spawn_with_stdout(cmd, &state.join("tls/cert.pem"));
+    let line = next_line_with(&rx, "curl ");
+    gw.wait_ready().await;
+    (gw, parse_curl(&line), line)
+}
+
+/// The headers a parsed curl line sends: its files' lines and its own `-H`s.
+fn curl_headers(curl: &CurlLine) -> Vec<(String, String)> {
+    let mut headers = Vec::new();
+    for f in &curl.header_files {
+        let text = std::fs::read_to_string(f).unwrap_or_else(|e| panic!("{f}: {e}"));
+        headers.extend(
+            text.lines()
+                .filter(|l| !l.trim().is_empty())
+                .map(header_line),
+        );
+    }
+    headers.extend(curl.headers.iter().cloned());
+    headers
+}
+
+async fn send_curl(client: &TlsClient, curl: &CurlLine, headers: &[(String, String)]) -> Reply {
+    let h: Vec<(&str, &str)> = headers
+        .iter()
+        .map(|(k, v)| (k.as_str(), v.as_str()))
         .collect();
-    let _ = child.kill();
-    let _ = child.wait();
-    assert!(state.join("tls/cert.pem").exists());
-    assert!(state.join("secrets/curl-auth.header").exists());
+    client
+        .request(hyper::Method::POST, &curl.url, &h, curl.body.clone())
+        .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn embedded_defaults_check_and_print_a_working_curl_line() {
+    // `serve` with no config on a free port: the first run creates its state and prints the
+    // line to try; that line, sent as curl would send it, is a trade, and its resend a
+    // duplicate.
+    let dir = tempfile::tempdir().unwrap();
+    let state = dir.path().join("state");
+    let (mut gw, curl, line) = serve_embedded(&state).await;
+    let real_state = std::fs::canonicalize(&state).unwrap();
+    assert_eq!(
+        std::path::Path::new(&curl.cacert),
+        real_state.join("tls/cert.pem"),
+        "{line}"
+    );
+    assert_eq!(
+        curl.header_files,
+        [real_state
+            .join("secrets/curl-auth.header")
+            .display()
+            .to_string()],
+        "{line}"
+    );
+    assert_eq!(
+        curl.url,
+        format!("https://{}/webhook", gw.addr),
+        "the curl line's URL is not where the gateway listens"
+    );
     let secret = std::fs::read_to_string(state.join("secrets/secret")).unwrap();
     assert_eq!(secret.trim().len(), 64);
-    assert_eq!(lines.len(), 3, "{lines:?}");
-    assert!(lines[0].starts_with("hoox-edge: gateway on https://127.0.0.1:"));
-    assert!(lines[2].contains("curl --cacert") && lines[2].contains("curl-auth.header"));
     // The secret stays in its file, never in the printed command line.
-    assert!(!lines[2].contains(secret.trim()));
-    // The same state serves again: nothing is regenerated on the second start.
-    let cert = std::fs::read(state.join("tls/cert.pem")).unwrap();
-    let o = Command::new(BIN)
-        .args(["check-config", "--config"])
-        .arg(state.join("nope.toml"))
-        .output()
-        .unwrap();
-    assert_eq!(o.status.code(), Some(78));
-    assert_eq!(std::fs::read(state.join("tls/cert.pem")).unwrap(), cert);
+    assert!(!line.contains(secret.trim()), "{line}");
+    let headers = curl_headers(&curl);
+    assert!(
+        headers
+            .iter()
+            .any(|(k, v)| k.eq_ignore_ascii_case("authorization") && v.contains(secret.trim())),
+        "the header file does not carry the secret: {headers:?}"
+    );
+
+    // Over real TLS, trusting only the certificate the line names.
+    let client = TlsClient::new(std::path::Path::new(&curl.cacert));
+    let r = send_curl(&client, &curl, &headers).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    let r = send_curl(&client, &curl, &headers).await;
+    assert_eq!(r.status, 409, "{:?}", r.json());
+    assert_eq!(r.json()["code"], "DUPLICATE");
+
+    // Stopped (SIGTERM to its PID) and started again on the same state: nothing is
+    // regenerated, the same line still authenticates, and the trade's key survived.
+    let files = [
+        "tls/cert.pem",
+        "tls/key.pem",
+        "secrets/secret",
+        "secrets/curl-auth.header",
+    ];
+    let before: Vec<Vec<u8>> = files
+        .iter()
+        .map(|f| std::fs::read(state.join(f)).unwrap())
+        .collect();
+    assert!(gw.terminate().success(), "{}", gw.stderr());
+    drop(gw);
+    let (gw2, curl2, line2) = serve_embedded(&state).await;
+    for (f, was) in files.iter().zip(&before) {
+        assert!(
+            std::fs::read(state.join(f)).unwrap() == *was,
+            "{f} changed on the second start"
+        );
+    }
+    assert_eq!(curl2.cacert, curl.cacert, "{line2}");
+    assert_eq!(curl2.header_files, curl.header_files, "{line2}");
+    assert_eq!(curl2.body, curl.body, "{line2}");
+    assert_eq!(curl2.url, format!("https://{}/webhook", gw2.addr));
+    // The first run's client (its trust loaded from the first certificate) and headers, at
+    // the second run's address.
+    let r = send_curl(&client, &curl2, &headers).await;
+    assert_eq!(r.status, 409, "{:?}", r.json());
+    assert_eq!(r.json()["code"], "DUPLICATE");
 }
 
 /// The threads of a running process named `name` (`/proc/PID/task/*/comm`).

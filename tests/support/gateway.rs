@@ -152,7 +152,13 @@ pub struct Gateway {
 }
 
 impl Gateway {
-    pub fn spawn(mut cmd: Command, ca: &Path) -> Gateway {
+    pub fn spawn(cmd: Command, ca: &Path) -> Gateway {
+        Self::spawn_with_stdout(cmd, ca).0
+    }
+
+    /// As [`Gateway::spawn`], and the lines the gateway writes to stdout after its first
+    /// (the embedded defaults' `try it:` and curl lines), as they come.
+    pub fn spawn_with_stdout(mut cmd: Command, ca: &Path) -> (Gateway, mpsc::Receiver<String>) {
         let mut child = cmd.spawn().expect("start hoox-edge");
         let stdout = child.stdout.take().unwrap();
         let stderr = child.stderr.take().unwrap();
@@ -179,13 +185,14 @@ impl Gateway {
                         let mut it = rest.split(" admin ");
                         let addr = it.next().unwrap().parse().unwrap();
                         let admin = Listen::parse(it.next().unwrap()).unwrap();
-                        return Gateway {
+                        let gw = Gateway {
                             child,
                             addr,
                             admin,
                             client: TlsClient::new(ca),
                             stderr: log,
                         };
+                        return (gw, rx);
                     }
                 }
                 Err(_) => {
