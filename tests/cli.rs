@@ -15,6 +15,14 @@ fn cli(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().unwrap()
 }
 
+/// Seconds since the epoch, by the wall clock.
+fn unix_s() -> i64 {
+    std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64
+}
+
 fn json_out(o: &Output) -> Value {
     assert!(
         o.status.success(),
@@ -106,6 +114,7 @@ async fn sign_produces_headers_the_gateway_accepts() {
     let body_file = setup.dir.path().join("body.json");
     std::fs::write(&body_file, &body).unwrap();
     let secret_file = setup.dir.path().join("secrets/hmac");
+    let before = unix_s();
     let o = cli(&[
         "sign",
         "--secret-file",
@@ -115,8 +124,19 @@ async fn sign_produces_headers_the_gateway_accepts() {
     ]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8(o.stdout).unwrap();
-    // The secret itself never appears in the output.
-    assert!(!out.contains(SECRET));
+    let err = String::from_utf8(o.stderr).unwrap();
+    // No secret of the file (old or new) ever appears in the output or the log.
+    let text = std::fs::read_to_string(&secret_file).unwrap();
+    let secrets: Vec<&str> = text
+        .lines()
+        .map(str::trim)
+        .filter(|l| !l.is_empty() && !l.starts_with('#'))
+        .collect();
+    assert_eq!(secrets, ["old-secret-xyz", SECRET]);
+    for s in &secrets {
+        assert!(!out.contains(s), "stdout holds a secret: {out}");
+        assert!(!err.contains(s), "stderr holds a secret: {err}");
+    }
     let headers: Vec<(String, String)> = out
         .lines()
         .map(|l| {
@@ -125,6 +145,27 @@ async fn sign_produces_headers_the_gateway_accepts() {
         })
         .collect();
     assert_eq!(headers.len(), 2);
+    assert_eq!(headers[0].0, "X-Hoox-Timestamp");
+    assert_eq!(headers[1].0, "X-Hoox-Signature");
+    // The signature is HMAC-SHA256 over "{timestamp}.{body}" with the file's FIRST secret,
+    // computed here independently of the crate.
+    let ts: i64 = headers[0].1.parse().unwrap();
+    assert!(
+        (before..=unix_s()).contains(&ts),
+        "timestamp {ts} is not the time of signing ({before}..)"
+    );
+    let mac = |secret: &str| {
+        use hmac::{KeyInit, Mac};
+        let mut m =
+            <hmac::Hmac<sha2::Sha256> as KeyInit>::new_from_slice(secret.as_bytes()).unwrap();
+        m.update(format!("{ts}.{body}").as_bytes());
+        format!("sha256={}", hex::encode(m.finalize().into_bytes()))
+    };
+    assert_eq!(
+        headers[1].1,
+        mac(secrets[0]),
+        "not signed with the first secret"
+    );
     // `sign` uses the file's first secret; the gateway accepts any of the rotation.
     let h: Vec<(&str, &str)> = headers
         .iter()
