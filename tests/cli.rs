@@ -453,3 +453,62 @@ async fn serve_leaves_one_core_to_the_mutex_owner() {
         drop(gw);
     }
 }
+
+/// `check-config` on `config`: the exit code and stderr.
+fn check_config(config: &std::path::Path) -> (Option<i32>, String) {
+    let o = Command::new(BIN)
+        .args(["check-config", "--config"])
+        .arg(config)
+        .output()
+        .unwrap();
+    (
+        o.status.code(),
+        String::from_utf8_lossy(&o.stderr).into_owned(),
+    )
+}
+
+#[test]
+fn a_missing_file_is_a_config_error_naming_the_key_and_the_path() {
+    // The rig's own config passes: what fails below is the one missing file.
+    let mut setup = Setup::new(None);
+    let (code, err) = check_config(&setup.write_config());
+    assert_eq!(code, Some(0), "{err}");
+    let config = setup.config_path();
+    for (section, key) in [
+        ("auth", "api_keys_file"),
+        ("auth", "hmac_secrets_file"),
+        ("auth", "bearer_tokens_file"),
+        ("server", "cert"),
+        ("server", "key"),
+        ("server", "client_ca"),
+    ] {
+        let saved = setup.config[section].get(key).cloned();
+        let missing = setup.dir.path().join(format!("missing/{key}.pem"));
+        setup.set(section, key, missing.display().to_string());
+        let (code, err) = check_config(&setup.write_config());
+        assert_eq!(code, Some(78), "{section}.{key}: {err}");
+        assert!(
+            err.contains(&format!("{section}.{key}")),
+            "{section}.{key} not named: {err}"
+        );
+        assert!(
+            err.contains(&missing.display().to_string()),
+            "{} not named: {err}",
+            missing.display()
+        );
+        match saved {
+            Some(v) => setup.set(section, key, v),
+            None => setup.remove(section, key),
+        };
+    }
+    assert_eq!(check_config(&setup.write_config()).0, Some(0));
+
+    // No config file at all: said so, naming the file.
+    std::fs::remove_file(&config).unwrap();
+    let (code, err) = check_config(&config);
+    assert_eq!(code, Some(78), "{err}");
+    assert!(
+        err.contains(&config.display().to_string()) && err.contains("cannot read"),
+        "{err}"
+    );
+}
