@@ -116,23 +116,46 @@ async fn a_reload_before_the_database_opens_does_not_say_ready() {
     let sock_env = sock_path.display().to_string();
     let mut gw = setup.start_with(&[("NOTIFY_SOCKET", sock_env.as_str())]);
     let mut seen = Vec::new();
+    let is_ready = |m: &String| m.lines().any(|l| l == "READY=1");
     assert!(
         wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l
             .starts_with("STATUS=fail-closed"))
         .is_some(),
         "no fail-closed STATUS; got {seen:?}"
     );
+    // Bound and listening, the database not open: nothing so far may have said READY=1.
+    assert!(
+        !seen.iter().any(is_ready),
+        "READY=1 before the database opened: {seen:?}"
+    );
     unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
     let early = wait_for(&sock, &mut seen, Duration::from_secs(2), |l| {
         l == "READY=1" || l.starts_with("RELOADING=1")
     });
     assert_eq!(early, None, "got {seen:?}");
+    // Everything sent before the directory exists is in `seen` by now (a gateway that had
+    // said READY=1 early would have been caught above).
+    let opened_at = seen.len();
     std::fs::create_dir(setup.dir.path().join("later")).unwrap();
     assert!(
         wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l
-            == "READY=1")
+            .starts_with("STATUS=serving"))
         .is_some(),
-        "no READY=1 once the database opened; got {seen:?}"
+        "no serving STATUS once the database opened; got {seen:?}"
+    );
+    // READY=1 came once, after the database could open, and it announced the state the
+    // first serving status reports: no fail-closed status between it and that one.
+    let ready: Vec<usize> = (0..seen.len()).filter(|&i| is_ready(&seen[i])).collect();
+    assert_eq!(ready.len(), 1, "READY=1 not exactly once: {seen:?}");
+    assert!(
+        ready[0] >= opened_at,
+        "READY=1 before the database opened: {seen:?}"
+    );
+    assert!(
+        !seen[ready[0]..]
+            .iter()
+            .any(|m| m.lines().any(|l| l.starts_with("STATUS=fail-closed"))),
+        "READY=1 while still fail-closed: {seen:?}"
     );
     assert!(gw.terminate().success());
 }
