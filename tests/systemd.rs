@@ -279,3 +279,51 @@ async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
         "{log}"
     );
 }
+
+/// The unit file the package installs runs the gateway the way the code above expects: it
+/// waits for READY=1 (Type=notify), takes the notify messages the main process sends from any
+/// of its threads (NotifyAccess=main), and enables the watchdog the supervisor feeds.
+#[test]
+fn the_unit_runs_the_notify_contract_these_tests_check() {
+    let path = concat!(env!("CARGO_MANIFEST_DIR"), "/systemd/hoox-edge.service");
+    let unit = std::fs::read_to_string(path).unwrap();
+    let mut section = "";
+    let mut service = Vec::new();
+    for line in unit.lines().map(str::trim) {
+        if line.starts_with('[') {
+            section = line;
+        } else if section == "[Service]"
+            && let Some((k, v)) = line.split_once('=')
+            && !line.starts_with('#')
+        {
+            service.push((k.trim(), v.trim()));
+        }
+    }
+    let only = |key: &str| {
+        let v: Vec<&str> = service
+            .iter()
+            .filter(|(k, _)| *k == key)
+            .map(|(_, v)| *v)
+            .collect();
+        assert_eq!(v.len(), 1, "{key}= in [Service] of {path}: {v:?}");
+        v[0]
+    };
+    assert_eq!(only("Type"), "notify");
+    assert_eq!(only("NotifyAccess"), "main");
+    // systemd reads a bare number as seconds.
+    let w = only("WatchdogSec");
+    let watchdog = w
+        .parse()
+        .map(Duration::from_secs)
+        .or_else(|_| hoox_edge::config::parse_duration(w))
+        .unwrap_or_else(|e| panic!("WatchdogSec={w}: {e}"));
+    // The supervisor pings every half period: at least a second leaves it room.
+    assert!(
+        watchdog >= Duration::from_secs(1),
+        "WatchdogSec={watchdog:?}"
+    );
+    assert!(
+        only("ExecStart").contains("serve --config /etc/hoox-edge/config.toml"),
+        "ExecStart does not serve the packaged config"
+    );
+}
