@@ -36,6 +36,8 @@ pub enum Mode {
     Slow(Duration),
     /// 500, after this long.
     SlowFail(Duration),
+    /// As `Success`, with this status instead of 200 (a 2xx such as 201 or 202).
+    SuccessWith(u16),
 }
 
 /// One request as the mock received it.
@@ -275,5 +277,6 @@ async fn answer(
             reset.notify_one();
             std::future::pending().await
         }
+        Mode::SuccessWith(status) => reply(StatusCode::from_u16(status).unwrap(), filled),
     }
 }

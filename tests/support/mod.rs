@@ -6,3 +6,4 @@ pub mod client;
 pub mod executor;
 pub mod gateway;
 pub mod pki;
+pub mod stream;

@@ -1,0 +1,160 @@
+//! Requests whose body is streamed, announcing no length: an HTTP/1.1 body sent by hand in
+//! `Transfer-Encoding: chunked`, and an HTTP/2 body whose size hint is not exact (so hyper
+//! sends no `content-length`). Only reading such a body tells how large it is.
+
+use std::collections::VecDeque;
+use std::convert::Infallible;
+use std::path::Path;
+use std::pin::Pin;
+use std::task::{Context, Poll};
+use std::time::Duration;
+
+use bytes::Bytes;
+use http_body_util::BodyExt;
+use hyper::body::{Body, Frame};
+use hyper::header::{CONTENT_TYPE, HeaderName, HeaderValue};
+use hyper::{Method, Request, Uri};
+use hyper_util::rt::{TokioExecutor, TokioIo};
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
+
+use super::client::{Alpn, Reply, TlsClient};
+
+/// No exchange here takes longer than this.
+const DEADLINE: Duration = Duration::from_secs(10);
+
+/// A body given in chunks, one frame each, of a length it does not tell in advance.
+pub struct Chunks(VecDeque<Bytes>);
+
+impl Chunks {
+    pub fn new(body: &[u8], chunk: usize) -> Chunks {
+        Chunks(
+            body.chunks(chunk.max(1))
+                .map(Bytes::copy_from_slice)
+                .collect(),
+        )
+    }
+}
+
+impl Body for Chunks {
+    type Data = Bytes;
+    type Error = Infallible;
+
+    fn poll_frame(
+        mut self: Pin<&mut Self>,
+        _: &mut Context<'_>,
+    ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        Poll::Ready(self.0.pop_front().map(|c| Ok(Frame::data(c))))
+    }
+    // `size_hint` stays the default: a lower bound of 0 and no upper bound.
+}
+
+/// POSTs `body` to `url` over HTTP/2 in frames of `chunk` bytes, without `content-length`
+/// (the size hint is not exact), as `application/json`; the answer in full.
+pub async fn post_h2_streamed(
+    ca: &Path,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    chunk: usize,
+) -> Reply {
+    let client = TlsClient::with(ca, Alpn::Http2, None);
+    let stream = client
+        .connect_raw(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"));
+    let (mut sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("an HTTP/2 handshake");
+    let conn = tokio::spawn(conn);
+    let uri: Uri = url.parse().expect("a valid URL");
+    let mut req = Request::builder()
+        .method(Method::POST)
+        .uri(uri)
+        .header(CONTENT_TYPE, "application/json")
+        .body(Chunks::new(body, chunk))
+        .expect("a valid request");
+    for (name, value) in headers {
+        req.headers_mut().append(
+            HeaderName::from_bytes(name.as_bytes()).expect("a valid header name"),
+            HeaderValue::from_str(value).expect("a valid header value"),
+        );
+    }
+    assert!(req.body().size_hint().exact().is_none());
+    let exchange = async {
+        let response = sender.send_request(req).await?;
+        let (parts, body) = response.into_parts();
+        let body = body.collect().await?.to_bytes();
+        Ok::<_, hyper::Error>(Reply {
+            status: parts.status,
+            headers: parts.headers,
+            version: parts.version,
+            body,
+        })
+    };
+    let reply = tokio::time::timeout(DEADLINE, exchange)
+        .await
+        .expect("the server answered within the test deadline")
+        .unwrap_or_else(|e| panic!("{url}: {e}"));
+    conn.abort();
+    reply
+}
+
+/// POSTs `body` to `url` over HTTP/1.1 written by hand, `Transfer-Encoding: chunked` in
+/// chunks of `chunk` bytes, with `Connection: close`; answers everything the server wrote
+/// until it closed (status line, headers and body, as text). The body is written while the
+/// answer is read, so a server that answers before reading it all is heard.
+pub async fn post_h1_chunked_raw(
+    ca: &Path,
+    url: &str,
+    headers: &[(&str, &str)],
+    body: &[u8],
+    chunk: usize,
+) -> String {
+    let uri: Uri = url.parse().expect("a valid URL");
+    let client = TlsClient::with(ca, Alpn::Http1, None);
+    let stream = client
+        .connect_raw(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"));
+    let mut head = format!(
+        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
+         Transfer-Encoding: chunked\r\nConnection: close\r\n",
+        uri.path(),
+        uri.authority().expect("an absolute URL"),
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    let mut wire = head.into_bytes();
+    for c in body.chunks(chunk.max(1)) {
+        wire.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+        wire.extend_from_slice(c);
+        wire.extend_from_slice(b"\r\n");
+    }
+    wire.extend_from_slice(b"0\r\n\r\n");
+    let (mut rd, mut wr) = tokio::io::split(stream);
+    // The server may answer and close before it has read everything: a failed write is
+    // expected then, and what it answered is still read below.
+    let writer = tokio::spawn(async move {
+        let _ = wr.write_all(&wire).await;
+        let _ = wr.flush().await;
+        wr
+    });
+    let mut answer = Vec::new();
+    let read = async {
+        let mut buf = [0u8; 4096];
+        loop {
+            match rd.read(&mut buf).await {
+                Ok(0) | Err(_) => break,
+                Ok(n) => answer.extend_from_slice(&buf[..n]),
+            }
+        }
+    };
+    tokio::time::timeout(DEADLINE, read)
+        .await
+        .expect("the server answered and closed within the test deadline");
+    writer.abort();
+    String::from_utf8_lossy(&answer).into_owned()
+}
