@@ -36,6 +36,8 @@ async fn success_commits_and_a_retry_is_a_duplicate() {
         .await;
     assert_eq!(r.status, 200, "{:?}", r.json());
     assert_eq!(r.json()["success"], true);
+    assert_eq!(r.header("x-request-id"), Some("req-1"));
+    assert_eq!(r.header("idempotent-replayed"), None);
     assert_eq!(r.header("hoox-idempotency-outcome"), Some("committed"));
     let key = r.header("idempotency-key").unwrap().to_string();
     assert!(
@@ -62,6 +64,51 @@ async fn success_commits_and_a_retry_is_a_duplicate() {
     assert!(v["age_ms"].as_u64().is_some());
     assert_eq!(exec.calls(), 1);
     assert_eq!(r.header("content-type"), Some("application/problem+json"));
+    // Rejected, not replayed: the default duplicate_response is "reject".
+    assert_eq!(r.header("idempotent-replayed"), None);
+}
+
+/// `X-Request-Id` (SPEC §4): the sender's when it is 1–64 visible ASCII characters, else one
+/// the gateway makes (16 hex digits), and the same id in the answer and to the executor.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn request_ids_are_passed_through_or_generated() {
+    let (exec, _setup, gw) = with_mock().await;
+    let longest = "r".repeat(64);
+    let too_long = "r".repeat(65);
+    let cases: [(&str, Option<&str>, bool); 4] = [
+        ("ADAUSDT", None, false),
+        ("XRPUSDT", Some(longest.as_str()), true),
+        ("SOLUSDT", Some(too_long.as_str()), false),
+        ("DOTUSDT", Some("has space"), false),
+    ];
+    let mut generated = Vec::new();
+    for (i, (symbol, sent, kept)) in cases.into_iter().enumerate() {
+        let h: Vec<(&str, &str)> = sent.iter().map(|v| ("x-request-id", *v)).collect();
+        let r = gw.post(&trade(symbol), &h).await;
+        assert_eq!(r.status, 200, "{sent:?}: {:?}", r.json());
+        let answered = r
+            .header("x-request-id")
+            .expect("an X-Request-Id")
+            .to_string();
+        let forwarded = exec.ledger()[i].request_id.clone();
+        assert_eq!(forwarded.as_deref(), Some(answered.as_str()), "{sent:?}");
+        if kept {
+            assert_eq!(Some(answered.as_str()), sent);
+        } else {
+            assert_ne!(Some(answered.as_str()), sent);
+            assert!(
+                answered.len() == 16
+                    && answered
+                        .bytes()
+                        .all(|b| b.is_ascii_digit() || (b'a'..=b'f').contains(&b)),
+                "{sent:?} answered {answered:?}"
+            );
+            generated.push(answered);
+        }
+    }
+    generated.sort();
+    generated.dedup();
+    assert_eq!(generated.len(), 3, "generated ids repeat: {generated:?}");
 }
 
 /// Venues name instruments `ES1!` or `BINANCE:BTCUSDT`: accepted, each its own
@@ -225,6 +272,16 @@ async fn bad_requests_are_refused_before_the_executor() {
     t["action"] = json!("BUY");
     let r = gw.post(&t, &[]).await;
     assert!(r.json()["detail"].as_str().unwrap().contains("action"));
+    // Schema before key: an invalid trade with an invalid key is told about the trade.
+    let long = "k".repeat(256);
+    let r = gw.post(&t, &[("idempotency-key", long.as_str())]).await;
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (400, "INVALID_REQUEST"),
+        "{:?}",
+        r.json()
+    );
+    assert!(r.json()["detail"].as_str().unwrap().contains("action"));
 
     // Keys: header and body disagree; too long; not printable.
     let mut t = trade("BTCUSDT");
@@ -297,6 +354,80 @@ async fn bad_requests_are_refused_before_the_executor() {
     assert_eq!(exec.calls(), 2);
 }
 
+/// A valid trade with `key`, padded by a pass-through field to exactly `len` bytes.
+fn trade_of_len(key: &str, len: usize) -> String {
+    let mut t = trade("BTCUSDT");
+    t["idempotencyKey"] = json!(key);
+    t["pad"] = json!("");
+    let bare = t.to_string().len();
+    t["pad"] = json!("x".repeat(len - bare));
+    let body = t.to_string();
+    assert_eq!(body.len(), len);
+    body
+}
+
+/// 64 KiB (SPEC §3) is the most a body may be, however it is sent: announced by
+/// Content-Length (refused before a byte is read), chunked in HTTP/1.1, or streamed
+/// in HTTP/2 without a length (refused once the reading passes the limit). Each oversize
+/// body here is a valid, authenticated trade, so only its size can refuse it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn bodies_above_64_kib_are_refused_however_they_are_sent() {
+    use support::stream::{post_h1_chunked_raw, post_h2_streamed};
+    const MAX: usize = 64 * 1024;
+    let setup = Setup::new(None);
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let (ca, url) = (&setup.pki.ca_cert, gw.url());
+    let with_length = |key: &str, len| {
+        let (c, url, body) = (&gw.client, url.clone(), trade_of_len(key, len));
+        async move { c.request(hyper::Method::POST, &url, &[], body).await }
+    };
+    let chunked_h1 = |key: &str, len| {
+        let (url, body) = (url.clone(), trade_of_len(key, len));
+        async move { post_h1_chunked_raw(ca, &url, &[], body.as_bytes(), 8192).await }
+    };
+    let streamed_h2 = |key: &str, len| {
+        let (url, body) = (url.clone(), trade_of_len(key, len));
+        async move { post_h2_streamed(ca, &url, &[], body.as_bytes(), 8192).await }
+    };
+    let too_large = (413, "PAYLOAD_TOO_LARGE");
+
+    // With Content-Length: 65,536 bytes is a trade, 65,537 is not.
+    let r = with_length("size-cl-max", MAX).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    let r = with_length("size-cl-over", MAX + 1).await;
+    assert_eq!((r.status.as_u16(), code(&r.json())), too_large);
+
+    // HTTP/1.1 chunked, no Content-Length: the limit holds as the body is read.
+    let answer = chunked_h1("size-h1-max", MAX).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    for (key, len) in [("size-h1-over", MAX + 1), ("size-h1-70k", 70 * 1024)] {
+        let answer = chunked_h1(key, len).await;
+        assert!(
+            answer.starts_with("HTTP/1.1 413") && answer.contains("PAYLOAD_TOO_LARGE"),
+            "{len} bytes: {answer}"
+        );
+    }
+
+    // HTTP/2 DATA frames, no content-length.
+    let r = streamed_h2("size-h2-max", MAX).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    let r = streamed_h2("size-h2-70k", 70 * 1024).await;
+    assert_eq!((r.status.as_u16(), code(&r.json())), too_large);
+
+    // Nothing refused took a key.
+    for key in ["size-cl-over", "size-h1-over", "size-h1-70k", "size-h2-70k"] {
+        assert_eq!(
+            key_state(&gw, &format!("client:psk:live:{key}")).await,
+            "absent"
+        );
+    }
+    assert_eq!(
+        key_state(&gw, "client:psk:live:size-h2-max").await,
+        "committed"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_client_key_with_another_trade_is_422() {
     let (exec, _setup, gw) = with_mock().await;
@@ -344,7 +475,11 @@ async fn require_client_key() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn authentication_methods_and_failures() {
-    let (exec, _setup, gw) = with_mock().await;
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    // At debug level: the most the gateway ever logs, and still no secret in it.
+    let gw = setup.start_with(&[("HOOX_EDGE_LOG", "debug")]);
+    gw.wait_ready().await;
     let body = |k: &str| {
         json!({"exchange":"kraken","symbol":"XBTUSD","action":"SHORT","quantity":2,"idempotencyKey":k})
             .to_string()
@@ -366,16 +501,33 @@ async fn authentication_methods_and_failures() {
 
     // Missing and wrong credentials, and a stale or forged signature: all 401, nothing sent.
     let b = body("auth-1");
+    let stale = sign(now - 301, &b);
+    let forged = sign(now, "another body");
+    let wrong_secret = hoox_edge::gateway::auth::sign(b"wrong-hmac-secret-3b7a", now, b.as_bytes());
+    // Every credential sent, right or wrong, to look for in the log at the end.
+    let mut sent = vec![
+        SECRET.to_string(),
+        "old-secret-xyz".to_string(),
+        "wrong-bearer-5e1f".to_string(),
+        "wrong-api-key-9c2d".to_string(),
+        stale.clone(),
+        forged.clone(),
+        wrong_secret.clone(),
+    ];
     for h in [
         vec![],
-        vec![("authorization", "Bearer wrong".to_string())],
+        vec![("authorization", "Bearer wrong-bearer-5e1f".to_string())],
         vec![
             ("x-hoox-timestamp", (now - 301).to_string()),
-            ("x-hoox-signature", sign(now - 301, &b)),
+            ("x-hoox-signature", stale),
         ],
         vec![
             ("x-hoox-timestamp", now.to_string()),
-            ("x-hoox-signature", sign(now, "another body")),
+            ("x-hoox-signature", forged),
+        ],
+        vec![
+            ("x-hoox-timestamp", now.to_string()),
+            ("x-hoox-signature", wrong_secret),
         ],
     ] {
         let r = post(b.clone(), h.clone()).await;
@@ -386,7 +538,7 @@ async fn authentication_methods_and_failures() {
         );
     }
     let mut wrong = trade("BTCUSDT");
-    wrong["apiKey"] = json!("not-the-key");
+    wrong["apiKey"] = json!("wrong-api-key-9c2d");
     assert_eq!(gw.post(&wrong, &[]).await.status, 401);
     assert_eq!(exec.calls(), 0);
 
@@ -408,11 +560,43 @@ async fn authentication_methods_and_failures() {
         ("x-hoox-timestamp", now.to_string()),
         ("x-hoox-signature", sign(now, &b)),
     ];
+    sent.push(signed[1].1.clone());
     assert_eq!(post(b.clone(), signed.clone()).await.status, 200);
     // A replayed signature inside the window is caught by the mutex, not accepted twice.
     let r = post(b, signed).await;
     assert_eq!(r.status, 409);
     assert_eq!(exec.calls(), 3);
+    let r = gw.post(&trade("BTCUSDT"), &[]).await;
+    assert_eq!(r.status, 200);
+
+    // Secrets never appear in logs (SPEC §3), nor the wrong credentials a sender tried:
+    // once every request above has its line (a refusal's and the webhook line).
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let log = loop {
+        let log = gw.stderr();
+        if log.matches("auth refused").count() >= 6
+            && log.matches(": webhook status=").count() >= 11
+        {
+            break log;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "not every request was logged:\n{log}"
+        );
+        tokio::time::sleep(Duration::from_millis(20)).await;
+    };
+    for credential in &sent {
+        assert!(
+            !log.contains(credential.as_str()),
+            "{credential:?} is in the log:\n{log}"
+        );
+    }
+    // Nor a signature's bare hex (the header is `sha256=<hex>`).
+    for credential in &sent {
+        if let Some(hex) = credential.strip_prefix("sha256=") {
+            assert!(!log.contains(hex), "a signature is in the log:\n{log}");
+        }
+    }
 }
 
 /// A fingerprint's minute is its arrival's, signed or not (SPEC §2): the same trade signed
@@ -460,6 +644,40 @@ async fn ip_allowlist_forbids_others() {
     gw.wait_ready().await;
     let r = gw.post(&trade("BTCUSDT"), &[]).await;
     assert_eq!((r.status.as_u16(), code(&r.json())), (403, "IP_FORBIDDEN"));
+    // The allowlist comes before size, JSON and credentials (SPEC §3): a forbidden address
+    // learns nothing about its body, not even that it is too large or not JSON...
+    let big = trade_of_len("ip-big", 70 * 1024);
+    for body in ["{not json".to_string(), big] {
+        let r = gw
+            .client
+            .request(hyper::Method::POST, &gw.url(), &[], body.clone())
+            .await;
+        assert_eq!(
+            (r.status.as_u16(), code(&r.json())),
+            (403, "IP_FORBIDDEN"),
+            "{} bytes",
+            body.len()
+        );
+    }
+    // ...but route and method come first: an unknown route is 404, a GET 405, from anywhere.
+    let r = gw
+        .client
+        .request(
+            hyper::Method::POST,
+            &gw.url().replace("/webhook", "/nope"),
+            &[],
+            trade("BTCUSDT").to_string(),
+        )
+        .await;
+    assert_eq!((r.status.as_u16(), code(&r.json())), (404, "NOT_FOUND"));
+    let r = gw
+        .client
+        .request(hyper::Method::GET, &gw.url(), &[], "")
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (405, "METHOD_NOT_ALLOWED")
+    );
     drop(gw);
     setup.set("limits", "allow_ips", vec!["127.0.0.0/8", "::1/128"]);
     let gw = setup.start();
@@ -509,10 +727,30 @@ async fn kill_switch_halts_and_persists() {
     let setup = Setup::new(Some(&exec.url()));
     let mut gw = setup.start();
     gw.wait_ready().await;
+    let mut done = trade("ETHUSDT");
+    done["idempotencyKey"] = json!("ks-done");
+    assert_eq!(gw.post(&done, &[]).await.status, 200);
     assert_eq!(gw.admin("POST", "/halt").await.0, 200);
     let r = gw.post(&trade("BTCUSDT"), &[]).await;
     assert_eq!((r.status.as_u16(), code(&r.json())), (503, "KILL_SWITCH"));
     assert!(r.header("retry-after").is_some());
+    // Key before kill switch: a malformed key is told as such while halted.
+    let long = "k".repeat(256);
+    let r = gw
+        .post(&trade("BTCUSDT"), &[("idempotency-key", long.as_str())])
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (400, "INVALID_IDEMPOTENCY_KEY")
+    );
+    // Kill switch before reserve: a duplicate of a committed trade is not looked up.
+    let r = gw.post(&done, &[]).await;
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (503, "KILL_SWITCH"),
+        "{:?}",
+        r.json()
+    );
     gw.wait_unready_because("halted").await;
     // Still halted after a restart.
     assert!(gw.terminate().success());
@@ -523,7 +761,7 @@ async fn kill_switch_halts_and_persists() {
     assert_eq!(gw.admin("POST", "/resume").await.0, 200);
     gw.wait_ready().await;
     assert_eq!(gw.post(&trade("BTCUSDT"), &[]).await.status, 200);
-    assert_eq!(exec.calls(), 1);
+    assert_eq!(exec.calls(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -572,15 +810,106 @@ async fn five_hundred_concurrent_identical_webhooks_forward_once() {
 async fn replay_answers_a_duplicate_with_the_stored_response() {
     let (exec, _setup, gw) = with_mock_configured(|setup| {
         setup.set("server", "duplicate_response", "replay");
+        // Room for the slow order below.
+        setup.set("executor", "timeout", "5s");
     })
     .await;
     let first = gw.post(&trade("BTCUSDT"), &[]).await;
     assert_eq!(first.status, 200);
+    // The first answer is the executor's own, not a replay.
+    assert_eq!(first.header("idempotent-replayed"), None);
+    assert_eq!(first.header("hoox-idempotency-outcome"), Some("committed"));
+    let key = first.header("idempotency-key").expect("the resolved key");
     let again = gw.post(&trade("BTCUSDT"), &[]).await;
     assert_eq!(again.status, 200);
     assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.header("idempotency-key"), Some(key));
+    // The stored body: the mock numbers its orders, so a second call would differ.
     assert_eq!(again.body, first.body);
     assert_eq!(exec.calls(), 1);
+
+    // A 2xx other than 200 is replayed with its own status.
+    exec.set_mode(Mode::SuccessWith(201));
+    let mut t = trade("ETHUSDT");
+    t["idempotencyKey"] = json!("replay-201");
+    let first = gw.post(&t, &[]).await;
+    assert_eq!(first.status, 201, "{:?}", first.json());
+    assert_eq!(first.header("idempotent-replayed"), None);
+    let again = gw.post(&t, &[]).await;
+    assert_eq!(again.status, 201, "{:?}", again.json());
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(
+        again.header("idempotency-key"),
+        Some("client:psk:live:replay-201")
+    );
+    assert_eq!(again.body, first.body);
+    assert_eq!(exec.calls(), 2);
+
+    // While the first is still at the executor there is no answer to replay: the
+    // duplicate is a 409 that says the key is pending.
+    exec.set_mode(Mode::Slow(Duration::from_millis(1500)));
+    let mut t = trade("SOLUSDT");
+    t["idempotencyKey"] = json!("replay-pending");
+    let in_flight = tokio::spawn({
+        let (c, url, body) = (gw.client.clone(), gw.url(), t.to_string());
+        async move { c.request(hyper::Method::POST, &url, &[], body).await }
+    });
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while exec.calls() < 3 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the order never reached the executor"
+        );
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    }
+    let dup = gw.post(&t, &[]).await;
+    let v = dup.json();
+    assert_eq!((dup.status.as_u16(), code(&v)), (409, "DUPLICATE"), "{v:?}");
+    assert_eq!(v["state"], "pending");
+    assert_eq!(dup.header("idempotent-replayed"), None);
+    let first = in_flight.await.unwrap();
+    assert_eq!(first.status, 200);
+    // Once committed, it is replayed.
+    let again = gw.post(&t, &[]).await;
+    assert_eq!(again.status, 200);
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.body, first.body);
+    assert_eq!(exec.calls(), 3);
+}
+
+/// `limits.capacity` bounds the live keys: a new key beyond it is refused, failing closed
+/// (503, with Retry-After, nothing sent), while a duplicate of a live key is still told so.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn capacity_refuses_new_keys_but_still_finds_duplicates() {
+    let (exec, _setup, gw) = with_mock_configured(|setup| {
+        setup.set("limits", "capacity", 2);
+    })
+    .await;
+    let keyed = |k: &str| {
+        let mut t = trade("BTCUSDT");
+        t["idempotencyKey"] = json!(k);
+        t
+    };
+    assert_eq!(gw.post(&keyed("cap-1"), &[]).await.status, 200);
+    assert_eq!(gw.post(&keyed("cap-2"), &[]).await.status, 200);
+    for t in [keyed("cap-3"), trade("ETHUSDT")] {
+        let r = gw.post(&t, &[]).await;
+        assert_eq!(
+            (r.status.as_u16(), code(&r.json())),
+            (503, "IDEMPOTENCY_UNAVAILABLE"),
+            "{t}: {:?}",
+            r.json()
+        );
+        let retry_after: u64 = r.header("retry-after").unwrap().parse().unwrap();
+        assert!(retry_after >= 1, "Retry-After {retry_after}");
+    }
+    assert_eq!(exec.calls(), 2);
+    assert_eq!(key_state(&gw, "client:psk:live:cap-3").await, "absent");
+    let r = gw.post(&keyed("cap-1"), &[]).await;
+    let v = r.json();
+    assert_eq!((r.status.as_u16(), code(&v)), (409, "DUPLICATE"), "{v:?}");
+    assert_eq!(v["key"], "client:psk:live:cap-1");
+    assert_eq!(exec.calls(), 2);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -885,6 +1214,30 @@ fn config_errors_exit_78_naming_key_and_file() {
         assert_eq!(code, Some(78), "{section}.{key}: {err}");
         assert!(err.contains(named), "{err}");
         assert!(!err.contains("s3cret"), "a URL's password leaked: {err}");
+    }
+    // The TTL's own range, 1s to 24h, with the paper executor: no executor.timeout for the
+    // TTL to exceed, so only the range can refuse these (the "10s" above is refused by the
+    // HTTP executor's default 10 s timeout, before the range matters).
+    for (ttl, ok) in [
+        ("0s", false),
+        ("999ms", false),
+        ("1s", true),
+        ("24h", true),
+        ("1441m", false),
+        ("25h", false),
+    ] {
+        let mut s = Setup::new(None);
+        s.set("store", "ttl", ttl);
+        let (code, err) = check(&s);
+        if ok {
+            assert_eq!(code, Some(0), "store.ttl = {ttl}: {err}");
+        } else {
+            assert_eq!(code, Some(78), "store.ttl = {ttl}: {err}");
+            assert!(
+                err.contains("store.ttl") && err.contains("between 1s and 24h"),
+                "store.ttl = {ttl}: {err}"
+            );
+        }
     }
     // An HTTP executor's keys beside a paper one (or no kind): simulated fills while the
     // operator believes orders go out. Refused, naming what to change.
