@@ -768,7 +768,14 @@ async fn kill_switch_halts_and_persists() {
 async fn five_hundred_concurrent_identical_webhooks_forward_once() {
     let exec = MockExecutor::start().await;
     exec.set_mode(Mode::Slow(Duration::from_millis(200)));
-    let setup = Setup::new(Some(&exec.url()));
+    let mut setup = Setup::new(Some(&exec.url()));
+    // The 50 connections wait, idle, until the last is open and the barrier falls. On a
+    // loaded machine that took over the tests' usual 1 s, and the gateway closed the first
+    // connections as idle (a reset, or ChannelClosed, mid-test).
+    setup.set("server", "header_timeout", "30s");
+    // The mock executor shares this test's runtime with the 500 clients: its 200 ms can
+    // stretch past the usual 1 s timeout, and a 504 is not what this test is about.
+    setup.set("executor", "timeout", "20s");
     let gw = setup.start();
     gw.wait_ready().await;
     let body = trade("DOGEUSDT").to_string();
