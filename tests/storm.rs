@@ -19,7 +19,12 @@ async fn a_thousand_identical_webhooks_forward_once_per_trial() {
         .unwrap_or(20);
     let exec = MockExecutor::start().await;
     exec.set_mode(Mode::Slow(Duration::from_millis(50)));
-    let setup = Setup::new(Some(&exec.url()));
+    let mut setup = Setup::new(Some(&exec.url()));
+    // As in tests/webhook.rs's 500-webhook test: connections wait idle for the barrier, and
+    // the mock executor shares this runtime with the clients, so on a loaded machine the
+    // tests' usual 1 s limits would end the trial early, for reasons it is not about.
+    setup.set("server", "header_timeout", "30s");
+    setup.set("executor", "timeout", "20s");
     let gw = setup.start();
     gw.wait_ready().await;
     let client = TlsClient::with(&setup.pki.ca_cert, Alpn::Http2, None);
