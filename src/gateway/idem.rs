@@ -138,26 +138,28 @@ mod tests {
 
     #[test]
     fn malformed_is_an_error_not_a_fallback() {
-        for bad in [
-            &br#""abc"#[..],    // unterminated
-            br#""abc"x"#,       // trailing text
-            br#""abc";p=1"#,    // parameters
-            br#""a\nb""#,       // bad escape
-            br#""a\"#,          // escape at the end
-            b"\"a\tb\"",        // tab inside a string
-            b"\"caf\xc3\xa9\"", // not ASCII
-            b"a b",             // space in a bare key
-            b"a,b",             // a list
-            b"a;b",             // parameters
-            b"ab\"c",           // stray quote
-            b"caf\xc3\xa9",     // not ASCII
-            b"a\x7f",           // DEL
+        // Each with the words that tell its sender what to fix.
+        for (bad, says) in [
+            (&br#""abc"#[..], "closing quote"),           // unterminated
+            (br#""abc"x"#, "after the closing quote"),    // trailing text
+            (br#""abc";p=1"#, "after the closing quote"), // parameters
+            (br#""a\nb""#, "may be escaped"),             // bad escape
+            (br#""a\"#, "may be escaped"),                // escape at the end
+            (b"\"a\tb\"", "printable"),                   // tab inside a string
+            (b"\"caf\xc3\xa9\"", "printable"),            // not ASCII
+            (b"a b", "quote it"),                         // space in a bare key
+            (b"a,b", "one key only"),                     // a list
+            (b"a;b", "one key only"),                     // parameters
+            (b"ab\"c", "quotes or backslashes"),          // stray quote
+            (b"a\\c", "quotes or backslashes"),           // stray backslash
+            (b"caf\xc3\xa9", "printable"),                // not ASCII
+            (b"a\x7f", "printable"),                      // DEL
         ] {
+            let got = parse_header(bad);
             assert!(
-                matches!(parse_header(bad), Err(KeyError::Syntax(_))),
-                "{:?} gave {:?}",
+                matches!(&got, Err(KeyError::Syntax(m)) if m.contains(says)),
+                "{:?} gave {got:?}, not one that says {says:?}",
                 String::from_utf8_lossy(bad),
-                parse_header(bad)
             );
         }
     }
