@@ -277,6 +277,10 @@ mod tests {
         // Full of active buckets: a newcomer is refused, not let through.
         assert!(rl.check("d", t0).is_err());
         assert_eq!(rl.tracked(), 3);
+        // An identity already tracked still spends its own quota: a full map refuses only
+        // newcomers.
+        assert!(rl.check("a", t0).is_ok());
+        assert!(rl.check("a", t0).is_err());
         // Once refilled, old buckets are forgotten to make room.
         let later = t0 + Duration::from_secs(5);
         assert!(rl.check("d", later).is_ok());
