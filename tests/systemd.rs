@@ -327,3 +327,37 @@ fn the_unit_runs_the_notify_contract_these_tests_check() {
         "ExecStart does not serve the packaged config"
     );
 }
+
+/// `LoadCredential=api-keys:…` in a unit puts the file under `$CREDENTIALS_DIRECTORY`, and
+/// a config naming the bare file `api-keys` reads it from there, before the config's own
+/// folder.
+#[tokio::test]
+async fn a_bare_secrets_file_name_is_read_from_the_systemd_credentials() {
+    let mut setup = Setup::new(None);
+    setup.set("auth", "api_keys_file", "api-keys");
+    setup.remove("auth", "hmac_secrets_file");
+    setup.remove("auth", "bearer_tokens_file");
+    let creds = tempfile::tempdir().unwrap();
+    support::gateway::write_secret(&creds.path().join("api-keys"), "cred-key-7a1e\n");
+
+    // Without the credentials directory the bare name is a file beside the config, which
+    // does not exist: a config error naming it.
+    let out = std::process::Command::new(support::gateway::BIN)
+        .args(["check-config", "--config"])
+        .arg(setup.write_config())
+        .env_remove("CREDENTIALS_DIRECTORY")
+        .output()
+        .unwrap();
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert_eq!(out.status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains("auth.api_keys_file"), "{stderr}");
+
+    let dir = creds.path().to_str().unwrap();
+    let gw = setup.start_with(&[("CREDENTIALS_DIRECTORY", dir)]);
+    gw.wait_ready().await;
+    let mut t = trade("BTCUSDT");
+    t["apiKey"] = serde_json::json!("cred-key-7a1e");
+    assert_eq!(gw.post(&t, &[]).await.status, 200);
+    // The config folder's own secrets file is not what was read.
+    assert_eq!(gw.post(&trade("ETHUSDT"), &[]).await.status, 401);
+}

@@ -567,6 +567,11 @@ mod tests {
                 .unwrap_err(),
             AuthConfigError::RequiredNotConfigured(Method::Hmac)
         );
+        // The operator reads the method by its config name.
+        assert_eq!(
+            AuthConfigError::RequiredNotConfigured(Method::Hmac).to_string(),
+            "auth method `hmac` is required but not configured"
+        );
         assert!(Authenticator::new(vec![], vec![], vec![], true, vec![]).is_ok());
     }
 
@@ -870,9 +875,12 @@ mod tests {
         assert!(matches!(e, SecretError::Io { .. }));
         assert!(e.to_string().contains("missing"));
 
+        // The limit itself is allowed; a byte more is refused.
         let p = d.path().join("big");
-        std::fs::write(&p, vec![b'a'; (MAX_SECRETS_FILE + 1) as usize]).unwrap();
+        std::fs::write(&p, vec![b'a'; MAX_SECRETS_FILE as usize]).unwrap();
         std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(load_secrets(&p).unwrap().len(), 1);
+        std::fs::write(&p, vec![b'a'; (MAX_SECRETS_FILE + 1) as usize]).unwrap();
         assert!(matches!(
             load_secrets(&p),
             Err(SecretError::TooLarge { .. })
