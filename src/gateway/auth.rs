@@ -810,6 +810,10 @@ mod tests {
         assert_eq!(r.run(&a), Err(AuthError::Expired));
         r.api_key = Some("wrong");
         assert_eq!(r.run(&a), Err(AuthError::Invalid));
+        // A client certificate counts only where mTLS is configured.
+        let mut r = Req::new();
+        r.cn = Some("engine");
+        assert_eq!(r.run(&a), Err(AuthError::Missing));
     }
 
     #[test]
