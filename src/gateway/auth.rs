@@ -666,6 +666,7 @@ mod tests {
             "1800000000.0",
             "",
             "0x10",
+            "1000000000000000000", // 19 digits: fits an i64, but no timestamp is that long
             "99999999999999999999",
         ] {
             let r = Req::new()
