@@ -264,18 +264,6 @@ impl From<super::auth::AuthError> for Problem {
     }
 }
 
-impl std::fmt::Display for Problem {
-    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        write!(
-            f,
-            "{} {}: {}",
-            self.status().as_u16(),
-            self.code(),
-            self.detail()
-        )
-    }
-}
-
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -406,6 +394,20 @@ mod tests {
         assert_eq!(v["state"], "committed");
         assert_eq!(v["age_ms"], 1500);
         assert_eq!(v["expires_in_ms"], 298_500);
+        assert_eq!(v["detail"], "this trade was already accepted (committed)");
+        // Held by a signature's guard: the sender is told what to change (a new signature),
+        // for a new key alone would not help.
+        let (_, v) = body_of(&Problem::Duplicate {
+            key: "sig:0123456789abcdef0123456789abcdef".into(),
+            state: "pending",
+            age_ms: 10,
+            expires_in_ms: 1_000,
+        })
+        .await;
+        assert_eq!(
+            v["detail"],
+            "this signed request was already accepted (pending); sign a new one"
+        );
     }
 
     #[tokio::test]
