@@ -226,21 +226,41 @@ mod tests {
         assert_eq!(w.next_due_ms(), Some(1300));
         assert_eq!(drain(&mut w, 1300), vec![2]);
         assert_eq!(w.next_due_ms(), None);
+
+        // The only alarm sits below the cursor in the cursor's own bitmap word: found on
+        // the scan's last step, the wrap back into that word.
+        let mut w = Wheel::with_geometry(0, 10, 128);
+        drain(&mut w, 95); // cursor at tick 10, slot 10 of word 0
+        w.insert(1330, 3); // tick 133, slot 5 of word 0, one lap on
+        assert_eq!(w.next_due_ms(), Some(1330));
+        assert_eq!(drain(&mut w, 1329), Vec::<u32>::new());
+        assert_eq!(drain(&mut w, 1330), vec![3]);
     }
 
     #[test]
     fn never_fires_early_under_random_use() {
+        // One bitmap word, alarms up to ~5 laps ahead.
+        random_use(64, 3000);
+        // Four words, alarms within one lap: the bitmap scan crosses words and wraps.
+        random_use(256, 2500);
+    }
+
+    /// Random inserts and polls on a wheel of `slots` 10 ms ticks, alarms due up to
+    /// `spread` ms ahead. Each alarm fires once, at or after its due time and within a
+    /// tick and a step of it; the next due time is never later than the earliest alarm,
+    /// and is exactly it whenever every alarm is within one lap.
+    fn random_use(slots: usize, spread: u64) {
         // A small deterministic LCG keeps the test reproducible without a dependency.
         let mut seed = 0x2545_f491_4f6c_dd1du64;
         let mut rnd = move |m: u64| {
             seed = seed.wrapping_mul(6_364_136_223_846_793_005).wrapping_add(1);
             (seed >> 33) % m
         };
-        let mut w = Wheel::with_geometry(0, 10, 64);
+        let mut w = Wheel::with_geometry(0, 10, slots);
         let mut due = std::collections::HashMap::new();
         let mut now = 0u64;
         for id in 0..5000u32 {
-            let d = now + rnd(3000);
+            let d = now + rnd(spread);
             w.insert(d, id);
             due.insert(id, d);
             now += rnd(30);
@@ -251,8 +271,16 @@ mod tests {
                 assert!(d <= now, "fired {id} at {now}, due {d}");
                 assert!(now - d < 10 + 30, "fired {id} late: {now} vs {d}");
             }
-            if let Some(next) = w.next_due_ms() {
-                assert!(due.values().all(|&d| d.div_ceil(10) * 10 >= next));
+            let earliest = due.values().map(|&d| d.div_ceil(10)).min();
+            let next = w.next_due_ms();
+            assert_eq!(next.is_some(), earliest.is_some());
+            if let (Some(next), Some(earliest)) = (next, earliest) {
+                assert!(next <= earliest * 10, "wakes at {next}, after {earliest}0");
+                let cursor = now / 10 + 1;
+                let latest = due.values().map(|&d| d.div_ceil(10)).max().unwrap_or(0);
+                if latest < cursor + slots as u64 {
+                    assert_eq!(next, earliest * 10, "at {now}, {slots} slots");
+                }
             }
         }
         now += 10_000;
