@@ -2,6 +2,8 @@
 
 mod mutex_support;
 
+use std::time::Duration;
+
 use hoox_edge::mutex::{Clock, Decision};
 use mutex_support::*;
 
@@ -55,6 +57,44 @@ fn a_thousand_racers_one_winner_per_key() {
         }
         assert_eq!(proceed, 500);
         assert_eq!(m.ping().await.unwrap().live_keys, 520);
+    });
+    owner.stop();
+}
+
+/// Group commit: reserves that queue while the owner is busy are granted together, one
+/// journal record and one sync per batch, and no batch holds more than `batch_limit`.
+#[test]
+fn queued_reserves_share_syncs_in_batches_of_at_most_the_limit() {
+    let dir = tempfile::tempdir().unwrap();
+    let mut cfg = config(&dir.path().join("m.redb"));
+    cfg.batch_limit = 16;
+    let (m, owner) = hoox_edge::mutex::start_with(cfg, Clock::system(), true);
+    rt().block_on(async {
+        m.ping().await.unwrap();
+        let stats = &m.shared().stats;
+        let syncs_before = stats.fsync_seconds.snapshot().2;
+        // The owner sleeps while 100 reserves queue behind the stall.
+        m.stall(Duration::from_secs(1));
+        let tasks: Vec<_> = (0..100)
+            .map(|i| {
+                let m = m.clone();
+                tokio::spawn(
+                    async move { m.reserve(reserve(&key(&format!("g{i}")), 60_000, 1)).await },
+                )
+            })
+            .collect();
+        for t in tasks {
+            let d = t.await.unwrap();
+            assert!(matches!(d, Decision::Proceed(_)), "{d:?}");
+        }
+        let syncs = stats.fsync_seconds.snapshot().2 - syncs_before;
+        let (buckets, _, _) = stats.batch_size.snapshot();
+        let size = |bound: f64| buckets.iter().find(|b| b.0 == bound).map_or(0, |b| b.1);
+        assert!(size(16.0) > 0, "no batch of 9 to 16: {buckets:?}");
+        let above: u64 = buckets.iter().filter(|b| b.0 > 16.0).map(|b| b.1).sum();
+        assert_eq!(above, 0, "a batch above the limit: {buckets:?}");
+        // ceil(100 / 16) = 7 batches once all are queued; a few more if some queued late.
+        assert!(syncs <= 12, "{syncs} syncs for 100 queued reserves");
     });
     owner.stop();
 }

@@ -82,3 +82,27 @@ fn expiry_frees_keys_and_the_file_does_not_grow() {
         .load(std::sync::atomic::Ordering::Relaxed);
     assert_eq!(expired, 20 * 1500, "every entry was deleted by the wheel");
 }
+
+/// The owner wakes for its alarms by itself: keys expire, and the live-key gauge the
+/// metrics read without a round trip falls to zero, while nobody asks the mutex anything.
+#[test]
+fn keys_expire_while_nobody_asks() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, owner) = start(&dir.path().join("m.redb"), Clock::system());
+    let live = || {
+        m.shared()
+            .live_keys
+            .load(std::sync::atomic::Ordering::Relaxed)
+    };
+    rt().block_on(async {
+        for i in 0..50 {
+            let d = m.reserve(reserve(&key(&format!("idle-{i}")), 300, 1)).await;
+            assert!(matches!(d, Decision::Proceed(_)), "{d:?}");
+        }
+        assert_eq!(live(), 50);
+        // No command from here on: only the owner's own wake-ups can expire them.
+        let expired = eventually(Duration::from_secs(10), async || live() == 0).await;
+        assert!(expired, "{} keys still live with no traffic", live());
+    });
+    owner.stop();
+}

@@ -81,6 +81,11 @@ impl ManualClock {
     pub fn step_wall_ms(&self, ms: u64) {
         self.wall.fetch_add(ms, Ordering::SeqCst);
     }
+
+    /// Steps the wall clock alone, back, as NTP or an operator can too.
+    pub fn step_wall_back_ms(&self, ms: u64) {
+        self.wall.fetch_sub(ms, Ordering::SeqCst);
+    }
 }
 
 #[cfg(test)]
@@ -109,5 +114,7 @@ mod tests {
         assert_eq!((clock.wall_ms(), clock.mono_ms()), (5_250, 250));
         hand.step_wall_ms(1_000);
         assert_eq!((clock.wall_ms(), clock.mono_ms()), (6_250, 250));
+        hand.step_wall_back_ms(6_000);
+        assert_eq!((clock.wall_ms(), clock.mono_ms()), (250, 250));
     }
 }

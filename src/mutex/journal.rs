@@ -479,9 +479,46 @@ mod tests {
         // The checkpoint covers lsn 3; the next lap overwrites slot 0 only.
         assert_eq!(j.last(), 3);
         j.checkpointed();
+        assert!(j.fits(p.len()), "room again after a checkpoint");
         j.append(&p, true).unwrap();
         let bytes = contents(&j);
+        assert_eq!(bytes.len(), 3 * PAGE, "written in place, not past the end");
+        assert_eq!(lsns(&bytes[..PAGE], 3), [4], "in slot 0");
         assert_eq!(lsns(&bytes, 3), [4], "records of the old lap are ignored");
+    }
+
+    #[test]
+    fn a_record_takes_whole_pages_its_header_included() {
+        let (_d, mut j) = journal(3 * PAGE, 0);
+        assert_eq!(j.slots(), 3);
+        let one_page = PAGE - HEADER;
+        assert!(j.fits(3 * PAGE - HEADER), "exactly the file");
+        assert!(!j.fits(3 * PAGE - HEADER + 1));
+        j.append(&vec![1u8; one_page], true).unwrap();
+        assert_eq!(j.pos, PAGE, "header and payload in one page");
+        assert!(j.fits(2 * PAGE - HEADER));
+        assert!(!j.fits(2 * PAGE - HEADER + 1));
+        j.append(&vec![2u8; one_page + 1], true).unwrap();
+        assert_eq!(j.pos, 3 * PAGE, "one byte more takes a second page");
+        assert!(!j.fits(0));
+        assert_eq!(lsns(&contents(&j), 0), [1, 2]);
+    }
+
+    #[test]
+    fn a_direct_write_that_fails_for_another_reason_is_an_error_not_redone() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        let file = Journal::open_file(&path, 4 * PAGE).unwrap();
+        // A handle that cannot write: the write fails with EBADF, as a failing disk's
+        // would with EIO. Only EINVAL (direct I/O refused) may be redone through the page
+        // cache; anything else must reach the owner, which fails closed.
+        let broken = File::open(&path).unwrap();
+        let mut j = Journal::with(file, Some(broken), ID, 4 * PAGE, 0);
+        let err = j.append(&payload(&[Op::Put(1, b"one")]), true).unwrap_err();
+        assert_eq!(err.raw_os_error(), Some(libc::EBADF), "{err}");
+        assert!(lsns(&contents(&j), 0).is_empty(), "not written another way");
+        assert_eq!((j.pos, j.last()), (0, 0), "nothing counted");
+        assert!(j.direct.is_some(), "direct I/O is not given up for it");
     }
 
     #[test]
@@ -569,6 +606,19 @@ mod tests {
         let bytes = Journal::read_all(&file).unwrap();
         assert_eq!(bytes.len(), 8 * PAGE, "grown, not truncated");
         assert_eq!(lsns(&bytes, 0), [1]);
+    }
+
+    #[test]
+    fn a_slot_too_short_for_a_header_is_skipped_even_with_the_magic() {
+        // The tail of a file whose length is not a whole number of slots.
+        let (_d, mut j) = journal(2 * PAGE, 0);
+        j.append(&payload(&[Op::Del(1)]), true).unwrap();
+        let mut bytes = contents(&j);
+        bytes.truncate(PAGE);
+        bytes.extend_from_slice(&MAGIC);
+        bytes.extend_from_slice(&ID.to_le_bytes());
+        assert_eq!(lsns(&bytes, 0), [1]);
+        assert_eq!(scan(&MAGIC, ID, 0).unwrap().records.len(), 0);
     }
 
     proptest::proptest! {

@@ -1237,6 +1237,153 @@ mod tests {
         assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
     }
 
+    /// A key lives while either clock says so. With the wall clock stepped back, the
+    /// monotonic one runs out first: the key stays held, its alarm waits for the wall
+    /// clock, and it is free the moment both have passed, not only once that alarm fires.
+    #[test]
+    fn a_key_is_held_until_both_clocks_have_passed_its_ttl() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut o, time) = owner_with_clock(dir.path());
+        let (k, idle) = (trade_key("BTC"), trade_key("SOL"));
+        for key in [&k, &idle] {
+            assert!(matches!(reserve(&mut o, key), Decision::Proceed(_)));
+        }
+        time.step_wall_back_ms(30_000);
+        // The monotonic clock runs the TTL (300 s): the alarms fire and, the wall clock
+        // being 30 s short, are set again for when it will not be.
+        time.advance_ms(300_000);
+        let _ = ask(&mut o, Command::Ping);
+        assert!(
+            matches!(reserve(&mut o, &k), Decision::Duplicate(_)),
+            "freed while the wall clock still held it"
+        );
+        // Both clocks now exactly at the expiry, before the alarm.
+        time.step_wall_ms(30_000);
+        assert!(
+            matches!(reserve(&mut o, &k), Decision::Proceed(_)),
+            "held after both clocks passed its TTL"
+        );
+        // The other key, asked for by nobody, is deleted when its alarm comes round again.
+        time.advance_ms(30_000);
+        let _ = ask(&mut o, Command::Ping);
+        assert!(!o.index.contains_key(idle.as_str()), "an expired key kept");
+
+        // The other way round: the wall clock stepped forward past the TTL, the monotonic
+        // clock short of it by a millisecond.
+        let k = trade_key("ETH");
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+        time.step_wall_ms(3_600_000);
+        time.advance_ms(299_999);
+        assert!(matches!(reserve(&mut o, &k), Decision::Duplicate(_)));
+    }
+
+    /// Each failure in a row doubles the pause before the next reopen, from 50 ms up to
+    /// `reopen_backoff_max`; a reopen counts as an attempt only after a failure.
+    #[test]
+    fn reopens_back_off_exponentially_up_to_the_cap() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let attempts = |o: &Owner| o.shared.stats.reopen_attempts.load(Ordering::Relaxed);
+        assert_eq!(attempts(&o), 0, "the first open is not a retry");
+        o.config.reopen_backoff_max = Duration::from_millis(300);
+        let mut pauses = Vec::new();
+        for _ in 0..4 {
+            let before = Instant::now();
+            o.fail(Unavailable::CommitFailed("a fault".into()));
+            assert!(o.retry_at >= before + o.backoff, "retried too soon");
+            pauses.push(o.backoff.as_millis());
+        }
+        assert_eq!(pauses, [50, 100, 200, 300]);
+        o.reopen();
+        assert!(o.store.is_some(), "{:?}", o.failure);
+        assert_eq!(attempts(&o), 1);
+    }
+
+    /// The metrics count what happened: a synced write per batch that granted a key, a
+    /// checkpoint only when one was taken, and a batch size only for a batch that held a
+    /// command (a turn woken by an alarm alone is not a batch).
+    #[test]
+    fn the_owner_counts_its_syncs_checkpoints_and_batches() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let count = |h: &super::super::stats::Histogram| h.snapshot().2;
+        for symbol in ["BTC", "ETH", "SOL"] {
+            assert!(matches!(
+                reserve(&mut o, &trade_key(symbol)),
+                Decision::Proceed(_)
+            ));
+        }
+        // A reserve and a read in one turn: one batch of two.
+        let (tx, _rx) = oneshot::channel();
+        let (ping, _p) = oneshot::channel();
+        o.turn(&mut vec![
+            Command::Reserve(request(&trade_key("XRP")), tx),
+            Command::Ping(ping),
+        ]);
+        o.turn(&mut Vec::new());
+        let stats = &o.shared.stats;
+        assert_eq!(
+            count(&stats.fsync_seconds),
+            4,
+            "one sync per granting batch"
+        );
+        assert_eq!(count(&stats.checkpoint_seconds), 0, "no checkpoint yet");
+        let (buckets, sum, n) = stats.batch_size.snapshot();
+        assert_eq!((n, sum), (4, 5.0), "batches of 1, 1, 1 and 2; none empty");
+        assert_eq!(buckets[0], (1.0, 3));
+        o.checkpoint();
+        assert_eq!(count(&o.shared.stats.checkpoint_seconds), 1);
+    }
+
+    /// A read is answered only once every write before it is in the journal: what a
+    /// `Get` reported survives a crash of the process right after it.
+    #[test]
+    fn what_a_read_reported_survives_a_crash() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let k = trade_key("BTC");
+        let Decision::Proceed(g) = reserve(&mut o, &k) else {
+            panic!("a fresh key is granted")
+        };
+        // The commit promises no durability: carried, nothing written.
+        o.turn(&mut vec![Command::Commit(Box::new(g), None)]);
+        assert!(!o.carry.record().is_empty(), "the commit is carried");
+        let seen = ask(&mut o, |tx| Command::Get(Box::new(k.clone()), tx)).unwrap();
+        assert_eq!(seen.map(|e| e.state), Some(State::Committed));
+        // A crash: the owner goes without its closing checkpoint.
+        drop(o);
+        let mut o = owner(dir.path());
+        let after = ask(&mut o, |tx| Command::Get(Box::new(k.clone()), tx)).unwrap();
+        assert_eq!(
+            after.map(|e| e.state),
+            Some(State::Committed),
+            "a read reported a commit the disk did not have"
+        );
+    }
+
+    /// An operator write whose caller gave up was reported to the operator as failed,
+    /// so it is not applied; the same write with its caller waiting is.
+    #[test]
+    fn an_operator_write_nobody_waits_for_is_not_applied() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let k = trade_key("BTC");
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+        let (tx, rx) = oneshot::channel();
+        drop(rx);
+        o.turn(&mut vec![Command::ForceRelease(Box::new(k.clone()), tx)]);
+        assert!(matches!(reserve(&mut o, &k), Decision::Duplicate(_)));
+        let (tx, rx) = oneshot::channel();
+        drop(rx);
+        o.turn(&mut vec![Command::SetHalted(true, tx)]);
+        assert!(!o.halted);
+        assert_eq!(ask(&mut o, |tx| Command::SetHalted(true, tx)), Ok(()));
+        assert!(o.halted);
+        let freed = ask(&mut o, |tx| Command::ForceRelease(Box::new(k.clone()), tx));
+        assert_eq!(freed, Ok(true));
+        assert!(!o.index.contains_key(k.as_str()));
+    }
+
     /// A release rides in `carry` until the next record is written, and a write that
     /// fails drops `carry`. The reserve is on the disk, so the reopen would hold the key
     /// for its TTL although its trade failed (or was never sent): the release is made
