@@ -308,7 +308,9 @@ fn a_stalled_owner_answers_timeout_and_only_with_the_hook() {
 #[test]
 fn an_unanswered_grant_frees_only_its_own_entry() {
     let dir = tempfile::tempdir().unwrap();
-    let (m, owner) = start_stallable(&dir.path().join("m.redb"), Duration::from_secs(10));
+    let (m, owner) = start_stallable(&dir.path().join("m.redb"), |c| {
+        c.deadline = Duration::from_secs(10)
+    });
     rt().block_on(async {
         let k = key("k");
         m.ping().await.unwrap();
@@ -339,9 +341,7 @@ fn an_unanswered_grant_frees_only_its_own_entry() {
 #[test]
 fn a_full_queue_is_busy_and_loses_nothing_queued() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(&dir.path().join("m.redb"));
-    cfg.queue_depth = 4;
-    let (m, owner) = hoox_edge::mutex::start_with(cfg, Clock::system(), true);
+    let (m, owner) = start_stallable(&dir.path().join("m.redb"), |c| c.queue_depth = 4);
     rt().block_on(async {
         m.ping().await.unwrap();
         // Let the owner take the stall (and with it whatever is queued) and sleep.
@@ -403,7 +403,9 @@ fn a_grant_delivered_but_never_taken_is_released() {
 #[test]
 fn an_operator_write_nobody_waits_for_is_not_applied() {
     let dir = tempfile::tempdir().unwrap();
-    let (m, owner) = start_stallable(&dir.path().join("m.redb"), Duration::from_millis(300));
+    let (m, owner) = start_stallable(&dir.path().join("m.redb"), |c| {
+        c.deadline = Duration::from_millis(300)
+    });
     rt().block_on(async {
         let k = key("held");
         granted(m.reserve(reserve(&k, 60_000, 1)).await);

@@ -66,9 +66,7 @@ fn a_thousand_racers_one_winner_per_key() {
 #[test]
 fn queued_reserves_share_syncs_in_batches_of_at_most_the_limit() {
     let dir = tempfile::tempdir().unwrap();
-    let mut cfg = config(&dir.path().join("m.redb"));
-    cfg.batch_limit = 16;
-    let (m, owner) = hoox_edge::mutex::start_with(cfg, Clock::system(), true);
+    let (m, owner) = start_stallable(&dir.path().join("m.redb"), |c| c.batch_limit = 16);
     rt().block_on(async {
         m.ping().await.unwrap();
         let stats = &m.shared().stats;

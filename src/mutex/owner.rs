@@ -1154,6 +1154,11 @@ mod tests {
         })
     }
 
+    /// A sender whose caller has already given up.
+    fn abandoned<T>() -> oneshot::Sender<T> {
+        oneshot::channel().0
+    }
+
     fn reserve(o: &mut Owner, key: &Key) -> Decision {
         ask(o, |tx| Command::Reserve(request(key), tx))
     }
@@ -1166,8 +1171,7 @@ mod tests {
         let mut o = owner(dir.path());
         let key = Key::from_stored("trade:x:BTC:LONG:1:live:1").unwrap();
         let guard = Key::signature("psk", &[1; 32]);
-        let (tx, rx) = oneshot::channel();
-        drop(rx);
+        let tx = abandoned();
         let req = Reserve {
             key: key.clone(),
             ttl: Duration::from_secs(300),
@@ -1369,12 +1373,10 @@ mod tests {
         let mut o = owner(dir.path());
         let k = trade_key("BTC");
         assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
-        let (tx, rx) = oneshot::channel();
-        drop(rx);
+        let tx = abandoned();
         o.turn(&mut vec![Command::ForceRelease(Box::new(k.clone()), tx)]);
         assert!(matches!(reserve(&mut o, &k), Decision::Duplicate(_)));
-        let (tx, rx) = oneshot::channel();
-        drop(rx);
+        let tx = abandoned();
         o.turn(&mut vec![Command::SetHalted(true, tx)]);
         assert!(!o.halted);
         assert_eq!(ask(&mut o, |tx| Command::SetHalted(true, tx)), Ok(()));
@@ -1398,8 +1400,7 @@ mod tests {
             panic!("a fresh key is granted")
         };
         // A grant nobody takes: written with its reserve, released into `carry`.
-        let (tx, rx) = oneshot::channel();
-        drop(rx);
+        let tx = abandoned();
         o.turn(&mut vec![Command::Reserve(request(&b), tx)]);
         // The gateway's release, in a turn of its own: carried too, nothing written.
         o.turn(&mut vec![Command::Release(Box::new(ga))]);

@@ -52,10 +52,13 @@ pub fn start_capped(path: &Path, clock: Clock, capacity: usize) -> (mutex::Mutex
     mutex::start(cfg, clock)
 }
 
-/// A mutex on the system clock with the stall hook on and callers waiting `deadline`.
-pub fn start_stallable(path: &Path, deadline: Duration) -> (mutex::Mutex, mutex::Owner) {
+/// A mutex on the system clock with the stall hook on, its test config changed by `tune`.
+pub fn start_stallable(
+    path: &Path,
+    tune: impl FnOnce(&mut Config),
+) -> (mutex::Mutex, mutex::Owner) {
     let mut cfg = config(path);
-    cfg.deadline = deadline;
+    tune(&mut cfg);
     mutex::start_with(cfg, Clock::system(), true)
 }
 
