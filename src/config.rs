@@ -645,6 +645,151 @@ mod tests {
         assert_eq!(shares, [256, 32, 16, 8, 2]);
     }
 
+    /// A state folder as the embedded defaults leave it: a certificate, its key, a secret.
+    fn state() -> tempfile::TempDir {
+        let dir = tempfile::tempdir().unwrap();
+        Config::embedded(dir.path()).unwrap();
+        dir
+    }
+
+    /// The embedded defaults, changed by `edit`, checked as a config file in `dir` would be.
+    fn checked_in(dir: &Path, edit: impl FnOnce(&mut RawFile)) -> Result<Config, ConfigError> {
+        let mut raw: RawFile = toml::from_str(EMBEDDED).unwrap();
+        edit(&mut raw);
+        Config::from_raw(raw, &dir.join("config.toml"), dir)
+    }
+
+    fn checked(edit: impl FnOnce(&mut RawFile)) -> Result<Config, ConfigError> {
+        checked_in(state().path(), edit)
+    }
+
+    /// A bad certificate, key or client CA is a config error naming that key, so the
+    /// operator opens the right file.
+    #[test]
+    fn tls_errors_name_the_file_at_fault() {
+        let dir = state();
+        let blamed = |edit: fn(&mut RawFile)| checked_in(dir.path(), edit).err().map(|e| e.key);
+        // The secret is a file of the right mode with no PEM in it.
+        fn not_pem() -> Option<PathBuf> {
+            Some(PathBuf::from("secrets/secret"))
+        }
+        assert_eq!(
+            blamed(|r| r.server.key = not_pem()).as_deref(),
+            Some("server.key")
+        );
+        assert_eq!(
+            blamed(|r| r.server.cert = not_pem()).as_deref(),
+            Some("server.cert")
+        );
+        assert_eq!(
+            blamed(|r| r.server.client_ca = not_pem()).as_deref(),
+            Some("server.client_ca")
+        );
+        assert!(blamed(|_| {}).is_none());
+        // A key anyone may read.
+        let key = dir.path().join("tls/key.pem");
+        std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o644))
+            .unwrap();
+        assert_eq!(blamed(|_| {}).as_deref(), Some("server.key"));
+    }
+
+    /// A TOML error says which line, and never quotes it: it may hold a secret.
+    #[test]
+    fn syntax_errors_name_the_line_not_its_text() {
+        let text =
+            "[server]\nlisten = \"127.0.0.1:8443\"\n\n[executor]\nurl = \"http://u:s3cret@h/x\n";
+        let e = toml::from_str::<RawFile>(text)
+            .err()
+            .expect("unterminated string");
+        let m = syntax(text, &e);
+        assert!(m.starts_with("line 5: "), "{m}");
+        assert!(!m.contains("s3cret") && !m.contains('\n'), "{m}");
+    }
+
+    /// Each range is inclusive at both ends, and a value just outside is refused naming its
+    /// key. The ends are what an operator copies from the error message.
+    #[test]
+    fn ranges_hold_their_ends_and_refuse_just_beyond() {
+        fn s(v: &str) -> Option<String> {
+            Some(v.to_string())
+        }
+        let expect = |key: &str, ok: bool, edit: fn(&mut RawFile)| match checked(edit) {
+            Ok(_) => assert!(ok, "{key} accepted"),
+            Err(e) => {
+                assert!(!ok, "{key} refused: {e}");
+                assert_eq!(e.key, key, "{e}");
+            }
+        };
+        let (hs, head) = ("server.handshake_timeout", "server.header_timeout");
+        expect(hs, true, |r| r.server.handshake_timeout = s("100ms"));
+        expect(hs, false, |r| r.server.handshake_timeout = s("99ms"));
+        expect(head, true, |r| r.server.header_timeout = s("1h"));
+        expect(head, false, |r| r.server.header_timeout = s("3601s"));
+        expect("store.ttl", true, |r| r.store.ttl = s("1s"));
+        expect("store.ttl", false, |r| r.store.ttl = s("999ms"));
+        expect("store.ttl", true, |r| r.store.ttl = s("24h"));
+        expect("store.ttl", false, |r| r.store.ttl = s("86401s"));
+        let (max, per_ip) = ("server.max_connections", "server.max_connections_per_ip");
+        expect(max, true, |r| r.server.max_connections = Some(1));
+        expect(max, false, |r| r.server.max_connections = Some(0));
+        expect(max, true, |r| {
+            r.server.max_connections = Some(MAX_CONNECTIONS)
+        });
+        expect(max, false, |r| {
+            r.server.max_connections = Some(MAX_CONNECTIONS + 1)
+        });
+        expect(per_ip, true, |r| r.server.max_connections_per_ip = Some(1));
+        expect(per_ip, false, |r| r.server.max_connections_per_ip = Some(0));
+        expect("limits.capacity", true, |r| r.limits.capacity = Some(1));
+        expect("limits.capacity", false, |r| r.limits.capacity = Some(0));
+        let rate = "limits.rate_per_s";
+        expect(rate, true, |r| r.limits.rate_per_s = Some(0.001));
+        for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
+            let e = checked(|r| r.limits.rate_per_s = Some(bad)).err();
+            assert_eq!(e.map(|e| e.key).as_deref(), Some(rate), "{bad}");
+        }
+    }
+
+    /// A key must outlive its order: a TTL equal to the executor's timeout is refused, one a
+    /// millisecond longer is not.
+    #[test]
+    fn the_ttl_must_be_longer_than_the_executor_timeout() {
+        let http = |ttl: &str, timeout: &str| {
+            let (ttl, timeout) = (ttl.to_string(), timeout.to_string());
+            checked(move |r| {
+                r.executor.kind = Some("http".into());
+                r.executor.url = Some("http://127.0.0.1:9/orders".into());
+                r.executor.timeout = Some(timeout);
+                r.store.ttl = Some(ttl);
+            })
+        };
+        let Err(e) = http("10s", "10s") else {
+            panic!("a TTL equal to the timeout was accepted")
+        };
+        assert_eq!(e.key, "store.ttl", "{e}");
+        assert!(e.message.contains("executor.timeout (10s)"), "{e}");
+        assert!(http("10s", "9999ms").is_ok());
+    }
+
+    /// Each start of the embedded defaults in a new folder makes its own secret: 256 bits,
+    /// never a fixed or empty one.
+    #[test]
+    fn embedded_secrets_are_random_and_kept() {
+        let secret = |dir: &Path| std::fs::read_to_string(dir.join("secrets/secret")).unwrap();
+        let (a, b) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+        Config::embedded(a.path()).unwrap();
+        Config::embedded(b.path()).unwrap();
+        let first = secret(a.path());
+        assert_eq!(first.trim_end().len(), 64, "{first:?}");
+        assert!(first.trim_end().bytes().all(|c| c.is_ascii_hexdigit()));
+        assert_ne!(first, secret(b.path()));
+        // A second start keeps the secret and the certificate it made.
+        let cert = std::fs::read(a.path().join("tls/cert.pem")).unwrap();
+        Config::embedded(a.path()).unwrap();
+        assert_eq!(secret(a.path()), first);
+        assert_eq!(std::fs::read(a.path().join("tls/cert.pem")).unwrap(), cert);
+    }
+
     #[test]
     fn durations_need_a_unit() {
         assert_eq!(parse_duration("300s"), Ok(Duration::from_secs(300)));

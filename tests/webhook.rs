@@ -434,6 +434,29 @@ async fn bodies_above_64_kib_are_refused_however_they_are_sent() {
     );
 }
 
+/// A body that breaks off or is malformed on the wire is a 400 `INVALID_REQUEST` that says
+/// so, not a 413: the sender must not go looking for a size limit it did not pass.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_malformed_on_the_wire_is_400_not_413() {
+    let (exec, setup, gw) = with_mock().await;
+    let mut chunked = b"10\r\n{\"exchange\": \"bi\r\n".to_vec();
+    // Not a chunk size.
+    chunked.extend_from_slice(b"zz\r\nnance\"}\r\n0\r\n\r\n");
+    let answer = support::stream::post_h1_chunked_wire(
+        &setup.pki.ca_cert,
+        &gw.url(),
+        &[("authorization", &format!("Bearer {SECRET}"))],
+        chunked,
+    )
+    .await;
+    assert!(answer.starts_with("HTTP/1.1 400"), "{answer}");
+    assert!(
+        answer.contains("INVALID_REQUEST") && answer.contains("body could not be read"),
+        "{answer}"
+    );
+    assert_eq!(exec.calls(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_client_key_with_another_trade_is_422() {
     let (exec, _setup, gw) = with_mock().await;
@@ -1292,7 +1315,12 @@ async fn sigterm_lets_in_flight_orders_commit_then_closes_cleanly() {
     let inflight =
         tokio::spawn(async move { client.request(hyper::Method::POST, &url, &[], body).await });
     // Wait until the order is at the executor, then ask the gateway to stop.
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
     while exec.calls() == 0 {
+        assert!(
+            !inflight.is_finished() && std::time::Instant::now() < deadline,
+            "the order never reached the executor"
+        );
         tokio::time::sleep(Duration::from_millis(10)).await;
     }
     unsafe { libc::kill(gw.child.id() as i32, libc::SIGTERM) };

@@ -102,14 +102,32 @@ pub async fn post_h2_streamed(
 
 /// POSTs `body` to `url` over HTTP/1.1 written by hand, `Transfer-Encoding: chunked` in
 /// chunks of `chunk` bytes, with `Connection: close`; answers everything the server wrote
-/// until it closed (status line, headers and body, as text). The body is written while the
-/// answer is read, so a server that answers before reading it all is heard.
+/// until it closed (status line, headers and body, as text).
 pub async fn post_h1_chunked_raw(
     ca: &Path,
     url: &str,
     headers: &[(&str, &str)],
     body: &[u8],
     chunk: usize,
+) -> String {
+    let mut chunked = Vec::new();
+    for c in body.chunks(chunk.max(1)) {
+        chunked.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
+        chunked.extend_from_slice(c);
+        chunked.extend_from_slice(b"\r\n");
+    }
+    chunked.extend_from_slice(b"0\r\n\r\n");
+    post_h1_chunked_wire(ca, url, headers, chunked).await
+}
+
+/// As `post_h1_chunked_raw`, with the chunked body given as it goes on the wire, so that a
+/// test can send one that is not well formed. The body is written while the answer is
+/// read, so a server that answers before reading it all is heard.
+pub async fn post_h1_chunked_wire(
+    ca: &Path,
+    url: &str,
+    headers: &[(&str, &str)],
+    chunked: Vec<u8>,
 ) -> String {
     let uri: Uri = url.parse().expect("a valid URL");
     let client = TlsClient::with(ca, Alpn::Http1, None);
@@ -128,12 +146,7 @@ pub async fn post_h1_chunked_raw(
     }
     head.push_str("\r\n");
     let mut wire = head.into_bytes();
-    for c in body.chunks(chunk.max(1)) {
-        wire.extend_from_slice(format!("{:x}\r\n", c.len()).as_bytes());
-        wire.extend_from_slice(c);
-        wire.extend_from_slice(b"\r\n");
-    }
-    wire.extend_from_slice(b"0\r\n\r\n");
+    wire.extend_from_slice(&chunked);
     let (mut rd, mut wr) = tokio::io::split(stream);
     // The server may answer and close before it has read everything: a failed write is
     // expected then, and what it answered is still read below.
