@@ -401,6 +401,11 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
         assert_eq!(s, 200);
         assert_eq!(v["keys"].as_array().unwrap().len(), 1);
         assert_eq!(v["truncated"], true);
+        // A limit of exactly the number of keys leaves nothing out.
+        let (s, v) = a.call("GET", "/keys?limit=2").await;
+        assert_eq!(s, 200);
+        assert_eq!(v["keys"].as_array().unwrap().len(), 2);
+        assert_eq!(v["truncated"], false, "{v}");
 
         let (s, v) = a.call("GET", &format!("/keys/{encoded}")).await;
         assert_eq!(s, 200, "{v}");

@@ -144,6 +144,68 @@ async fn reset_after_send_is_unknown() {
     assert_eq!(mock.calls(), 2, "no retry of the reset order");
 }
 
+/// A server on loopback that reads each request whole, writes `answer` as given, and
+/// closes the connection.
+async fn answering(answer: &'static [u8]) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let port = listener.local_addr().unwrap().port();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            tokio::spawn(async move {
+                // Read the head and the Content-Length after it: a close with request
+                // bytes unread would be a reset, and the client would see no answer.
+                let mut seen = Vec::new();
+                let mut buf = [0u8; 4096];
+                loop {
+                    if let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+                        let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse().ok())
+                            .unwrap_or(0);
+                        if seen.len() >= end + 4 + len {
+                            break;
+                        }
+                    }
+                    match tcp.read(&mut buf).await {
+                        Ok(0) | Err(_) => return,
+                        Ok(n) => seen.extend_from_slice(&buf[..n]),
+                    }
+                }
+                let _ = tcp.write_all(answer).await;
+                let _ = tcp.shutdown().await;
+            });
+        }
+    });
+    format!("http://127.0.0.1:{port}/orders")
+}
+
+/// An answer whose body cannot be read (cut short, or over the 1 MiB read): a 2xx may
+/// have been a fill, so its outcome is unknown and the key is held; anything else is a
+/// failure whatever its body said, and the key is released.
+#[tokio::test]
+async fn an_unreadable_answer_is_unknown_only_when_it_is_2xx() {
+    let cut_short: &[&'static [u8]] = &[
+        b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"success\":true",
+        b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 100\r\n\r\n{\"error\"",
+        b"HTTP/1.1 200 OK\r\ncontent-length: 2000000\r\n\r\n{\"success\":true",
+    ];
+    for (i, answer) in cut_short.iter().enumerate() {
+        let exec = http(&answering(answer).await, Duration::from_secs(5));
+        let outcome = exec.execute(&order("unreadable")).await;
+        if i == 1 {
+            assert!(
+                matches!(outcome, Outcome::Failed { status: 500, .. }),
+                "{outcome:?}"
+            );
+        } else {
+            assert!(matches!(outcome, Outcome::Unknown(_)), "{i}: {outcome:?}");
+        }
+    }
+}
+
 #[tokio::test]
 async fn keep_alive_reuses_one_connection() {
     let mock = MockExecutor::start().await;

@@ -883,14 +883,7 @@ async fn replay_answers_a_duplicate_with_the_stored_response() {
         let (c, url, body) = (gw.client.clone(), gw.url(), t.to_string());
         async move { c.request(hyper::Method::POST, &url, &[], body).await }
     });
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while exec.calls() < 3 {
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the order never reached the executor"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    exec.wait_for_calls(3).await;
     let dup = gw.post(&t, &[]).await;
     let v = dup.json();
     assert_eq!((dup.status.as_u16(), code(&v)), (409, "DUPLICATE"), "{v:?}");
@@ -1300,6 +1293,50 @@ fn config_errors_exit_78_naming_key_and_file() {
     assert!(!err.contains("s3cret"), "a URL's password leaked: {err}");
 }
 
+/// A client that hangs up while its order is at an HTTP executor does not cut the order
+/// from its commit: the order runs to its outcome, the key records it, and a retry is the
+/// duplicate it should be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_mid_order_still_has_it_committed() {
+    use tokio::io::AsyncWriteExt;
+    let exec = MockExecutor::start().await;
+    exec.set_mode(Mode::Slow(Duration::from_millis(500)));
+    let setup = Setup::new(Some(&exec.url()));
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let mut t = trade("BTCUSDT");
+    t["idempotencyKey"] = json!("hang-up-1");
+    let body = t.to_string();
+    let mut raw = gw.client.connect_raw(&gw.url()).await.unwrap();
+    let head = format!(
+        "POST /webhook HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
+         Authorization: Bearer {SECRET}\r\nContent-Length: {}\r\n\r\n",
+        body.len()
+    );
+    raw.write_all(format!("{head}{body}").as_bytes())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    exec.wait_for_calls(1).await;
+    drop(raw);
+    let key = "client:psk:live:hang-up-1";
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let state = key_state(&gw, key).await;
+        if state == "committed" {
+            break;
+        }
+        assert!(
+            state == "pending" && std::time::Instant::now() < deadline,
+            "the key is {state}, 10 s after the executor's 500 ms fill"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let r = gw.post(&t, &[]).await;
+    assert_eq!(r.status, 409, "{:?}", r.json());
+    assert_eq!(exec.calls(), 1);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_in_flight_orders_commit_then_closes_cleanly() {
     let exec = MockExecutor::start().await;
@@ -1315,14 +1352,7 @@ async fn sigterm_lets_in_flight_orders_commit_then_closes_cleanly() {
     let inflight =
         tokio::spawn(async move { client.request(hyper::Method::POST, &url, &[], body).await });
     // Wait until the order is at the executor, then ask the gateway to stop.
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    while exec.calls() == 0 {
-        assert!(
-            !inflight.is_finished() && std::time::Instant::now() < deadline,
-            "the order never reached the executor"
-        );
-        tokio::time::sleep(Duration::from_millis(10)).await;
-    }
+    exec.wait_for_calls(1).await;
     unsafe { libc::kill(gw.child.id() as i32, libc::SIGTERM) };
     // While it drains, readiness says so, so that a balancer stops sending new trades.
     let mut drain = None;
@@ -1487,26 +1517,16 @@ async fn a_late_settle_leaves_the_retry_the_operator_let_through_alone() {
         let (client, url, body) = (gw.client.clone(), gw.url(), t.to_string());
         tokio::spawn(async move { client.request(hyper::Method::POST, &url, &[], body).await })
     };
-    let at_executor = async |n: usize| {
-        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
-        while exec.calls() < n {
-            assert!(
-                tokio::time::Instant::now() < deadline,
-                "order {n} never came"
-            );
-            tokio::time::sleep(Duration::from_millis(10)).await;
-        }
-    };
     // Sends `t` in `first`'s mode; once it is at the executor, the operator releases its
     // key and the retry goes out, to stay at the executor for 5 s.
     let let_through = async |t: &Value, key: &str, first: Mode, orders: usize| {
         exec.set_mode(first);
         let first = send(t);
-        at_executor(orders + 1).await;
+        exec.wait_for_calls(orders + 1).await;
         assert_eq!(gw.admin("POST", &release_path(key)).await.0, 200);
         exec.set_mode(Mode::Slow(Duration::from_millis(5000)));
         let second = send(t);
-        at_executor(orders + 2).await;
+        exec.wait_for_calls(orders + 2).await;
         (first, second)
     };
     let (first, second) =

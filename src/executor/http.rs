@@ -241,6 +241,34 @@ fn chain(e: &(dyn std::error::Error + 'static)) -> String {
 mod tests {
     use super::*;
 
+    /// An error with the next one as its source.
+    #[derive(Debug)]
+    struct Layer(&'static str, Option<Box<Layer>>);
+
+    impl fmt::Display for Layer {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str(self.0)
+        }
+    }
+
+    impl std::error::Error for Layer {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            self.1.as_deref().map(|l| l as _)
+        }
+    }
+
+    /// What an operator reads of a failed send: every cause, not hyper's top line alone.
+    #[test]
+    fn chain_tells_every_cause() {
+        let refused = Layer("Connection refused (os error 111)", None);
+        let tcp = Layer("tcp connect error", Some(Box::new(refused)));
+        let e = Layer("client error (Connect)", Some(Box::new(tcp)));
+        assert_eq!(
+            chain(&e),
+            "client error (Connect): tcp connect error: Connection refused (os error 111)"
+        );
+    }
+
     fn cfg(url: &str) -> HttpConfig {
         HttpConfig {
             url: url.parse().unwrap(),

@@ -127,6 +127,19 @@ impl MockExecutor {
         self.state.ledger.lock().unwrap().len()
     }
 
+    /// Waits until `n` orders have arrived; fails the test after 10 s.
+    pub async fn wait_for_calls(&self, n: usize) {
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(10);
+        while self.calls() < n {
+            assert!(
+                tokio::time::Instant::now() < deadline,
+                "{} of {n} orders reached the executor in 10 s",
+                self.calls()
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+    }
+
     pub fn ledger(&self) -> Vec<Received> {
         self.state.ledger.lock().unwrap().clone()
     }
