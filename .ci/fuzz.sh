@@ -6,10 +6,10 @@
 #                 info, no sanitizer. Measured on 2026-12-02, from empty: the build 247 s,
 #                 against 288 s in release mode at opt-level 1 (286 s in CI; the same with
 #                 `--codegen-units 16`), and as many runs per 10 s (webhook_body 511k
-#                 against 492k; at opt-level 0, 39k). Dev mode
-#                 also keeps debug assertions and overflow checks on, which a short run
-#                 wants. The targets reach no unsafe code of ours, so a bug there shows
-#                 as a panic, which libFuzzer catches without AddressSanitizer.
+#                 against 492k; at opt-level 0, 39k). Dev mode also keeps debug
+#                 assertions and overflow checks on, which a short run wants. The targets
+#                 reach no unsafe code of ours, so a bug there shows as a panic, which
+#                 libFuzzer catches without AddressSanitizer.
 #                 Default 0: cargo fuzz's own (optimised, AddressSanitizer), for long runs.
 #   CARGO_TARGET_DIR  honoured: fuzz builds go to $CARGO_TARGET_DIR/fuzz
 # A crash leaves its input in fuzz/artifacts/<target>/; reproduce it with

@@ -434,8 +434,9 @@ async fn bodies_above_64_kib_are_refused_however_they_are_sent() {
     );
 }
 
-/// A body that breaks off or is malformed on the wire is a 400 `INVALID_REQUEST` that says
-/// so, not a 413: the sender must not go looking for a size limit it did not pass.
+/// A body malformed on the wire (here a chunk size that is not one) is a 400
+/// `INVALID_REQUEST` that says so, not a 413: the sender must not go looking for a size
+/// limit it did not pass.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_body_malformed_on_the_wire_is_400_not_413() {
     let (exec, setup, gw) = with_mock().await;
