@@ -11,6 +11,7 @@ use serde_json::{Value, json};
 use support::client::{Alpn, TlsClient};
 use support::executor::{MockExecutor, Mode, refused_url};
 use support::gateway::{SECRET, Setup, trade, with_mock, with_mock_configured};
+use support::stream::h1_post_head;
 
 /// The key's state as the admin API tells it: "pending", "committed", or "absent".
 async fn key_state(gw: &support::gateway::Gateway, key: &str) -> String {
@@ -1018,12 +1019,10 @@ async fn http1_http2_plaintext_and_slow_clients() {
     // Headers in full, then the body trickles and stops: answered once header_timeout (1 s
     // in the test config) has passed, not kept waiting for the rest.
     let mut raw = c.connect_raw(&gw.url()).await.unwrap();
-    raw.write_all(
-        b"POST /webhook HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-          Content-Length: 100\r\n\r\n{\"a\"",
-    )
-    .await
-    .unwrap();
+    let head = h1_post_head(&gw.url(), &[("Content-Length", "100")]);
+    raw.write_all(format!("{head}{{\"a\"").as_bytes())
+        .await
+        .unwrap();
     let mut answer = Vec::new();
     let read = async {
         let mut chunk = [0u8; 1024];
@@ -1309,10 +1308,12 @@ async fn a_client_that_hangs_up_mid_order_still_has_it_committed() {
     t["idempotencyKey"] = json!("hang-up-1");
     let body = t.to_string();
     let mut raw = gw.client.connect_raw(&gw.url()).await.unwrap();
-    let head = format!(
-        "POST /webhook HTTP/1.1\r\nHost: localhost\r\nContent-Type: application/json\r\n\
-         Authorization: Bearer {SECRET}\r\nContent-Length: {}\r\n\r\n",
-        body.len()
+    let head = h1_post_head(
+        &gw.url(),
+        &[
+            ("Authorization", &format!("Bearer {SECRET}")),
+            ("Content-Length", &body.len().to_string()),
+        ],
     );
     raw.write_all(format!("{head}{body}").as_bytes())
         .await

@@ -100,6 +100,23 @@ pub async fn post_h2_streamed(
     reply
 }
 
+/// The head of an HTTP/1.1 POST of JSON to `url`, written by hand: the request line,
+/// `Host`, `Content-Type`, then `headers` in order (the body's framing among them), and the
+/// blank line that ends it.
+pub fn h1_post_head(url: &str, headers: &[(&str, &str)]) -> String {
+    let uri: Uri = url.parse().expect("a valid URL");
+    let mut head = format!(
+        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n",
+        uri.path(),
+        uri.authority().expect("an absolute URL"),
+    );
+    for (name, value) in headers {
+        head.push_str(&format!("{name}: {value}\r\n"));
+    }
+    head.push_str("\r\n");
+    head
+}
+
 /// POSTs `body` to `url` over HTTP/1.1 written by hand, `Transfer-Encoding: chunked` in
 /// chunks of `chunk` bytes, with `Connection: close`; answers everything the server wrote
 /// until it closed (status line, headers and body, as text).
@@ -129,23 +146,13 @@ pub async fn post_h1_chunked_wire(
     headers: &[(&str, &str)],
     chunked: Vec<u8>,
 ) -> String {
-    let uri: Uri = url.parse().expect("a valid URL");
     let client = TlsClient::with(ca, Alpn::Http1, None);
     let stream = client
         .connect_raw(url)
         .await
         .unwrap_or_else(|e| panic!("connect {url}: {e}"));
-    let mut head = format!(
-        "POST {} HTTP/1.1\r\nHost: {}\r\nContent-Type: application/json\r\n\
-         Transfer-Encoding: chunked\r\nConnection: close\r\n",
-        uri.path(),
-        uri.authority().expect("an absolute URL"),
-    );
-    for (name, value) in headers {
-        head.push_str(&format!("{name}: {value}\r\n"));
-    }
-    head.push_str("\r\n");
-    let mut wire = head.into_bytes();
+    let framing = [("Transfer-Encoding", "chunked"), ("Connection", "close")];
+    let mut wire = h1_post_head(url, &[&framing, headers].concat()).into_bytes();
     wire.extend_from_slice(&chunked);
     let (mut rd, mut wr) = tokio::io::split(stream);
     // The server may answer and close before it has read everything: a failed write is
