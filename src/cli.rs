@@ -17,6 +17,9 @@ pub const DEFAULT_CONFIG: &str = "/etc/hoox-edge/config.toml";
 /// Where the admin listener is when nothing says otherwise.
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9980";
 
+/// The log level: `debug`, `info` (unset), `warn` or `error`.
+pub const LOG_ENV: &str = "HOOX_EDGE_LOG";
+
 #[derive(Parser)]
 #[command(
     name = "hoox-edge",
@@ -122,13 +125,11 @@ struct AdminArgs {
 /// Parses the command line and runs it. The process exit code comes back.
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
-    let level = match std::env::var("HOOX_EDGE_LOG").as_deref() {
-        Ok("debug") => log::LevelFilter::Debug,
-        Ok("warn") => log::LevelFilter::Warn,
-        Ok("error") => log::LevelFilter::Error,
-        _ => log::LevelFilter::Info,
-    };
-    crate::platform::log::init(level);
+    let level = log_level(std::env::var_os(LOG_ENV).as_deref());
+    crate::platform::log::init(*level.as_ref().unwrap_or(&log::LevelFilter::Info));
+    if let Err(e) = level {
+        log::warn!("{e}");
+    }
     match cli.cmd {
         Cmd::Serve {
             config,
@@ -165,6 +166,23 @@ pub fn main() -> ExitCode {
         Cmd::Halt { admin } => operator(&admin, "POST", "/halt"),
         Cmd::Resume { admin } => operator(&admin, "POST", "/resume"),
         Cmd::Status { admin } => operator(&admin, "GET", "/status"),
+    }
+}
+
+/// The level `HOOX_EDGE_LOG` names. A value that names none is refused, said, and logged
+/// at info rather than silently: an operator who asked for debug should learn why it is
+/// not there.
+fn log_level(value: Option<&std::ffi::OsStr>) -> Result<log::LevelFilter, String> {
+    use log::LevelFilter::{Debug, Error, Info, Warn};
+    match value.map(|v| v.to_str()) {
+        None | Some(Some("info")) => Ok(Info),
+        Some(Some("debug")) => Ok(Debug),
+        Some(Some("warn")) => Ok(Warn),
+        Some(Some("error")) => Ok(Error),
+        Some(v) => Err(format!(
+            "{LOG_ENV}={}: not one of debug, info, warn, error; logging at info",
+            v.map_or_else(|| "(not UTF-8)".into(), |v| format!("{v:?}"))
+        )),
     }
 }
 
@@ -318,15 +336,13 @@ fn sign(secret_file: &Path, body_file: Option<&Path>, timestamp: Option<i64>) ->
     ExitCode::SUCCESS
 }
 
-/// Where the admin listener is: --admin, else the config's [admin] listen, else the default.
-fn admin_listen(args: &AdminArgs) -> Result<Listen, String> {
+/// Where the admin listener is: --admin, else the [admin] listen of --config (or of
+/// `default_config`, if that file exists), else the default.
+fn admin_listen(args: &AdminArgs, default_config: &Path) -> Result<Listen, String> {
     if let Some(a) = &args.admin {
         return Listen::parse(a);
     }
-    let path = args
-        .config
-        .clone()
-        .unwrap_or_else(|| PathBuf::from(DEFAULT_CONFIG));
+    let path = args.config.as_deref().unwrap_or(default_config);
     // Read only the [admin] table: an operator may not be allowed to read the secrets.
     #[derive(serde::Deserialize)]
     struct Partial {
@@ -336,7 +352,7 @@ fn admin_listen(args: &AdminArgs) -> Result<Listen, String> {
     struct PartialAdmin {
         listen: Option<String>,
     }
-    let text = match std::fs::read_to_string(&path) {
+    let text = match std::fs::read_to_string(path) {
         Ok(t) => t,
         // No config at all: the gateway runs on its embedded defaults, admin included.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && args.config.is_none() => {
@@ -356,7 +372,7 @@ fn admin_listen(args: &AdminArgs) -> Result<Listen, String> {
 }
 
 fn operator(args: &AdminArgs, method: &str, path: &str) -> ExitCode {
-    let listen = match admin_listen(args) {
+    let listen = match admin_listen(args, Path::new(DEFAULT_CONFIG)) {
         Ok(l) => l,
         Err(e) => {
             eprintln!("hoox-edge: admin address: {e}");
@@ -384,5 +400,70 @@ fn operator(args: &AdminArgs, method: &str, path: &str) -> ExitCode {
             // EX_UNAVAILABLE: the service is not there.
             ExitCode::from(69)
         }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use std::ffi::OsStr;
+    use std::os::unix::ffi::OsStrExt;
+
+    #[test]
+    fn the_log_level_is_one_of_four_and_anything_else_is_said() {
+        use log::LevelFilter::{Debug, Error, Info, Warn};
+        let level = |v: &str| log_level(Some(OsStr::new(v)));
+        assert_eq!(log_level(None), Ok(Info));
+        assert_eq!(level("info"), Ok(Info));
+        assert_eq!(level("debug"), Ok(Debug));
+        assert_eq!(level("warn"), Ok(Warn));
+        assert_eq!(level("error"), Ok(Error));
+        for bad in ["DEBUG", "trace", "", "warning"] {
+            let e = level(bad).unwrap_err();
+            assert!(e.starts_with(&format!("HOOX_EDGE_LOG={bad:?}: ")), "{e}");
+            assert!(e.ends_with("logging at info"), "{e}");
+        }
+        let e = log_level(Some(OsStr::from_bytes(b"\xff"))).unwrap_err();
+        assert!(e.contains("(not UTF-8)"), "{e}");
+    }
+
+    #[test]
+    fn operator_commands_find_the_admin_listener() {
+        let dir = tempfile::tempdir().unwrap();
+        let args = |admin: Option<&str>, config: Option<PathBuf>| AdminArgs {
+            admin: admin.map(Into::into),
+            config,
+        };
+        let absent = dir.path().join("absent.toml");
+        let tcp = |s: &str| Ok(Listen::Tcp(s.parse().unwrap()));
+        // Nothing given and no installed config: the embedded default.
+        assert_eq!(admin_listen(&args(None, None), &absent), tcp(DEFAULT_ADMIN));
+        // A config named on the command line must be there.
+        let e = admin_listen(&args(None, Some(absent.clone())), &absent).unwrap_err();
+        assert!(
+            e.starts_with("cannot read ") && e.contains("absent.toml"),
+            "{e}"
+        );
+        // The installed config's [admin], or a config named; --admin before both.
+        let installed = dir.path().join("installed.toml");
+        std::fs::write(&installed, "[admin]\nlisten = \"127.0.0.1:7001\"\n").unwrap();
+        let named = dir.path().join("named.toml");
+        std::fs::write(&named, "[admin]\nlisten = \"unix:/run/x.sock\"\n").unwrap();
+        assert_eq!(
+            admin_listen(&args(None, None), &installed),
+            tcp("127.0.0.1:7001")
+        );
+        assert_eq!(
+            admin_listen(&args(None, Some(named.clone())), &installed),
+            Ok(Listen::Unix("/run/x.sock".into()))
+        );
+        assert_eq!(
+            admin_listen(&args(Some("127.0.0.1:7002"), Some(named)), &installed),
+            tcp("127.0.0.1:7002")
+        );
+        // A config without [admin] serves no admin API: said, not guessed.
+        std::fs::write(&installed, "[server]\n").unwrap();
+        let e = admin_listen(&args(None, None), &installed).unwrap_err();
+        assert!(e.contains("has no [admin] listen"), "{e}");
     }
 }

@@ -512,3 +512,22 @@ fn a_missing_file_is_a_config_error_naming_the_key_and_the_path() {
         "{err}"
     );
 }
+
+/// A log level that names none is said, once, and the command still does its work at info.
+#[test]
+fn an_unknown_log_level_is_said_and_read_as_info() {
+    let setup = Setup::new(None);
+    let config = setup.write_config();
+    for (value, said) in [("loud", true), ("warn", false)] {
+        let o = Command::new(BIN)
+            .args(["check-config", "--config"])
+            .arg(&config)
+            .env("HOOX_EDGE_LOG", value)
+            .output()
+            .unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{value}: {err}");
+        let warned = format!("WARN  hoox_edge::cli: HOOX_EDGE_LOG={value:?}: not one of");
+        assert_eq!(err.matches(&warned).count(), usize::from(said), "{err}");
+    }
+}

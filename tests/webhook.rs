@@ -10,7 +10,7 @@ use std::time::Duration;
 use serde_json::{Value, json};
 use support::client::{Alpn, TlsClient};
 use support::executor::{MockExecutor, Mode, refused_url};
-use support::gateway::{SECRET, Setup, trade, with_mock, with_mock_configured};
+use support::gateway::{SECRET, Setup, readyz_is, trade, with_mock, with_mock_configured};
 use support::stream::h1_post_head;
 
 /// The key's state as the admin API tells it: "pending", "committed", or "absent".
@@ -600,6 +600,14 @@ async fn authentication_methods_and_failures() {
     let r = gw.post(&trade("BTCUSDT"), &[]).await;
     assert_eq!(r.status, 200);
 
+    // Plain text on the TLS port: a failed handshake, logged at debug only. Its line shows
+    // that this run logs at debug, as much as the gateway ever logs.
+    {
+        use tokio::io::AsyncWriteExt;
+        let mut plain = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+        plain.write_all(b"GET / HTTP/1.1\r\n\r\n").await.unwrap();
+    }
+
     // Secrets never appear in logs (SPEC §3), nor the wrong credentials a sender tried:
     // once every request above has its line (a refusal's and the webhook line).
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
@@ -607,6 +615,7 @@ async fn authentication_methods_and_failures() {
         let log = gw.stderr();
         if log.matches("auth refused").count() >= 6
             && log.matches(": webhook status=").count() >= 11
+            && log.contains("DEBUG hoox_edge::gateway: TLS handshake from")
         {
             break log;
         }
@@ -1768,4 +1777,67 @@ async fn a_replay_at_the_end_of_its_window_is_refused_however_late_it_is_decided
         "{v}"
     );
     assert_eq!(exec.calls(), 1);
+}
+
+/// The library serves in-process as the binary does, for a harness or an embedder: `start`
+/// on port 0 says where it listens, `serve` answers until its shutdown resolves and then
+/// closes the database, and `run` does both in one call, on the same file and port.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_library_serves_in_process_until_shutdown_then_lets_go_of_the_database() {
+    use hoox_edge::admin::Listen;
+    use tokio::sync::oneshot;
+    let setup = Setup::new(None);
+    let mut config = hoox_edge::config::Config::load(&setup.write_config()).unwrap();
+    let started = hoox_edge::app::start(config.clone()).await.unwrap();
+    // The same addresses for `run`, which cannot say where port 0 took it.
+    config.listen = started.gateway_addr;
+    let admin = Listen::parse(started.admin_addr.as_deref().expect("an admin listener")).unwrap();
+    config.admin = Some(admin.clone());
+    let url = format!("https://localhost:{}/webhook", config.listen.port());
+    let client = setup.client();
+    let mut t = trade("BTCUSDT");
+    t["idempotencyKey"] = json!("in-process-1");
+
+    let (stop, stopped) = oneshot::channel::<()>();
+    let serving = tokio::spawn(started.serve(async {
+        let _ = stopped.await;
+    }));
+    assert!(readyz_is(&admin, 200).await, "never ready in-process");
+    // Started without the fault tests' variable, the stall hook does not exist.
+    assert!(std::env::var_os(hoox_edge::app::STALL_HOOK_ENV).is_none());
+    let (status, _) = hoox_edge::admin::client::request(&admin, "POST", "/debug/stall?ms=9000")
+        .await
+        .unwrap();
+    assert_eq!(status, 404);
+    let r = client
+        .request(hyper::Method::POST, &url, &[], t.to_string())
+        .await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), serving)
+        .await
+        .expect("serve returns once its shutdown resolves")
+        .unwrap();
+    assert!(
+        client.connect(&url).await.is_err(),
+        "still listening after serve returned"
+    );
+
+    // Had the first left the database locked, this one would fail closed (503), not
+    // remember the key.
+    let (stop, stopped) = oneshot::channel::<()>();
+    let running = tokio::spawn(hoox_edge::run(config, async {
+        let _ = stopped.await;
+    }));
+    assert!(readyz_is(&admin, 200).await, "run never became ready");
+    let r = client
+        .request(hyper::Method::POST, &url, &[], t.to_string())
+        .await;
+    assert_eq!(r.status, 409, "{:?}", r.json());
+    stop.send(()).unwrap();
+    tokio::time::timeout(Duration::from_secs(10), running)
+        .await
+        .expect("run returns once its shutdown resolves")
+        .unwrap()
+        .unwrap();
 }

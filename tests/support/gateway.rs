@@ -136,6 +136,22 @@ bearer_tokens_file = "secrets/bearer"
     }
 }
 
+/// Whether `/readyz` on the admin listener `admin` answers `want` (200 or 503) within 20 s.
+pub async fn readyz_is(admin: &Listen, want: u16) -> bool {
+    let deadline = Instant::now() + Duration::from_secs(20);
+    loop {
+        if let Ok((s, _)) = hoox_edge::admin::client::request(admin, "GET", "/readyz").await
+            && s == want
+        {
+            return true;
+        }
+        if Instant::now() >= deadline {
+            return false;
+        }
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
 pub fn write_secret(path: &Path, text: &str) {
     std::fs::write(path, text).unwrap();
     std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600)).unwrap();
@@ -226,21 +242,11 @@ impl Gateway {
 
     /// Waits until `/readyz` answers `want` (200 or 503), for at most 20 s.
     pub async fn wait_ready_is(&self, want: u16) {
-        let deadline = Instant::now() + Duration::from_secs(20);
-        loop {
-            if let Ok((s, _)) =
-                hoox_edge::admin::client::request(&self.admin, "GET", "/readyz").await
-                && s == want
-            {
-                return;
-            }
-            assert!(
-                Instant::now() < deadline,
-                "/readyz never answered {want}; stderr:\n{}",
-                self.stderr()
-            );
-            tokio::time::sleep(Duration::from_millis(50)).await;
-        }
+        assert!(
+            readyz_is(&self.admin, want).await,
+            "/readyz never answered {want}; stderr:\n{}",
+            self.stderr()
+        );
     }
 
     /// Waits until `/readyz` is 503 for `reason` (e.g. "halted", "not_open"), for at most 20 s.
