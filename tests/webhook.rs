@@ -1797,6 +1797,12 @@ async fn the_library_serves_in_process_until_shutdown_then_lets_go_of_the_databa
     let client = setup.client();
     let mut t = trade("BTCUSDT");
     t["idempotencyKey"] = json!("in-process-1");
+    let post = async || {
+        let r = client
+            .request(hyper::Method::POST, &url, &[], t.to_string())
+            .await;
+        (r.status, r.json())
+    };
 
     let (stop, stopped) = oneshot::channel::<()>();
     let serving = tokio::spawn(started.serve(async {
@@ -1809,10 +1815,8 @@ async fn the_library_serves_in_process_until_shutdown_then_lets_go_of_the_databa
         .await
         .unwrap();
     assert_eq!(status, 404);
-    let r = client
-        .request(hyper::Method::POST, &url, &[], t.to_string())
-        .await;
-    assert_eq!(r.status, 200, "{:?}", r.json());
+    let (status, body) = post().await;
+    assert_eq!(status, 200, "{body}");
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(10), serving)
         .await
@@ -1830,10 +1834,8 @@ async fn the_library_serves_in_process_until_shutdown_then_lets_go_of_the_databa
         let _ = stopped.await;
     }));
     assert!(readyz_is(&admin, 200).await, "run never became ready");
-    let r = client
-        .request(hyper::Method::POST, &url, &[], t.to_string())
-        .await;
-    assert_eq!(r.status, 409, "{:?}", r.json());
+    let (status, body) = post().await;
+    assert_eq!(status, 409, "{body}");
     stop.send(()).unwrap();
     tokio::time::timeout(Duration::from_secs(10), running)
         .await
