@@ -1445,8 +1445,11 @@ async fn one_address_cannot_take_every_connection() {
         .filter(|l| l.contains("over server.max_connections_per_ip = 2"))
         .collect();
     assert_eq!(lines.len(), 1, "{said}");
+    // The first refusal is told at once, with its count.
     assert!(
-        lines[0].contains("WARN") && lines[0].contains("127.0.0.1"),
+        lines[0].contains("WARN")
+            && lines[0].contains("closed 1 connection(s)")
+            && lines[0].contains("127.0.0.1"),
         "{said}"
     );
     let mut elsewhere = c.connect_from(&gw.url(), Some(other)).await.unwrap();
