@@ -126,7 +126,7 @@ struct AdminArgs {
 pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let level = log_level(std::env::var_os(LOG_ENV).as_deref());
-    crate::platform::log::init(*level.as_ref().unwrap_or(&log::LevelFilter::Info));
+    crate::platform::log::init(level.as_ref().copied().unwrap_or(log::LevelFilter::Info));
     if let Err(e) = level {
         log::warn!("{e}");
     }
@@ -169,9 +169,8 @@ pub fn main() -> ExitCode {
     }
 }
 
-/// The level `HOOX_EDGE_LOG` names. A value that names none is refused, said, and logged
-/// at info rather than silently: an operator who asked for debug should learn why it is
-/// not there.
+/// The level `HOOX_EDGE_LOG` names, or why it names none. The caller then logs at info and
+/// says why, rather than silently: an operator who asked for debug learns why there is none.
 fn log_level(value: Option<&std::ffi::OsStr>) -> Result<log::LevelFilter, String> {
     use log::LevelFilter::{Debug, Error, Info, Warn};
     match value.map(|v| v.to_str()) {

@@ -345,7 +345,7 @@ async fn an_owner_that_does_not_answer_is_not_ready() {
     assert_eq!(a.call("GET", "/readyz").await.0, 200);
 
     // The disk stalls: the owner sleeps and misses the ping's deadline.
-    m.stall(Duration::from_secs(2));
+    m.stall(Duration::from_secs(2)).await.unwrap();
     let (s, v) = a.call("GET", "/readyz").await;
     assert_eq!((s, v["reason"].as_str()), (503, Some("timeout")), "{v}");
     let (s, v) = a.call("GET", "/status").await;

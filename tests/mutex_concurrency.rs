@@ -72,7 +72,7 @@ fn queued_reserves_share_syncs_in_batches_of_at_most_the_limit() {
         let stats = &m.shared().stats;
         let syncs_before = stats.fsync_seconds.snapshot().2;
         // The owner sleeps while 100 reserves queue behind the stall.
-        m.stall(Duration::from_secs(1));
+        m.stall(Duration::from_secs(1)).await.unwrap();
         let tasks: Vec<_> = (0..100)
             .map(|i| {
                 let m = m.clone();

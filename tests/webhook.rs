@@ -1830,8 +1830,8 @@ async fn the_library_serves_in_process_until_shutdown_then_lets_go_of_the_databa
         "still listening after serve returned"
     );
 
-    // Had the first left the database locked, this one would fail closed (503), not
-    // remember the key.
+    // Had the first left the database locked, this one would fail closed and never be
+    // ready; had it lost the key, the retry would go through.
     let (stop, stopped) = oneshot::channel::<()>();
     let running = tokio::spawn(hoox_edge::run(config, async {
         let _ = stopped.await;

@@ -347,7 +347,8 @@ fn stall(state: &State, query: &str) -> Answer {
         .strip_prefix("ms=")
         .and_then(|v| v.parse::<u64>().ok())
         .unwrap_or(1000);
-    state.mutex.stall(Duration::from_millis(ms));
+    // Answered at once, not when the owner takes it: the fault tests watch `/readyz`.
+    drop(state.mutex.stall(Duration::from_millis(ms)));
     ok(json!({"stalled_ms": ms}))
 }
 

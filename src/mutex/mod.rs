@@ -253,8 +253,9 @@ pub(crate) enum Command {
     SetHalted(bool, oneshot::Sender<Result<(), Unavailable>>),
     Ping(oneshot::Sender<Status>),
     /// Test hook: the owner sleeps, as if the disk stalled. Only honoured when the
-    /// process was started with the stall hook enabled (see `owner.rs`).
-    Stall(Duration),
+    /// process was started with the stall hook enabled (see `owner.rs`). Answered as the
+    /// owner takes it, before it sleeps.
+    Stall(Duration, oneshot::Sender<()>),
     /// Flush, close the database cleanly, and end the thread.
     Shutdown,
 }
@@ -401,9 +402,13 @@ impl Mutex {
         self.call(Command::Ping).await
     }
 
-    /// Test hook; ignored unless the owner was started with it enabled.
-    pub fn stall(&self, d: Duration) {
-        let _ = self.tx.try_send(Command::Stall(d));
+    /// Test hook; ignored unless the owner was started with it enabled. Resolves once the
+    /// owner has taken it and begun to sleep, so that a test knows what it queues next
+    /// waits behind the stall, in a batch of its own; `Err` if it could not be queued.
+    pub fn stall(&self, d: Duration) -> oneshot::Receiver<()> {
+        let (tx, rx) = oneshot::channel();
+        let _ = self.tx.try_send(Command::Stall(d, tx));
+        rx
     }
 
     /// The kill switch as last published by the owner. No round trip.

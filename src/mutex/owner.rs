@@ -737,10 +737,8 @@ impl Owner {
                 Some(Reply::List(tx, list))
             }
             Command::Ping(tx) => Some(Reply::Status(tx, self.status())),
-            Command::Stall(d) => {
-                if self.stall_hook {
-                    std::thread::sleep(d);
-                }
+            Command::Stall(d, taken) => {
+                self.stall(d, taken);
                 None
             }
             Command::Shutdown => None,
@@ -749,6 +747,14 @@ impl Owner {
                 self.refuse(cmd, &Unavailable::Stopped);
                 None
             }
+        }
+    }
+
+    /// The test hook: sleeps as a stalled disk would, once the caller knows it has begun.
+    fn stall(&self, d: Duration, taken: oneshot::Sender<()>) {
+        let _ = taken.send(());
+        if self.stall_hook {
+            std::thread::sleep(d);
         }
     }
 
@@ -773,10 +779,8 @@ impl Owner {
                 s.fail_closed = Some(u.clone());
                 tx.send(s).map_err(drop)
             }
-            Command::Stall(d) => {
-                if self.stall_hook {
-                    std::thread::sleep(d);
-                }
+            Command::Stall(d, taken) => {
+                self.stall(d, taken);
                 Ok(())
             }
             Command::Shutdown => Ok(()),
