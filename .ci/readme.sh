@@ -1,0 +1,59 @@
+#!/usr/bin/env bash
+# The README's first command, run as a user on a fresh clone types it: it must build the
+# gateway, serve on the embedded defaults, and print a curl line that places an order
+# (200) and then meets the mutex (409 DUPLICATE). Nothing else ran it: the tests start the
+# built binary directly, so a second binary in the package once made `cargo run` ask which
+# to run, and no test saw it.
+#
+# The release profile is overridden to build fast (no LTO, opt-level 0): the profile
+# changes how long the build takes, not which binary runs or what it does. The shipped
+# release build is exercised by package.sh.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+cmd=$(awk '/^## The two commands/ { s = 1 } s && /^```sh/ { getline; print; exit }' README.md)
+[[ $cmd == cargo\ run* ]] || { echo "readme.sh: no cargo run command in README.md: '$cmd'"; exit 1; }
+command -v curl > /dev/null || { apt-get update -qq && apt-get install -y -qq curl > /dev/null; }
+
+state=hoox-edge-state
+rm -rf "$state"
+log=$(mktemp -d)
+echo "readme.sh: $cmd"
+CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 \
+    CARGO_PROFILE_RELEASE_OPT_LEVEL=0 \
+    bash -c "exec $cmd" > "$log/out" 2> "$log/err" &
+pid=$!   # cargo, then (cargo run execs it) the gateway itself
+stop() {
+    kill -TERM "$pid" 2> /dev/null || true
+    wait "$pid"
+}
+fail() {
+    echo "readme.sh: $*"
+    echo "--- stdout"; cat "$log/out"; echo "--- stderr"; tail -40 "$log/err"
+    kill -KILL "$pid" 2> /dev/null || true
+    exit 1
+}
+
+# Built and listening: it prints its curl line once the listener is bound.
+for _ in $(seq 1 600); do
+    grep -q "curl --cacert" "$log/out" && break
+    kill -0 "$pid" 2> /dev/null || fail "the command exited before serving"
+    sleep 1
+done
+line=$(grep -m1 "curl --cacert" "$log/out") || fail "no curl line within 600 s"
+
+# The database opens just after the listener: 503 until then, and then an order.
+for answer in 200 409; do
+    code=000
+    for _ in $(seq 1 100); do
+        code=$(eval "$line -s -o $log/body -w '%{http_code}'") || code=000
+        [[ $code == 503 || $code == 000 ]] || break
+        sleep 0.1
+    done
+    [[ $code == "$answer" ]] || fail "the curl line answered $code, not $answer: $(cat "$log/body")"
+    echo "readme.sh: curl line answered $code: $(cat "$log/body")"
+done
+
+stop || fail "the gateway did not exit cleanly on SIGTERM"
+rm -rf "$state" "$log"
+echo "readme.sh: the README's run command serves"
