@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # The README's first command, run as a user on a fresh clone types it: it must build the
 # gateway, serve on the embedded defaults, and print a curl line that places an order
-# (200) and then meets the mutex (409 DUPLICATE). Nothing else ran it: the tests start the
+# (200) and then meets the mutex (409 DUPLICATE). Then the README's HMAC example, as
+# written: signed, the same trade is a 409 DUPLICATE too (a bad signature would be a 401). Nothing else ran it: the tests start the
 # built binary directly, so a second binary in the package once made `cargo run` ask which
 # to run, and no test saw it.
 #
@@ -19,9 +20,9 @@ state=hoox-edge-state
 rm -rf "$state"
 log=$(mktemp -d)
 echo "readme.sh: $cmd"
-CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 \
-    CARGO_PROFILE_RELEASE_OPT_LEVEL=0 \
-    bash -c "exec $cmd" > "$log/out" 2> "$log/err" &
+export CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 \
+    CARGO_PROFILE_RELEASE_OPT_LEVEL=0
+bash -c "exec $cmd" > "$log/out" 2> "$log/err" &
 pid=$!   # cargo, then (cargo run execs it) the gateway itself
 stop() {
     kill -TERM "$pid" 2> /dev/null || true
@@ -53,6 +54,15 @@ for answer in 200 409; do
     [[ $code == "$answer" ]] || fail "the curl line answered $code, not $answer: $(cat "$log/body")"
     echo "readme.sh: curl line answered $code: $(cat "$log/body")"
 done
+
+# The HMAC example: the README's block that signs, run as written.
+signing=$(awk '/^```sh/ { b = ""; s = 1; next } /^```/ { if (b ~ / sign /) { printf "%s", b; exit } s = 0 }
+               s { b = b $0 "\n" }' README.md)
+[[ -n $signing ]] || fail "no signing example in README.md"
+answer=$(bash -c "$signing" 2> "$log/sign.err") || fail "the signing example failed: $(cat "$log/sign.err")"
+rm -f body.json sig.headers
+[[ $answer == *'"code":"DUPLICATE"'* ]] || fail "the signed trade answered: $answer"
+echo "readme.sh: the signing example answered: $answer"
 
 stop || fail "the gateway did not exit cleanly on SIGTERM"
 rm -rf "$state" "$log"
