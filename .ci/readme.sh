@@ -2,9 +2,9 @@
 # The README's first command, run as a user on a fresh clone types it: it must build the
 # gateway, serve on the embedded defaults, and print a curl line that places an order
 # (200) and then meets the mutex (409 DUPLICATE). Then the README's HMAC example, as
-# written: signed, the same trade is a 409 DUPLICATE too (a bad signature would be a 401). Nothing else ran it: the tests start the
-# built binary directly, so a second binary in the package once made `cargo run` ask which
-# to run, and no test saw it.
+# written: signed, the same trade is a 409 DUPLICATE too (a bad signature would be a 401).
+# Nothing else ran these: the tests start the built binary directly, so a second binary
+# in the package once made `cargo run` ask which to run, and no test saw it.
 #
 # The release profile is overridden to build fast (no LTO, opt-level 0): the profile
 # changes how long the build takes, not which binary runs or what it does. The shipped

@@ -403,8 +403,8 @@ impl Mutex {
     }
 
     /// Test hook; ignored unless the owner was started with it enabled. Resolves once the
-    /// owner has taken it and begun to sleep, so that a test knows what it queues next
-    /// waits behind the stall, in a batch of its own; `Err` if it could not be queued.
+    /// owner has taken it (and, with the hook, begun to sleep), so that what a test queues
+    /// next waits behind the stall, in a batch of its own; `Err` if it could not be queued.
     pub fn stall(&self, d: Duration) -> oneshot::Receiver<()> {
         let (tx, rx) = oneshot::channel();
         let _ = self.tx.try_send(Command::Stall(d, tx));
