@@ -1820,11 +1820,7 @@ async fn the_library_serves_in_process_until_shutdown_then_lets_go_of_the_databa
     assert_eq!(status, 404);
     let (status, body) = post().await;
     assert_eq!(status, 200, "{body}");
-    stop.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), serving)
-        .await
-        .expect("serve returns once its shutdown resolves")
-        .unwrap();
+    shut_down(stop, serving).await;
     assert!(
         client.connect(&url).await.is_err(),
         "still listening after serve returned"
@@ -1839,10 +1835,17 @@ async fn the_library_serves_in_process_until_shutdown_then_lets_go_of_the_databa
     assert!(readyz_is(&admin, 200).await, "run never became ready");
     let (status, body) = post().await;
     assert_eq!(status, 409, "{body}");
+    shut_down(stop, running).await.unwrap();
+}
+
+/// Resolves a served task's shutdown and waits for it to return, at most 10 s.
+async fn shut_down<T>(
+    stop: tokio::sync::oneshot::Sender<()>,
+    task: tokio::task::JoinHandle<T>,
+) -> T {
     stop.send(()).unwrap();
-    tokio::time::timeout(Duration::from_secs(10), running)
+    tokio::time::timeout(Duration::from_secs(10), task)
         .await
-        .expect("run returns once its shutdown resolves")
+        .expect("the task returns once its shutdown resolves")
         .unwrap()
-        .unwrap();
 }
