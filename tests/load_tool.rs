@@ -9,7 +9,9 @@ mod support;
 use std::net::SocketAddr;
 use std::process::{Child, Command, Stdio};
 
+use hyper::Method;
 use serde_json::Value;
+use support::client::TlsClient;
 use support::gateway::{Gateway, SECRET, Setup, write_secret};
 
 const LOAD: &str = env!("CARGO_BIN_EXE_hoox-load");
@@ -261,6 +263,15 @@ async fn the_bare_baseline_answers_every_post_over_both_protocols() {
         "bare-tls: listening on ",
     );
     let url = format!("https://127.0.0.1:{}/webhook", bare.addr.port());
+    // A small JSON answer, like the gateway's: the ratios compare like with like. Only a
+    // POST is a webhook.
+    let client = TlsClient::new(&cert);
+    let (status, headers, body) = client.post(&url, &[], "{}").await;
+    assert_eq!(status, 200);
+    assert_eq!(headers["content-type"], "application/json");
+    assert_eq!(body, serde_json::json!({"success": true}));
+    let get = client.request(Method::GET, &url, &[], "").await;
+    assert_eq!(get.status, 405);
     for extra in [&["--http1"][..], &["--http2"], &["--rate", "2000/s"]] {
         let cert = cert.to_str().unwrap();
         let args = [

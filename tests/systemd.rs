@@ -225,16 +225,15 @@ async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
     };
     assert_eq!(post("hup-1", new.clone()).await, 200);
     assert_eq!(post("hup-2", old.clone()).await, 401);
-    // The connection opened before the reload was not dropped, and now sees the new secrets.
-    let r = kept
-        .post(
-            &gw.url(),
-            &[("authorization", new.as_str())],
-            body("hup-6").to_string(),
-        )
-        .await
-        .expect("the reload dropped an open connection");
-    assert_eq!(r.status, 200);
+    // The connection opened before the reload was not dropped, and now sees the new secrets,
+    // not the removed one: a kept connection is no grace period for it.
+    for (auth, key, want) in [(&new, "hup-6", 200), (&old, "hup-7", 401)] {
+        let r = kept
+            .post(&gw.url(), &[("authorization", auth)], body(key).to_string())
+            .await
+            .expect("the reload dropped an open connection");
+        assert_eq!(r.status, want, "{key}");
+    }
 
     // A broken file (world-readable) is refused: the current secrets stay.
     let path = setup.dir.path().join("secrets/bearer");

@@ -313,6 +313,18 @@ async fn bad_requests_are_refused_before_the_executor() {
         (r.status.as_u16(), code(&r.json())),
         (400, "INVALID_IDEMPOTENCY_KEY")
     );
+    // A null key is not an absent one (no fallback to the fingerprint), nor a null mode a
+    // live trade.
+    for (field, want) in [
+        ("idempotencyKey", "INVALID_IDEMPOTENCY_KEY"),
+        ("test", "INVALID_REQUEST"),
+    ] {
+        let mut t = trade("NULLUSDT");
+        t[field] = Value::Null;
+        let r = gw.post(&t, &[]).await;
+        assert_eq!((r.status.as_u16(), code(&r.json())), (400, want), "{field}");
+        assert!(r.json()["detail"].as_str().unwrap().contains(field));
+    }
 
     // Routes, methods, size, media type.
     let r = c

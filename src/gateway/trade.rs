@@ -38,11 +38,18 @@ pub enum TradeError {
         field: &'static str,
         problem: &'static str,
     },
+    /// A body `idempotencyKey` that is not a string (`null` included): a key the sender
+    /// meant to give and did not, so never a silent fallback to the fingerprint (SPEC §2).
+    #[error("body idempotencyKey must be a string")]
+    KeyNotAString,
 }
 
 impl From<TradeError> for super::problem::Problem {
     fn from(e: TradeError) -> Self {
-        super::problem::Problem::InvalidRequest(e.to_string())
+        match e {
+            TradeError::KeyNotAString => Self::InvalidIdempotencyKey(e.to_string()),
+            _ => Self::InvalidRequest(e.to_string()),
+        }
     }
 }
 
@@ -206,15 +213,17 @@ impl Trade {
                 _ => return Err(field("leverage", "must be an integer from 1 to 125")),
             },
         };
+        // Unlike `price` and `leverage`, a `null` here is refused: read as absent, it would
+        // send a test trade live, or a keyed trade under a minute's fingerprint.
         let test = match obj.get("test") {
-            None | Some(Value::Null) => false,
+            None => false,
             Some(Value::Bool(b)) => *b,
             Some(_) => return Err(field("test", "must be true or false")),
         };
         let idempotency_key = match obj.get("idempotencyKey") {
-            None | Some(Value::Null) => None,
+            None => None,
             Some(Value::String(s)) => Some(s.clone()),
-            Some(_) => return Err(field("idempotencyKey", "must be a string")),
+            Some(_) => return Err(TradeError::KeyNotAString),
         };
 
         Ok(Trade {
@@ -466,10 +475,18 @@ mod tests {
         assert_eq!(t.mode(), Mode::Live);
         assert_eq!((t.price, t.leverage), (None, None));
         assert_eq!(t.idempotency_key(), None);
-        // null means absent for the optional fields.
-        let t = with("price", Value::Null).unwrap();
-        assert_eq!(t.price, None);
-        assert_eq!(with("test", Value::Null).unwrap().mode(), Mode::Live);
+        // null means absent for the optional figures, but not for the mode or the key.
+        assert_eq!(with("price", Value::Null).unwrap().price, None);
+        assert_eq!(with("leverage", Value::Null).unwrap().leverage, None);
+        assert_eq!(err_field(with("test", Value::Null)), "test");
+        for bad in [Value::Null, json!(42), json!(["k"])] {
+            let e = with("idempotencyKey", bad).unwrap_err();
+            assert_eq!(e, TradeError::KeyNotAString);
+            let problem = crate::gateway::problem::Problem::from(e);
+            assert_eq!(problem.code(), "INVALID_IDEMPOTENCY_KEY");
+        }
+        let schema = crate::gateway::problem::Problem::from(with("test", json!(1)).unwrap_err());
+        assert_eq!(schema.code(), "INVALID_REQUEST");
     }
 
     #[test]
@@ -580,10 +597,6 @@ mod tests {
 
         assert_eq!(err_field(with("test", json!("true"))), "test");
         assert_eq!(err_field(with("test", json!(1))), "test");
-        assert_eq!(
-            err_field(with("idempotencyKey", json!(5))),
-            "idempotencyKey"
-        );
         assert_eq!(err_field(with("apiKey", json!(["k"]))), "apiKey");
     }
 
