@@ -208,6 +208,80 @@ async fn corrupt_file_at_start() {
     assert_recovers(&gw, &exec, "corrupt-2").await;
 }
 
+/// Asserts the gateway will not make an empty database in place of `db`, missing for `why`:
+/// it says why (log and `/readyz`), fails closed and creates nothing. Then, once `restore`
+/// has brought the file back (its result is kept alive until the end), it serves again,
+/// with `held` still held.
+async fn assert_refused_until_restored<T>(
+    gw: &Gateway,
+    exec: &MockExecutor,
+    (db, why): (&Path, &str),
+    restore: impl FnOnce() -> T,
+    held: &str,
+) -> T {
+    wait_logged(gw, why, 1).await;
+    let (status, body) = gw.admin("GET", "/readyz").await;
+    assert_eq!(status, 503);
+    let detail = body["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.contains(why) && detail.contains("restore it"),
+        "{body}"
+    );
+    assert_fails_closed(gw, exec, &format!("{held}-missing")).await;
+    assert!(!db.exists(), "an empty database was made");
+    let restored = restore();
+    assert_recovers(gw, exec, &format!("{held}-restored")).await;
+    assert_eq!(gw.post(&keyed(held), &[]).await.status, 409);
+    restored
+}
+
+/// The database file is gone at start, but its journal is not: a lost database, not a
+/// first start. An empty one in its place would forget every live key.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_lost_database_is_not_made_again_empty() {
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let mut gw = setup.start();
+    gw.wait_ready().await;
+    assert_eq!(gw.post(&keyed("lost"), &[]).await.status, 200);
+    assert!(gw.terminate().success());
+    let db = setup.dir.path().join("state/mutex.redb");
+    let aside = setup.dir.path().join("mutex.redb.aside");
+    std::fs::rename(&db, &aside).unwrap();
+
+    let gw = setup.start();
+    let why = "is missing or empty, but its journal is there";
+    let restore = || std::fs::rename(&aside, &db).unwrap();
+    assert_refused_until_restored(&gw, &exec, (&db, why), restore, "lost").await;
+}
+
+/// The state directory's disk fails and goes while the gateway runs (a USB disk on a Pi,
+/// unplugged), leaving the empty mount point. Both files are gone, as at a first start, but
+/// this process had them open: no empty database on the wrong disk.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_disk_gone_mid_run_is_not_replaced_by_an_empty_database() {
+    use eiofs::{EioMount, Fault};
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let state = setup.dir.path().join("state");
+    let backing = tempfile::tempdir().unwrap();
+    let disk = EioMount::new(&state, backing.path());
+    let gw = setup.start();
+    gw.wait_ready().await;
+    assert_eq!(gw.post(&keyed("gone"), &[]).await.status, 200);
+    // The readiness probe makes the owner write what it carries first, so the reserve
+    // below is refused by its own write failing, not by a commit still carried.
+    gw.wait_ready().await;
+    disk.fail(Fault::WritesAndSyncs);
+    assert_eq!(gw.post(&keyed("gone-failing"), &[]).await.status, 503);
+    drop(disk);
+
+    let db = state.join("mutex.redb");
+    let why = "is missing or empty, but it was open";
+    let remount = || EioMount::new(&state, backing.path());
+    let _disk = assert_refused_until_restored(&gw, &exec, (&db, why), remount, "gone").await;
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owner_stalled() {
     let exec = MockExecutor::start().await;

@@ -389,8 +389,29 @@ fn corrupted_file() {
             );
             tokio::time::sleep(Duration::from_millis(60)).await;
         }
-        // The operator moves the damaged file aside: a fresh one is created and served.
+        // The operator moves the damaged file aside. Its journal is still there, so this is
+        // a lost database, not a first start: still refused, and nothing created.
         std::fs::rename(&path, path.with_extension("corrupt")).unwrap();
+        // The owner tries again with backoff: wait for the attempt after the move.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        loop {
+            match m.reserve(reserve(&key("c0"), 3_600_000, 1)).await {
+                Decision::Unavailable(Unavailable::NotOpen(why))
+                    if why.contains("is missing or empty, but its journal is there") =>
+                {
+                    break;
+                }
+                Decision::Unavailable(Unavailable::NotOpen(why)) => {
+                    assert!(std::time::Instant::now() < deadline, "still: {why}");
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                }
+                d => panic!("a database made again empty: {d:?}"),
+            }
+        }
+        assert!(!path.exists());
+        // The journal goes too, the operator's choice: a fresh database is created and served.
+        let journal = hoox_edge::mutex::journal::path_for(&path);
+        std::fs::rename(&journal, path.with_extension("corrupt-journal")).unwrap();
         assert!(wait_recovered(&m, "fresh").await);
     });
     owner.stop();

@@ -367,7 +367,13 @@ async fn readyz(state: &State) -> Answer {
 /// Why the gateway should not be sent traffic, if it should not: `(reason, detail)`.
 async fn not_ready(state: &State) -> Option<(&'static str, String)> {
     if !state.ready.load(Ordering::Acquire) {
-        return Some(("starting", "the mutex's database is not open yet".into()));
+        // The first open failed (locked, corrupt, missing): the owner's reason says what to
+        // mend, where "starting" would only say to wait.
+        let failed = state.mutex.ping().await.ok().and_then(|s| s.fail_closed);
+        return Some(match failed {
+            Some(u) => (u.reason(), u.to_string()),
+            None => ("starting", "the mutex's database is not open yet".into()),
+        });
     }
     if state.stopping.load(Ordering::Acquire) {
         return Some((

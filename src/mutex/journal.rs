@@ -97,14 +97,14 @@ pub(crate) struct Journal {
 }
 
 impl Journal {
-    /// Opens (creating if need be) the journal file and fills it with zeros up to
+    /// Opens the journal file (creating it if `create`) and fills it with zeros up to
     /// `capacity`. Every block is written once here, so appending later never allocates a
     /// block and the fdatasync of a record has no metadata to flush.
-    pub fn open_file(path: &Path, capacity: usize) -> io::Result<File> {
+    pub fn open_file(path: &Path, capacity: usize, create: bool) -> io::Result<File> {
         let file = std::fs::OpenOptions::new()
             .read(true)
             .write(true)
-            .create(true)
+            .create(create)
             .truncate(false)
             .open(path)?;
         let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
@@ -354,14 +354,14 @@ mod tests {
     fn journal(capacity: usize, checkpoint: u64) -> (tempfile::TempDir, Journal) {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
-        let file = Journal::open_file(&path, capacity).unwrap();
+        let file = Journal::open_file(&path, capacity, true).unwrap();
         (dir, Journal::new(file, &path, ID, capacity, checkpoint))
     }
 
     /// The same, without direct I/O: what a file system that refuses it gets.
     fn buffered(capacity: usize) -> (tempfile::TempDir, Journal) {
         let dir = tempfile::tempdir().unwrap();
-        let file = Journal::open_file(&dir.path().join("j"), capacity).unwrap();
+        let file = Journal::open_file(&dir.path().join("j"), capacity, true).unwrap();
         (dir, Journal::with(file, None, ID, capacity, 0))
     }
 
@@ -508,7 +508,7 @@ mod tests {
     fn a_direct_write_that_fails_for_another_reason_is_an_error_not_redone() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
-        let file = Journal::open_file(&path, 4 * PAGE).unwrap();
+        let file = Journal::open_file(&path, 4 * PAGE, true).unwrap();
         // A handle that cannot write: the write fails with EBADF, as a failing disk's
         // would with EIO. Only EINVAL (direct I/O refused) may be redone through the page
         // cache; anything else must reach the owner, which fails closed.
@@ -598,11 +598,11 @@ mod tests {
     fn reopening_keeps_what_is_written() {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("j");
-        let file = Journal::open_file(&path, 4 * PAGE).unwrap();
+        let file = Journal::open_file(&path, 4 * PAGE, true).unwrap();
         let mut j = Journal::new(file, &path, ID, 4 * PAGE, 0);
         j.append(&payload(&[Op::Del(3)]), true).unwrap();
         drop(j);
-        let file = Journal::open_file(&path, 8 * PAGE).unwrap();
+        let file = Journal::open_file(&path, 8 * PAGE, true).unwrap();
         let bytes = Journal::read_all(&file).unwrap();
         assert_eq!(bytes.len(), 8 * PAGE, "grown, not truncated");
         assert_eq!(lsns(&bytes, 0), [1]);

@@ -187,6 +187,9 @@ struct Owner {
     backoff: Duration,
     /// Real time, not the injected clock: the disk comes back in the real world.
     retry_at: Instant,
+    /// Whether the database has been open in this process: from then on a file that is
+    /// gone was lost (an unmounted disk, say), never new, and is not created again.
+    opened: bool,
 }
 
 impl Owner {
@@ -210,6 +213,7 @@ impl Owner {
             failure: Some(Unavailable::NotOpen("not opened yet".into())),
             backoff: Duration::ZERO,
             retry_at: Instant::now(),
+            opened: false,
         }
     }
 
@@ -863,8 +867,10 @@ impl Owner {
         let now_mono = self.clock.mono_ms();
         // An entry the monotonic clock still holds is kept, whatever the wall clock says.
         let held = |seq: u64| self.dues.get(&seq).is_some_and(|&due| due > now_mono);
-        match store::open(&self.config.path, self.config.journal_bytes, now_wall, held) {
+        let (path, bytes) = (&self.config.path, self.config.journal_bytes);
+        match store::open(path, bytes, !self.opened, now_wall, held) {
             Ok((store, loaded)) => {
+                self.opened = true;
                 self.index.clear();
                 self.wheel = Wheel::new(now_mono);
                 let mut skipped = 0;

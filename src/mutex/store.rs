@@ -19,7 +19,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
-use std::path::Path;
+use std::path::{Path, PathBuf};
 
 use redb::{Database, ReadableDatabase, ReadableTable, Table, TableDefinition};
 use serde::{Deserialize, Serialize};
@@ -150,6 +150,29 @@ pub(super) enum LoadError {
     /// rather than forget it.
     #[error("entry #{seq} cannot be read: {err}")]
     Entry { seq: u64, err: DecodeError },
+    /// A file of the database is gone where one must be (SPEC §1: missing is Unavailable).
+    #[error("{} is missing or empty, but {why}: {fix}", path.display())]
+    Missing {
+        path: PathBuf,
+        why: &'static str,
+        fix: String,
+    },
+}
+
+impl LoadError {
+    /// `path` is gone, though `why` says it existed; `other` is the database's other file,
+    /// which the operator removes too to start with no live keys.
+    fn missing(path: &Path, why: &'static str, other: &Path) -> LoadError {
+        let fix = format!(
+            "restore it, or remove {} too and restart to start with no live keys",
+            other.display()
+        );
+        LoadError::Missing {
+            path: path.to_owned(),
+            why,
+            fix,
+        }
+    }
 }
 
 /// Why a batch could not be written. The owner fails closed on any of them.
@@ -192,10 +215,14 @@ via_redb_error!(
     redb::SetDurabilityError
 );
 
-/// Opens (or creates) the database and its journal, replays the journal into the database,
-/// reads every entry, deletes those expired at `now_wall` but not `held` (by number), and
-/// commits all that durably: a checkpoint, after which the journal starts empty and the
-/// file holds only live keys.
+/// Opens the database and its journal, replays the journal into the database, reads every
+/// entry, deletes those expired at `now_wall` but not `held` (by number), and commits all
+/// that durably: a checkpoint, after which the journal starts empty and the file holds only
+/// live keys.
+///
+/// Both files are created only where nothing of an earlier database is left, and only if
+/// `may_create` (the owner has not opened one yet). A file that is gone where one must be
+/// is [`LoadError::Missing`]: an empty one in its place would forget every live key.
 ///
 /// Integrity is checked on every open: a plain redb open trusts the file and may panic on
 /// one damaged outside redb, and a panic in the owner would take the process down instead
@@ -204,20 +231,47 @@ via_redb_error!(
 pub(super) fn open(
     path: &Path,
     journal_bytes: usize,
+    may_create: bool,
     now_wall: u64,
     held: impl Fn(u64) -> bool,
 ) -> Result<(Store, Loaded), LoadError> {
-    let db = Database::builder()
-        .set_cache_size(CACHE_BYTES)
-        .set_check_integrity_on_open(true)
-        .create(path)?;
     let journal_path = journal::path_for(path);
-    let file = Journal::open_file(&journal_path, journal_bytes).map_err(JournalError::from)?;
+    let io = |e| LoadError::Db(redb::Error::Io(e));
+    // Zero bytes is a first start stopped before redb wrote a header: as good as no file.
+    let db_bytes = bytes_at(path).map_err(io)?;
+    let mut builder = Database::builder();
+    builder
+        .set_cache_size(CACHE_BYTES)
+        .set_check_integrity_on_open(true);
+    let db = if db_bytes > 0 {
+        // `open`, not `create`: a file gone since the check is an error, not a new file.
+        builder.open(path)?
+    } else if !may_create {
+        return Err(LoadError::missing(path, "it was open", &journal_path));
+    } else if bytes_at(&journal_path).map_err(io)? > 0 {
+        return Err(LoadError::missing(
+            path,
+            "its journal is there",
+            &journal_path,
+        ));
+    } else {
+        builder.create(path)?
+    };
     let txn = db.begin_write()?;
-    let (id, checkpoint, replayed, halted) = {
+    let (file, id, checkpoint, replayed, halted) = {
         let mut meta = txn.open_table(META)?;
         let mut entries = txn.open_table(ENTRIES)?;
-        let id = match read_u64(&meta, JOURNAL_ID)? {
+        let known = read_u64(&meta, JOURNAL_ID)?;
+        // A database's first open fills the journal before it commits the journal's id,
+        // so a database with an id has had a journal: one gone (or emptied) now took
+        // records with it.
+        if known.is_some() && bytes_at(&journal_path).map_err(JournalError::from)? == 0 {
+            let why = "the database has used it";
+            return Err(LoadError::missing(&journal_path, why, path));
+        }
+        let file = Journal::open_file(&journal_path, journal_bytes, known.is_none())
+            .map_err(JournalError::from)?;
+        let id = match known {
             Some(id) => id,
             None => {
                 let id = getrandom::u64()
@@ -246,7 +300,7 @@ pub(super) fn open(
             meta.insert(CHECKPOINT, checkpoint.to_le_bytes().as_slice())?;
         }
         let halted = meta.get(HALTED)?.is_some_and(|v| v.value() == [1]);
-        (id, checkpoint, records.len(), halted)
+        (file, id, checkpoint, records.len(), halted)
     };
     let mut live = Vec::new();
     let mut expired = Vec::new();
@@ -285,6 +339,15 @@ pub(super) fn open(
         pending_records: 0,
     };
     Ok((store, loaded))
+}
+
+/// The length of the file at `path`; 0 when there is none.
+fn bytes_at(path: &Path) -> std::io::Result<u64> {
+    match std::fs::metadata(path) {
+        Ok(m) => Ok(m.len()),
+        Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
+        Err(e) => Err(e),
+    }
 }
 
 fn read_u64(meta: &Table<&str, &[u8]>, key: &str) -> Result<Option<u64>, redb::StorageError> {
@@ -498,7 +561,7 @@ mod tests {
         };
         let held = |loaded: &Loaded| loaded.live.iter().map(|(s, _)| *s).collect::<Vec<_>>();
 
-        let (mut store, _) = open(&path, JOURNAL, NOW, |_| false).unwrap();
+        let (mut store, _) = open(&path, JOURNAL, true, NOW, |_| false).unwrap();
         reserve(&mut store, 0..4);
         drop(store);
         // The crash came during the fourth record's sync: it is torn, never answered.
@@ -508,13 +571,55 @@ mod tests {
             .unwrap();
         journal.write_all_at(&[0xff], 3 * 4096 + 40).unwrap();
 
-        let (mut store, loaded) = open(&path, JOURNAL, NOW, |_| false).unwrap();
+        let (mut store, loaded) = open(&path, JOURNAL, true, NOW, |_| false).unwrap();
         assert_eq!(held(&loaded), [0, 1, 2]);
         reserve(&mut store, 10..12);
         drop(store);
 
-        let (_store, loaded) = open(&path, JOURNAL, NOW, |_| false).expect("third open");
+        let (_store, loaded) = open(&path, JOURNAL, true, NOW, |_| false).expect("third open");
         assert_eq!(held(&loaded), [0, 1, 2, 10, 11]);
+    }
+
+    /// A file of the database gone where one must be is refused, never made again empty:
+    /// in its place, an empty one would forget every live key.
+    #[test]
+    fn a_lost_file_is_refused_not_made_again() {
+        const NOW: u64 = 1_700_000_000_000;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        let journal = journal::path_for(&path);
+        let aside = |p: &Path| PathBuf::from(format!("{}.aside", p.display()));
+        let open = |may_create| open(&path, 16 * 4096, may_create, NOW, |_| false);
+        let refused = |r: Result<(Store, Loaded), LoadError>| match r {
+            Err(LoadError::Missing { path, why, .. }) => (path, why),
+            Err(e) => panic!("refused for another reason: {e}"),
+            Ok(_) => panic!("opened"),
+        };
+        drop(open(true).expect("a first start creates both files"));
+
+        std::fs::rename(&path, aside(&path)).unwrap();
+        assert_eq!(refused(open(true)), (path.clone(), "its journal is there"));
+        std::fs::write(&path, b"").unwrap();
+        assert_eq!(refused(open(true)), (path.clone(), "its journal is there"));
+        // With nothing left, only a process that never had it open starts afresh.
+        std::fs::rename(&journal, aside(&journal)).unwrap();
+        assert_eq!(refused(open(false)), (path.clone(), "it was open"));
+        assert_eq!(bytes_at(&path).unwrap(), 0, "created again");
+        assert!(!journal.exists(), "created again");
+
+        std::fs::rename(aside(&path), &path).unwrap();
+        let used = "the database has used it";
+        assert_eq!(refused(open(true)), (journal.clone(), used));
+        assert!(!journal.exists(), "created again");
+        std::fs::write(&journal, b"").unwrap();
+        assert_eq!(refused(open(true)), (journal.clone(), used));
+        std::fs::rename(aside(&journal), &journal).unwrap();
+        drop(open(false).expect("restored"));
+        let err = LoadError::missing(&journal, used, &path).to_string();
+        assert!(
+            err.contains("remove") && err.contains("m.redb too"),
+            "{err}"
+        );
     }
 
     /// The last entry number is taken: a damaged table, refused at the open rather than
@@ -524,7 +629,7 @@ mod tests {
         const NOW: u64 = 1_700_000_000_000;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
-        let (store, _) = open(&path, 16 * 4096, NOW, |_| false).unwrap();
+        let (store, _) = open(&path, 16 * 4096, true, NOW, |_| false).unwrap();
         let mut e = sample();
         e.expires_at = NOW + 300_000;
         let txn = store.db.begin_write().unwrap();
@@ -534,7 +639,7 @@ mod tests {
             .unwrap();
         txn.commit().unwrap();
         drop(store);
-        let err = open(&path, 16 * 4096, NOW, |_| false)
+        let err = open(&path, 16 * 4096, true, NOW, |_| false)
             .err()
             .expect("opened");
         assert!(
