@@ -195,22 +195,30 @@ pub async fn check(url: &str, json: bool) -> Result<ExitCode, Error> {
 mod tests {
     use super::*;
 
-    async fn post(addr: SocketAddr, key: Option<&str>) -> StatusCode {
+    /// `method` on `path`, with an `Idempotency-Key` if `key`: the status and the body.
+    async fn send(addr: SocketAddr, method: Method, path: &str, key: Option<&str>) -> (u16, Bytes) {
         let tcp = TcpStream::connect(addr).await.unwrap();
         let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp))
             .await
             .unwrap();
         tokio::spawn(conn);
-        let mut req = Request::post("/orders").header(hyper::header::HOST, addr.to_string());
+        let mut req = Request::builder()
+            .method(method)
+            .uri(path)
+            .header(hyper::header::HOST, addr.to_string());
         if let Some(key) = key {
             req = req.header("idempotency-key", key);
         }
         let res = sender.send_request(req.body(Full::new(Bytes::from_static(b"{}"))).unwrap());
         let res = res.await.unwrap();
-        let status = res.status();
-        let body = res.into_body().collect().await.unwrap().to_bytes();
+        let status = res.status().as_u16();
+        (status, res.into_body().collect().await.unwrap().to_bytes())
+    }
+
+    async fn post(addr: SocketAddr, key: Option<&str>) -> StatusCode {
+        let (status, body) = send(addr, Method::POST, "/orders", key).await;
         assert_eq!(&body[..], b"{\"success\":true}");
-        status
+        StatusCode::from_u16(status).unwrap()
     }
 
     #[tokio::test]
@@ -221,6 +229,9 @@ mod tests {
         for key in [Some("a"), Some("b"), Some("a"), None, Some("c"), Some("a")] {
             assert_eq!(post(addr, key).await, StatusCode::OK);
         }
+        // Only a POST is an order, and only a GET of /ledger the counts.
+        let (status, _) = send(addr, Method::GET, "/orders", Some("a")).await;
+        assert_eq!(status, 405);
         let counts = fetch(&format!("http://{addr}/ledger")).await.unwrap();
         assert_eq!(counts.total, 6);
         assert_eq!(counts.unique, 3);

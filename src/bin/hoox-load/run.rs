@@ -924,15 +924,27 @@ mod tests {
     fn repeats_draw_only_from_issued_keys() {
         let mut p = plan(Auth::None);
         let mut rng = Rng(7);
+        // Always repeat, but nothing issued yet: the first key is a new one all the same.
+        p.dup_ratio = 1.0;
+        assert_eq!(p.key_number(&mut rng), 0);
+        assert_eq!(p.key_number(&mut rng), 0);
         // No repeats: keys 0, 1, 2, ... in order, so a replay run covers exactly these.
+        p.dup_ratio = 0.0;
         assert_eq!(
-            (0..5).map(|_| p.key_number(&mut rng)).collect::<Vec<_>>(),
-            [0, 1, 2, 3, 4]
+            (0..4).map(|_| p.key_number(&mut rng)).collect::<Vec<_>>(),
+            [1, 2, 3, 4]
         );
         // Always repeat: never a new key, always one of the five issued.
         p.dup_ratio = 1.0;
         assert!((0..1000).all(|_| p.key_number(&mut rng) < 5));
         assert_eq!(p.fresh.load(Ordering::Relaxed), 5);
+        // Half and half, over many draws: the generator's bits stay mixed.
+        p.dup_ratio = 0.5;
+        for _ in 0..10_000 {
+            p.key_number(&mut rng);
+        }
+        let new = p.fresh.load(Ordering::Relaxed) - 5;
+        assert!((4_700..=5_300).contains(&new), "{new} new keys of 10,000");
         // A storm: every key within --keys.
         p.keys = Some(3);
         assert!((0..1000).all(|_| p.key_number(&mut rng) < 3));
