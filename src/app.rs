@@ -110,7 +110,13 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
                 source,
             })?;
     let (admin, admin_addr) = match &config.admin {
-        None => (None, None),
+        None => {
+            // Allowed (an operator may want no admin face at all), but never by accident.
+            log::warn!(
+                "no [admin] listen in the config: no /readyz, /metrics, key release or kill switch"
+            );
+            (None, None)
+        }
         Some(l) => {
             let b = admin::bind(l).await.map_err(|source| RunError::Bind {
                 addr: format!("{l:?}"),

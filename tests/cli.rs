@@ -103,6 +103,46 @@ async fn operator_releases_a_held_key_and_halts() {
     }
 }
 
+/// Without `[admin]` the gateway serves webhooks and no admin API, and says so: on stdout
+/// ("admin off") and as a warning, since the kill switch and `/readyz` go with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn without_an_admin_section_the_gateway_serves_and_warns() {
+    use std::io::{BufRead, BufReader};
+    let mut setup = Setup::new(None);
+    setup.config.remove("admin");
+    let mut child = setup.command().spawn().unwrap();
+    let mut line = String::new();
+    BufReader::new(child.stdout.take().unwrap())
+        .read_line(&mut line)
+        .unwrap();
+    let port = line
+        .strip_prefix("hoox-edge: gateway on https://127.0.0.1:")
+        .and_then(|rest| rest.strip_suffix(" admin off\n"))
+        .unwrap_or_else(|| panic!("{line:?}"));
+    let url = format!("https://localhost:{port}/webhook");
+    let client = setup.client();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    let status = loop {
+        let r = client.request(hyper::Method::POST, &url, &[], trade("BTCUSDT").to_string());
+        // 503 until the database is open: there is no /readyz to ask.
+        match r.await.status.as_u16() {
+            503 if std::time::Instant::now() < deadline => {
+                tokio::time::sleep(std::time::Duration::from_millis(50)).await
+            }
+            s => break s,
+        }
+    };
+    assert_eq!(status, 200);
+    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
+    let out = child.wait_with_output().unwrap();
+    assert!(out.status.success());
+    let log = String::from_utf8_lossy(&out.stderr);
+    assert!(
+        log.contains("WARN  hoox_edge::app: no [admin] listen"),
+        "{log}"
+    );
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sign_produces_headers_the_gateway_accepts() {
     let setup = Setup::new(None);
