@@ -182,7 +182,8 @@ async fn the_load_tool_passes_a_gateway_that_forwards_once_and_catches_one_that_
         400,
         "only 200 and 409 expected: {report}"
     );
-    // 399 draws at even odds (the first request has no key to repeat): 200 ± 10.
+    // 399 draws at even odds (the first request has no key to repeat): 200 repeats on
+    // average, with a standard deviation of 10. The bounds are five of those.
     assert!((150..=250).contains(&refused), "{report}");
     assert_eq!(verdict["ledger"]["total"], forwarded, "{verdict}");
     assert_eq!(verdict["ledger"]["unique"], forwarded, "{verdict}");

@@ -53,6 +53,8 @@ const MAX_CONNECTIONS: usize = 32;
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long in-flight admin requests may take to finish at shutdown.
 const DRAIN: Duration = Duration::from_secs(5);
+/// How long `/readyz` waits, before the first open, for the owner to say why it is not open.
+const STARTING_PING: Duration = Duration::from_millis(200);
 /// `/keys` without `limit`, and the most one answer may hold.
 const DEFAULT_LIMIT: usize = 100;
 const MAX_LIMIT: usize = 10_000;
@@ -366,20 +368,23 @@ async fn readyz(state: &State) -> Answer {
 
 /// Why the gateway should not be sent traffic, if it should not: `(reason, detail)`.
 async fn not_ready(state: &State) -> Option<(&'static str, String)> {
-    if !state.ready.load(Ordering::Acquire) {
-        // The first open failed (locked, corrupt, missing): the owner's reason says what to
-        // mend, where "starting" would only say to wait.
-        let failed = state.mutex.ping().await.ok().and_then(|s| s.fail_closed);
-        return Some(match failed {
-            Some(u) => (u.reason(), u.to_string()),
-            None => ("starting", "the mutex's database is not open yet".into()),
-        });
-    }
+    // Before `ready`: a stop clears it too, so the stop is told first.
     if state.stopping.load(Ordering::Acquire) {
         return Some((
             "stopping",
             "shutting down: in-flight requests are draining".into(),
         ));
+    }
+    if !state.ready.load(Ordering::Acquire) {
+        // The first open failed (locked, corrupt, missing): the owner's reason says what to
+        // mend, where "starting" would only say to wait. A probe is answered at once: an
+        // owner still inside its first open is starting.
+        let ping = tokio::time::timeout(STARTING_PING, state.mutex.ping()).await;
+        let failed = ping.ok().and_then(Result::ok).and_then(|s| s.fail_closed);
+        return Some(match failed {
+            Some(u) => (u.reason(), u.to_string()),
+            None => ("starting", "the mutex's database is not open yet".into()),
+        });
     }
     match state.mutex.ping().await {
         Err(u) => Some((u.reason(), u.to_string())),

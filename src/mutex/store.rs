@@ -160,13 +160,20 @@ pub(super) enum LoadError {
 }
 
 impl LoadError {
-    /// `path` is gone, though `why` says it existed; `other` is the database's other file,
-    /// which the operator removes too to start with no live keys.
-    fn missing(path: &Path, why: &'static str, other: &Path) -> LoadError {
-        let fix = format!(
-            "restore it, or remove {} too and restart to start with no live keys",
-            other.display()
-        );
+    /// `path` is gone, though `why` says it existed. `other` is the database's other file,
+    /// which the operator may remove too to start with no live keys. `None` when this
+    /// process had the database open: then the way out is to bring the disk back, for a
+    /// restart that found neither file would take it for a first start.
+    fn missing(path: &Path, why: &'static str, other: Option<&Path>) -> LoadError {
+        let fix = match other {
+            Some(other) => format!(
+                "restore it, or remove {} too to start with no live keys",
+                other.display()
+            ),
+            None => "remount or restore it, and do not restart until then: a start that \
+                     finds neither file starts with no live keys"
+                .into(),
+        };
         LoadError::Missing {
             path: path.to_owned(),
             why,
@@ -247,12 +254,12 @@ pub(super) fn open(
         // `open`, not `create`: a file gone since the check is an error, not a new file.
         builder.open(path)?
     } else if !may_create {
-        return Err(LoadError::missing(path, "it was open", &journal_path));
+        return Err(LoadError::missing(path, "it was open", None));
     } else if bytes_at(&journal_path).map_err(io)? > 0 {
         return Err(LoadError::missing(
             path,
             "its journal is there",
-            &journal_path,
+            Some(&journal_path),
         ));
     } else {
         builder.create(path)?
@@ -267,7 +274,7 @@ pub(super) fn open(
         // records with it.
         if known.is_some() && bytes_at(&journal_path).map_err(JournalError::from)? == 0 {
             let why = "the database has used it";
-            return Err(LoadError::missing(&journal_path, why, path));
+            return Err(LoadError::missing(&journal_path, why, Some(path)));
         }
         let file = Journal::open_file(&journal_path, journal_bytes, known.is_none())
             .map_err(JournalError::from)?;
@@ -615,11 +622,13 @@ mod tests {
         assert_eq!(refused(open(true)), (journal.clone(), used));
         std::fs::rename(aside(&journal), &journal).unwrap();
         drop(open(false).expect("restored"));
-        let err = LoadError::missing(&journal, used, &path).to_string();
+        let err = LoadError::missing(&journal, used, Some(&path)).to_string();
         assert!(
             err.contains("remove") && err.contains("m.redb too"),
             "{err}"
         );
+        let err = LoadError::missing(&path, "it was open", None).to_string();
+        assert!(err.contains("do not restart"), "{err}");
     }
 
     /// The last entry number is taken: a damaged table, refused at the open rather than

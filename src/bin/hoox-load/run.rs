@@ -928,7 +928,8 @@ mod tests {
         p.dup_ratio = 1.0;
         assert_eq!(p.key_number(&mut rng), 0);
         assert_eq!(p.key_number(&mut rng), 0);
-        // No repeats: keys 0, 1, 2, ... in order, so a replay run covers exactly these.
+        // No repeats: the next keys in order (1, 2, ...), so a replay run covers exactly
+        // keys 0..N.
         p.dup_ratio = 0.0;
         assert_eq!(
             (0..4).map(|_| p.key_number(&mut rng)).collect::<Vec<_>>(),
@@ -938,7 +939,8 @@ mod tests {
         p.dup_ratio = 1.0;
         assert!((0..1000).all(|_| p.key_number(&mut rng) < 5));
         assert_eq!(p.fresh.load(Ordering::Relaxed), 5);
-        // Half and half, over many draws: the generator's bits stay mixed.
+        // Half and half, over many draws: the generator's bits stay mixed (a fixed seed, so
+        // the count is the same every run; a broken generator strays far outside).
         p.dup_ratio = 0.5;
         for _ in 0..10_000 {
             p.key_number(&mut rng);
