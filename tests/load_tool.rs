@@ -139,15 +139,15 @@ impl Run {
     }
 }
 
-/// `hoox-load run` against `setup`'s gateway, HMAC-signed, every run's keys from the same
-/// prefix, checking `ledger` at the end.
-async fn run(setup: &Setup, gw: &Gateway, ledger: &Server, extra: &str) -> Run {
+/// `hoox-load run` against `setup`'s gateway, HMAC-signed, its keys from `prefix` (runs that
+/// share it share keys), checking `ledger` at the end.
+async fn run(setup: &Setup, gw: &Gateway, ledger: &Server, prefix: &str, extra: &str) -> Run {
     let secret = setup.dir.path().join("load-secret");
     write_secret(&secret, SECRET);
     let (url, ca, counts) = (gw.url(), setup.pki.ca_cert.display(), ledger.counts());
     let out = load(&format!(
         "run --url {url} --ca {ca} --auth hmac --secret-file {} --ledger {counts} --json \
-         --key-prefix sized {extra}",
+         --key-prefix {prefix} {extra}",
         secret.display()
     ))
     .await;
@@ -171,7 +171,14 @@ async fn the_load_tool_passes_a_gateway_that_forwards_once_and_catches_one_that_
     gw.wait_ready().await;
 
     // 1. Half the requests repeat an earlier trade: each trade is forwarded once.
-    let first = run(&setup, &gw, &ledger, "-c 4 --requests 400 --dup-ratio 0.5").await;
+    let first = run(
+        &setup,
+        &gw,
+        &ledger,
+        "sized",
+        "-c 4 --requests 400 --dup-ratio 0.5",
+    )
+    .await;
     let (report, verdict) = (&first.report, &first.verdict);
     assert_eq!(first.code, Some(0), "{report} {verdict}");
     assert_eq!(report["responses"], 400, "{report}");
@@ -189,12 +196,31 @@ async fn the_load_tool_passes_a_gateway_that_forwards_once_and_catches_one_that_
     assert_eq!(verdict["ledger"]["unique"], forwarded, "{verdict}");
     assert_eq!(verdict["no_key_forwarded_twice"], true, "{verdict}");
 
+    // A storm: 200 requests drawn from 5 keys. Each key is forwarded once.
+    let storm = run(
+        &setup,
+        &gw,
+        &ledger,
+        "storm",
+        "-c 8 --requests 200 --keys 5",
+    )
+    .await;
+    assert_eq!(storm.code, Some(0), "{} {}", storm.report, storm.verdict);
+    assert_eq!(storm.answered("200"), 5, "{}", storm.report);
+    assert_eq!(storm.answered("409"), 195, "{}", storm.report);
+    let forwarded = forwarded + 5;
+    assert_eq!(
+        storm.verdict["ledger"]["unique"], forwarded,
+        "{}",
+        storm.verdict
+    );
+
     // 2. The first 50 trades again, after a restart: every one is refused, none forwarded.
     let replay = "-c 2 --requests 50";
     assert!(gw.terminate().success());
     let mut gw = setup.start();
     gw.wait_ready().await;
-    let again = run(&setup, &gw, &ledger, replay).await;
+    let again = run(&setup, &gw, &ledger, "sized", replay).await;
     assert_eq!(again.code, Some(0), "{} {}", again.report, again.verdict);
     assert_eq!(again.answered("409"), 50, "{}", again.report);
     assert_eq!(
@@ -209,7 +235,7 @@ async fn the_load_tool_passes_a_gateway_that_forwards_once_and_catches_one_that_
     let forgetful = forwarding_to(&ledger);
     let gw = forgetful.start();
     gw.wait_ready().await;
-    let forgot = run(&forgetful, &gw, &ledger, replay).await;
+    let forgot = run(&forgetful, &gw, &ledger, "sized", replay).await;
     let (report, verdict) = (&forgot.report, &forgot.verdict);
     assert_eq!(forgot.code, Some(1), "{report} {verdict}");
     assert_eq!(forgot.answered("200"), 50, "{report}");
