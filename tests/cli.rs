@@ -107,41 +107,22 @@ async fn operator_releases_a_held_key_and_halts() {
 /// ("admin off") and as a warning, since the kill switch and `/readyz` go with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn without_an_admin_section_the_gateway_serves_and_warns() {
-    use std::io::{BufRead, BufReader};
     let mut setup = Setup::new(None);
     setup.config.remove("admin");
-    // To a file, not a pipe nobody reads until the end: a full pipe would stall the gateway.
-    let log = setup.dir.path().join("stderr.log");
-    let mut cmd = setup.command();
-    let mut child = cmd
-        .stderr(std::fs::File::create(&log).unwrap())
-        .spawn()
-        .unwrap();
-    let mut line = String::new();
-    BufReader::new(child.stdout.take().unwrap())
-        .read_line(&mut line)
-        .unwrap();
-    let port = line
-        .strip_prefix("hoox-edge: gateway on https://127.0.0.1:")
-        .and_then(|rest| rest.strip_suffix(" admin off\n"))
-        .unwrap_or_else(|| panic!("{line:?}"));
-    let url = format!("https://localhost:{port}/webhook");
-    let client = setup.client();
+    let mut gw = setup.start();
+    assert!(gw.admin.is_none(), "it did not print \"admin off\"");
     let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    let status = loop {
-        let r = client.request(hyper::Method::POST, &url, &[], trade("BTCUSDT").to_string());
+    loop {
         // 503 until the database is open: there is no /readyz to ask.
-        match r.await.status.as_u16() {
+        match gw.post(&trade("BTCUSDT"), &[]).await.status.as_u16() {
             503 if std::time::Instant::now() < deadline => {
                 tokio::time::sleep(std::time::Duration::from_millis(50)).await
             }
-            s => break s,
+            status => break assert_eq!(status, 200),
         }
-    };
-    assert_eq!(status, 200);
-    unsafe { libc::kill(child.id() as i32, libc::SIGTERM) };
-    assert!(child.wait().unwrap().success());
-    let log = std::fs::read_to_string(&log).unwrap();
+    }
+    assert!(gw.terminate().success());
+    let log = gw.stderr();
     assert!(
         log.contains("WARN  hoox_edge::app: no [admin] listen"),
         "{log}"

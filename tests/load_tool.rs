@@ -42,10 +42,16 @@ impl Server {
         let addr = line
             .strip_prefix(announce)
             .and_then(|rest| rest.split(['/', ' ', '\n']).next())
-            .unwrap_or_else(|| panic!("unexpected first line: {line:?}"))
-            .parse()
-            .unwrap();
-        Server { child, addr }
+            .and_then(|addr| addr.parse().ok());
+        match addr {
+            Some(addr) => Server { child, addr },
+            None => {
+                // Not left running after the test.
+                let _ = child.kill();
+                let _ = child.wait();
+                panic!("unexpected first line: {line:?}")
+            }
+        }
     }
 
     /// `hoox-load ledger`, the executor that remembers.

@@ -161,7 +161,8 @@ pub fn write_secret(path: &Path, text: &str) {
 pub struct Gateway {
     pub child: Child,
     pub addr: SocketAddr,
-    pub admin: Listen,
+    /// `None` for a config without `[admin]` (the gateway printed "admin off").
+    pub admin: Option<Listen>,
     pub client: TlsClient,
     /// Everything it wrote to stderr so far, collected by a thread.
     stderr: std::sync::Arc<std::sync::Mutex<String>>,
@@ -200,7 +201,10 @@ impl Gateway {
                     if let Some(rest) = line.strip_prefix("hoox-edge: gateway on https://") {
                         let mut it = rest.split(" admin ");
                         let addr = it.next().unwrap().parse().unwrap();
-                        let admin = Listen::parse(it.next().unwrap()).unwrap();
+                        let admin = match it.next().unwrap() {
+                            "off" => None,
+                            listen => Some(Listen::parse(listen).unwrap()),
+                        };
                         let gw = Gateway {
                             child,
                             addr,
@@ -231,9 +235,15 @@ impl Gateway {
         self.stderr.lock().unwrap().clone()
     }
 
+    fn admin_listen(&self) -> &Listen {
+        self.admin
+            .as_ref()
+            .expect("a gateway started without [admin]")
+    }
+
     /// An admin request: (status, body as JSON or string).
     pub async fn admin(&self, method: &str, path: &str) -> (u16, serde_json::Value) {
-        let (status, body) = hoox_edge::admin::client::request(&self.admin, method, path)
+        let (status, body) = hoox_edge::admin::client::request(self.admin_listen(), method, path)
             .await
             .expect("admin request");
         let v = serde_json::from_str(&body).unwrap_or(serde_json::Value::String(body));
@@ -243,7 +253,7 @@ impl Gateway {
     /// Waits until `/readyz` answers `want` (200 or 503), for at most 20 s.
     pub async fn wait_ready_is(&self, want: u16) {
         assert!(
-            readyz_is(&self.admin, want).await,
+            readyz_is(self.admin_listen(), want).await,
             "/readyz never answered {want}; stderr:\n{}",
             self.stderr()
         );
