@@ -138,13 +138,6 @@ struct Run {
     verdict: Value,
 }
 
-impl Run {
-    /// The count of answers with `status`.
-    fn answered(&self, status: &str) -> u64 {
-        answered(&self.report, status)
-    }
-}
-
 /// `hoox-load run` against `setup`'s gateway, HMAC-signed, its keys from `prefix` (runs that
 /// share it share keys), checking `ledger` at the end.
 async fn run(setup: &Setup, gw: &Gateway, ledger: &Server, prefix: &str, extra: &str) -> Run {
@@ -189,7 +182,10 @@ async fn the_load_tool_passes_a_gateway_that_forwards_once_and_catches_one_that_
     assert_eq!(first.code, Some(0), "{report} {verdict}");
     assert_eq!(report["responses"], 400, "{report}");
     assert_eq!(report["errors"], serde_json::json!({}), "{report}");
-    let (forwarded, refused) = (first.answered("200"), first.answered("409"));
+    let (forwarded, refused) = (
+        answered(&first.report, "200"),
+        answered(&first.report, "409"),
+    );
     assert_eq!(
         forwarded + refused,
         400,
@@ -212,8 +208,8 @@ async fn the_load_tool_passes_a_gateway_that_forwards_once_and_catches_one_that_
     )
     .await;
     assert_eq!(storm.code, Some(0), "{} {}", storm.report, storm.verdict);
-    assert_eq!(storm.answered("200"), 5, "{}", storm.report);
-    assert_eq!(storm.answered("409"), 195, "{}", storm.report);
+    assert_eq!(answered(&storm.report, "200"), 5, "{}", storm.report);
+    assert_eq!(answered(&storm.report, "409"), 195, "{}", storm.report);
     let forwarded = forwarded + 5;
     assert_eq!(
         storm.verdict["ledger"]["unique"], forwarded,
@@ -228,7 +224,7 @@ async fn the_load_tool_passes_a_gateway_that_forwards_once_and_catches_one_that_
     gw.wait_ready().await;
     let again = run(&setup, &gw, &ledger, "sized", replay).await;
     assert_eq!(again.code, Some(0), "{} {}", again.report, again.verdict);
-    assert_eq!(again.answered("409"), 50, "{}", again.report);
+    assert_eq!(answered(&again.report, "409"), 50, "{}", again.report);
     assert_eq!(
         again.verdict["ledger"]["total"], forwarded,
         "{}",
@@ -244,7 +240,7 @@ async fn the_load_tool_passes_a_gateway_that_forwards_once_and_catches_one_that_
     let forgot = run(&forgetful, &gw, &ledger, "sized", replay).await;
     let (report, verdict) = (&forgot.report, &forgot.verdict);
     assert_eq!(forgot.code, Some(1), "{report} {verdict}");
-    assert_eq!(forgot.answered("200"), 50, "{report}");
+    assert_eq!(answered(&forgot.report, "200"), 50, "{report}");
     assert_eq!(verdict["no_key_forwarded_twice"], false, "{verdict}");
     let twice = verdict["ledger"]["duplicates"].as_array().unwrap();
     assert_eq!(twice.len(), 50, "{verdict}");
