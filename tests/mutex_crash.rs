@@ -199,21 +199,29 @@ fn the_journal_alone_brings_back_reserves_commits_and_releases() {
     owner.stop();
 
     // The same crash, but the first record (the first reserve, synced before it was
-    // answered) damaged on disk while later records are intact.
-    let path = crashed("d.redb");
-    let journal = dir.path().join("d.redb-journal");
-    let mut bytes = std::fs::read(&journal).unwrap();
-    assert_eq!(&bytes[..4], b"HXJ1", "a record at the start of the journal");
-    bytes[40] ^= 0xff;
-    std::fs::write(&journal, &bytes).unwrap();
-    let (m, owner) = start(&path, Clock::system());
-    rt().block_on(async {
-        match m.reserve(reserve(&key("pending"), 3_600_000, 1)).await {
-            Decision::Unavailable(Unavailable::NotOpen(why)) => {
-                assert!(why.contains("damaged"), "{why}")
+    // answered) damaged on disk while later records are intact: a byte of it flipped, or
+    // its whole slot zeroed, so that nothing of it is left to find.
+    type Damage = fn(&mut [u8]);
+    let damages: [(&str, Damage); 2] = [
+        ("d.redb", |b| b[40] ^= 0xff),
+        ("z.redb", |b| b[..4096].fill(0)),
+    ];
+    for (name, damage) in damages {
+        let path = crashed(name);
+        let journal = dir.path().join(format!("{name}-journal"));
+        let mut bytes = std::fs::read(&journal).unwrap();
+        assert_eq!(&bytes[..4], b"HXJ1", "a record at the start of the journal");
+        damage(&mut bytes);
+        std::fs::write(&journal, &bytes).unwrap();
+        let (m, owner) = start(&path, Clock::system());
+        rt().block_on(async {
+            match m.reserve(reserve(&key("pending"), 3_600_000, 1)).await {
+                Decision::Unavailable(Unavailable::NotOpen(why)) => {
+                    assert!(why.contains("journal record 1 is damaged"), "{name}: {why}")
+                }
+                other => panic!("{name}: a damaged journal must fail closed: {other:?}"),
             }
-            other => panic!("a damaged journal must fail closed: {other:?}"),
-        }
-    });
-    owner.stop();
+        });
+        owner.stop();
+    }
 }

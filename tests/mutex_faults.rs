@@ -418,6 +418,53 @@ fn corrupted_file() {
     owner.stop();
 }
 
+/// An operator restores `mutex.redb` from an older copy and leaves the journal. The
+/// journal has wrapped since that copy, so the records that held some of the keys granted
+/// in between are gone: replaying what is left would forget those keys. The open must
+/// refuse, and serve again once the database that belongs to the journal is back.
+#[test]
+fn a_database_older_than_its_journal_is_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let backup = dir.path().join("m.redb.backup");
+    let keys = |prefix: &str, n: usize| -> HashSet<String> {
+        (0..n).map(|i| format!("{prefix}{i}")).collect()
+    };
+    let reserve_all = |all: &HashSet<String>| {
+        let (m, owner) = start(&path, Clock::system());
+        rt().block_on(async {
+            for k in all {
+                granted(m.reserve(reserve(&key(k), 3_600_000, 1)).await);
+            }
+        });
+        owner.stop();
+    };
+    reserve_all(&keys("before", 4));
+    std::fs::copy(&path, &backup).unwrap();
+    // 40 synced records: the journal (16 slots) wraps more than twice.
+    let since = keys("since", 40);
+    reserve_all(&since);
+    std::fs::rename(&path, path.with_extension("current")).unwrap();
+    std::fs::copy(&backup, &path).unwrap();
+    let (m, owner) = start(&path, Clock::system());
+    rt().block_on(async {
+        for k in &since {
+            match m.reserve(reserve(&key(k), 3_600_000, 1)).await {
+                Decision::Unavailable(Unavailable::NotOpen(why)) => {
+                    assert!(why.contains("older than its journal"), "{why}")
+                }
+                other => panic!("{k}, granted after the copy: {other:?}"),
+            }
+        }
+        // The database that belongs to the journal is put back: served again, every key
+        // held.
+        std::fs::rename(path.with_extension("current"), &path).unwrap();
+        assert!(wait_recovered(&m, "back").await);
+    });
+    owner.stop();
+    assert_all_held(&path, &since);
+}
+
 #[test]
 fn an_entry_this_version_cannot_read_fails_closed() {
     let dir = tempfile::tempdir().unwrap();

@@ -20,8 +20,12 @@
 //! Integers are little-endian; the crc covers `id` to `len` and the payload. `id` is the
 //! database's journal id (kept in redb's `meta` table), so a journal left beside another
 //! database is ignored. `lsn` numbers the records; redb's stored checkpoint lsn says which
-//! ones it already holds. The payload is a sequence of postcard [`Op`]s. The magic is the
-//! format version.
+//! ones it already holds. `flags` bit 0 marks a synced record; bits 8 to 31 say how far
+//! back the record's *anchor* is: the last synced record before it, or the checkpoint the
+//! journal was opened at if none (0: no claim, as records written before anchors were).
+//! A record is written only once its anchor is on disk, so [`scan`] can tell a synced
+//! record that vanished from one a crash never wrote. The payload is a sequence of postcard [`Op`]s.
+//! The magic is the format version.
 
 use std::fs::File;
 use std::io;
@@ -37,6 +41,8 @@ const HEADER: usize = 32;
 const MAGIC: [u8; 4] = *b"HXJ1";
 /// The record was on disk before anything after it was written.
 const DURABLE: u32 = 1;
+/// Where in `flags` the distance back to the record's anchor sits (24 bits).
+const ANCHOR_SHIFT: u32 = 8;
 
 /// One change to redb's tables, in the order the owner made it.
 #[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
@@ -61,9 +67,13 @@ impl Op<'_> {
 pub enum JournalError {
     #[error("journal: {0}")]
     Io(#[from] io::Error),
-    /// A record that was synced (and may have answered Proceed) is unreadable, yet records
-    /// written after it are intact: the file was damaged, not cut short by a crash.
-    #[error("journal record {lsn} is damaged but later records are intact")]
+    /// A record that was synced (and may have answered Proceed) is unreadable or gone, yet
+    /// records written after it are intact: the file was damaged, not cut short by a
+    /// crash, or the database is older than its journal.
+    #[error(
+        "journal record {lsn} is damaged or missing but later records are intact \
+         (a damaged journal, or a database older than its journal)"
+    )]
     Damaged { lsn: u64 },
     /// A record's checksum holds but its operations do not decode: a newer format.
     #[error("journal record {lsn} cannot be decoded: {err}")]
@@ -92,6 +102,11 @@ pub(crate) struct Journal {
     pos: usize,
     /// The lsn of the last record written, or of the last checkpoint if none since.
     last: u64,
+    /// The lsn the next record is anchored to: the last synced record, or the checkpoint
+    /// the journal was opened at if none since. It is on disk or in the database, so a
+    /// record that names it says where it must be found. A checkpoint leaves it alone:
+    /// every record before the checkpoint is in the database then.
+    anchor: u64,
     /// The record being written, kept to reuse its allocation.
     buf: Vec<u8>,
 }
@@ -156,6 +171,7 @@ impl Journal {
             capacity,
             pos: 0,
             last: checkpoint,
+            anchor: checkpoint,
             buf: Vec::new(),
         }
     }
@@ -168,7 +184,12 @@ impl Journal {
     /// Writes one record; with `sync`, returns only once it is on disk.
     pub fn append(&mut self, payload: &[u8], sync: bool) -> io::Result<()> {
         let lsn = self.last + 1;
-        let flags = if sync { DURABLE } else { 0 };
+        // A distance too far for 24 bits (a journal of 64 GiB) claims nothing.
+        let back = u32::try_from(lsn.saturating_sub(self.anchor))
+            .ok()
+            .filter(|b| *b < 1 << (32 - ANCHOR_SHIFT))
+            .unwrap_or(0);
+        let flags = back << ANCHOR_SHIFT | if sync { DURABLE } else { 0 };
         let at = self.frame(lsn, flags, payload)?;
         let record = &self.buf[at.clone()];
         let offset = self.pos as u64;
@@ -193,6 +214,9 @@ impl Journal {
         }
         self.pos += at.len();
         self.last = lsn;
+        if sync {
+            self.anchor = lsn;
+        }
         Ok(())
     }
 
@@ -275,10 +299,18 @@ pub struct Scan<'a> {
 /// disk. Skipping the torn one loses only what it held, and only a record that was not
 /// synced can be torn by a crash. Such a record carries no Proceed (a batch that granted a
 /// key is always synced), only commits, releases and expiries, whose loss leaves keys held:
-/// safe. A torn record marked durable with an intact later one is damage, not a crash, and
-/// fails the open.
+/// safe. A synced record that is missing while a later record is intact is damage, not a
+/// crash, and fails the open. Missing is either of:
+/// - torn (its checksum fails) and marked synced;
+/// - named as the anchor of an intact record, newer than `checkpoint`, and not intact
+///   itself: found torn, or not found at all (its magic, id or lsn overwritten; or the
+///   database is older than its journal, restored from a backup).
 pub fn scan(bytes: &[u8], id: u64, checkpoint: u64) -> Result<Scan<'_>, JournalError> {
+    // A generation of records holds at most one per slot, so a torn record claiming an lsn
+    // beyond that has a damaged header: its lsn is not trusted to move the checkpoint.
+    let newest = checkpoint.saturating_add((bytes.len() / PAGE) as u64);
     let mut records = Vec::new();
+    let mut anchors = Vec::new();
     let mut torn: Option<u64> = None;
     // The lowest lsn of a torn record marked durable: any intact record after it is damage.
     let mut damaged: Option<u64> = None;
@@ -303,7 +335,14 @@ pub fn scan(bytes: &[u8], id: u64, checkpoint: u64) -> Result<Scan<'_>, JournalE
             c.finalize() == crc
         });
         match payload {
-            Some(p) if intact => records.push((lsn, p)),
+            Some(p) if intact => {
+                records.push((lsn, p));
+                let back = u64::from(flags >> ANCHOR_SHIFT);
+                if back > 0 {
+                    anchors.push(lsn.saturating_sub(back));
+                }
+            }
+            _ if lsn > newest => {}
             _ => {
                 torn = torn.max(Some(lsn));
                 if flags & DURABLE != 0 {
@@ -313,9 +352,12 @@ pub fn scan(bytes: &[u8], id: u64, checkpoint: u64) -> Result<Scan<'_>, JournalE
         }
     }
     records.sort_unstable_by_key(|(lsn, _)| *lsn);
-    if let Some(lsn) = damaged
-        && records.iter().any(|(l, _)| *l > lsn)
-    {
+    let damaged = damaged.filter(|lsn| records.iter().any(|(l, _)| l > lsn));
+    // An anchor is older than the record naming it, so there is always a later record.
+    let missing = anchors
+        .into_iter()
+        .filter(|a| *a > checkpoint && records.binary_search_by_key(a, |(l, _)| *l).is_err());
+    if let Some(lsn) = missing.chain(damaged).min() {
         return Err(JournalError::Damaged { lsn });
     }
     Ok(Scan { records, torn })
@@ -460,7 +502,14 @@ mod tests {
         );
         j.pos = 2 * PAGE;
         j.append(&payload(&[Op::Del(1)]), true).unwrap();
-        assert_eq!(lsns(&contents(&j), 0), [1, 3]);
+        let bytes = contents(&j);
+        assert_eq!(lsns(&bytes[2 * PAGE..], 2), [3], "buffered, and it landed");
+        // Record 2 sits off a slot boundary, where no scan looks; record 3 names it as
+        // its anchor, so the scan knows it is missing.
+        assert!(matches!(
+            scan(&bytes, ID, 0),
+            Err(JournalError::Damaged { lsn: 2 })
+        ));
     }
 
     #[test]
@@ -521,13 +570,19 @@ mod tests {
         assert!(j.direct.is_some(), "direct I/O is not given up for it");
     }
 
-    #[test]
-    fn a_torn_unsynced_record_is_skipped_but_a_damaged_synced_one_fails() {
+    /// The bytes of a journal of three records: a reserve (synced), its release (not
+    /// synced) and another reserve (synced).
+    fn reserve_release_reserve() -> Vec<u8> {
         let (_d, mut j) = journal(16 * PAGE, 0);
         j.append(&payload(&[Op::Put(1, b"reserve")]), true).unwrap();
         j.append(&payload(&[Op::Del(1)]), false).unwrap();
         j.append(&payload(&[Op::Put(2, b"reserve")]), true).unwrap();
-        let clean = contents(&j);
+        contents(&j)
+    }
+
+    #[test]
+    fn a_torn_unsynced_record_is_skipped_but_a_damaged_synced_one_fails() {
+        let clean = reserve_release_reserve();
 
         // A crash during the last sync: the unsynced release is torn, the later record
         // landed. Replay keeps 1 and 3 (key 1 stays held: safe).
@@ -579,6 +634,97 @@ mod tests {
         assert!(matches!(
             scan(&bytes, ID, 0),
             Err(JournalError::Damaged { lsn: 1 })
+        ));
+    }
+
+    #[test]
+    fn a_synced_record_gone_without_a_trace_fails_but_an_unsynced_one_does_not() {
+        let clean = reserve_release_reserve();
+        let wiped = |slot: usize| {
+            let mut b = clean.clone();
+            b[slot * PAGE..(slot + 1) * PAGE].fill(0);
+            b
+        };
+        // The unsynced release may never have reached the disk before a crash: record 3
+        // does not name it, so the scan goes on without it.
+        assert_eq!(lsns(&wiped(1), 0), [1, 3]);
+        // The synced reserve cannot have: record 3 names it as its anchor.
+        for (what, bytes) in [
+            ("the slot zeroed", wiped(0)),
+            ("the magic overwritten", {
+                let mut b = clean.clone();
+                b[..4].copy_from_slice(b"XXXX");
+                b
+            }),
+            ("the journal id overwritten", {
+                let mut b = clean.clone();
+                b[4] ^= 0xff;
+                b
+            }),
+        ] {
+            assert!(
+                matches!(scan(&bytes, ID, 0), Err(JournalError::Damaged { lsn: 1 })),
+                "{what}"
+            );
+        }
+        // An lsn overwritten to one no journal of this size can reach: not trusted as a
+        // torn record's (it would move the checkpoint there), and still missed by record 3.
+        let mut far = clean.clone();
+        far[12..20].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert!(matches!(
+            scan(&far, ID, 0),
+            Err(JournalError::Damaged { lsn: 1 })
+        ));
+        let mut last = clean;
+        last[2 * PAGE + 12..2 * PAGE + 20].copy_from_slice(&u64::MAX.to_le_bytes());
+        assert_eq!(
+            scan(&last, ID, 0).unwrap().torn,
+            None,
+            "the tail's lsn ignored"
+        );
+        assert_eq!(lsns(&last, 0), [1, 2]);
+    }
+
+    #[test]
+    fn records_of_a_journal_without_anchors_claim_none() {
+        // As a build before anchors wrote them: bit 0 only.
+        let (_d, mut j) = journal(16 * PAGE, 0);
+        let mut bytes = vec![0u8; 3 * PAGE];
+        for lsn in 1..=3 {
+            let at = j.frame(lsn, DURABLE, &payload(&[Op::Del(lsn)])).unwrap();
+            let slot = (lsn as usize - 1) * PAGE;
+            bytes[slot..slot + PAGE].copy_from_slice(&j.buf[at]);
+        }
+        assert_eq!(lsns(&bytes, 0), [1, 2, 3]);
+        // Record 2 gone without a trace: nothing says it was there, as before anchors.
+        bytes[PAGE..2 * PAGE].fill(0);
+        assert_eq!(lsns(&bytes, 0), [1, 3]);
+    }
+
+    #[test]
+    fn a_database_older_than_its_journal_is_refused() {
+        let (_d, mut j) = journal(3 * PAGE, 0);
+        for seq in 1..=3 {
+            j.append(&payload(&[Op::Put(seq, b"reserve")]), true)
+                .unwrap();
+        }
+        // A checkpoint holds 1 to 3. A database from before it, with the records since
+        // all on disk, is brought up to date by the replay: nothing is lost.
+        j.checkpointed();
+        assert_eq!(lsns(&contents(&j), 0), [1, 2, 3]);
+        // Records 4 and 5 take slots 0 and 1 again.
+        for seq in 4..=5 {
+            j.append(&payload(&[Op::Put(seq, b"reserve")]), true)
+                .unwrap();
+        }
+        let bytes = contents(&j);
+        assert_eq!(lsns(&bytes, 3), [4, 5], "with its own database");
+        // A database restored from before that checkpoint: record 3 is still in slot 2,
+        // but record 2, which it names, was overwritten. Replaying 3 to 5 onto it would
+        // drop reserve 2.
+        assert!(matches!(
+            scan(&bytes, ID, 0),
+            Err(JournalError::Damaged { lsn: 2 })
         ));
     }
 
