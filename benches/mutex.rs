@@ -137,7 +137,6 @@ fn req(caller: usize, n: u64) -> Reserve {
         key: Key::client("bench", Mode::Test, &ck).expect("key fits"),
         ttl: Duration::from_secs(300),
         payload_hash: [1; 32],
-        siblings: Vec::new(),
         guard: None,
     }
 }

@@ -111,7 +111,6 @@ fn reserve(key: &Key) -> Reserve {
         key: key.clone(),
         ttl: Duration::from_secs(300),
         payload_hash: [7; 32],
-        siblings: Vec::new(),
         guard: None,
     }
 }

@@ -93,36 +93,67 @@ fn expired_keys_are_absent_before_and_after_the_wheel() {
     owner.stop();
 }
 
+/// SPEC §2: "an identical fingerprint reserved less than 60 s ago is a duplicate whatever
+/// its bucket".
 #[test]
-fn a_fingerprint_sibling_younger_than_a_bucket_is_a_duplicate() {
+fn a_fingerprint_younger_than_a_minute_is_a_duplicate_whatever_its_bucket() {
     let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
     let (clock, time) = Clock::manual(T0);
-    let (m, owner) = start(&dir.path().join("m.redb"), clock);
-    let old = Key::from_stored("trade:x:BTC:LONG:1:live:100").unwrap();
-    let new = Key::from_stored("trade:x:BTC:LONG:1:live:101").unwrap();
+    let (m, owner) = start(&path, clock.clone());
+    let stored = |s: &str| Key::from_stored(s).unwrap();
+    let duplicate_of = |d: Decision, of: &Key| match d {
+        Decision::Duplicate(d) => assert_eq!(&d.key, of),
+        other => panic!("expected a duplicate of {of}, got {other:?}"),
+    };
+    let ask = |k: &str| m.reserve(reserve(&stored(k), 300_000, 1));
     rt().block_on(async {
+        // The next minute, 59.999 s later: a retry across the boundary.
+        let old = stored("trade:x:BTC:LONG:1:live:100");
+        let new = stored("trade:x:BTC:LONG:1:live:101");
         granted(m.reserve(reserve(&old, 300_000, 1)).await);
         time.advance_ms(BUCKET_MS - 1);
-        let mut r = reserve(&new, 300_000, 1);
-        r.siblings = vec![old.clone()];
-        match m.reserve(r.clone()).await {
-            Decision::Duplicate(d) => assert_eq!(d.key, old),
-            other => panic!("expected duplicate of the sibling, got {other:?}"),
-        }
+        duplicate_of(m.reserve(reserve(&new, 300_000, 1)).await, &old);
+        // A minute on, the same trade again is a new trade.
         time.advance_ms(1);
-        granted(m.reserve(r).await);
+        granted(m.reserve(reserve(&new, 300_000, 1)).await);
+        // ... and the latest of its family: a minute before that, the first was.
+        time.advance_ms(BUCKET_MS - 1);
+        duplicate_of(ask("trade:x:BTC:LONG:1:live:102").await, &new);
 
-        // The next bucket too: a copy that read the clock just before the boundary but
+        // The minute before: a copy that read the clock just before the boundary but
         // reached the owner after one that read it just after.
-        let stored = |s: &str| Key::from_stored(s).unwrap();
         let after = stored("trade:x:ETH:LONG:1:live:201");
         granted(m.reserve(reserve(&after, 300_000, 1)).await);
-        let mut before = reserve(&stored("trade:x:ETH:LONG:1:live:200"), 300_000, 1);
-        before.siblings = vec![stored("trade:x:ETH:LONG:1:live:199"), after.clone()];
-        match m.reserve(before).await {
-            Decision::Duplicate(d) => assert_eq!(d.key, after),
-            other => panic!("expected duplicate of the next bucket, got {other:?}"),
-        }
+        duplicate_of(ask("trade:x:ETH:LONG:1:live:200").await, &after);
+
+        // Minutes away, as a wall clock stepped between the two puts it: back two
+        // minutes, then forward twelve. The monotonic clock says seconds.
+        let first = stored("trade:x:SOL:LONG:1:live:300");
+        granted(m.reserve(reserve(&first, 300_000, 1)).await);
+        time.advance_ms(5_000);
+        time.step_wall_back_ms(2 * BUCKET_MS);
+        duplicate_of(ask("trade:x:SOL:LONG:1:live:298").await, &first);
+        time.step_wall_ms(12 * BUCKET_MS);
+        duplicate_of(ask("trade:x:SOL:LONG:1:live:310").await, &first);
+        // Another trade, or the same in test mode, is not of its family.
+        granted(ask("trade:x:SOL:LONG:2:live:310").await);
+        granted(ask("trade:x:SOL:LONG:1:test:310").await);
+        // Released, the latest no longer holds its family: the order was never sent.
+        let g = granted(ask("trade:x:ADA:LONG:1:live:400").await);
+        m.release(g).unwrap();
+        granted(ask("trade:x:ADA:LONG:1:live:401").await);
+    });
+    owner.stop();
+
+    // After a restart the family is found again, from the table.
+    let (m, owner) = start(&path, clock);
+    let ask = |k: &str| m.reserve(reserve(&stored(k), 300_000, 1));
+    rt().block_on(async {
+        duplicate_of(
+            ask("trade:x:ADA:LONG:1:live:399").await,
+            &stored("trade:x:ADA:LONG:1:live:401"),
+        );
     });
     owner.stop();
 }

@@ -18,9 +18,8 @@ const T0: u64 = 1_800_000_000_000;
 
 #[derive(Debug, Clone)]
 enum Op {
-    /// key index, ttl in seconds, payload hash, sibling key index, guard (index, ttl in
-    /// seconds)
-    Reserve(usize, u64, u8, Option<usize>, Option<(usize, u64)>),
+    /// key index, ttl in seconds, payload hash, guard (index, ttl in seconds)
+    Reserve(usize, u64, u8, Option<(usize, u64)>),
     /// key index, with a response, which of the key's unsettled grants
     Commit(usize, bool, usize),
     /// key index, which of the key's unsettled grants
@@ -37,10 +36,9 @@ fn op() -> impl Strategy<Value = Op> {
             0..KEYS,
             prop_oneof![1..5u64, Just(90), Just(300)],
             0..2u8,
-            proptest::option::weighted(0.5, 0..KEYS),
             proptest::option::weighted(0.4, (0..GUARDS, prop_oneof![1..5u64, Just(600)])),
         )
-            .prop_map(|(k, t, h, s, g)| Op::Reserve(k, t, h, s, g)),
+            .prop_map(|(k, t, h, g)| Op::Reserve(k, t, h, g)),
         2 => (0..KEYS, any::<bool>(), 0..3usize).prop_map(|(k, r, g)| Op::Commit(k, r, g)),
         2 => (0..KEYS, 0..3usize).prop_map(|(k, g)| Op::Release(k, g)),
         1 => (0..KEYS + GUARDS).prop_map(Op::ForceRelease),
@@ -112,7 +110,6 @@ impl Model {
         k: usize,
         ttl_ms: u64,
         hash: u8,
-        sib: Option<usize>,
         guard: Option<(usize, u64)>,
     ) -> Expect {
         if let Some(e) = self.live(k) {
@@ -121,9 +118,11 @@ impl Model {
             }
             return Expect::Answer(self.dup(keys, k, e));
         }
-        if let Some(s) = sib
-            && let Some(e) = self.live(s)
-            && self.now - e.stored_at < BUCKET_MS
+        // The trade keys are one trade's minutes: another reserved less than a minute ago
+        // holds them all.
+        if let Some((s, e)) = (0..KEYS)
+            .filter_map(|s| self.live(s).map(|e| (s, e)))
+            .find(|(_, e)| self.now - e.stored_at < BUCKET_MS)
         {
             return Expect::Answer(self.dup(keys, s, e));
         }
@@ -181,15 +180,14 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
     let mut held: HashMap<usize, Vec<Held>> = HashMap::new();
     for op in ops {
         match op {
-            Op::Reserve(k, ttl, h, sib, guard) => {
+            Op::Reserve(k, ttl, h, guard) => {
                 let mut r = reserve(&keys[k], ttl * 1_000, h);
-                r.siblings = sib.map(|s| keys[s].clone()).into_iter().collect();
                 r.guard = guard.map(|(g, ttl_s)| Guard {
                     key: keys[KEYS + g].clone(),
                     ttl: std::time::Duration::from_secs(ttl_s),
                 });
                 let got = rt.block_on(m.reserve(r));
-                match (got, model.reserve(&keys, k, ttl * 1_000, h, sib, guard)) {
+                match (got, model.reserve(&keys, k, ttl * 1_000, h, guard)) {
                     (Decision::Proceed(g), Expect::Grant(id)) => {
                         prop_assert_eq!(g.key(), &keys[k]);
                         let guard = guard.map(|(g, _)| KEYS + g);

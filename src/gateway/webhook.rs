@@ -218,7 +218,6 @@ async fn pipeline(
                 .map_err(|e| fail(Problem::InvalidIdempotencyKey(e.to_string())))?,
             ttl: gw.ttl,
             payload_hash: trade.payload_hash(),
-            siblings: Vec::new(),
             guard: None,
         },
         None if gw.require_client_key => return Err(fail(Problem::IdempotencyKeyRequired)),
@@ -450,19 +449,15 @@ fn guard(identity: &str, sig: &Signature, now_ms: u64, deadline: Duration) -> Gu
 }
 
 /// The reserve of a trade without a client key: its fingerprint in the minute bucket of
-/// `now_ms`, with the neighbouring buckets as siblings (`Reserve::siblings`).
+/// `now_ms`. The owner also finds the same trade reserved in another minute less than a
+/// minute ago (`key::family`).
 fn fingerprinted(fp: &Fingerprint, now_ms: u64, ttl: Duration) -> Result<Reserve, KeyError> {
-    let bucket = bucket_of(now_ms);
     Ok(Reserve {
-        key: Key::fingerprint(fp, bucket)?,
+        key: Key::fingerprint(fp, bucket_of(now_ms))?,
         ttl,
         // A fingerprint is its own payload: the hash would only tell apart fields the seed
         // deliberately ignores (price, extras), so all fingerprints hash alike.
         payload_hash: [0; 32],
-        siblings: vec![
-            Key::fingerprint(fp, bucket.saturating_sub(1))?,
-            Key::fingerprint(fp, bucket + 1)?,
-        ],
         guard: None,
     })
 }
@@ -498,7 +493,7 @@ mod tests {
     }
 
     #[test]
-    fn a_fingerprint_has_both_neighbouring_buckets_as_siblings() {
+    fn a_fingerprint_is_keyed_by_its_minute() {
         let fp = Fingerprint {
             exchange: "binance",
             symbol: "BTCUSDT",
@@ -512,9 +507,7 @@ mod tests {
             Duration::from_secs(300),
         )
         .unwrap();
-        let at = |b| Key::fingerprint(&fp, b).unwrap();
-        assert_eq!(r.key, at(7));
-        assert_eq!(r.siblings, [at(6), at(8)]);
+        assert_eq!(r.key, Key::fingerprint(&fp, 7).unwrap());
     }
 
     #[test]

@@ -24,8 +24,8 @@
 //! back the record's *anchor* is: the last synced record before it, or the checkpoint the
 //! journal was opened at if none (0: no claim, as records written before anchors were).
 //! A record is written only once its anchor is on disk, so [`scan`] can tell a synced
-//! record that vanished from one a crash never wrote. The payload is a sequence of postcard [`Op`]s.
-//! The magic is the format version.
+//! record that vanished from one a crash never wrote. The payload is a sequence of
+//! postcard [`Op`]s. The magic is the format version.
 
 use std::fs::File;
 use std::io;

@@ -208,6 +208,13 @@ pub fn is_guard(stored: &str) -> bool {
     stored.starts_with(GUARD_PREFIX)
 }
 
+/// For a fingerprint's key, the key without its minute bucket: what every minute of the
+/// same trade shares. `None` for any other key.
+pub fn family(stored: &str) -> Option<&str> {
+    stored.strip_prefix("trade:")?;
+    stored.rsplit_once(':').map(|(family, _bucket)| family)
+}
+
 /// The minute bucket of a unix time.
 pub fn bucket_of(unix_ms: u64) -> u64 {
     unix_ms / BUCKET_MS
@@ -224,6 +231,31 @@ pub fn canonical_quantity(q: f64) -> String {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn a_fingerprint_family_is_its_key_without_the_minute() {
+        let fp = Fingerprint {
+            exchange: "x:1",
+            symbol: "BTC",
+            action: "LONG",
+            quantity: 1.0,
+            mode: Mode::Live,
+        };
+        let at = |b| Key::fingerprint(&fp, b).unwrap();
+        assert_eq!(family(at(7).as_str()), Some("trade:x%3A1:BTC:LONG:1:live"));
+        assert_eq!(family(at(7).as_str()), family(at(123_456).as_str()));
+        let other = Fingerprint {
+            quantity: 2.0,
+            ..fp
+        };
+        assert_ne!(
+            family(at(7).as_str()),
+            family(Key::fingerprint(&other, 7).unwrap().as_str())
+        );
+        let client = Key::client("psk", Mode::Live, &ClientKey::parse("a:b").unwrap()).unwrap();
+        assert_eq!(family(client.as_str()), None);
+        assert_eq!(family(Key::signature("psk", &[1; 32]).as_str()), None);
+    }
 
     #[test]
     fn client_keys_are_bounded_and_printable() {

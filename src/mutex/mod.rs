@@ -75,13 +75,6 @@ pub struct Reserve {
     pub key: Key,
     pub ttl: Duration,
     pub payload_hash: PayloadHash,
-    /// For fingerprints: the same trade's keys in the previous and the next minute
-    /// buckets. If one of those entries is live and was stored less than
-    /// [`key::BUCKET_MS`] ago, this reserve is a duplicate of it: a retry that crosses a
-    /// minute boundary is still caught, and so is a copy that read the clock just before
-    /// the boundary but reached the owner after one that read it just after. Decided
-    /// inside the owner, so it is atomic with the reserve.
-    pub siblings: Vec<Key>,
     /// For a request whose HMAC signature verified: a key of the signature's own.
     pub guard: Option<Guard>,
 }
@@ -89,7 +82,7 @@ pub struct Reserve {
 /// A key held beside the trade's own for as long as a credential stays replayable (an
 /// HMAC signature: until its timestamp leaves the window), so that the same request
 /// replayed later, once the trade's key no longer matches (a fingerprint's minute has
-/// passed), is a duplicate. The owner checks it after the trade's key and its siblings,
+/// passed), is a duplicate. The owner checks it after the trade's key and its family,
 /// so a resend inside the minute still gets the trade's own answer; it stores it in the
 /// same record as the trade's entry; and the trade's [`Grant`] commits and releases it, so
 /// that a request that was never sent may be sent again.

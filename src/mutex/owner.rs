@@ -13,7 +13,9 @@
 //! Any storage error drops the database and the index, and the owner fails closed until a
 //! reopen (with exponential backoff) rebuilds both from disk.
 
-use std::collections::HashMap;
+use std::borrow::Borrow;
+use std::collections::{HashMap, HashSet};
+use std::hash::{Hash, Hasher};
 use std::rc::Rc;
 use std::sync::Arc;
 use std::sync::atomic::Ordering;
@@ -22,7 +24,7 @@ use std::time::{Duration, Instant};
 
 use tokio::sync::oneshot;
 
-use super::key::BUCKET_MS;
+use super::key::{self, BUCKET_MS};
 use super::stats::inc;
 use super::store::{self, Batch, Entry, Store, WriteError};
 use super::wheel::Wheel;
@@ -78,11 +80,53 @@ struct Live {
 }
 
 impl Live {
+    /// How long ago it was stored, by whichever clock says less: a wall clock stepped
+    /// either way must not age a key. The monotonic time it was stored at follows from its
+    /// monotonic deadline, less its TTL (later than stored, if a reopen kept a later
+    /// deadline: younger, which is safe).
+    fn age_ms(&self, (now_wall, now_mono): (u64, u64)) -> u64 {
+        let ttl = self.expires_at.saturating_sub(self.stored_at);
+        let stored_mono = self.due_mono.saturating_sub(ttl);
+        now_wall
+            .saturating_sub(self.stored_at)
+            .min(now_mono.saturating_sub(stored_mono))
+    }
+
     /// Live while either clock says so. Only the wall clock survives a restart, so it is
     /// what the entry stores; but a wall clock stepped forward (NTP, an operator, a VM
     /// resumed) must not free a key early, and the monotonic clock is not stepped.
     fn live(&self, (now_wall, now_mono): (u64, u64)) -> bool {
         self.expires_at > now_wall || self.due_mono > now_mono
+    }
+}
+
+/// A fingerprint's key, hashed and compared as its family (`key::family`), so that a set
+/// of them holds one key per family and is searched by the family.
+struct Latest(Rc<str>);
+
+impl Latest {
+    fn family(&self) -> &str {
+        key::family(&self.0).unwrap_or(&self.0)
+    }
+}
+
+impl PartialEq for Latest {
+    fn eq(&self, other: &Self) -> bool {
+        self.family() == other.family()
+    }
+}
+
+impl Eq for Latest {}
+
+impl Hash for Latest {
+    fn hash<H: Hasher>(&self, h: &mut H) {
+        self.family().hash(h)
+    }
+}
+
+impl Borrow<str> for Latest {
+    fn borrow(&self) -> &str {
+        self.family()
     }
 }
 
@@ -172,6 +216,10 @@ struct Owner {
     /// keys held. Released by the reopen that succeeds, so that the retry is let through.
     void: Vec<Grant>,
     index: HashMap<Rc<str>, Live>,
+    /// Each fingerprint's latest key in `index`, found by its family (the key without its
+    /// minute): what makes a fingerprint reserved less than a minute ago a duplicate
+    /// whatever its bucket.
+    latest: HashSet<Latest>,
     /// While failing closed: the monotonic deadlines of the entries the index held, by
     /// entry number. The reopen must read the table by the wall clock alone, which may
     /// have been stepped forward meanwhile; these keep a key live as the index did.
@@ -206,6 +254,7 @@ impl Owner {
             released: Vec::new(),
             void: Vec::new(),
             index: HashMap::new(),
+            latest: HashSet::new(),
             dues: HashMap::new(),
             wheel,
             halted: false,
@@ -389,7 +438,7 @@ impl Owner {
         let mut durable = false;
         let mut w = std::mem::take(&mut self.carry);
         for k in expired {
-            if let Some(l) = self.index.remove(k) {
+            if let Some(l) = self.unindex(k) {
                 w.delete(l.seq)?;
             }
         }
@@ -560,12 +609,21 @@ impl Owner {
             }
             return Ok(Decision::Duplicate(duplicate(&req.key, live, now_wall)));
         }
-        for sib in &req.siblings {
-            if let Some(live) = self.live(sib, (now_wall, now_mono))
-                && now_wall.saturating_sub(live.stored_at) < BUCKET_MS
-            {
-                return Ok(Decision::Duplicate(duplicate(sib, live, now_wall)));
-            }
+        // A fingerprint reserved less than a minute ago is a duplicate whatever its bucket
+        // (SPEC §2): a retry that crosses a minute boundary; a copy that read the clock
+        // before a boundary but reached the owner after one that read it after; or one
+        // whose minute a wall clock stepped between the two moved further. Only the
+        // family's latest key can be that young: a later one is granted only once the one
+        // before it is a minute old, by both clocks.
+        if let Some(latest) = key::family(req.key.as_str()).and_then(|f| self.latest.get(f))
+            && let Some(live) = self.index.get(&latest.0)
+            && live.live((now_wall, now_mono))
+            && live.age_ms((now_wall, now_mono)) < BUCKET_MS
+        {
+            // Every key in the index parses: `Key::from_stored` at load, a `Key` since.
+            // Were one not to, the answer names the request's own key, still a duplicate.
+            let key = Key::from_stored(&latest.0).unwrap_or_else(|_| req.key.clone());
+            return Ok(Decision::Duplicate(duplicate(&key, live, now_wall)));
         }
         // After the trade's own key: a resend inside the minute gets the trade's answer.
         if let Some(g) = &req.guard
@@ -711,7 +769,7 @@ impl Owner {
 
     /// Deletes a key's entry, live or not. Returns whether it was live.
     fn remove(&mut self, key: &Key, w: &mut Batch, now: (u64, u64)) -> Result<bool, WriteError> {
-        match self.index.remove(key.as_str()) {
+        match self.unindex(key.as_str()) {
             Some(live) => {
                 w.delete(live.seq)?;
                 Ok(live.live(now))
@@ -812,6 +870,17 @@ impl Owner {
         expired
     }
 
+    /// Takes a key out of the index, and out of `latest` if it is its family's.
+    fn unindex(&mut self, key: &str) -> Option<Live> {
+        let live = self.index.remove(key)?;
+        if let Some(family) = key::family(key)
+            && self.latest.get(family).is_some_and(|l| *l.0 == *key)
+        {
+            self.latest.remove(family);
+        }
+        Some(live)
+    }
+
     fn live(&self, key: &Key, now: (u64, u64)) -> Option<&Live> {
         self.index.get(key.as_str()).filter(|l| l.live(now))
     }
@@ -835,6 +904,10 @@ impl Owner {
             .saturating_add(e.expires_at.saturating_sub(now_wall))
             .max(due);
         self.wheel.insert(due, (key.clone(), e.expires_at));
+        if key::family(&key).is_some() {
+            // Tracked in the order reserved (the table's order at load): the latest.
+            self.latest.replace(Latest(key.clone()));
+        }
         self.index.insert(
             key,
             Live {
@@ -872,6 +945,7 @@ impl Owner {
             Ok((store, loaded)) => {
                 self.opened = true;
                 self.index.clear();
+                self.latest.clear();
                 self.wheel = Wheel::new(now_mono);
                 let mut skipped = 0;
                 for (seq, e) in loaded.live {
@@ -979,6 +1053,7 @@ impl Owner {
         self.store = None;
         self.carry = Batch::default();
         self.index.clear();
+        self.latest.clear();
         self.wheel = Wheel::new(self.clock.mono_ms());
         self.failure = Some(u);
         self.backoff = (self.backoff * 2)
@@ -1153,13 +1228,12 @@ mod tests {
         Key::from_stored(&format!("trade:x:{symbol}:LONG:1:live:1")).unwrap()
     }
 
-    /// A plain reserve of `key`: no siblings, no guard.
+    /// A plain reserve of `key`: no guard.
     fn request(key: &Key) -> Box<Reserve> {
         Box::new(Reserve {
             key: key.clone(),
             ttl: Duration::from_secs(300),
             payload_hash: [1; 32],
-            siblings: Vec::new(),
             guard: None,
         })
     }
@@ -1186,7 +1260,6 @@ mod tests {
             key: key.clone(),
             ttl: Duration::from_secs(300),
             payload_hash: [1; 32],
-            siblings: Vec::new(),
             guard: Some(super::super::Guard {
                 key: guard.clone(),
                 ttl: Duration::from_secs(600),
@@ -1196,6 +1269,36 @@ mod tests {
         assert!(!o.index.contains_key(key.as_str()));
         assert!(!o.index.contains_key(guard.as_str()));
         assert!(matches!(reserve(&mut o, &key), Decision::Proceed(_)));
+    }
+
+    /// `latest` holds a family only while its key is in the index: released, expired and
+    /// failed keys leave it, and a reopen finds them again from the table.
+    #[test]
+    fn a_family_is_kept_only_while_its_latest_key_is_indexed() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut o, time) = owner_with_clock(dir.path());
+        let (a, b) = (trade_key("BTC"), trade_key("ETH"));
+        let families = |o: &Owner| {
+            let mut f: Vec<String> = o.latest.iter().map(|l| l.0.to_string()).collect();
+            f.sort();
+            f
+        };
+        let Decision::Proceed(ga) = reserve(&mut o, &a) else {
+            panic!("a fresh key is granted")
+        };
+        assert!(matches!(reserve(&mut o, &b), Decision::Proceed(_)));
+        let client = Key::from_stored("client:psk:live:order-1").unwrap();
+        assert!(matches!(reserve(&mut o, &client), Decision::Proceed(_)));
+        assert_eq!(families(&o), [a.as_str(), b.as_str()], "fingerprints only");
+        o.turn(&mut vec![Command::Release(Box::new(ga))]);
+        assert_eq!(families(&o), [b.as_str()]);
+        o.fail(Unavailable::CommitFailed("a fault".into()));
+        assert!(o.latest.is_empty());
+        o.reopen();
+        assert_eq!(families(&o), [b.as_str()]);
+        time.advance_ms(300_000);
+        o.turn(&mut Vec::new());
+        assert!(o.index.is_empty() && o.latest.is_empty(), "expired");
     }
 
     /// A grant made before a failure still settles its own entry after the reopen, which

@@ -28,7 +28,6 @@ pub fn reserve(k: &Key, ttl_ms: u64, hash: u8) -> Reserve {
         key: k.clone(),
         ttl: Duration::from_millis(ttl_ms),
         payload_hash: [hash; 32],
-        siblings: Vec::new(),
         guard: None,
     }
 }
