@@ -675,14 +675,43 @@ mod tests {
             scan(&far, ID, 0),
             Err(JournalError::Damaged { lsn: 1 })
         ));
-        let mut last = clean;
-        last[2 * PAGE + 12..2 * PAGE + 20].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert_eq!(
-            scan(&last, ID, 0).unwrap().torn,
-            None,
-            "the tail's lsn ignored"
-        );
-        assert_eq!(lsns(&last, 0), [1, 2]);
+        // The last record's lsn overwritten: up to checkpoint + slots (16 here) it may be a
+        // torn record's, and moves the checkpoint; past that it is ignored.
+        for (lsn, torn) in [(16, Some(16)), (17, None), (u64::MAX, None)] {
+            let mut last = clean.clone();
+            last[2 * PAGE + 12..2 * PAGE + 20].copy_from_slice(&lsn.to_le_bytes());
+            assert_eq!(scan(&last, ID, 0).unwrap().torn, torn, "lsn {lsn}");
+            assert_eq!(lsns(&last, 0), [1, 2]);
+        }
+    }
+
+    #[test]
+    fn an_anchor_far_back_is_named_and_one_too_far_for_its_bits_is_not() {
+        // One synced record, then 20 that are not: the last four name it from 17 to 20
+        // records on. The crash lost the unsynced ones before them, which is allowed; the
+        // synced one's slot wiped is not.
+        let (_d, mut j) = journal(32 * PAGE, 0);
+        j.append(&payload(&[Op::Put(1, b"reserve")]), true).unwrap();
+        for seq in 2..=21 {
+            j.append(&payload(&[Op::Del(seq)]), false).unwrap();
+        }
+        let mut bytes = contents(&j);
+        bytes[PAGE..17 * PAGE].fill(0);
+        assert_eq!(lsns(&bytes, 0), [1, 18, 19, 20, 21]);
+        bytes[..PAGE].fill(0);
+        assert!(matches!(
+            scan(&bytes, ID, 0),
+            Err(JournalError::Damaged { lsn: 1 })
+        ));
+        // The farthest back 24 bits can say is claimed; one record more, nothing is.
+        let far = (1u32 << 24) - 1;
+        for (last, flags) in [(far - 1, far << ANCHOR_SHIFT | DURABLE), (far, DURABLE)] {
+            let (_d, mut j) = journal(4 * PAGE, 0);
+            j.last = u64::from(last);
+            j.append(&payload(&[Op::Del(1)]), true).unwrap();
+            let bytes = contents(&j);
+            assert_eq!(u32::from_le_bytes(bytes[20..24].try_into().unwrap()), flags);
+        }
     }
 
     #[test]
@@ -696,6 +725,13 @@ mod tests {
             bytes[slot..slot + PAGE].copy_from_slice(&j.buf[at]);
         }
         assert_eq!(lsns(&bytes, 0), [1, 2, 3]);
+        // Record 1 damaged, marked synced, with later ones intact: refused as before.
+        let mut damaged = bytes.clone();
+        damaged[HEADER] ^= 0xff;
+        assert!(matches!(
+            scan(&damaged, ID, 0),
+            Err(JournalError::Damaged { lsn: 1 })
+        ));
         // Record 2 gone without a trace: nothing says it was there, as before anchors.
         bytes[PAGE..2 * PAGE].fill(0);
         assert_eq!(lsns(&bytes, 0), [1, 3]);

@@ -1301,6 +1301,18 @@ mod tests {
         assert!(o.index.is_empty() && o.latest.is_empty(), "expired");
     }
 
+    /// Many families side by side, each its own: none is taken for another's.
+    #[test]
+    fn families_do_not_mix() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        for i in 0..500 {
+            let k = trade_key(&format!("S{i}"));
+            assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)), "{k}");
+        }
+        assert_eq!(o.latest.len(), 500);
+    }
+
     /// A grant made before a failure still settles its own entry after the reopen, which
     /// brings the entry back from the journal with its number.
     #[test]
