@@ -136,6 +136,14 @@ fn a_fingerprint_younger_than_a_minute_is_a_duplicate_whatever_its_bucket() {
         duplicate_of(ask("trade:x:SOL:LONG:1:live:298").await, &first);
         time.step_wall_ms(12 * BUCKET_MS);
         duplicate_of(ask("trade:x:SOL:LONG:1:live:310").await, &first);
+        // A wall clock stepped back ten minutes keeps a key live longer, but does not keep
+        // it young: two minutes on, the same trade again is a new trade (SPEC §2: "not
+        // after, so deliberate same-size trades later are not blocked").
+        granted(ask("trade:x:XRP:LONG:1:live:720").await);
+        time.advance_ms(30_000);
+        time.step_wall_back_ms(10 * BUCKET_MS);
+        time.advance_ms(90_000);
+        granted(ask("trade:x:XRP:LONG:1:live:712").await);
         // Another trade, or the same in test mode, is not of its family.
         granted(ask("trade:x:SOL:LONG:2:live:310").await);
         granted(ask("trade:x:SOL:LONG:1:test:310").await);

@@ -41,6 +41,8 @@ const HEADER: usize = 32;
 const MAGIC: [u8; 4] = *b"HXJ1";
 /// The record was on disk before anything after it was written.
 const DURABLE: u32 = 1;
+/// No record is numbered beyond this (2^62): lsns count records, one at a time.
+const MAX_LSN: u64 = 1 << 62;
 /// Where in `flags` the distance back to the record's anchor sits (24 bits).
 const ANCHOR_SHIFT: u32 = 8;
 
@@ -260,6 +262,16 @@ impl Journal {
         self.last
     }
 
+    /// A batch that goes into redb at a checkpoint without a record (it did not fit)
+    /// takes an lsn all the same: the checkpoint is stamped with it, and the next record
+    /// names it as its anchor. A database from before that checkpoint, put back beside
+    /// this journal, then finds that lsn neither in itself nor in the journal, and is
+    /// refused ([`scan`]) rather than replayed without the batch.
+    pub fn skip(&mut self) {
+        self.last += 1;
+        self.anchor = self.last;
+    }
+
     /// A checkpoint holding everything up to [`Journal::last`] is durable: start over.
     pub fn checkpointed(&mut self) {
         self.pos = 0;
@@ -305,10 +317,10 @@ pub struct Scan<'a> {
 /// - named as the anchor of an intact record, newer than `checkpoint`, and not intact
 ///   itself: found torn, or not found at all (its magic, id or lsn overwritten; or the
 ///   database is older than its journal, restored from a backup).
+///
+/// A torn record's lsn moves the checkpoint past it (`store::open`), unless it is beyond
+/// 2^62: a damaged header, ignored.
 pub fn scan(bytes: &[u8], id: u64, checkpoint: u64) -> Result<Scan<'_>, JournalError> {
-    // A generation of records holds at most one per slot, so a torn record claiming an lsn
-    // beyond that has a damaged header: its lsn is not trusted to move the checkpoint.
-    let newest = checkpoint.saturating_add((bytes.len() / PAGE) as u64);
     let mut records = Vec::new();
     let mut anchors = Vec::new();
     let mut torn: Option<u64> = None;
@@ -342,7 +354,9 @@ pub fn scan(bytes: &[u8], id: u64, checkpoint: u64) -> Result<Scan<'_>, JournalE
                     anchors.push(lsn.saturating_sub(back));
                 }
             }
-            _ if lsn > newest => {}
+            // Only a damaged header can carry such an lsn; moving the checkpoint there
+            // would leave too few lsns to count on.
+            _ if lsn > MAX_LSN => {}
             _ => {
                 torn = torn.max(Some(lsn));
                 if flags & DURABLE != 0 {
@@ -614,9 +628,9 @@ mod tests {
         ));
     }
 
-    /// Three synced records, one reserve each.
-    fn three_reserves() -> (tempfile::TempDir, Journal) {
-        let (d, mut j) = journal(16 * PAGE, 0);
+    /// Three synced records, one reserve each, in a journal of `pages` slots.
+    fn three_reserves(pages: usize) -> (tempfile::TempDir, Journal) {
+        let (d, mut j) = journal(pages * PAGE, 0);
         for seq in 1..=3 {
             j.append(&payload(&[Op::Put(seq, b"reserve")]), true)
                 .unwrap();
@@ -626,7 +640,7 @@ mod tests {
 
     #[test]
     fn the_first_damaged_synced_record_decides() {
-        let (_d, j) = three_reserves();
+        let (_d, j) = three_reserves(16);
         // 1 and 3 damaged, 2 intact: 3 may be the crash's, but 1 is damage.
         let mut bytes = contents(&j);
         bytes[HEADER + 1] ^= 0xff;
@@ -667,17 +681,20 @@ mod tests {
                 "{what}"
             );
         }
-        // An lsn overwritten to one no journal of this size can reach: not trusted as a
-        // torn record's (it would move the checkpoint there), and still missed by record 3.
+        // Its lsn overwritten: record 3 still misses it.
         let mut far = clean.clone();
         far[12..20].copy_from_slice(&u64::MAX.to_le_bytes());
         assert!(matches!(
             scan(&far, ID, 0),
             Err(JournalError::Damaged { lsn: 1 })
         ));
-        // The last record's lsn overwritten: up to checkpoint + slots (16 here) it may be a
-        // torn record's, and moves the checkpoint; past that it is ignored.
-        for (lsn, torn) in [(16, Some(16)), (17, None), (u64::MAX, None)] {
+        // The last record's lsn overwritten: up to 2^62 it is taken as a torn record's,
+        // which moves the checkpoint past it; beyond, it is ignored.
+        for (lsn, torn) in [
+            (MAX_LSN, Some(MAX_LSN)),
+            (MAX_LSN + 1, None),
+            (u64::MAX, None),
+        ] {
             let mut last = clean.clone();
             last[2 * PAGE + 12..2 * PAGE + 20].copy_from_slice(&lsn.to_le_bytes());
             assert_eq!(scan(&last, ID, 0).unwrap().torn, torn, "lsn {lsn}");
@@ -715,6 +732,25 @@ mod tests {
     }
 
     #[test]
+    fn a_batch_checkpointed_without_a_record_is_named_all_the_same() {
+        let (_d, mut j) = three_reserves(3);
+        // Batch 4 does not fit: it goes into the checkpoint, which is stamped 4, and an
+        // empty record after it names it.
+        j.skip();
+        assert_eq!(j.last(), 4);
+        j.checkpointed();
+        j.append(&[], true).unwrap();
+        let bytes = contents(&j);
+        assert_eq!(lsns(&bytes, 4), [5], "with its own database");
+        // A database from before that checkpoint (holding 1 to 3) would replay nothing
+        // and miss batch 4: refused.
+        assert!(matches!(
+            scan(&bytes, ID, 3),
+            Err(JournalError::Damaged { lsn: 4 })
+        ));
+    }
+
+    #[test]
     fn records_of_a_journal_without_anchors_claim_none() {
         // As a build before anchors wrote them: bit 0 only.
         let (_d, mut j) = journal(16 * PAGE, 0);
@@ -739,11 +775,7 @@ mod tests {
 
     #[test]
     fn a_database_older_than_its_journal_is_refused() {
-        let (_d, mut j) = journal(3 * PAGE, 0);
-        for seq in 1..=3 {
-            j.append(&payload(&[Op::Put(seq, b"reserve")]), true)
-                .unwrap();
-        }
+        let (_d, mut j) = three_reserves(3);
         // A checkpoint holds 1 to 3. A database from before it, with the records since
         // all on disk, is brought up to date by the replay: nothing is lost.
         j.checkpointed();

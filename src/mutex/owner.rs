@@ -80,16 +80,14 @@ struct Live {
 }
 
 impl Live {
-    /// How long ago it was stored, by whichever clock says less: a wall clock stepped
-    /// either way must not age a key. The monotonic time it was stored at follows from its
-    /// monotonic deadline, less its TTL (later than stored, if a reopen kept a later
-    /// deadline: younger, which is safe).
-    fn age_ms(&self, (now_wall, now_mono): (u64, u64)) -> u64 {
+    /// How long ago it was stored, by the monotonic clock: a wall clock stepped forward
+    /// must not age a key, nor one stepped back keep it young for the length of the step.
+    /// The monotonic time it was stored at follows from its monotonic deadline less its
+    /// TTL: later than it was, if a reopen kept a later deadline (younger, which is safe);
+    /// after a restart, from the wall clock, the only one that survives.
+    fn age_ms(&self, now_mono: u64) -> u64 {
         let ttl = self.expires_at.saturating_sub(self.stored_at);
-        let stored_mono = self.due_mono.saturating_sub(ttl);
-        now_wall
-            .saturating_sub(self.stored_at)
-            .min(now_mono.saturating_sub(stored_mono))
+        now_mono.saturating_sub(self.due_mono.saturating_sub(ttl))
     }
 
     /// Live while either clock says so. Only the wall clock survives a restart, so it is
@@ -495,11 +493,17 @@ impl Owner {
                 self.abandoned.extend(r.send());
             }
         }
+        if !journaled {
+            store.journal.skip();
+        }
         let applied = store::apply(store, &mut w, !journaled);
         // `apply` leaves the batch empty; its buffers serve the next one.
         self.carry = w;
         applied?;
         if !journaled {
+            // An empty record names the batch's lsn, so that a database from before this
+            // checkpoint, put back beside the journal, is refused (`Journal::skip`).
+            store.journal.append(&[], true)?;
             self.released.clear();
             let took = t.elapsed().as_secs_f64();
             self.shared.stats.fsync_seconds.observe(took);
@@ -614,11 +618,11 @@ impl Owner {
         // before a boundary but reached the owner after one that read it after; or one
         // whose minute a wall clock stepped between the two moved further. Only the
         // family's latest key can be that young: a later one is granted only once the one
-        // before it is a minute old, by both clocks.
+        // before it is a minute old.
         if let Some(latest) = key::family(req.key.as_str()).and_then(|f| self.latest.get(f))
             && let Some(live) = self.index.get(&latest.0)
             && live.live((now_wall, now_mono))
-            && live.age_ms((now_wall, now_mono)) < BUCKET_MS
+            && live.age_ms(now_mono) < BUCKET_MS
         {
             // Every key in the index parses: `Key::from_stored` at load, a `Key` since.
             // Were one not to, the answer names the request's own key, still a duplicate.
@@ -1488,6 +1492,59 @@ mod tests {
             Some(State::Committed),
             "a read reported a commit the disk did not have"
         );
+    }
+
+    /// A batch too big for the journal goes into redb at a checkpoint, without a record.
+    /// A database copied before that checkpoint, put back beside the journal, must be
+    /// refused: replayed, it would not hold the batch's keys.
+    #[test]
+    fn a_database_from_before_a_checkpoint_without_a_record_is_refused() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        // Opened on a journal of two slots.
+        let small = || {
+            let config = Config {
+                path: path.clone(),
+                journal_bytes: 8 * 1024,
+                ..Config::default()
+            };
+            let mut o = Owner::new(config, Clock::system(), Arc::default(), false);
+            o.reopen();
+            o
+        };
+        let checkpoints = |o: &Owner| o.shared.stats.checkpoint_seconds.snapshot().2;
+        let mut o = small();
+        assert!(matches!(
+            reserve(&mut o, &trade_key("A")),
+            Decision::Proceed(_)
+        ));
+        o.close();
+        let copy = dir.path().join("m.redb.copy");
+        std::fs::copy(&path, &copy).unwrap();
+
+        // 200 reserves in one turn: a record of more than two 4 KiB slots.
+        let mut o = small();
+        let keys: Vec<Key> = (0..200).map(|i| trade_key(&format!("K{i}"))).collect();
+        let (mut batch, mut answers) = (Vec::new(), Vec::new());
+        for k in &keys {
+            let (tx, rx) = oneshot::channel();
+            batch.push(Command::Reserve(request(k), tx));
+            answers.push(rx);
+        }
+        let before = checkpoints(&o);
+        o.turn(&mut batch);
+        assert_eq!(checkpoints(&o), before + 1, "answered through a checkpoint");
+        for mut rx in answers {
+            assert!(matches!(rx.try_recv(), Ok(Decision::Proceed(_))));
+        }
+        o.close();
+
+        std::fs::rename(&path, dir.path().join("m.redb.current")).unwrap();
+        std::fs::copy(&copy, &path).unwrap();
+        match &small().failure {
+            Some(Unavailable::NotOpen(why)) => assert!(why.contains("damaged or missing"), "{why}"),
+            other => panic!("the copy from before the checkpoint was opened: {other:?}"),
+        }
     }
 
     /// An operator write whose caller gave up was reported to the operator as failed,
