@@ -492,8 +492,7 @@ impl Owner {
             for r in replies.drain(..) {
                 self.abandoned.extend(r.send());
             }
-        }
-        if !journaled {
+        } else {
             store.journal.skip();
         }
         let applied = store::apply(store, &mut w, !journaled);
