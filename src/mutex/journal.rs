@@ -425,6 +425,14 @@ mod tests {
         Journal::read_all(&j.file).unwrap()
     }
 
+    /// The lsn of the record the scan finds damaged or missing, if it refuses for that.
+    fn refused_at(bytes: &[u8], checkpoint: u64) -> Option<u64> {
+        match scan(bytes, ID, checkpoint) {
+            Err(JournalError::Damaged { lsn }) => Some(lsn),
+            _ => None,
+        }
+    }
+
     fn lsns(bytes: &[u8], checkpoint: u64) -> Vec<u64> {
         scan(bytes, ID, checkpoint)
             .unwrap()
@@ -520,10 +528,7 @@ mod tests {
         assert_eq!(lsns(&bytes[2 * PAGE..], 2), [3], "buffered, and it landed");
         // Record 2 sits off a slot boundary, where no scan looks; record 3 names it as
         // its anchor, so the scan knows it is missing.
-        assert!(matches!(
-            scan(&bytes, ID, 0),
-            Err(JournalError::Damaged { lsn: 2 })
-        ));
+        assert_eq!(refused_at(&bytes, 0), Some(2));
     }
 
     #[test]
@@ -615,17 +620,11 @@ mod tests {
         // A synced record damaged with later records intact: refuse.
         let mut damaged = clean.clone();
         damaged[HEADER + 1] ^= 0xff;
-        assert!(matches!(
-            scan(&damaged, ID, 0),
-            Err(JournalError::Damaged { lsn: 1 })
-        ));
+        assert_eq!(refused_at(&damaged, 0), Some(1));
         // A length running past the end of the file is damage too, not a panic.
         let mut long = clean;
         long[24..28].copy_from_slice(&u32::MAX.to_le_bytes());
-        assert!(matches!(
-            scan(&long, ID, 0),
-            Err(JournalError::Damaged { lsn: 1 })
-        ));
+        assert_eq!(refused_at(&long, 0), Some(1));
     }
 
     /// Three synced records, one reserve each, in a journal of `pages` slots.
@@ -645,10 +644,7 @@ mod tests {
         let mut bytes = contents(&j);
         bytes[HEADER + 1] ^= 0xff;
         bytes[2 * PAGE + HEADER + 1] ^= 0xff;
-        assert!(matches!(
-            scan(&bytes, ID, 0),
-            Err(JournalError::Damaged { lsn: 1 })
-        ));
+        assert_eq!(refused_at(&bytes, 0), Some(1));
     }
 
     #[test]
@@ -676,18 +672,12 @@ mod tests {
                 b
             }),
         ] {
-            assert!(
-                matches!(scan(&bytes, ID, 0), Err(JournalError::Damaged { lsn: 1 })),
-                "{what}"
-            );
+            assert_eq!(refused_at(&bytes, 0), Some(1), "{what}");
         }
         // Its lsn overwritten: record 3 still misses it.
         let mut far = clean.clone();
         far[12..20].copy_from_slice(&u64::MAX.to_le_bytes());
-        assert!(matches!(
-            scan(&far, ID, 0),
-            Err(JournalError::Damaged { lsn: 1 })
-        ));
+        assert_eq!(refused_at(&far, 0), Some(1));
         // The last record's lsn overwritten: up to 2^62 it is taken as a torn record's,
         // which moves the checkpoint past it; beyond, it is ignored.
         for (lsn, torn) in [
@@ -716,10 +706,7 @@ mod tests {
         bytes[PAGE..17 * PAGE].fill(0);
         assert_eq!(lsns(&bytes, 0), [1, 18, 19, 20, 21]);
         bytes[..PAGE].fill(0);
-        assert!(matches!(
-            scan(&bytes, ID, 0),
-            Err(JournalError::Damaged { lsn: 1 })
-        ));
+        assert_eq!(refused_at(&bytes, 0), Some(1));
         // The farthest back 24 bits can say is claimed; one record more, nothing is.
         let far = (1u32 << 24) - 1;
         for (last, flags) in [(far - 1, far << ANCHOR_SHIFT | DURABLE), (far, DURABLE)] {
@@ -744,10 +731,7 @@ mod tests {
         assert_eq!(lsns(&bytes, 4), [5], "with its own database");
         // A database from before that checkpoint (holding 1 to 3) would replay nothing
         // and miss batch 4: refused.
-        assert!(matches!(
-            scan(&bytes, ID, 3),
-            Err(JournalError::Damaged { lsn: 4 })
-        ));
+        assert_eq!(refused_at(&bytes, 3), Some(4));
     }
 
     #[test]
@@ -764,10 +748,7 @@ mod tests {
         // Record 1 damaged, marked synced, with later ones intact: refused as before.
         let mut damaged = bytes.clone();
         damaged[HEADER] ^= 0xff;
-        assert!(matches!(
-            scan(&damaged, ID, 0),
-            Err(JournalError::Damaged { lsn: 1 })
-        ));
+        assert_eq!(refused_at(&damaged, 0), Some(1));
         // Record 2 gone without a trace: nothing says it was there, as before anchors.
         bytes[PAGE..2 * PAGE].fill(0);
         assert_eq!(lsns(&bytes, 0), [1, 3]);
@@ -790,10 +771,7 @@ mod tests {
         // A database restored from before that checkpoint: record 3 is still in slot 2,
         // but record 2, which it names, was overwritten. Replaying 3 to 5 onto it would
         // drop reserve 2.
-        assert!(matches!(
-            scan(&bytes, ID, 0),
-            Err(JournalError::Damaged { lsn: 2 })
-        ));
+        assert_eq!(refused_at(&bytes, 0), Some(2));
     }
 
     #[test]
