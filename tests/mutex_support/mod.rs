@@ -4,7 +4,9 @@
 use std::path::Path;
 use std::time::Duration;
 
-use hoox_edge::mutex::{self, ClientKey, Clock, Config, Decision, Grant, Key, Mode, Reserve};
+use hoox_edge::mutex::{
+    self, ClientKey, Clock, Config, Decision, Grant, Key, Mode, Reserve, Unavailable,
+};
 
 pub fn config(path: &Path) -> Config {
     Config {
@@ -37,6 +39,17 @@ pub fn granted(d: Decision) -> Grant {
     match d {
         Decision::Proceed(g) => g,
         other => panic!("expected Proceed, got {other:?}"),
+    }
+}
+
+/// Panics unless `d` refuses because the database is not open, for a reason that says
+/// `because`. `what` names the reserve in the message.
+pub fn assert_not_open(d: Decision, because: &str, what: &str) {
+    match d {
+        Decision::Unavailable(Unavailable::NotOpen(why)) => {
+            assert!(why.contains(because), "{what}: {why}")
+        }
+        other => panic!("{what}: expected NotOpen ({because}), got {other:?}"),
     }
 }
 
