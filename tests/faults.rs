@@ -424,3 +424,54 @@ async fn disk_io_errors_mid_run() {
         assert_eq!(gw.post(&keyed(&refused), &[]).await.status, 409);
     }
 }
+
+/// A box without a real-time clock serves before NTP sets its clock, crashes, and starts
+/// again after NTP stepped the clock an hour forward: the trade it took in its first life
+/// is still held, and its retry is refused. Keys expire by the wall clock across a
+/// restart, which now says the key is long expired; the entry's deadline on the boot clock
+/// (`CLOCK_BOOTTIME`, in the same boot) holds it. The first life's wall clock is shifted
+/// back an hour by a preloaded shim (`support/wallshift.c`); the boot clock is the real one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_clock_set_by_ntp_between_a_crash_and_the_restart_frees_no_key() {
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let shim = setup.dir.path().join("libwallshift.so");
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/wallshift.c");
+    sh(
+        "cc",
+        &[
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-o",
+            shim.to_str().unwrap(),
+            source,
+            "-ldl",
+        ],
+    );
+
+    let mut cmd = setup.command();
+    cmd.env("LD_PRELOAD", &shim)
+        .env("WALLSHIFT_SECONDS", "-3600");
+    let mut gw = Gateway::spawn(cmd, &setup.pki.ca_cert);
+    gw.wait_ready().await;
+    let r = gw.post(&keyed("before-ntp"), &[]).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    gw.kill9();
+
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let r = gw.post(&keyed("before-ntp"), &[]).await;
+    let v = r.json();
+    assert_eq!(r.status, 409, "{v}");
+    assert_eq!(code(&v), "DUPLICATE");
+    // Reserved an hour ago by the wall clock: the shim did shift the first life's clock.
+    let age = v["age_ms"].as_u64().unwrap();
+    assert!((3_590_000..3_660_000).contains(&age), "age {age} ms");
+    let left = v["expires_in_ms"].as_u64().unwrap();
+    assert!(
+        (200_000..=300_000).contains(&left),
+        "{left} ms left of 300 s"
+    );
+    assert_eq!(exec.calls(), 1, "the retry reached the executor");
+}

@@ -191,6 +191,86 @@ fn a_wall_clock_stepped_forward_frees_no_key() {
     owner.stop();
 }
 
+/// The same across a restart in the same boot, as a box without a real-time clock gets
+/// there: it serves before NTP sets its clock, then restarts (a crash, an upgrade) after.
+/// Each entry's boot deadline holds its key, and its age; only a reboot leaves the wall
+/// clock to judge alone.
+#[test]
+fn a_wall_clock_stepped_forward_frees_no_key_across_a_restart_in_the_same_boot() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let (clock, time) = Clock::manual(T0);
+    let stored = |s: &str| Key::from_stored(s).unwrap();
+    let snap = Snapshot {
+        status: 200,
+        body: b"{\"success\":true}".to_vec(),
+    };
+    let (pending, committed) = (key("before-ntp"), key("filled"));
+    let trade = stored("trade:x:XRP:LONG:1:live:500");
+    let now_trade = || {
+        stored(&format!(
+            "trade:x:ADA:LONG:1:live:{}",
+            clock.wall_ms() / BUCKET_MS
+        ))
+    };
+    let (m, owner) = start(&path, clock.clone());
+    rt().block_on(async {
+        granted(m.reserve(reserve(&pending, 300_000, 1)).await);
+        let g = granted(m.reserve(reserve(&committed, 300_000, 1)).await);
+        m.commit(g, Some(snap.clone())).unwrap();
+        granted(m.reserve(reserve(&trade, 300_000, 1)).await);
+    });
+    owner.stop();
+    time.step_wall_ms(3_600_000);
+    time.advance_ms(10_000);
+
+    let (m, owner) = start(&path, clock.clone());
+    rt().block_on(async {
+        match m.reserve(reserve(&pending, 300_000, 1)).await {
+            Decision::Duplicate(d) => assert_eq!(d.expires_in_ms, 290_000, "by the boot clock"),
+            other => panic!("expected a duplicate, got {other:?}"),
+        }
+        match m.reserve(reserve(&committed, 300_000, 1)).await {
+            Decision::Duplicate(d) => assert_eq!(d.response, Some(snap.clone())),
+            other => panic!("expected a duplicate, got {other:?}"),
+        }
+        // A fingerprint is aged by the boot clock too: ten seconds old, whatever minute
+        // the wall clock now puts it in.
+        match m
+            .reserve(reserve(&stored("trade:x:XRP:LONG:1:live:561"), 300_000, 1))
+            .await
+        {
+            Decision::Duplicate(d) => assert_eq!(d.key, trade),
+            other => panic!("expected a duplicate of {trade}, got {other:?}"),
+        }
+        time.advance_ms(290_000);
+        granted(m.reserve(reserve(&pending, 300_000, 1)).await);
+        granted(m.reserve(reserve(&now_trade(), 300_000, 1)).await);
+    });
+    owner.stop();
+
+    // Stepped back ten minutes instead, two minutes on: the wall clock keeps that trade's
+    // key live, but the boot clock says it is two minutes old, so the same trade again is
+    // a new trade (SPEC §2), after a restart as without one.
+    time.advance_ms(30_000);
+    time.step_wall_back_ms(10 * BUCKET_MS);
+    time.advance_ms(90_000);
+    let (m, owner) = start(&path, clock.clone());
+    rt().block_on(async {
+        granted(m.reserve(reserve(&now_trade(), 300_000, 1)).await);
+    });
+    owner.stop();
+
+    // A reboot: the last boot's clock means nothing in this one.
+    time.step_wall_ms(3_600_000);
+    time.reboot();
+    let (m, owner) = start(&path, clock);
+    rt().block_on(async {
+        granted(m.reserve(reserve(&pending, 300_000, 2)).await);
+    });
+    owner.stop();
+}
+
 #[test]
 fn capacity_refuses_new_keys_but_not_duplicates() {
     let dir = tempfile::tempdir().unwrap();

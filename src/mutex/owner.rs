@@ -26,7 +26,7 @@ use tokio::sync::oneshot;
 
 use super::key::{self, BUCKET_MS};
 use super::stats::inc;
-use super::store::{self, Batch, Entry, Store, WriteError};
+use super::store::{self, Batch, BootDue, Entry, Store, WriteError};
 use super::wheel::Wheel;
 use super::{
     Clock, Command, Config, Decision, Duplicate, EntryInfo, Grant, Key, PayloadHash, Reserve,
@@ -84,17 +84,42 @@ impl Live {
     /// must not age a key, nor one stepped back keep it young for the length of the step.
     /// The monotonic time it was stored at follows from its monotonic deadline less its
     /// TTL: later than it was, if a reopen kept a later deadline (younger, which is safe);
-    /// after a restart, from the wall clock, the only one that survives.
+    /// after a restart, from the entry's boot deadline if it was written in this boot, else
+    /// from the wall clock, the only one that survives a reboot.
     fn age_ms(&self, now_mono: u64) -> u64 {
         let ttl = self.expires_at.saturating_sub(self.stored_at);
         now_mono.saturating_sub(self.due_mono.saturating_sub(ttl))
     }
 
-    /// Live while either clock says so. Only the wall clock survives a restart, so it is
-    /// what the entry stores; but a wall clock stepped forward (NTP, an operator, a VM
-    /// resumed) must not free a key early, and the monotonic clock is not stepped.
+    /// Live while either clock says so. Only the wall clock survives a reboot, so it is
+    /// what the entry stores first; but a wall clock stepped forward (NTP, an operator, a
+    /// VM resumed) must not free a key early, and the monotonic clock is not stepped.
     fn live(&self, (now_wall, now_mono): (u64, u64)) -> bool {
         self.expires_at > now_wall || self.due_mono > now_mono
+    }
+}
+
+/// This boot, as the database numbers it, and how far its clock is ahead of the owner's
+/// monotonic one: a key's boot deadline is its monotonic deadline moved by that much.
+#[derive(Debug, Clone, Copy)]
+struct OnBoot {
+    number: u32,
+    /// `CLOCK_BOOTTIME` less `Clock::mono_ms`, read together at the open: both run at the
+    /// same rate, so it holds for the process's life.
+    ahead_ms: u64,
+}
+
+impl OnBoot {
+    fn due(self, due_mono: u64) -> BootDue {
+        BootDue {
+            boot: self.number,
+            at_ms: due_mono.saturating_add(self.ahead_ms),
+        }
+    }
+
+    /// The monotonic deadline of a boot deadline read from the disk, if it is of this boot.
+    fn due_mono(self, due: BootDue) -> Option<u64> {
+        (due.boot == self.number).then(|| due.at_ms.saturating_sub(self.ahead_ms))
     }
 }
 
@@ -218,6 +243,9 @@ struct Owner {
     /// minute): what makes a fingerprint reserved less than a minute ago a duplicate
     /// whatever its bucket.
     latest: HashSet<Latest>,
+    /// Where this boot's clock stands, for the boot deadlines of the entries written;
+    /// `None` when the boot is not known (entries then carry none).
+    boot: Option<OnBoot>,
     /// While failing closed: the monotonic deadlines of the entries the index held, by
     /// entry number. The reopen must read the table by the wall clock alone, which may
     /// have been stepped forward meanwhile; these keep a key live as the index did.
@@ -253,6 +281,7 @@ impl Owner {
             void: Vec::new(),
             index: HashMap::new(),
             latest: HashSet::new(),
+            boot: None,
             dues: HashMap::new(),
             wheel,
             halted: false,
@@ -610,7 +639,11 @@ impl Owner {
             if live.payload_hash != req.payload_hash {
                 return Ok(Decision::Mismatch);
             }
-            return Ok(Decision::Duplicate(duplicate(&req.key, live, now_wall)));
+            return Ok(Decision::Duplicate(duplicate(
+                &req.key,
+                live,
+                (now_wall, now_mono),
+            )));
         }
         // A fingerprint reserved less than a minute ago is a duplicate whatever its bucket
         // (SPEC §2): a retry that crosses a minute boundary; a copy that read the clock
@@ -626,13 +659,21 @@ impl Owner {
             // Every key in the index parses: `Key::from_stored` at load, a `Key` since.
             // Were one not to, the answer names the request's own key, still a duplicate.
             let key = Key::from_stored(&latest.0).unwrap_or_else(|_| req.key.clone());
-            return Ok(Decision::Duplicate(duplicate(&key, live, now_wall)));
+            return Ok(Decision::Duplicate(duplicate(
+                &key,
+                live,
+                (now_wall, now_mono),
+            )));
         }
         // After the trade's own key: a resend inside the minute gets the trade's answer.
         if let Some(g) = &req.guard
             && let Some(live) = self.live(&g.key, (now_wall, now_mono))
         {
-            return Ok(Decision::Duplicate(duplicate(&g.key, live, now_wall)));
+            return Ok(Decision::Duplicate(duplicate(
+                &g.key,
+                live,
+                (now_wall, now_mono),
+            )));
         }
         // Both keys are free by now: one still in the index is expired, and is replaced in
         // place, so only those not in it take a new one.
@@ -675,6 +716,7 @@ impl Owner {
             w.delete(old.seq)?;
         }
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
+        let due = now_mono.saturating_add(ttl_ms);
         let entry = Entry {
             key: key.as_str().to_string(),
             state: State::Pending,
@@ -682,12 +724,19 @@ impl Owner {
             expires_at: now_wall.saturating_add(ttl_ms),
             payload_hash,
             response: None,
+            boot_due: self.boot.map(|b| b.due(due)),
         };
         let seq = self.next_seq;
         let next = seq.checked_add(1).ok_or(WriteError::SeqExhausted)?;
         w.put(seq, &entry)?;
         self.next_seq = next;
-        self.track(seq, Rc::from(key.as_str()), &entry, (now_wall, now_mono), 0);
+        self.track(
+            seq,
+            Rc::from(key.as_str()),
+            &entry,
+            (now_wall, now_mono),
+            Some(due),
+        );
         Ok(seq)
     }
 
@@ -700,6 +749,7 @@ impl Owner {
         w: &mut Batch,
         now: (u64, u64),
     ) -> Result<bool, WriteError> {
+        let boot = self.boot;
         let Some(live) = self
             .live_mut(&grant.key, now)
             .filter(|l| l.seq == grant.seq)
@@ -715,6 +765,7 @@ impl Owner {
             expires_at: live.expires_at,
             payload_hash: live.payload_hash,
             response,
+            boot_due: boot.map(|b| b.due(live.due_mono)),
         };
         w.put(grant.seq, &entry)?;
         Ok(true)
@@ -892,20 +943,20 @@ impl Owner {
         self.index.get_mut(key.as_str()).filter(|l| l.live(now))
     }
 
-    /// Indexes an entry, due on the monotonic clock when the wall clock says, or at `due`
-    /// if that is later.
+    /// Indexes an entry, due on the monotonic clock at `due`, or when the wall clock says
+    /// if that is not known (an entry of another boot, or of an unknown one). Either way
+    /// the key stays live while its wall clock expiry is ahead (`Live::live`).
     fn track(
         &mut self,
         seq: u64,
         key: Rc<str>,
         e: &Entry,
         (now_wall, now_mono): (u64, u64),
-        due: u64,
+        due: Option<u64>,
     ) {
         // Saturating: `expires_at` may come from the disk.
-        let due = now_mono
-            .saturating_add(e.expires_at.saturating_sub(now_wall))
-            .max(due);
+        let due =
+            due.unwrap_or_else(|| now_mono.saturating_add(e.expires_at.saturating_sub(now_wall)));
         self.wheel.insert(due, (key.clone(), e.expires_at));
         if key::family(&key).is_some() {
             // Tracked in the order reserved (the table's order at load): the latest.
@@ -941,15 +992,27 @@ impl Owner {
         }
         let now_wall = self.clock.wall_ms();
         let now_mono = self.clock.mono_ms();
+        let boot = self.clock.boot();
         // An entry the monotonic clock still holds is kept, whatever the wall clock says.
         let held = |seq: u64| self.dues.get(&seq).is_some_and(|&due| due > now_mono);
         let (path, bytes) = (&self.config.path, self.config.journal_bytes);
-        match store::open(path, bytes, !self.opened, now_wall, held) {
+        match store::open(path, bytes, !self.opened, now_wall, boot, held) {
             Ok((store, loaded)) => {
+                let first = !self.opened;
                 self.opened = true;
                 self.index.clear();
                 self.latest.clear();
                 self.wheel = Wheel::new(now_mono);
+                self.boot = loaded.boot.zip(boot).map(|(number, boot)| OnBoot {
+                    number,
+                    ahead_ms: boot.ms.saturating_sub(now_mono),
+                });
+                if self.boot.is_none() && first {
+                    log::warn!(
+                        "mutex: this boot's id is not readable (/proc/sys/kernel/random/boot_id): \
+                         across a restart, keys expire by the wall clock alone"
+                    );
+                }
                 let mut skipped = 0;
                 for (seq, e) in loaded.live {
                     // Only keys this version could have written are trusted.
@@ -957,7 +1020,11 @@ impl Owner {
                         skipped += 1;
                         continue;
                     }
-                    let due = self.dues.get(&seq).copied().unwrap_or(0);
+                    // The later of the deadline kept through a failure and the entry's own
+                    // on this boot's clock, if either is known.
+                    let held = self.dues.get(&seq).copied();
+                    let on_boot = self.boot.zip(e.boot_due).and_then(|(b, d)| b.due_mono(d));
+                    let due = held.max(on_boot);
                     self.track(seq, Rc::from(e.key.as_str()), &e, (now_wall, now_mono), due);
                 }
                 self.dues.clear();
@@ -1170,12 +1237,16 @@ impl Holds {
     }
 }
 
-fn duplicate(key: &Key, l: &Live, now_wall: u64) -> Duplicate {
+fn duplicate(key: &Key, l: &Live, (now_wall, now_mono): (u64, u64)) -> Duplicate {
     Duplicate {
         key: key.clone(),
         state: l.state,
         age_ms: now_wall.saturating_sub(l.stored_at),
-        expires_in_ms: l.expires_at.saturating_sub(now_wall),
+        // Until both clocks say it is free (`Live::live`).
+        expires_in_ms: l
+            .expires_at
+            .saturating_sub(now_wall)
+            .max(l.due_mono.saturating_sub(now_mono)),
         response: None,
     }
 }

@@ -1,7 +1,8 @@
 //! redb tables, the versioned postcard entry, and opening the database with its journal.
 //!
 //! Two tables: `entries` maps a sequence number to an encoded [`Entry`] (which carries its
-//! key); `meta` holds the kill switch, the journal id and the checkpoint lsn. The table
+//! key); `meta` holds the kill switch, the journal id, the checkpoint lsn and the boot the
+//! database was last opened in. The table
 //! holds live keys only: the owner deletes what expires, so the file stays the size of the
 //! working set. Every write goes through a [`Batch`], which encodes it as the operations of
 //! one journal record; the tables receive those very records at the next checkpoint.
@@ -24,6 +25,7 @@ use std::path::{Path, PathBuf};
 use redb::{Database, ReadableDatabase, ReadableTable, Table, TableDefinition};
 use serde::{Deserialize, Serialize};
 
+use super::clock::Boot;
 use super::journal::{self, Journal, JournalError, Op};
 use super::{PayloadHash, Snapshot, State};
 
@@ -34,6 +36,9 @@ const HALTED: &str = "halted";
 const JOURNAL_ID: &str = "journal_id";
 /// The last journal record this database holds durably (u64 LE).
 const CHECKPOINT: &str = "journal_lsn";
+/// The boot this database was last opened in: the kernel's boot id (u128 LE) and the
+/// number the database gave that boot (u32 LE), which entries name (`BootDue::boot`).
+const BOOT: &str = "boot";
 
 /// redb caches pages in memory; the default (1 GiB) is too much for a Raspberry Pi, and
 /// the hot path never reads the database anyway (decisions come from the index).
@@ -52,18 +57,57 @@ pub struct Entry {
     pub payload_hash: PayloadHash,
     /// The executor's answer, kept for replaying a duplicate of a committed key.
     pub response: Option<Snapshot>,
+    /// When the key expires by the boot clock, for a restart within the same boot: no step
+    /// of the wall clock between the reserve and the restart frees it early. `None` where
+    /// the boot is not known, and in entries of V1.
+    pub boot_due: Option<BootDue>,
+}
+
+/// A deadline on the boot clock (`CLOCK_BOOTTIME`), which is only meaningful in the boot
+/// it was read in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
+pub struct BootDue {
+    /// The number the database gave the boot (`meta`'s `boot`), not the kernel's 128-bit
+    /// id: one byte in nearly every entry instead of sixteen.
+    pub boot: u32,
+    /// Milliseconds since that boot began.
+    pub at_ms: u64,
 }
 
 /// The format on disk. The variant index is the version; never reorder or remove one.
 #[derive(Deserialize)]
 enum Versioned {
-    V1(Entry),
+    V1(EntryV1),
+    V2(Entry),
 }
 
-/// The writing side of [`Versioned`]: the same bytes, without cloning the entry.
-#[derive(Serialize)]
-enum VersionedRef<'a> {
-    V1(&'a Entry),
+/// The version written now: [`Versioned::V2`]'s index, as postcard writes it (a varint,
+/// one byte below 128).
+const VERSION: u8 = 1;
+
+/// An entry as the first version wrote it: without its boot deadline.
+#[derive(Deserialize)]
+struct EntryV1 {
+    key: String,
+    state: State,
+    stored_at: u64,
+    expires_at: u64,
+    payload_hash: PayloadHash,
+    response: Option<Snapshot>,
+}
+
+impl From<EntryV1> for Entry {
+    fn from(e: EntryV1) -> Entry {
+        Entry {
+            key: e.key,
+            state: e.state,
+            stored_at: e.stored_at,
+            expires_at: e.expires_at,
+            payload_hash: e.payload_hash,
+            response: e.response,
+            boot_due: None,
+        }
+    }
 }
 
 /// Why stored bytes are not an entry.
@@ -83,15 +127,17 @@ pub fn decode_entry(bytes: &[u8]) -> Result<Entry, DecodeError> {
         return Err(DecodeError::Trailing(rest.len()));
     }
     match v {
-        Versioned::V1(e) => Ok(e),
+        Versioned::V1(e) => Ok(e.into()),
+        Versioned::V2(e) => Ok(e),
     }
 }
 
-/// Encodes an entry in the current version.
+/// Encodes an entry in the current version: the variant index, then the entry, which is
+/// what postcard writes for `Versioned::V2(e)`, without cloning the entry into one.
 pub fn encode_entry(e: &Entry) -> Vec<u8> {
     // Serialising a plain struct into a Vec cannot fail: postcard only errors on a full
     // fixed buffer or on types it does not support (maps of unknown length), neither here.
-    postcard::to_stdvec(&VersionedRef::V1(e)).unwrap_or_default()
+    postcard::to_extend(e, vec![VERSION]).unwrap_or_default()
 }
 
 /// The database and its journal, opened together: the journal holds what redb has not
@@ -133,6 +179,9 @@ pub(super) struct Loaded {
     pub halted: bool,
     /// Journal records replayed into the database.
     pub replayed: usize,
+    /// The number the database gives this boot, for the entries written in it; `None` if
+    /// the boot is not known.
+    pub boot: Option<u32>,
 }
 
 /// Why the store cannot be trusted at open.
@@ -223,9 +272,10 @@ via_redb_error!(
 );
 
 /// Opens the database and its journal, replays the journal into the database, reads every
-/// entry, deletes those expired at `now_wall` but not `held` (by number), and commits all
-/// that durably: a checkpoint, after which the journal starts empty and the file holds only
-/// live keys.
+/// entry, deletes those expired at `now_wall` but not `held` (by number) nor live by the
+/// boot clock (`Entry::boot_due`, when `boot` is the boot the entry was written in), and
+/// commits all that durably: a checkpoint, after which the journal starts empty and the
+/// file holds only live keys.
 ///
 /// Both files are created only where nothing of an earlier database is left, and only if
 /// `may_create` (the owner has not opened one yet). A file that is gone where one must be
@@ -240,6 +290,7 @@ pub(super) fn open(
     journal_bytes: usize,
     may_create: bool,
     now_wall: u64,
+    boot: Option<Boot>,
     held: impl Fn(u64) -> bool,
 ) -> Result<(Store, Loaded), LoadError> {
     let journal_path = journal::path_for(path);
@@ -265,7 +316,7 @@ pub(super) fn open(
         builder.create(path)?
     };
     let txn = db.begin_write()?;
-    let (file, id, checkpoint, replayed, halted) = {
+    let (file, id, checkpoint, replayed, halted, epoch) = {
         let mut meta = txn.open_table(META)?;
         let mut entries = txn.open_table(ENTRIES)?;
         let known = read_u64(&meta, JOURNAL_ID)?;
@@ -307,7 +358,17 @@ pub(super) fn open(
             meta.insert(CHECKPOINT, checkpoint.to_le_bytes().as_slice())?;
         }
         let halted = meta.get(HALTED)?.is_some_and(|v| v.value() == [1]);
-        (file, id, checkpoint, records.len(), halted)
+        let epoch = match boot {
+            Some(boot) => Some(boot_number(&mut meta, boot.id)?),
+            None => None,
+        };
+        (file, id, checkpoint, records.len(), halted, epoch)
+    };
+    // Live by the boot clock: written in this boot, and not yet due on its clock.
+    let boot_live = |e: &Entry| {
+        e.boot_due
+            .zip(epoch.zip(boot))
+            .is_some_and(|(due, (epoch, boot))| due.boot == epoch && due.at_ms > boot.ms)
     };
     let mut live = Vec::new();
     let mut expired = Vec::new();
@@ -319,7 +380,7 @@ pub(super) fn open(
             let seq = k.value();
             next_seq = seq.checked_add(1).ok_or(WriteError::SeqExhausted)?;
             let entry = decode_entry(v.value()).map_err(|err| LoadError::Entry { seq, err })?;
-            if entry.expires_at <= now_wall && !held(seq) {
+            if entry.expires_at <= now_wall && !held(seq) && !boot_live(&entry) {
                 expired.push(seq);
             } else {
                 live.push((seq, entry));
@@ -337,6 +398,7 @@ pub(super) fn open(
         purged: expired.len() as u64,
         halted,
         replayed,
+        boot: epoch,
     };
     let store = Store {
         db,
@@ -354,6 +416,29 @@ fn bytes_at(path: &Path) -> std::io::Result<u64> {
         Ok(m) => Ok(m.len()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
         Err(e) => Err(e),
+    }
+}
+
+/// The number of the boot `id` in this database: the one it has if the database was last
+/// opened in that boot, else the next one, stored.
+fn boot_number(meta: &mut Table<&str, &[u8]>, id: u128) -> Result<u32, redb::StorageError> {
+    let last = meta.get(BOOT)?.and_then(|v| {
+        let v = v.value();
+        let id = u128::from_le_bytes(v.get(..16)?.try_into().ok()?);
+        let n = u32::from_le_bytes(v.get(16..20)?.try_into().ok()?);
+        Some((id, n))
+    });
+    match last {
+        Some((last, n)) if last == id => Ok(n),
+        _ => {
+            // Any number another boot's entries do not carry will do; wrapping after 2^32
+            // boots is harmless.
+            let n = last.map_or(0, |(_, n)| n.wrapping_add(1));
+            let mut v = id.to_le_bytes().to_vec();
+            v.extend_from_slice(&n.to_le_bytes());
+            meta.insert(BOOT, v.as_slice())?;
+            Ok(n)
+        }
     }
 }
 
@@ -500,6 +585,10 @@ mod tests {
                 status: 200,
                 body: b"{\"success\":true}".to_vec(),
             }),
+            boot_due: Some(BootDue {
+                boot: 3,
+                at_ms: 86_400_000,
+            }),
         }
     }
 
@@ -507,8 +596,20 @@ mod tests {
     fn round_trips_and_starts_with_the_version() {
         let e = sample();
         let bytes = encode_entry(&e);
-        assert_eq!(bytes[0], 0, "V1 is variant 0");
+        assert_eq!(bytes[0], 1, "V2 is variant 1");
         assert_eq!(decode_entry(&bytes), Ok(e));
+    }
+
+    /// Entries written before boot deadlines are read as they were, without one. Their
+    /// bytes are V2's without its last field: `None` is one zero byte, last.
+    #[test]
+    fn a_first_version_entry_reads_without_a_boot_deadline() {
+        let mut e = sample();
+        e.boot_due = None;
+        let mut v1 = encode_entry(&e);
+        assert_eq!(v1.pop(), Some(0));
+        v1[0] = 0;
+        assert_eq!(decode_entry(&v1), Ok(e));
     }
 
     proptest::proptest! {
@@ -527,6 +628,7 @@ mod tests {
             expires_at: u64,
             hash: [u8; 32],
             response in proptest::option::of((100u16..600, proptest::collection::vec(proptest::prelude::any::<u8>(), 0..300))),
+            boot_due: Option<(u32, u64)>,
         ) {
             let e = Entry {
                 key,
@@ -535,6 +637,7 @@ mod tests {
                 expires_at,
                 payload_hash: hash,
                 response: response.map(|(status, body)| Snapshot { status, body }),
+                boot_due: boot_due.map(|(boot, at_ms)| BootDue { boot, at_ms }),
             };
             proptest::prop_assert_eq!(decode_entry(&encode_entry(&e)), Ok(e));
         }
@@ -561,6 +664,7 @@ mod tests {
                     expires_at: NOW + 300_000,
                     payload_hash: [1; 32],
                     response: None,
+                    boot_due: None,
                 };
                 b.put(seq, &e).unwrap();
                 store.journal.append(b.record(), true).unwrap();
@@ -568,7 +672,7 @@ mod tests {
         };
         let held = |loaded: &Loaded| loaded.live.iter().map(|(s, _)| *s).collect::<Vec<_>>();
 
-        let (mut store, _) = open(&path, JOURNAL, true, NOW, |_| false).unwrap();
+        let (mut store, _) = open(&path, JOURNAL, true, NOW, None, |_| false).unwrap();
         reserve(&mut store, 0..4);
         drop(store);
         // The crash came during the fourth record's sync: it is torn, never answered.
@@ -578,13 +682,75 @@ mod tests {
             .unwrap();
         journal.write_all_at(&[0xff], 3 * 4096 + 40).unwrap();
 
-        let (mut store, loaded) = open(&path, JOURNAL, true, NOW, |_| false).unwrap();
+        let (mut store, loaded) = open(&path, JOURNAL, true, NOW, None, |_| false).unwrap();
         assert_eq!(held(&loaded), [0, 1, 2]);
         reserve(&mut store, 10..12);
         drop(store);
 
-        let (_store, loaded) = open(&path, JOURNAL, true, NOW, |_| false).expect("third open");
+        let (_store, loaded) =
+            open(&path, JOURNAL, true, NOW, None, |_| false).expect("third open");
         assert_eq!(held(&loaded), [0, 1, 2, 10, 11]);
+    }
+
+    /// A restart in the boot that wrote an entry keeps it while its boot deadline is ahead,
+    /// whatever the wall clock says; in another boot, or an unknown one, the wall clock
+    /// decides alone. Each case opens its own copy of the same two files.
+    #[test]
+    fn an_entry_is_kept_while_its_boot_deadline_is_ahead_in_its_boot() {
+        const NOW: u64 = 1_700_000_000_000;
+        const HOUR: u64 = 3_600_000;
+        const JOURNAL: usize = 16 * 4096;
+        let (a, b) = (0xa_u128 << 100, 0xb);
+        let at = |id, ms| Some(Boot { id, ms });
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        let (mut store, loaded) = open(&path, JOURNAL, true, NOW, at(a, 1_000), |_| false).unwrap();
+        assert_eq!(loaded.boot, Some(0), "the first boot a database sees");
+        let mut batch = Batch::default();
+        let mut e = sample();
+        e.expires_at = NOW + 300_000;
+        e.boot_due = Some(BootDue {
+            boot: 0,
+            at_ms: 301_000,
+        });
+        batch.put(7, &e).unwrap();
+        store.journal.append(batch.record(), true).unwrap();
+        drop(store);
+
+        let copy = |n: usize| {
+            let to = dir.path().join(format!("copy{n}.redb"));
+            std::fs::copy(&path, &to).unwrap();
+            std::fs::copy(journal::path_for(&path), journal::path_for(&to)).unwrap();
+            to
+        };
+        let cases = [
+            // Stepped an hour forward, ten seconds on: live by the boot clock.
+            (NOW + HOUR, at(a, 11_000), true, Some(0)),
+            (NOW + HOUR, at(a, 301_000), false, Some(0)),
+            (NOW + HOUR, at(b, 11_000), false, Some(1)),
+            (NOW + HOUR, None, false, None),
+            // Another boot still keeps what the wall clock keeps.
+            (NOW + 10_000, at(b, 11_000), true, Some(1)),
+        ];
+        for (n, (wall, boot, kept, number)) in cases.into_iter().enumerate() {
+            let (_store, loaded) = open(&copy(n), JOURNAL, false, wall, boot, |_| false).unwrap();
+            let live: Vec<u64> = loaded.live.iter().map(|(seq, _)| *seq).collect();
+            assert_eq!(live, if kept { vec![7] } else { vec![] }, "case {n}");
+            assert_eq!(loaded.boot, number, "case {n}");
+        }
+
+        // The number is kept for the boot the database was last opened in, and a boot
+        // that comes back after another is a new one to it.
+        let path = copy(9);
+        let number = |boot| {
+            let (_store, loaded) = open(&path, JOURNAL, false, NOW, boot, |_| false).unwrap();
+            loaded.boot
+        };
+        assert_eq!(number(at(b, 5)), Some(1));
+        assert_eq!(number(at(b, 6)), Some(1));
+        assert_eq!(number(None), None);
+        assert_eq!(number(at(b, 7)), Some(1), "an unknown boot leaves it");
+        assert_eq!(number(at(a, 8)), Some(2));
     }
 
     /// A file of the database gone where one must be is refused, never made again empty:
@@ -596,7 +762,7 @@ mod tests {
         let path = dir.path().join("m.redb");
         let journal = journal::path_for(&path);
         let aside = |p: &Path| PathBuf::from(format!("{}.aside", p.display()));
-        let open = |may_create| open(&path, 16 * 4096, may_create, NOW, |_| false);
+        let open = |may_create| open(&path, 16 * 4096, may_create, NOW, None, |_| false);
         let refused = |r: Result<(Store, Loaded), LoadError>| match r {
             Err(LoadError::Missing { path, why, .. }) => (path, why),
             Err(e) => panic!("refused for another reason: {e}"),
@@ -638,7 +804,7 @@ mod tests {
         const NOW: u64 = 1_700_000_000_000;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
-        let (store, _) = open(&path, 16 * 4096, true, NOW, |_| false).unwrap();
+        let (store, _) = open(&path, 16 * 4096, true, NOW, None, |_| false).unwrap();
         let mut e = sample();
         e.expires_at = NOW + 300_000;
         let txn = store.db.begin_write().unwrap();
@@ -648,7 +814,7 @@ mod tests {
             .unwrap();
         txn.commit().unwrap();
         drop(store);
-        let err = open(&path, 16 * 4096, true, NOW, |_| false)
+        let err = open(&path, 16 * 4096, true, NOW, None, |_| false)
             .err()
             .expect("opened");
         assert!(
@@ -660,9 +826,9 @@ mod tests {
     #[test]
     fn rejects_unknown_versions_truncation_and_trailing_bytes() {
         let bytes = encode_entry(&sample());
-        let mut v2 = bytes.clone();
-        v2[0] = 1;
-        assert!(matches!(decode_entry(&v2), Err(DecodeError::Malformed(_))));
+        let mut v3 = bytes.clone();
+        v3[0] = 2;
+        assert!(matches!(decode_entry(&v3), Err(DecodeError::Malformed(_))));
         for cut in 0..bytes.len() {
             assert!(decode_entry(&bytes[..cut]).is_err(), "cut at {cut}");
         }
