@@ -255,18 +255,27 @@ fn a_wall_clock_stepped_forward_frees_no_key_across_a_restart_in_the_same_boot()
     time.advance_ms(30_000);
     time.step_wall_back_ms(10 * BUCKET_MS);
     time.advance_ms(90_000);
+    let across = key("across-a-reboot");
     let (m, owner) = start(&path, clock.clone());
     rt().block_on(async {
         granted(m.reserve(reserve(&now_trade(), 300_000, 1)).await);
+        granted(m.reserve(reserve(&across, 300_000, 1)).await);
     });
     owner.stop();
 
-    // A reboot: the last boot's clock means nothing in this one.
-    time.step_wall_ms(3_600_000);
+    // A reboot, with the wall clock stepped 200 s forward: the last boot's clock means
+    // nothing in this one, and the wall clock alone holds the key, for the 100 s it has
+    // left by it.
+    time.step_wall_ms(200_000);
     time.reboot();
     let (m, owner) = start(&path, clock);
     rt().block_on(async {
-        granted(m.reserve(reserve(&pending, 300_000, 2)).await);
+        assert!(matches!(
+            m.reserve(reserve(&across, 300_000, 1)).await,
+            Decision::Duplicate(_)
+        ));
+        time.advance_ms(150_000);
+        granted(m.reserve(reserve(&across, 300_000, 2)).await);
     });
     owner.stop();
 }

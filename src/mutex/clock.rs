@@ -1,15 +1,16 @@
 //! Time, as the mutex sees it.
 //!
-//! Three clocks, for three jobs. Persisted times (`stored_at`, `expires_at`) are unix
+//! Two clocks, for two jobs. Persisted times (`stored_at`, `expires_at`) are unix
 //! milliseconds from the wall clock, because they must survive a reboot. The alarm wheel
 //! runs on a monotonic clock, because a wall clock stepped by NTP must not fire a whole
-//! wheel of alarms at once. An entry also keeps its deadline on the boot clock
-//! (`CLOCK_BOOTTIME`, with the kernel's boot id): it survives a restart of the process
-//! within the same boot, and no step of the wall clock moves it. Tests swap all three for a
+//! wheel of alarms at once. The monotonic clock is the boot clock (`CLOCK_BOOTTIME`:
+//! milliseconds since the boot, counting suspend), so it also reads the same in the next
+//! process of the same boot: an entry keeps its deadline on it too, with the boot's id,
+//! and a restart after a wall clock step frees no key early. Tests swap both for a
 //! [`ManualClock`] and move time without sleeping.
 
 use std::sync::Arc;
-use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::atomic::{AtomicU32, AtomicU64, Ordering};
 use std::time::{Instant, SystemTime, UNIX_EPOCH};
 
 /// The clock the owner reads. Cheap to clone.
@@ -17,21 +18,15 @@ use std::time::{Instant, SystemTime, UNIX_EPOCH};
 pub enum Clock {
     /// The operating system's clocks.
     System {
+        /// The monotonic clock's origin where `CLOCK_BOOTTIME` cannot be read (never on
+        /// Linux since 2.6.39).
         start: Instant,
-        /// This boot's id, read once: `None` where `/proc/sys` is not readable.
-        boot_id: Option<u128>,
+        /// This boot, read once: `None` where `/proc/sys` is not readable, or the boot
+        /// clock is not there.
+        boot: Option<u32>,
     },
     /// A clock that only moves when a test says so.
     Manual(Arc<ManualClock>),
-}
-
-/// Which boot this is, and how long since it began.
-#[derive(Clone, Copy, Debug, PartialEq, Eq)]
-pub struct Boot {
-    /// The kernel's random id for this boot: another boot has another.
-    pub id: u128,
-    /// Milliseconds since the boot, counting suspend (`CLOCK_BOOTTIME`).
-    pub ms: u64,
 }
 
 impl Default for Clock {
@@ -44,7 +39,7 @@ impl Clock {
     pub fn system() -> Self {
         Clock::System {
             start: Instant::now(),
-            boot_id: read_boot_id(),
+            boot: read_boot_id().filter(|_| boottime_ms().is_some()),
         }
     }
 
@@ -53,7 +48,7 @@ impl Clock {
         let m = Arc::new(ManualClock {
             wall: AtomicU64::new(wall_ms),
             mono: AtomicU64::new(0),
-            boot: AtomicU64::new(new_boot_id()),
+            boot: AtomicU32::new(new_boot_id()),
         });
         (Clock::Manual(m.clone()), m)
     }
@@ -66,39 +61,38 @@ impl Clock {
         }
     }
 
-    /// Monotonic milliseconds since this clock was made.
+    /// Monotonic milliseconds: since the boot, the same in every process of it, when
+    /// [`Clock::boot`] is known; else since this clock was made.
     pub fn mono_ms(&self) -> u64 {
         match self {
-            Clock::System { start, .. } => start.elapsed().as_millis() as u64,
+            Clock::System { start, .. } => {
+                boottime_ms().unwrap_or_else(|| start.elapsed().as_millis() as u64)
+            }
             Clock::Manual(m) => m.mono.load(Ordering::SeqCst),
         }
     }
 
-    /// This boot and the time since it began; `None` if the system does not say which
-    /// boot this is (then only the wall clock survives a restart).
-    pub fn boot(&self) -> Option<Boot> {
+    /// Which boot this is: 32 bits of the kernel's random boot id, so another boot has
+    /// another but once in 2^32 (and then only holds its keys longer). `None` if the
+    /// system does not say: then only the wall clock survives a restart.
+    pub fn boot(&self) -> Option<u32> {
         match self {
-            Clock::System { boot_id, .. } => Some(Boot {
-                id: (*boot_id)?,
-                ms: boottime_ms()?,
-            }),
-            // One boot per manual clock, until a test reboots it; its boot clock runs with
-            // its monotonic one, an hour ahead, as a process started after the boot sees.
-            Clock::Manual(m) => Some(Boot {
-                id: u128::from(m.boot.load(Ordering::SeqCst)),
-                ms: m.mono.load(Ordering::SeqCst) + MANUAL_UPTIME_MS,
-            }),
+            Clock::System { boot, .. } => *boot,
+            // One boot per manual clock, until a test reboots it.
+            Clock::Manual(m) => Some(m.boot.load(Ordering::SeqCst)),
         }
     }
 }
 
-/// The kernel's boot id (`/proc/sys/kernel/random/boot_id`, a UUID), as a number.
-fn read_boot_id() -> Option<u128> {
+/// The low 32 bits of the kernel's boot id (`/proc/sys/kernel/random/boot_id`, a random
+/// UUID: those bits are all random).
+fn read_boot_id() -> Option<u32> {
     let text = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").ok()?;
     let hex: String = text.trim().chars().filter(|c| *c != '-').collect();
-    u128::from_str_radix(&hex, 16)
+    let id = u128::from_str_radix(&hex, 16)
         .ok()
-        .filter(|_| hex.len() == 32)
+        .filter(|_| hex.len() == 32)?;
+    Some(id as u32)
 }
 
 /// `CLOCK_BOOTTIME` in milliseconds.
@@ -114,12 +108,9 @@ fn boottime_ms() -> Option<u64> {
     secs.checked_mul(1_000)?.checked_add(millis)
 }
 
-/// How long a manual clock's boot had run when the clock was made.
-const MANUAL_UPTIME_MS: u64 = 3_600_000;
-
 /// A boot id no other manual clock has.
-fn new_boot_id() -> u64 {
-    static NEXT: AtomicU64 = AtomicU64::new(1);
+fn new_boot_id() -> u32 {
+    static NEXT: AtomicU32 = AtomicU32::new(1);
     NEXT.fetch_add(1, Ordering::SeqCst)
 }
 
@@ -135,7 +126,7 @@ pub fn unix_ms() -> u64 {
 pub struct ManualClock {
     wall: AtomicU64,
     mono: AtomicU64,
-    boot: AtomicU64,
+    boot: AtomicU32,
 }
 
 impl ManualClock {
@@ -155,10 +146,12 @@ impl ManualClock {
         self.wall.fetch_sub(ms, Ordering::SeqCst);
     }
 
-    /// Makes this a new boot, as a power cut or a reboot does: the boot clock of the last
-    /// one means nothing in this one.
+    /// Makes this a new boot, as a power cut or a reboot does: the boot clock, which is
+    /// the monotonic one, starts again from 0, and the last boot's means nothing in this
+    /// one. Between two owners only: a running one would see its clock go back.
     pub fn reboot(&self) {
         self.boot.store(new_boot_id(), Ordering::SeqCst);
+        self.mono.store(0, Ordering::SeqCst);
     }
 }
 
@@ -191,20 +184,25 @@ mod tests {
         hand.step_wall_back_ms(6_000);
         assert_eq!((clock.wall_ms(), clock.mono_ms()), (250, 250));
         let boot = clock.boot().unwrap();
-        assert_eq!(boot.ms, 250 + MANUAL_UPTIME_MS, "with the monotonic clock");
         hand.reboot();
-        assert_ne!(clock.boot().unwrap().id, boot.id);
+        assert_ne!(clock.boot().unwrap(), boot);
+        assert_eq!((clock.wall_ms(), clock.mono_ms()), (250, 0));
         let (other, _) = Clock::manual(5_000);
-        assert_ne!(other.boot().unwrap().id, clock.boot().unwrap().id);
+        assert_ne!(other.boot().unwrap(), clock.boot().unwrap());
     }
 
-    /// The boot this test runs in, as the kernel tells it, and its clock, as
-    /// `/proc/uptime` (the same clock, in hundredths of a second) reads it.
+    /// The boot this test runs in, as the kernel tells it, and the monotonic clock, which
+    /// is the boot clock: `/proc/uptime` reads the same clock, in hundredths of a second.
     #[test]
     fn the_system_clock_knows_its_boot() {
-        let boot = Clock::system().boot().expect("boot id and CLOCK_BOOTTIME");
+        let clock = Clock::system();
         let id = std::fs::read_to_string("/proc/sys/kernel/random/boot_id").unwrap();
-        assert_eq!(format!("{:032x}", boot.id), id.trim().replace('-', ""));
+        let id = id.trim().replace('-', "");
+        assert_eq!(
+            clock.boot().map(|b| format!("{b:08x}")).as_deref(),
+            Some(&id[24..])
+        );
+        let before = clock.mono_ms();
         let uptime: f64 = std::fs::read_to_string("/proc/uptime")
             .unwrap()
             .split_whitespace()
@@ -212,12 +210,11 @@ mod tests {
             .unwrap()
             .parse()
             .unwrap();
-        let again = Clock::system().boot().unwrap().ms;
+        let after = Clock::system().mono_ms();
         let uptime_ms = (uptime * 1000.0) as u64;
         assert!(
-            boot.ms <= uptime_ms + 20 && uptime_ms <= again + 20,
-            "{} ≤ {uptime_ms} ≤ {again}",
-            boot.ms
+            before <= uptime_ms + 20 && uptime_ms <= after + 20,
+            "{before} ≤ {uptime_ms} ≤ {after}"
         );
     }
 }

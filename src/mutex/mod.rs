@@ -164,7 +164,9 @@ pub struct Duplicate {
     /// The key that blocked: the requested one, or its sibling bucket's.
     pub key: Key,
     pub state: State,
+    /// How long ago it was reserved, by the monotonic clock (no wall clock step moves it).
     pub age_ms: u64,
+    /// Until it is free: until both clocks say it has expired.
     pub expires_in_ms: u64,
     /// Present for a committed key whose answer was stored.
     pub response: Option<Snapshot>,

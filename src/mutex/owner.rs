@@ -26,7 +26,7 @@ use tokio::sync::oneshot;
 
 use super::key::{self, BUCKET_MS};
 use super::stats::inc;
-use super::store::{self, Batch, BootDue, Entry, Store, WriteError};
+use super::store::{self, Batch, BootTime, Entry, Store, WriteError};
 use super::wheel::Wheel;
 use super::{
     Clock, Command, Config, Decision, Duplicate, EntryInfo, Grant, Key, PayloadHash, Reserve,
@@ -96,30 +96,6 @@ impl Live {
     /// VM resumed) must not free a key early, and the monotonic clock is not stepped.
     fn live(&self, (now_wall, now_mono): (u64, u64)) -> bool {
         self.expires_at > now_wall || self.due_mono > now_mono
-    }
-}
-
-/// This boot, as the database numbers it, and how far its clock is ahead of the owner's
-/// monotonic one: a key's boot deadline is its monotonic deadline moved by that much.
-#[derive(Debug, Clone, Copy)]
-struct OnBoot {
-    number: u32,
-    /// `CLOCK_BOOTTIME` less `Clock::mono_ms`, read together at the open: both run at the
-    /// same rate, so it holds for the process's life.
-    ahead_ms: u64,
-}
-
-impl OnBoot {
-    fn due(self, due_mono: u64) -> BootDue {
-        BootDue {
-            boot: self.number,
-            at_ms: due_mono.saturating_add(self.ahead_ms),
-        }
-    }
-
-    /// The monotonic deadline of a boot deadline read from the disk, if it is of this boot.
-    fn due_mono(self, due: BootDue) -> Option<u64> {
-        (due.boot == self.number).then(|| due.at_ms.saturating_sub(self.ahead_ms))
     }
 }
 
@@ -243,12 +219,14 @@ struct Owner {
     /// minute): what makes a fingerprint reserved less than a minute ago a duplicate
     /// whatever its bucket.
     latest: HashSet<Latest>,
-    /// Where this boot's clock stands, for the boot deadlines of the entries written;
-    /// `None` when the boot is not known (entries then carry none).
-    boot: Option<OnBoot>,
+    /// This boot (`Clock::boot`), whose clock the monotonic one is: an entry's boot
+    /// deadline is its monotonic one. `None` when the boot is not known (entries then
+    /// carry none).
+    boot: Option<u32>,
     /// While failing closed: the monotonic deadlines of the entries the index held, by
-    /// entry number. The reopen must read the table by the wall clock alone, which may
-    /// have been stepped forward meanwhile; these keep a key live as the index did.
+    /// entry number. The reopen reads the table by the wall clock and the entries' boot
+    /// deadlines; an entry without one of this boot has only the wall clock, which may
+    /// have been stepped forward meanwhile: these keep a key live as the index did.
     dues: HashMap<u64, u64>,
     /// Alarms carry the expiry they were set for, so an alarm left behind by a released and
     /// re-reserved key is recognised as stale and ignored.
@@ -724,7 +702,7 @@ impl Owner {
             expires_at: now_wall.saturating_add(ttl_ms),
             payload_hash,
             response: None,
-            boot_due: self.boot.map(|b| b.due(due)),
+            boot_due: self.boot.map(|boot| BootTime { boot, ms: due }),
         };
         let seq = self.next_seq;
         let next = seq.checked_add(1).ok_or(WriteError::SeqExhausted)?;
@@ -765,7 +743,10 @@ impl Owner {
             expires_at: live.expires_at,
             payload_hash: live.payload_hash,
             response,
-            boot_due: boot.map(|b| b.due(live.due_mono)),
+            boot_due: boot.map(|boot| BootTime {
+                boot,
+                ms: live.due_mono,
+            }),
         };
         w.put(grant.seq, &entry)?;
         Ok(true)
@@ -992,21 +973,18 @@ impl Owner {
         }
         let now_wall = self.clock.wall_ms();
         let now_mono = self.clock.mono_ms();
-        let boot = self.clock.boot();
+        self.boot = self.clock.boot();
+        let now_boot = self.boot.map(|boot| BootTime { boot, ms: now_mono });
         // An entry the monotonic clock still holds is kept, whatever the wall clock says.
         let held = |seq: u64| self.dues.get(&seq).is_some_and(|&due| due > now_mono);
         let (path, bytes) = (&self.config.path, self.config.journal_bytes);
-        match store::open(path, bytes, !self.opened, now_wall, boot, held) {
+        match store::open(path, bytes, !self.opened, now_wall, now_boot, held) {
             Ok((store, loaded)) => {
                 let first = !self.opened;
                 self.opened = true;
                 self.index.clear();
                 self.latest.clear();
                 self.wheel = Wheel::new(now_mono);
-                self.boot = loaded.boot.zip(boot).map(|(number, boot)| OnBoot {
-                    number,
-                    ahead_ms: boot.ms.saturating_sub(now_mono),
-                });
                 if self.boot.is_none() && first {
                     log::warn!(
                         "mutex: this boot's id is not readable (/proc/sys/kernel/random/boot_id): \
@@ -1023,7 +1001,10 @@ impl Owner {
                     // The later of the deadline kept through a failure and the entry's own
                     // on this boot's clock, if either is known.
                     let held = self.dues.get(&seq).copied();
-                    let on_boot = self.boot.zip(e.boot_due).and_then(|(b, d)| b.due_mono(d));
+                    let on_boot = e
+                        .boot_due
+                        .filter(|d| Some(d.boot) == self.boot)
+                        .map(|d| d.ms);
                     let due = held.max(on_boot);
                     self.track(seq, Rc::from(e.key.as_str()), &e, (now_wall, now_mono), due);
                 }
@@ -1241,7 +1222,7 @@ fn duplicate(key: &Key, l: &Live, (now_wall, now_mono): (u64, u64)) -> Duplicate
     Duplicate {
         key: key.clone(),
         state: l.state,
-        age_ms: now_wall.saturating_sub(l.stored_at),
+        age_ms: l.age_ms(now_mono),
         // Until both clocks say it is free (`Live::live`).
         expires_in_ms: l
             .expires_at

@@ -1,8 +1,7 @@
 //! redb tables, the versioned postcard entry, and opening the database with its journal.
 //!
 //! Two tables: `entries` maps a sequence number to an encoded [`Entry`] (which carries its
-//! key); `meta` holds the kill switch, the journal id, the checkpoint lsn and the boot the
-//! database was last opened in. The table
+//! key); `meta` holds the kill switch, the journal id and the checkpoint lsn. The table
 //! holds live keys only: the owner deletes what expires, so the file stays the size of the
 //! working set. Every write goes through a [`Batch`], which encodes it as the operations of
 //! one journal record; the tables receive those very records at the next checkpoint.
@@ -25,7 +24,6 @@ use std::path::{Path, PathBuf};
 use redb::{Database, ReadableDatabase, ReadableTable, Table, TableDefinition};
 use serde::{Deserialize, Serialize};
 
-use super::clock::Boot;
 use super::journal::{self, Journal, JournalError, Op};
 use super::{PayloadHash, Snapshot, State};
 
@@ -36,9 +34,6 @@ const HALTED: &str = "halted";
 const JOURNAL_ID: &str = "journal_id";
 /// The last journal record this database holds durably (u64 LE).
 const CHECKPOINT: &str = "journal_lsn";
-/// The boot this database was last opened in: the kernel's boot id (u128 LE) and the
-/// number the database gave that boot (u32 LE), which entries name (`BootDue::boot`).
-const BOOT: &str = "boot";
 
 /// redb caches pages in memory; the default (1 GiB) is too much for a Raspberry Pi, and
 /// the hot path never reads the database anyway (decisions come from the index).
@@ -60,18 +55,24 @@ pub struct Entry {
     /// When the key expires by the boot clock, for a restart within the same boot: no step
     /// of the wall clock between the reserve and the restart frees it early. `None` where
     /// the boot is not known, and in entries of V1.
-    pub boot_due: Option<BootDue>,
+    pub boot_due: Option<BootTime>,
 }
 
-/// A deadline on the boot clock (`CLOCK_BOOTTIME`), which is only meaningful in the boot
-/// it was read in.
+/// A time on the boot clock (`CLOCK_BOOTTIME`, the owner's monotonic clock), which means
+/// something only in the boot it was read in.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize, Deserialize)]
-pub struct BootDue {
-    /// The number the database gave the boot (`meta`'s `boot`), not the kernel's 128-bit
-    /// id: one byte in nearly every entry instead of sixteen.
+pub struct BootTime {
+    /// Which boot (`Clock::boot`).
     pub boot: u32,
     /// Milliseconds since that boot began.
-    pub at_ms: u64,
+    pub ms: u64,
+}
+
+impl BootTime {
+    /// Whether this is later than `now`, on the same boot's clock.
+    pub fn is_after(self, now: BootTime) -> bool {
+        self.boot == now.boot && self.ms > now.ms
+    }
 }
 
 /// The format on disk. The variant index is the version; never reorder or remove one.
@@ -179,9 +180,6 @@ pub(super) struct Loaded {
     pub halted: bool,
     /// Journal records replayed into the database.
     pub replayed: usize,
-    /// The number the database gives this boot, for the entries written in it; `None` if
-    /// the boot is not known.
-    pub boot: Option<u32>,
 }
 
 /// Why the store cannot be trusted at open.
@@ -273,7 +271,7 @@ via_redb_error!(
 
 /// Opens the database and its journal, replays the journal into the database, reads every
 /// entry, deletes those expired at `now_wall` but not `held` (by number) nor live by the
-/// boot clock (`Entry::boot_due`, when `boot` is the boot the entry was written in), and
+/// boot clock (`Entry::boot_due` after `now_boot`, in the same boot), and
 /// commits all that durably: a checkpoint, after which the journal starts empty and the
 /// file holds only live keys.
 ///
@@ -290,7 +288,7 @@ pub(super) fn open(
     journal_bytes: usize,
     may_create: bool,
     now_wall: u64,
-    boot: Option<Boot>,
+    now_boot: Option<BootTime>,
     held: impl Fn(u64) -> bool,
 ) -> Result<(Store, Loaded), LoadError> {
     let journal_path = journal::path_for(path);
@@ -316,7 +314,7 @@ pub(super) fn open(
         builder.create(path)?
     };
     let txn = db.begin_write()?;
-    let (file, id, checkpoint, replayed, halted, epoch) = {
+    let (file, id, checkpoint, replayed, halted) = {
         let mut meta = txn.open_table(META)?;
         let mut entries = txn.open_table(ENTRIES)?;
         let known = read_u64(&meta, JOURNAL_ID)?;
@@ -358,17 +356,13 @@ pub(super) fn open(
             meta.insert(CHECKPOINT, checkpoint.to_le_bytes().as_slice())?;
         }
         let halted = meta.get(HALTED)?.is_some_and(|v| v.value() == [1]);
-        let epoch = match boot {
-            Some(boot) => Some(boot_number(&mut meta, boot.id)?),
-            None => None,
-        };
-        (file, id, checkpoint, records.len(), halted, epoch)
+        (file, id, checkpoint, records.len(), halted)
     };
     // Live by the boot clock: written in this boot, and not yet due on its clock.
     let boot_live = |e: &Entry| {
         e.boot_due
-            .zip(epoch.zip(boot))
-            .is_some_and(|(due, (epoch, boot))| due.boot == epoch && due.at_ms > boot.ms)
+            .zip(now_boot)
+            .is_some_and(|(due, now)| due.is_after(now))
     };
     let mut live = Vec::new();
     let mut expired = Vec::new();
@@ -398,7 +392,6 @@ pub(super) fn open(
         purged: expired.len() as u64,
         halted,
         replayed,
-        boot: epoch,
     };
     let store = Store {
         db,
@@ -416,29 +409,6 @@ fn bytes_at(path: &Path) -> std::io::Result<u64> {
         Ok(m) => Ok(m.len()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
         Err(e) => Err(e),
-    }
-}
-
-/// The number of the boot `id` in this database: the one it has if the database was last
-/// opened in that boot, else the next one, stored.
-fn boot_number(meta: &mut Table<&str, &[u8]>, id: u128) -> Result<u32, redb::StorageError> {
-    let last = meta.get(BOOT)?.and_then(|v| {
-        let v = v.value();
-        let id = u128::from_le_bytes(v.get(..16)?.try_into().ok()?);
-        let n = u32::from_le_bytes(v.get(16..20)?.try_into().ok()?);
-        Some((id, n))
-    });
-    match last {
-        Some((last, n)) if last == id => Ok(n),
-        _ => {
-            // Any number another boot's entries do not carry will do; wrapping after 2^32
-            // boots is harmless.
-            let n = last.map_or(0, |(_, n)| n.wrapping_add(1));
-            let mut v = id.to_le_bytes().to_vec();
-            v.extend_from_slice(&n.to_le_bytes());
-            meta.insert(BOOT, v.as_slice())?;
-            Ok(n)
-        }
     }
 }
 
@@ -585,9 +555,9 @@ mod tests {
                 status: 200,
                 body: b"{\"success\":true}".to_vec(),
             }),
-            boot_due: Some(BootDue {
+            boot_due: Some(BootTime {
                 boot: 3,
-                at_ms: 86_400_000,
+                ms: 86_400_000,
             }),
         }
     }
@@ -637,7 +607,7 @@ mod tests {
                 expires_at,
                 payload_hash: hash,
                 response: response.map(|(status, body)| Snapshot { status, body }),
-                boot_due: boot_due.map(|(boot, at_ms)| BootDue { boot, at_ms }),
+                boot_due: boot_due.map(|(boot, ms)| BootTime { boot, ms }),
             };
             proptest::prop_assert_eq!(decode_entry(&encode_entry(&e)), Ok(e));
         }
@@ -700,57 +670,36 @@ mod tests {
         const NOW: u64 = 1_700_000_000_000;
         const HOUR: u64 = 3_600_000;
         const JOURNAL: usize = 16 * 4096;
-        let (a, b) = (0xa_u128 << 100, 0xb);
-        let at = |id, ms| Some(Boot { id, ms });
+        let (a, b) = (0xa, 0xb);
+        let at = |boot, ms| Some(BootTime { boot, ms });
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
-        let (mut store, loaded) = open(&path, JOURNAL, true, NOW, at(a, 1_000), |_| false).unwrap();
-        assert_eq!(loaded.boot, Some(0), "the first boot a database sees");
+        let (mut store, _) = open(&path, JOURNAL, true, NOW, at(a, 1_000), |_| false).unwrap();
         let mut batch = Batch::default();
         let mut e = sample();
         e.expires_at = NOW + 300_000;
-        e.boot_due = Some(BootDue {
-            boot: 0,
-            at_ms: 301_000,
-        });
+        e.boot_due = at(a, 301_000);
         batch.put(7, &e).unwrap();
         store.journal.append(batch.record(), true).unwrap();
         drop(store);
 
-        let copy = |n: usize| {
-            let to = dir.path().join(format!("copy{n}.redb"));
-            std::fs::copy(&path, &to).unwrap();
-            std::fs::copy(journal::path_for(&path), journal::path_for(&to)).unwrap();
-            to
-        };
         let cases = [
             // Stepped an hour forward, ten seconds on: live by the boot clock.
-            (NOW + HOUR, at(a, 11_000), true, Some(0)),
-            (NOW + HOUR, at(a, 301_000), false, Some(0)),
-            (NOW + HOUR, at(b, 11_000), false, Some(1)),
-            (NOW + HOUR, None, false, None),
+            (NOW + HOUR, at(a, 11_000), true),
+            (NOW + HOUR, at(a, 301_000), false),
+            (NOW + HOUR, at(b, 11_000), false),
+            (NOW + HOUR, None, false),
             // Another boot still keeps what the wall clock keeps.
-            (NOW + 10_000, at(b, 11_000), true, Some(1)),
+            (NOW + 10_000, at(b, 11_000), true),
         ];
-        for (n, (wall, boot, kept, number)) in cases.into_iter().enumerate() {
-            let (_store, loaded) = open(&copy(n), JOURNAL, false, wall, boot, |_| false).unwrap();
+        for (n, (wall, boot, kept)) in cases.into_iter().enumerate() {
+            let copy = dir.path().join(format!("copy{n}.redb"));
+            std::fs::copy(&path, &copy).unwrap();
+            std::fs::copy(journal::path_for(&path), journal::path_for(&copy)).unwrap();
+            let (_store, loaded) = open(&copy, JOURNAL, false, wall, boot, |_| false).unwrap();
             let live: Vec<u64> = loaded.live.iter().map(|(seq, _)| *seq).collect();
             assert_eq!(live, if kept { vec![7] } else { vec![] }, "case {n}");
-            assert_eq!(loaded.boot, number, "case {n}");
         }
-
-        // The number is kept for the boot the database was last opened in, and a boot
-        // that comes back after another is a new one to it.
-        let path = copy(9);
-        let number = |boot| {
-            let (_store, loaded) = open(&path, JOURNAL, false, NOW, boot, |_| false).unwrap();
-            loaded.boot
-        };
-        assert_eq!(number(at(b, 5)), Some(1));
-        assert_eq!(number(at(b, 6)), Some(1));
-        assert_eq!(number(None), None);
-        assert_eq!(number(at(b, 7)), Some(1), "an unknown boot leaves it");
-        assert_eq!(number(at(a, 8)), Some(2));
     }
 
     /// A file of the database gone where one must be is refused, never made again empty:

@@ -8,11 +8,17 @@
 #include <stdlib.h>
 #include <time.h>
 
+typedef int (*clock_fn)(clockid_t, struct timespec *);
+
 int clock_gettime(clockid_t id, struct timespec *ts) {
-    static int (*real)(clockid_t, struct timespec *);
-    if (!real)
-        real = (int (*)(clockid_t, struct timespec *))dlsym(RTLD_NEXT, "clock_gettime");
-    int rc = real(id, ts);
+    /* Threads may race to look it up: each finds the same address. */
+    static clock_fn real;
+    clock_fn f = __atomic_load_n(&real, __ATOMIC_ACQUIRE);
+    if (!f) {
+        f = (clock_fn)dlsym(RTLD_NEXT, "clock_gettime");
+        __atomic_store_n(&real, f, __ATOMIC_RELEASE);
+    }
+    int rc = f(id, ts);
     const char *shift = getenv("WALLSHIFT_SECONDS");
     if (rc == 0 && id == CLOCK_REALTIME && shift)
         ts->tv_sec += atol(shift);
