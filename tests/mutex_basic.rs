@@ -280,6 +280,36 @@ fn a_wall_clock_stepped_forward_frees_no_key_across_a_restart_in_the_same_boot()
     owner.stop();
 }
 
+/// After a reboot only the wall clock is left, and a box without a real-time clock may come
+/// back with it an hour behind (fake-hwclock's saved time): the wall clock then holds a
+/// key until it catches up, but the monotonic clock never more than its TTL, so once NTP
+/// sets the clock, the key is free when its TTL has run, not an hour later.
+#[test]
+fn after_a_reboot_a_key_is_held_no_longer_than_its_ttl_by_the_monotonic_clock() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let (clock, time) = Clock::manual(T0);
+    let k = key("rebooted");
+    let (m, owner) = start(&path, clock.clone());
+    rt().block_on(async {
+        granted(m.reserve(reserve(&k, 300_000, 1)).await);
+    });
+    owner.stop();
+    time.reboot();
+    time.step_wall_back_ms(3_600_000);
+    let (m, owner) = start(&path, clock);
+    rt().block_on(async {
+        match m.reserve(reserve(&k, 300_000, 1)).await {
+            Decision::Duplicate(d) => assert_eq!(d.expires_in_ms, 3_900_000, "by the wall"),
+            other => panic!("expected a duplicate, got {other:?}"),
+        }
+        time.step_wall_ms(3_600_000);
+        time.advance_ms(300_000);
+        granted(m.reserve(reserve(&k, 300_000, 2)).await);
+    });
+    owner.stop();
+}
+
 #[test]
 fn capacity_refuses_new_keys_but_not_duplicates() {
     let dir = tempfile::tempdir().unwrap();

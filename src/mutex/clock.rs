@@ -61,8 +61,11 @@ impl Clock {
         }
     }
 
-    /// Monotonic milliseconds: since the boot, the same in every process of it, when
-    /// [`Clock::boot`] is known; else since this clock was made.
+    /// Monotonic milliseconds: since the boot (`CLOCK_BOOTTIME`), the same in every
+    /// process of it; since this clock was made only where that clock does not exist
+    /// (Linux before 2.6.39), and then [`Clock::boot`] is `None`. A read of it cannot fail
+    /// once one has succeeded (it fails only for an unknown clock or a bad pointer), so
+    /// the two sources never take turns.
     pub fn mono_ms(&self) -> u64 {
         match self {
             Clock::System { start, .. } => {
@@ -78,8 +81,8 @@ impl Clock {
     pub fn boot(&self) -> Option<u32> {
         match self {
             Clock::System { boot, .. } => *boot,
-            // One boot per manual clock, until a test reboots it.
-            Clock::Manual(m) => Some(m.boot.load(Ordering::SeqCst)),
+            // One boot per manual clock, until a test reboots it; 0 once it forgot it.
+            Clock::Manual(m) => Some(m.boot.load(Ordering::SeqCst)).filter(|b| *b != 0),
         }
     }
 }
@@ -153,6 +156,11 @@ impl ManualClock {
         self.boot.store(new_boot_id(), Ordering::SeqCst);
         self.mono.store(0, Ordering::SeqCst);
     }
+
+    /// Makes the boot unknown, as on a system whose boot id cannot be read.
+    pub fn forget_boot(&self) {
+        self.boot.store(0, Ordering::SeqCst);
+    }
 }
 
 #[cfg(test)]
@@ -189,6 +197,8 @@ mod tests {
         assert_eq!((clock.wall_ms(), clock.mono_ms()), (250, 0));
         let (other, _) = Clock::manual(5_000);
         assert_ne!(other.boot().unwrap(), clock.boot().unwrap());
+        hand.forget_boot();
+        assert_eq!(clock.boot(), None);
     }
 
     /// The boot this test runs in, as the kernel tells it, and the monotonic clock, which

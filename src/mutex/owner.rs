@@ -893,11 +893,15 @@ impl Owner {
         let mut expired = Vec::new();
         for (key, at) in fired {
             match self.index.get(&key) {
-                Some(l) if l.expires_at == at && at <= now_wall => expired.push(key),
-                // The wall clock is behind the monotonic one (stepped back): wait for it.
+                // Both clocks, not the alarm's own time: a stale alarm whose key was taken
+                // again with the same wall clock expiry (released, then reserved after a
+                // step back) must not delete the newer entry early.
+                Some(l) if l.expires_at == at && !l.live((now_wall, now_mono)) => expired.push(key),
+                // A clock says it lives: the wall clock is behind (stepped back), or the
+                // alarm is a stale one. Wait for both.
                 Some(l) if l.expires_at == at => {
-                    self.wheel
-                        .insert(now_mono + (at - now_wall).min(BUCKET_MS), (key, at));
+                    let wall_due = now_mono + at.saturating_sub(now_wall).min(BUCKET_MS);
+                    self.wheel.insert(wall_due.max(l.due_mono), (key, at));
                 }
                 _ => {}
             }
@@ -935,9 +939,14 @@ impl Owner {
         (now_wall, now_mono): (u64, u64),
         due: Option<u64>,
     ) {
-        // Saturating: `expires_at` may come from the disk.
-        let due =
-            due.unwrap_or_else(|| now_mono.saturating_add(e.expires_at.saturating_sub(now_wall)));
+        // Saturating: `expires_at` may come from the disk. Never more than the TTL from now,
+        // which no key has left: not a wall clock that is behind after a reboot, a damaged
+        // deadline, nor one of another boot whose id shares our 32 bits. The wall clock's
+        // expiry still holds the key as long as it says (`Live::live`).
+        let ttl = e.expires_at.saturating_sub(e.stored_at);
+        let due = due
+            .unwrap_or_else(|| now_mono.saturating_add(e.expires_at.saturating_sub(now_wall)))
+            .min(now_mono.saturating_add(ttl));
         self.wheel.insert(due, (key.clone(), e.expires_at));
         if key::family(&key).is_some() {
             // Tracked in the order reserved (the table's order at load): the latest.
@@ -1260,12 +1269,23 @@ mod tests {
 
     /// As [`owner`], with the handle that moves its clock.
     fn owner_with_clock(dir: &std::path::Path) -> (Owner, Arc<super::super::clock::ManualClock>) {
+        owner_in_boot(dir, true)
+    }
+
+    /// As [`owner_with_clock`], in a boot that is known or not (`Clock::boot`).
+    fn owner_in_boot(
+        dir: &std::path::Path,
+        known: bool,
+    ) -> (Owner, Arc<super::super::clock::ManualClock>) {
         let config = Config {
             path: dir.join("m.redb"),
             journal_bytes: 64 * 1024,
             ..Config::default()
         };
         let (clock, time) = Clock::manual(1_800_000_000_000);
+        if !known {
+            time.forget_boot();
+        }
         let mut o = Owner::new(config, clock, Arc::default(), false);
         o.reopen();
         assert!(o.store.is_some(), "{:?}", o.failure);
@@ -1397,8 +1417,17 @@ mod tests {
     /// held before the failure stays held until that clock says otherwise.
     #[test]
     fn a_wall_clock_stepped_while_failing_closed_frees_no_key_at_the_reopen() {
+        // Where the boot is known, the entry's boot deadline holds the key by itself; where
+        // it is not, only the deadlines the owner kept through the failure (`dues`) do.
+        for known in [true, false] {
+            stepped_while_failing_closed(known);
+        }
+    }
+
+    fn stepped_while_failing_closed(boot_known: bool) {
         let dir = tempfile::tempdir().unwrap();
-        let (mut o, time) = owner_with_clock(dir.path());
+        let (mut o, time) = owner_in_boot(dir.path(), boot_known);
+        assert_eq!(o.boot.is_some(), boot_known);
         let k = trade_key("BTC");
         assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
         o.fail(Unavailable::CommitFailed("a fault".into()));
@@ -1418,6 +1447,29 @@ mod tests {
         );
         // Held until the monotonic clock has run the TTL (300 s), then free.
         time.advance_ms(300_000);
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+    }
+
+    /// An alarm left by a released key fires at its old time. The key was reserved again
+    /// after a step back, with the same wall clock expiry, and the wall clock was then
+    /// stepped forward past it: the alarm matches the new entry by its expiry, but the
+    /// monotonic clock still holds the key, so it is not deleted.
+    #[test]
+    fn a_stale_alarm_deletes_no_key_a_clock_still_holds() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut o, time) = owner_with_clock(dir.path());
+        let k = Key::from_stored("client:a:live:stale").unwrap();
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+        time.advance_ms(1_000);
+        assert!(ask(&mut o, |tx| Command::ForceRelease(Box::new(k.clone()), tx)).unwrap());
+        time.step_wall_back_ms(1_000);
+        // The same expiry on the wall clock, due a second later on the monotonic one.
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+        time.step_wall_ms(60_000);
+        // The old alarm's time: it fires, and must leave the key alone.
+        time.advance_ms(299_000);
+        assert!(matches!(reserve(&mut o, &k), Decision::Duplicate(_)));
+        time.advance_ms(1_000);
         assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
     }
 
