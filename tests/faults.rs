@@ -478,6 +478,12 @@ async fn a_clock_set_by_ntp_between_a_crash_and_the_restart_frees_no_key() {
     // Stored an hour ago by the wall clock: the shim did shift the first life's clock.
     let (status, entry) = gw.admin("GET", "/keys/client:psk:live:before-ntp").await;
     assert_eq!(status, 200, "{entry}");
+    // The admin API tells the same: held, for most of its TTL.
+    assert!(
+        entry["expires_in_ms"].as_u64().unwrap() >= left - 5_000,
+        "{entry}"
+    );
+    assert!(entry["age_ms"].as_u64().unwrap() <= age + 5_000, "{entry}");
     let stored_at = entry["stored_at"].as_u64().unwrap();
     let behind = hoox_edge::mutex::clock::unix_ms().abs_diff(stored_at);
     assert!(

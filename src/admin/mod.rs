@@ -507,15 +507,13 @@ fn parse_key(raw: &str) -> Result<Key, Box<Answer>> {
 }
 
 fn entry_json(e: &EntryInfo) -> Value {
-    // Ages are against this process's wall clock, the one the mutex stamps entries with.
-    let now = crate::mutex::clock::unix_ms();
     json!({
         "key": e.key.as_str(),
         "state": e.state.as_str(),
         "stored_at": e.stored_at,
         "expires_at": e.expires_at,
-        "age_ms": now.saturating_sub(e.stored_at),
-        "expires_in_ms": e.expires_at.saturating_sub(now),
+        "age_ms": e.age_ms,
+        "expires_in_ms": e.expires_in_ms,
         "has_response": e.has_response,
     })
 }

@@ -208,8 +208,12 @@ impl Unavailable {
 pub struct EntryInfo {
     pub key: Key,
     pub state: State,
+    /// Wall clock unix ms, as stored.
     pub stored_at: u64,
     pub expires_at: u64,
+    /// As in [`Duplicate`]: by the monotonic clock, and until both clocks say it is free.
+    pub age_ms: u64,
+    pub expires_in_ms: u64,
     pub has_response: bool,
 }
 

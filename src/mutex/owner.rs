@@ -97,6 +97,12 @@ impl Live {
     fn live(&self, (now_wall, now_mono): (u64, u64)) -> bool {
         self.expires_at > now_wall || self.due_mono > now_mono
     }
+
+    /// How long until it is free: until both clocks say so (`live`).
+    fn expires_in_ms(&self, (now_wall, now_mono): (u64, u64)) -> u64 {
+        let by_wall = self.expires_at.saturating_sub(now_wall);
+        by_wall.max(self.due_mono.saturating_sub(now_mono))
+    }
 }
 
 /// A fingerprint's key, hashed and compared as its family (`key::family`), so that a set
@@ -817,7 +823,7 @@ impl Owner {
     fn read_only(&mut self, cmd: Command, now: (u64, u64)) -> Option<Reply> {
         match cmd {
             Command::Get(key, tx) => {
-                let info = self.live(&key, now).map(|l| info(&key, l));
+                let info = self.live(&key, now).map(|l| info(&key, l, now));
                 Some(Reply::Entry(tx, info))
             }
             Command::List(limit, tx) => {
@@ -829,7 +835,7 @@ impl Owner {
                     .take(limit)
                     // Keys in the index were built from a `Key` or checked by
                     // `Key::from_stored` at load, so this never drops one.
-                    .filter_map(|(k, l)| Key::from_stored(k).ok().map(|k| info(&k, l)))
+                    .filter_map(|(k, l)| Key::from_stored(k).ok().map(|k| info(&k, l, now)))
                     .collect();
                 Some(Reply::List(tx, list))
             }
@@ -1227,16 +1233,12 @@ impl Holds {
     }
 }
 
-fn duplicate(key: &Key, l: &Live, (now_wall, now_mono): (u64, u64)) -> Duplicate {
+fn duplicate(key: &Key, l: &Live, now: (u64, u64)) -> Duplicate {
     Duplicate {
         key: key.clone(),
         state: l.state,
-        age_ms: l.age_ms(now_mono),
-        // Until both clocks say it is free (`Live::live`).
-        expires_in_ms: l
-            .expires_at
-            .saturating_sub(now_wall)
-            .max(l.due_mono.saturating_sub(now_mono)),
+        age_ms: l.age_ms(now.1),
+        expires_in_ms: l.expires_in_ms(now),
         response: None,
     }
 }
@@ -1248,12 +1250,14 @@ fn entry_gone(what: &str, grant: &Grant) {
     log::warn!(key = grant.key.as_str(); "mutex: {what} found its entry gone (released by an operator, or expired); nothing done");
 }
 
-fn info(key: &Key, l: &Live) -> EntryInfo {
+fn info(key: &Key, l: &Live, now: (u64, u64)) -> EntryInfo {
     EntryInfo {
         key: key.clone(),
         state: l.state,
         stored_at: l.stored_at,
         expires_at: l.expires_at,
+        age_ms: l.age_ms(now.1),
+        expires_in_ms: l.expires_in_ms(now),
         has_response: l.has_response,
     }
 }
