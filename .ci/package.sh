@@ -12,7 +12,8 @@
 #   2. `file` sees each as static (no interpreter) and of the right architecture; sizes printed;
 #   3. smoke_aarch64: the arm64 binary runs under qemu-aarch64-static (`--version`; and once
 #      `serve` exists, a short serve on a temp state dir answering the curl line it prints);
-#   4. the systemd unit: `systemd-analyze verify`, and `systemd-analyze security --offline`
+#   4. the systemd unit: `systemd-analyze verify`; ordered after time-sync.target; no
+#      ProcSubset= (it would hide the boot id); `systemd-analyze security --offline`
 #      exposure at most $MAX_EXPOSURE;
 #   5. both .debs: control fields (Package, Version, Architecture amd64/arm64), contents
 #      (binary of the right architecture, unit, conffile, doc), conffiles list, and that the

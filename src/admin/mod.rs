@@ -10,7 +10,7 @@
 //! | `GET /readyz`              | 200: database open, owner answering, serving, not halted    |
 //! | `GET /metrics`             | Prometheus text                                             |
 //! | `GET /status`              | `{live_keys, halted, serving, fail_closed, detail, version}`|
-//! | `GET /keys?limit=N`        | `{keys: [entry], truncated}`, oldest expiry first           |
+//! | `GET /keys?limit=N`        | `{keys: [entry], truncated}`, by wall clock expiry, oldest first |
 //! | `GET /keys/{key}`          | one entry, 404 if no live entry                             |
 //! | `POST /keys/{key}/release` | operator release, 404 if no live entry                      |
 //! | `POST /halt`, `/resume`    | the kill switch, persisted by the mutex                     |

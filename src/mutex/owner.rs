@@ -891,7 +891,7 @@ impl Owner {
     }
 
     /// Alarms that are due, checked against the index: only an entry still holding the
-    /// expiry its alarm was set for, and expired by the wall clock, is deleted.
+    /// expiry its alarm was set for, and expired by both clocks (`Live::live`), is deleted.
     fn due_expiries(&mut self, now_wall: u64, now_mono: u64) -> Vec<Rc<str>> {
         let mut fired = Vec::new();
         self.wheel
@@ -1015,12 +1015,9 @@ impl Owner {
                     }
                     // The later of the deadline kept through a failure and the entry's own
                     // on this boot's clock, if either is known.
-                    let held = self.dues.get(&seq).copied();
-                    let on_boot = e
-                        .boot_due
-                        .filter(|d| Some(d.boot) == self.boot)
-                        .map(|d| d.ms);
-                    let due = held.max(on_boot);
+                    let kept = self.dues.get(&seq).copied();
+                    let on_boot = e.boot_due.and_then(|d| d.ms_in(self.boot));
+                    let due = kept.max(on_boot);
                     self.track(seq, Rc::from(e.key.as_str()), &e, (now_wall, now_mono), due);
                 }
                 self.dues.clear();

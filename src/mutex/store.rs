@@ -69,9 +69,10 @@ pub struct BootTime {
 }
 
 impl BootTime {
-    /// Whether this is later than `now`, on the same boot's clock.
-    pub fn is_after(self, now: BootTime) -> bool {
-        self.boot == now.boot && self.ms > now.ms
+    /// Its milliseconds, if it was read in `boot` (`Clock::boot`): the only boot whose
+    /// clock they mean anything on.
+    pub fn ms_in(self, boot: Option<u32>) -> Option<u64> {
+        (Some(self.boot) == boot).then_some(self.ms)
     }
 }
 
@@ -362,7 +363,7 @@ pub(super) fn open(
     let boot_live = |e: &Entry| {
         e.boot_due
             .zip(now_boot)
-            .is_some_and(|(due, now)| due.is_after(now))
+            .is_some_and(|(due, now)| due.ms_in(Some(now.boot)).is_some_and(|ms| ms > now.ms))
     };
     let mut live = Vec::new();
     let mut expired = Vec::new();

@@ -10,7 +10,7 @@
 //! alarm is touched exactly once, when it fires. A 24 h key is looked at ~210 times over
 //! its life, which costs less than the cascading a hierarchical wheel would do for it,
 //! and the code is a third of the size. Precision is one tick: expiry is *decided* from
-//! the wall clock at reserve time (an expired entry counts as absent), so the wheel only
+//! both clocks at reserve time (an expired entry counts as absent), so the wheel only
 //! reclaims storage and may be late by a tick without changing an answer.
 //!
 //! The wheel runs on the monotonic clock: a wall clock stepped by NTP must not fire a
