@@ -536,7 +536,7 @@ impl Owner {
         durable: &mut bool,
     ) -> Result<Option<Reply>, Box<(WriteError, Option<Command>)>> {
         match cmd {
-            Command::Reserve(req, tx) => match self.reserve(&req, w, now_wall, now_mono) {
+            Command::Reserve(req, tx) => match self.reserve(&req, w, (now_wall, now_mono)) {
                 Ok(Decision::Proceed(grant)) => {
                     *durable = true;
                     Ok(Some(Reply::Granted(tx, grant)))
@@ -613,21 +613,16 @@ impl Owner {
         &mut self,
         req: &Reserve,
         w: &mut Batch,
-        now_wall: u64,
-        now_mono: u64,
+        now: (u64, u64),
     ) -> Result<Decision, WriteError> {
         if self.halted {
             return Ok(Decision::Halted);
         }
-        if let Some(live) = self.live(&req.key, (now_wall, now_mono)) {
+        if let Some(live) = self.live(&req.key, now) {
             if live.payload_hash != req.payload_hash {
                 return Ok(Decision::Mismatch);
             }
-            return Ok(Decision::Duplicate(duplicate(
-                &req.key,
-                live,
-                (now_wall, now_mono),
-            )));
+            return Ok(Decision::Duplicate(duplicate(&req.key, live, now)));
         }
         // A fingerprint reserved less than a minute ago is a duplicate whatever its bucket
         // (SPEC §2): a retry that crosses a minute boundary; a copy that read the clock
@@ -637,27 +632,19 @@ impl Owner {
         // before it is a minute old.
         if let Some(latest) = key::family(req.key.as_str()).and_then(|f| self.latest.get(f))
             && let Some(live) = self.index.get(&latest.0)
-            && live.live((now_wall, now_mono))
-            && live.age_ms(now_mono) < BUCKET_MS
+            && live.live(now)
+            && live.age_ms(now.1) < BUCKET_MS
         {
             // Every key in the index parses: `Key::from_stored` at load, a `Key` since.
             // Were one not to, the answer names the request's own key, still a duplicate.
             let key = Key::from_stored(&latest.0).unwrap_or_else(|_| req.key.clone());
-            return Ok(Decision::Duplicate(duplicate(
-                &key,
-                live,
-                (now_wall, now_mono),
-            )));
+            return Ok(Decision::Duplicate(duplicate(&key, live, now)));
         }
         // After the trade's own key: a resend inside the minute gets the trade's answer.
         if let Some(g) = &req.guard
-            && let Some(live) = self.live(&g.key, (now_wall, now_mono))
+            && let Some(live) = self.live(&g.key, now)
         {
-            return Ok(Decision::Duplicate(duplicate(
-                &g.key,
-                live,
-                (now_wall, now_mono),
-            )));
+            return Ok(Decision::Duplicate(duplicate(&g.key, live, now)));
         }
         // Both keys are free by now: one still in the index is expired, and is replaced in
         // place, so only those not in it take a new one.
@@ -669,7 +656,6 @@ impl Owner {
         if self.index.len() + new > self.config.capacity {
             return Ok(Decision::Unavailable(Unavailable::Capacity));
         }
-        let now = (now_wall, now_mono);
         let seq = self.put_new(&req.key, req.ttl, req.payload_hash, w, now)?;
         let guard = match &req.guard {
             Some(g) => Some(Box::new(Grant {
