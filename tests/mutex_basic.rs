@@ -20,16 +20,12 @@ fn reserve_commit_release_and_duplicates() {
         let ga = granted(m.reserve(reserve(&a, 300_000, 1)).await);
         assert_eq!(ga.key(), &a);
         time.advance_ms(1_000);
-        match m.reserve(reserve(&a, 300_000, 1)).await {
-            Decision::Duplicate(d) => {
-                assert_eq!(d.key, a);
-                assert_eq!(d.state, State::Pending);
-                assert_eq!(d.age_ms, 1_000);
-                assert_eq!(d.expires_in_ms, 299_000);
-                assert_eq!(d.response, None);
-            }
-            other => panic!("expected duplicate, got {other:?}"),
-        }
+        let d = duplicate(m.reserve(reserve(&a, 300_000, 1)).await);
+        assert_eq!(d.key, a);
+        assert_eq!(d.state, State::Pending);
+        assert_eq!(d.age_ms, 1_000);
+        assert_eq!(d.expires_in_ms, 299_000);
+        assert_eq!(d.response, None);
         assert_eq!(m.reserve(reserve(&a, 300_000, 2)).await, Decision::Mismatch);
 
         let snap = Snapshot {
@@ -37,14 +33,10 @@ fn reserve_commit_release_and_duplicates() {
             body: b"{\"success\":true}".to_vec(),
         };
         m.commit(ga, Some(snap.clone())).unwrap();
-        match m.reserve(reserve(&a, 300_000, 1)).await {
-            Decision::Duplicate(d) => {
-                assert_eq!(d.state, State::Committed);
-                assert_eq!(d.response, Some(snap.clone()));
-                assert_eq!(d.expires_in_ms, 299_000, "commit keeps the expiry");
-            }
-            other => panic!("expected duplicate, got {other:?}"),
-        }
+        let d = duplicate(m.reserve(reserve(&a, 300_000, 1)).await);
+        assert_eq!(d.state, State::Committed);
+        assert_eq!(d.response, Some(snap.clone()));
+        assert_eq!(d.expires_in_ms, 299_000, "commit keeps the expiry");
         let info = m.get(a.clone()).await.unwrap().unwrap();
         assert!(info.has_response);
         assert_eq!(info.expires_at, T0 + 300_000);
@@ -78,10 +70,7 @@ fn expired_keys_are_absent_before_and_after_the_wheel() {
         let a = key("a");
         granted(m.reserve(reserve(&a, 1_000, 1)).await);
         time.advance_ms(999);
-        assert!(matches!(
-            m.reserve(reserve(&a, 1_000, 1)).await,
-            Decision::Duplicate(_)
-        ));
+        duplicate(m.reserve(reserve(&a, 1_000, 1)).await);
         time.advance_ms(1);
         // Expired at exactly expires_at, whether or not the wheel has run.
         granted(m.reserve(reserve(&a, 1_000, 2)).await);
@@ -102,10 +91,7 @@ fn a_fingerprint_younger_than_a_minute_is_a_duplicate_whatever_its_bucket() {
     let (clock, time) = Clock::manual(T0);
     let (m, owner) = start(&path, clock.clone());
     let stored = |s: &str| Key::from_stored(s).unwrap();
-    let duplicate_of = |d: Decision, of: &Key| match d {
-        Decision::Duplicate(d) => assert_eq!(&d.key, of),
-        other => panic!("expected a duplicate of {of}, got {other:?}"),
-    };
+    let duplicate_of = |d: Decision, of: &Key| assert_eq!(&duplicate(d).key, of);
     let ask = |k: &str| m.reserve(reserve(&stored(k), 300_000, 1));
     rt().block_on(async {
         // The next minute, 59.999 s later: a retry across the boundary.
@@ -178,10 +164,7 @@ fn a_wall_clock_stepped_forward_frees_no_key() {
         let k = key("stepped");
         granted(m.reserve(reserve(&k, 60_000, 1)).await);
         time.step_wall_ms(3_600_000);
-        assert!(matches!(
-            m.reserve(reserve(&k, 60_000, 1)).await,
-            Decision::Duplicate(_)
-        ));
+        duplicate(m.reserve(reserve(&k, 60_000, 1)).await);
         assert!(m.get(k.clone()).await.unwrap().is_some());
         assert_eq!(m.list(10).await.unwrap().len(), 1);
         // Once the monotonic clock has also run its TTL, the key is free.
@@ -226,23 +209,15 @@ fn a_wall_clock_stepped_forward_frees_no_key_across_a_restart_in_the_same_boot()
 
     let (m, owner) = start(&path, clock.clone());
     rt().block_on(async {
-        match m.reserve(reserve(&pending, 300_000, 1)).await {
-            Decision::Duplicate(d) => assert_eq!(d.expires_in_ms, 290_000, "by the boot clock"),
-            other => panic!("expected a duplicate, got {other:?}"),
-        }
-        match m.reserve(reserve(&committed, 300_000, 1)).await {
-            Decision::Duplicate(d) => assert_eq!(d.response, Some(snap.clone())),
-            other => panic!("expected a duplicate, got {other:?}"),
-        }
+        let d = duplicate(m.reserve(reserve(&pending, 300_000, 1)).await);
+        assert_eq!(d.expires_in_ms, 290_000, "by the boot clock");
+        let d = duplicate(m.reserve(reserve(&committed, 300_000, 1)).await);
+        assert_eq!(d.response, Some(snap.clone()));
         // A fingerprint is aged by the boot clock too: ten seconds old, whatever minute
         // the wall clock now puts it in.
-        match m
-            .reserve(reserve(&stored("trade:x:XRP:LONG:1:live:561"), 300_000, 1))
-            .await
-        {
-            Decision::Duplicate(d) => assert_eq!(d.key, trade),
-            other => panic!("expected a duplicate of {trade}, got {other:?}"),
-        }
+        let fingerprint = stored("trade:x:XRP:LONG:1:live:561");
+        let d = duplicate(m.reserve(reserve(&fingerprint, 300_000, 1)).await);
+        assert_eq!(d.key, trade);
         time.advance_ms(290_000);
         granted(m.reserve(reserve(&pending, 300_000, 1)).await);
         granted(m.reserve(reserve(&now_trade(), 300_000, 1)).await);
@@ -270,10 +245,7 @@ fn a_wall_clock_stepped_forward_frees_no_key_across_a_restart_in_the_same_boot()
     time.reboot();
     let (m, owner) = start(&path, clock);
     rt().block_on(async {
-        assert!(matches!(
-            m.reserve(reserve(&across, 300_000, 1)).await,
-            Decision::Duplicate(_)
-        ));
+        duplicate(m.reserve(reserve(&across, 300_000, 1)).await);
         time.advance_ms(150_000);
         granted(m.reserve(reserve(&across, 300_000, 2)).await);
     });
@@ -299,10 +271,8 @@ fn after_a_reboot_a_key_is_held_no_longer_than_its_ttl_by_the_monotonic_clock() 
     time.step_wall_back_ms(3_600_000);
     let (m, owner) = start(&path, clock);
     rt().block_on(async {
-        match m.reserve(reserve(&k, 300_000, 1)).await {
-            Decision::Duplicate(d) => assert_eq!(d.expires_in_ms, 3_900_000, "by the wall"),
-            other => panic!("expected a duplicate, got {other:?}"),
-        }
+        let d = duplicate(m.reserve(reserve(&k, 300_000, 1)).await);
+        assert_eq!(d.expires_in_ms, 3_900_000, "by the wall");
         time.step_wall_ms(3_600_000);
         time.advance_ms(300_000);
         granted(m.reserve(reserve(&k, 300_000, 2)).await);
@@ -322,10 +292,7 @@ fn capacity_refuses_new_keys_but_not_duplicates() {
             m.reserve(reserve(&key("c"), 1_000, 1)).await,
             Decision::Unavailable(Unavailable::Capacity)
         );
-        assert!(matches!(
-            m.reserve(reserve(&key("a"), 1_000, 1)).await,
-            Decision::Duplicate(_)
-        ));
+        duplicate(m.reserve(reserve(&key("a"), 1_000, 1)).await);
         time.advance_ms(1_000);
         m.ping().await.unwrap();
         granted(m.reserve(reserve(&key("c"), 1_000, 1)).await);
@@ -486,10 +453,7 @@ fn an_unanswered_grant_frees_only_its_own_entry() {
             m.get(k.clone()).await.unwrap().is_some(),
             "the second grant was freed"
         );
-        assert!(matches!(
-            m.reserve(reserve(&k, 60_000, 1)).await,
-            Decision::Duplicate(_)
-        ));
+        duplicate(m.reserve(reserve(&k, 60_000, 1)).await);
     });
     owner.stop();
 }
@@ -598,10 +562,7 @@ fn an_idle_owner_checkpoints_and_counts_it() {
             "{seconds} s over {n}"
         );
         // The checkpointed keys still hold.
-        assert!(matches!(
-            m.reserve(reserve(&key("k0"), 300_000, 1)).await,
-            Decision::Duplicate(_)
-        ));
+        duplicate(m.reserve(reserve(&key("k0"), 300_000, 1)).await);
     });
     owner.stop();
 }
@@ -628,10 +589,8 @@ fn a_grant_settles_only_its_own_entry() {
         let third = granted(m.reserve(reserve(&k, 300_000, 1)).await);
 
         m.release(first).unwrap();
-        match m.reserve(reserve(&k, 300_000, 1)).await {
-            Decision::Duplicate(d) => assert_eq!(d.state, State::Pending),
-            other => panic!("a stale release freed the live reservation: {other:?}"),
-        }
+        let d = duplicate(m.reserve(reserve(&k, 300_000, 1)).await);
+        assert_eq!(d.state, State::Pending);
         m.commit(second, Some(snap("second"))).unwrap();
         let info = m.get(k.clone()).await.unwrap().unwrap();
         assert_eq!(info.state, State::Pending, "a stale commit marked it");
@@ -642,13 +601,9 @@ fn a_grant_settles_only_its_own_entry() {
 
         // Its own grant still settles it.
         m.commit(third, Some(snap("third"))).unwrap();
-        match m.reserve(reserve(&k, 300_000, 1)).await {
-            Decision::Duplicate(d) => {
-                assert_eq!(d.state, State::Committed);
-                assert_eq!(d.response, Some(snap("third")));
-            }
-            other => panic!("expected the committed key, got {other:?}"),
-        }
+        let d = duplicate(m.reserve(reserve(&k, 300_000, 1)).await);
+        assert_eq!(d.state, State::Committed);
+        assert_eq!(d.response, Some(snap("third")));
 
         // The same after an expiry: the expired grant's release leaves the new one held.
         let e = key("expired");
@@ -656,10 +611,7 @@ fn a_grant_settles_only_its_own_entry() {
         time.advance_ms(1_000);
         let new = granted(m.reserve(reserve(&e, 1_000, 1)).await);
         m.release(old).unwrap();
-        assert!(matches!(
-            m.reserve(reserve(&e, 1_000, 1)).await,
-            Decision::Duplicate(_)
-        ));
+        duplicate(m.reserve(reserve(&e, 1_000, 1)).await);
         m.release(new).unwrap();
         granted(m.reserve(reserve(&e, 1_000, 1)).await);
     });
@@ -687,18 +639,12 @@ fn a_guard_holds_a_signature_beside_its_trade() {
     rt().block_on(async {
         let (minute_1, minute_3) = (key("minute-1"), key("minute-3"));
         let g = granted(m.reserve(guarded(&minute_1, 1)).await);
-        match m.reserve(guarded(&minute_1, 1)).await {
-            Decision::Duplicate(d) => assert_eq!(d.key, minute_1, "the trade's key answers first"),
-            other => panic!("expected the trade's duplicate, got {other:?}"),
-        }
+        let d = duplicate(m.reserve(guarded(&minute_1, 1)).await);
+        assert_eq!(d.key, minute_1, "the trade's key answers first");
         time.advance_ms(120_000);
-        match m.reserve(guarded(&minute_3, 1)).await {
-            Decision::Duplicate(d) => {
-                assert_eq!(d.key, sig(1));
-                assert_eq!(d.state, State::Pending);
-            }
-            other => panic!("a replay under a later key went through: {other:?}"),
-        }
+        let d = duplicate(m.reserve(guarded(&minute_3, 1)).await);
+        assert_eq!(d.key, sig(1));
+        assert_eq!(d.state, State::Pending);
         m.commit(g, None).unwrap();
         assert_eq!(
             m.get(sig(1)).await.unwrap().unwrap().state,

@@ -176,13 +176,9 @@ fn the_journal_alone_brings_back_reserves_commits_and_releases() {
             m.get(key("pending")).await.unwrap().unwrap().state,
             State::Pending
         );
-        match m.reserve(reserve(&key("committed"), 3_600_000, 1)).await {
-            Decision::Duplicate(d) => {
-                assert_eq!(d.state, State::Committed);
-                assert_eq!(d.response.unwrap().body, b"filled");
-            }
-            other => panic!("committed key: {other:?}"),
-        }
+        let d = duplicate(m.reserve(reserve(&key("committed"), 3_600_000, 1)).await);
+        assert_eq!(d.state, State::Committed);
+        assert_eq!(d.response.unwrap().body, b"filled");
         assert_eq!(
             m.get(key("later")).await.unwrap().unwrap().state,
             State::Committed,

@@ -5,7 +5,7 @@ use std::path::Path;
 use std::time::Duration;
 
 use hoox_edge::mutex::{
-    self, ClientKey, Clock, Config, Decision, Grant, Key, Mode, Reserve, Unavailable,
+    self, ClientKey, Clock, Config, Decision, Duplicate, Grant, Key, Mode, Reserve, Unavailable,
 };
 
 pub fn config(path: &Path) -> Config {
@@ -39,6 +39,14 @@ pub fn granted(d: Decision) -> Grant {
     match d {
         Decision::Proceed(g) => g,
         other => panic!("expected Proceed, got {other:?}"),
+    }
+}
+
+/// The answer of a Duplicate. Panics, naming the decision, on anything else.
+pub fn duplicate(d: Decision) -> Duplicate {
+    match d {
+        Decision::Duplicate(d) => d,
+        other => panic!("expected Duplicate, got {other:?}"),
     }
 }
 
