@@ -1,6 +1,7 @@
 //! The fault matrix against the running binary, with real OS mechanisms: a database locked by
 //! another process, a read-only state directory (a read-only bind mount), a file-size limit
-//! hit mid-run (RLIMIT_FSIZE set on the live process with prlimit), a corrupt file at start,
+//! hit mid-run (RLIMIT_FSIZE set on the live process with prlimit), a full disk at the first
+//! start (a small tmpfs), a corrupt file at start,
 //! and a stalled owner (the one test-only hook). Each must answer 503
 //! IDEMPOTENCY_UNAVAILABLE with `/readyz` 503 and zero executor calls, then recover without a
 //! restart once the fault is gone.
@@ -98,14 +99,24 @@ fn sh(cmd: &str, args: &[&str]) {
     assert!(st.success(), "{cmd} {args:?} failed");
 }
 
-/// A bind mount of a directory onto itself, unmounted on drop even if the test fails.
-struct BindMount(PathBuf);
+/// A mount on a directory, unmounted on drop even if the test fails.
+struct Mount(PathBuf);
 
-impl BindMount {
-    fn new(dir: &Path) -> BindMount {
+impl Mount {
+    /// The directory, bound onto itself.
+    fn bind(dir: &Path) -> Mount {
         let d = dir.to_str().unwrap();
         sh("mount", &["--bind", d, d]);
-        BindMount(dir.to_path_buf())
+        Mount(dir.to_path_buf())
+    }
+    /// A file system of `size` in memory.
+    fn tmpfs(dir: &Path, size: &str) -> Mount {
+        let opt = format!("size={size}");
+        sh(
+            "mount",
+            &["-t", "tmpfs", "-o", &opt, "tmpfs", dir.to_str().unwrap()],
+        );
+        Mount(dir.to_path_buf())
     }
     fn read_only(&self, ro: bool) {
         let opt = if ro {
@@ -117,7 +128,7 @@ impl BindMount {
     }
 }
 
-impl Drop for BindMount {
+impl Drop for Mount {
     fn drop(&mut self) {
         let _ = Command::new("umount").arg(&self.0).status();
     }
@@ -144,7 +155,7 @@ async fn read_only_state_directory() {
     let exec = MockExecutor::start().await;
     let setup = Setup::new(Some(&exec.url()));
     let state = setup.dir.path().join("state");
-    let mount = BindMount::new(&state);
+    let mount = Mount::bind(&state);
     mount.read_only(true);
     let gw = setup.start();
     assert_fails_closed(&gw, &exec, "ro-1").await;
@@ -233,6 +244,33 @@ async fn assert_refused_until_restored<T>(
     assert_recovers(gw, exec, &format!("{held}-restored")).await;
     assert_eq!(gw.post(&keyed(held), &[]).await.status, 409);
     restored
+}
+
+/// The disk is full at the first start (an SD card filled before the install): redb stops
+/// midway through making the database. The gateway fails closed, and once space is freed it
+/// serves by itself, with no restart and no half-made file for an operator to remove.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn full_disk_at_the_first_start() {
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let state = setup.dir.path().join("state");
+    let _disk = Mount::tmpfs(&state, "4m");
+    let filler = state.join("filler");
+    let full = std::fs::write(&filler, vec![1u8; 8 << 20]).unwrap_err();
+    assert_eq!(full.raw_os_error(), Some(libc::ENOSPC));
+    let gw = setup.start();
+    assert_fails_closed(&gw, &exec, "full-1").await;
+    let db = state.join("mutex.redb");
+    assert!(!db.exists(), "a half-made database at its path");
+    assert!(
+        state.join("mutex.redb.new").exists(),
+        "the disk was not full"
+    );
+
+    std::fs::remove_file(&filler).unwrap();
+    assert_recovers(&gw, &exec, "full-2").await;
+    assert!(!state.join("mutex.redb.new").exists());
+    assert_eq!(gw.post(&keyed("full-2"), &[]).await.status, 409);
 }
 
 /// The database file is gone at start, but its journal is not: a lost database, not a

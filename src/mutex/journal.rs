@@ -82,6 +82,13 @@ pub enum JournalError {
     Undecodable { lsn: u64, err: String },
 }
 
+/// Syncs the folder of `path`: a file created or renamed there keeps its name across a
+/// crash only once its folder is synced.
+pub(super) fn sync_parent(path: &Path) -> io::Result<()> {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    File::open(dir.unwrap_or(Path::new(".")))?.sync_all()
+}
+
 /// The journal's path: beside the database, as `NAME-journal`.
 pub fn path_for(db: &Path) -> PathBuf {
     let mut p = db.as_os_str().to_owned();
@@ -134,10 +141,7 @@ impl Journal {
                 at += n;
             }
             file.sync_all()?;
-            // The new file's name must survive a crash too.
-            if let Some(dir) = path.parent().filter(|d| !d.as_os_str().is_empty()) {
-                File::open(dir)?.sync_all()?;
-            }
+            sync_parent(path)?;
         }
         Ok(file)
     }

@@ -294,7 +294,8 @@ pub(super) fn open(
 ) -> Result<(Store, Loaded), LoadError> {
     let journal_path = journal::path_for(path);
     let io = |e| LoadError::Db(redb::Error::Io(e));
-    // Zero bytes is a first start stopped before redb wrote a header: as good as no file.
+    // Zero bytes is as good as no file: a first start of 0.2.0 or older, stopped before
+    // redb wrote a header (a newer one never leaves a file here that redb did not finish).
     let db_bytes = bytes_at(path).map_err(io)?;
     let mut builder = Database::builder();
     builder
@@ -312,7 +313,7 @@ pub(super) fn open(
             Some(&journal_path),
         ));
     } else {
-        builder.create(path)?
+        create(&builder, path)?
     };
     let txn = db.begin_write()?;
     let (file, id, checkpoint, replayed, halted) = {
@@ -402,6 +403,51 @@ pub(super) fn open(
         pending_records: 0,
     };
     Ok((store, loaded))
+}
+
+/// Makes a new database at `path`, and never a half-made one there. redb writes it under
+/// `NAME.new` beside it, and only a whole database is renamed into place. A first start that
+/// stops midway (a full disk, a file-size limit, a crash) leaves the file at that name,
+/// which the next attempt starts over, and nothing at `path`: there, a half-made file would
+/// read as a damaged database and fail closed until an operator removed it.
+///
+/// The file at `NAME.new` is locked first, so that of two processes starting on one folder
+/// at once only one makes a database; the other is refused as it would be by redb's lock.
+fn create(builder: &redb::Builder, path: &Path) -> Result<Database, LoadError> {
+    let io = |e| LoadError::Db(redb::Error::Io(e));
+    let mut new = path.as_os_str().to_owned();
+    new.push(".new");
+    let new = PathBuf::from(new);
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .open(&new)
+        .map_err(io)?;
+    match file.try_lock() {
+        Ok(()) => {}
+        Err(std::fs::TryLockError::WouldBlock) => {
+            return Err(LoadError::Db(redb::Error::DatabaseAlreadyOpen));
+        }
+        Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
+    }
+    // Another process may have renamed its database into place since the caller looked:
+    // then this is no first start. The file at the name is this process's, new and empty,
+    // and no other can take it from under the lock.
+    if bytes_at(path).map_err(io)? > 0 {
+        match std::fs::remove_file(&new) {
+            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
+            _ => drop(file),
+        }
+        return Ok(builder.open(path)?);
+    }
+    // Whatever it holds was never renamed into place, so no key was ever taken in it.
+    file.set_len(0).map_err(io)?;
+    let db = builder.create_with_backend(redb::backends::FileBackend::new(file)?)?;
+    std::fs::rename(&new, path).map_err(io)?;
+    journal::sync_parent(path).map_err(io)?;
+    Ok(db)
 }
 
 /// The length of the file at `path`; 0 when there is none.
@@ -748,6 +794,65 @@ mod tests {
         );
         let err = LoadError::missing(&path, "it was open", None).to_string();
         assert!(err.contains("do not restart"), "{err}");
+    }
+
+    /// A first start that stopped midway left its half-made database under `NAME.new`,
+    /// never at the path: the next start makes it again there, and the name is gone. So
+    /// does a start that finds another process made the database while it took the lock.
+    #[test]
+    fn a_half_made_database_is_made_again_beside_the_path() {
+        const NOW: u64 = 1_700_000_000_000;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        let new = dir.path().join("m.redb.new");
+        // What redb leaves when it stops after sizing the file: no magic number.
+        std::fs::write(&new, vec![0u8; 73_728]).unwrap();
+        let (store, loaded) = open(&path, 16 * 4096, true, NOW, None, |_| false).unwrap();
+        assert!(loaded.live.is_empty());
+        assert!(
+            !new.exists(),
+            "the half-made file is left beside the database"
+        );
+        let id = |db: &Database| {
+            let txn = db.begin_read().unwrap();
+            let meta = txn.open_table(META).unwrap();
+            meta.get(JOURNAL_ID).unwrap().map(|v| v.value().to_vec())
+        };
+        let made = id(&store.db);
+        assert!(made.is_some());
+        drop(store);
+
+        // The race, taken by hand: the database is there by the time the lock is.
+        std::fs::write(&new, b"").unwrap();
+        let db = create(&Database::builder(), &path).expect("opens the database it found");
+        assert_eq!(id(&db), made, "made again");
+        assert!(!new.exists());
+    }
+
+    /// Two processes starting on one folder: the one that holds `NAME.new` makes the
+    /// database, and the other is refused as redb's lock would refuse it, and makes nothing.
+    #[test]
+    fn a_first_start_beside_another_making_the_database_is_refused() {
+        const NOW: u64 = 1_700_000_000_000;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        let new = dir.path().join("m.redb.new");
+        let other = std::fs::File::create(&new).unwrap();
+        other.lock().unwrap();
+        std::fs::write(&new, b"being made").unwrap();
+        match open(&path, 16 * 4096, true, NOW, None, |_| false) {
+            Err(LoadError::Db(redb::Error::DatabaseAlreadyOpen)) => {}
+            Err(e) => panic!("refused for another reason: {e}"),
+            Ok(_) => panic!("made a second database"),
+        }
+        assert!(!path.exists() && !journal::path_for(&path).exists());
+        assert_eq!(
+            std::fs::read(&new).unwrap(),
+            b"being made",
+            "the other's file"
+        );
+        drop(other);
+        drop(open(&path, 16 * 4096, true, NOW, None, |_| false).expect("made once free"));
     }
 
     /// The last entry number is taken: a damaged table, refused at the open rather than
