@@ -260,16 +260,31 @@ async fn full_disk_at_the_first_start() {
     assert_eq!(full.raw_os_error(), Some(libc::ENOSPC));
     let gw = setup.start();
     assert_fails_closed(&gw, &exec, "full-1").await;
-    let db = state.join("mutex.redb");
-    assert!(!db.exists(), "a half-made database at its path");
+    let (_, body) = gw.admin("GET", "/readyz").await;
     assert!(
-        state.join("mutex.redb.new").exists(),
-        "the disk was not full"
+        body["detail"]
+            .as_str()
+            .unwrap_or_default()
+            .contains("No space left"),
+        "{body}"
+    );
+    let files = || {
+        let mut names: Vec<_> = std::fs::read_dir(&state)
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    };
+    assert_eq!(
+        files(),
+        ["filler"],
+        "a half-made database, or its draft, left"
     );
 
     std::fs::remove_file(&filler).unwrap();
     assert_recovers(&gw, &exec, "full-2").await;
-    assert!(!state.join("mutex.redb.new").exists());
+    assert_eq!(files(), ["mutex.redb", "mutex.redb-journal"]);
     assert_eq!(gw.post(&keyed("full-2"), &[]).await.status, 409);
 }
 

@@ -21,6 +21,7 @@ use std::collections::HashMap;
 use std::ops::Range;
 use std::path::{Path, PathBuf};
 
+use redb::backends::FileBackend;
 use redb::{Database, ReadableDatabase, ReadableTable, Table, TableDefinition};
 use serde::{Deserialize, Serialize};
 
@@ -283,7 +284,7 @@ via_redb_error!(
 /// Integrity is checked on every open: a plain redb open trusts the file and may panic on
 /// one damaged outside redb, and a panic in the owner would take the process down instead
 /// of failing closed. The database is opened before the journal, so a second process is
-/// refused by redb's lock before it can touch either.
+/// refused by redb's lock before it can touch the journal.
 pub(super) fn open(
     path: &Path,
     journal_bytes: usize,
@@ -405,49 +406,89 @@ pub(super) fn open(
     Ok((store, loaded))
 }
 
-/// Makes a new database at `path`, and never a half-made one there. redb writes it under
-/// `NAME.new` beside it, and only a whole database is renamed into place. A first start that
-/// stops midway (a full disk, a file-size limit, a crash) leaves the file at that name,
-/// which the next attempt starts over, and nothing at `path`: there, a half-made file would
-/// read as a damaged database and fail closed until an operator removed it.
+/// Makes a new database at `path`, and never a half-made one there. redb makes it under a
+/// draft name beside it (`NAME.new-…`, one per attempt), and only a whole database is put
+/// in place. A first start that stops midway (a full disk, a file-size limit, a crash)
+/// leaves at most a draft, which never held a key and goes at the next attempt, and nothing
+/// at `path`: there, a half-made file would read as a damaged database and fail closed
+/// until an operator removed it.
 ///
-/// The file at `NAME.new` is locked first, so that of two processes starting on one folder
-/// at once only one makes a database; the other is refused as it would be by redb's lock.
+/// Something already at `path` (an empty file left by 0.2.0 or older, a link) is made in
+/// place, as those versions did.
 fn create(builder: &redb::Builder, path: &Path) -> Result<Database, LoadError> {
     let io = |e| LoadError::Db(redb::Error::Io(e));
-    let mut new = path.as_os_str().to_owned();
-    new.push(".new");
-    let new = PathBuf::from(new);
-    let file = std::fs::OpenOptions::new()
+    if std::fs::symlink_metadata(path).is_ok() {
+        return Ok(builder.create(path)?);
+    }
+    // Without randomness, two attempts at once share a name, and the second fails to
+    // create it: refused, and made again at the next attempt.
+    let draft = draft_name(path, getrandom::u64().unwrap_or(0));
+    let made = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
-        .create(true)
-        .truncate(false)
-        .open(&new)
-        .map_err(io)?;
-    match file.try_lock() {
-        Ok(()) => {}
-        Err(std::fs::TryLockError::WouldBlock) => {
-            return Err(LoadError::Db(redb::Error::DatabaseAlreadyOpen));
+        .create_new(true)
+        .open(&draft)
+        .map_err(io)
+        .and_then(|file| Ok(builder.create_with_backend(FileBackend::new(file)?)?))
+        .map(|db| (db, publish(&draft, path)));
+    remove_drafts(path);
+    match made? {
+        (db, Ok(())) => {
+            journal::sync_parent(path).map_err(io)?;
+            Ok(db)
         }
-        Err(std::fs::TryLockError::Error(e)) => return Err(io(e)),
-    }
-    // Another process may have renamed its database into place since the caller looked:
-    // then this is no first start. The file at the name is this process's, new and empty,
-    // and no other can take it from under the lock.
-    if bytes_at(path).map_err(io)? > 0 {
-        match std::fs::remove_file(&new) {
-            Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(io(e)),
-            _ => drop(file),
+        // Another process starting on this folder got there first: its database is the
+        // one, and redb's lock refuses this process while that one has it open.
+        (db, Err(e)) if e.kind() == std::io::ErrorKind::AlreadyExists => {
+            drop(db);
+            Ok(builder.open(path)?)
         }
-        return Ok(builder.open(path)?);
+        (_, Err(e)) => Err(io(e)),
     }
-    // Whatever it holds was never renamed into place, so no key was ever taken in it.
-    file.set_len(0).map_err(io)?;
-    let db = builder.create_with_backend(redb::backends::FileBackend::new(file)?)?;
-    std::fs::rename(&new, path).map_err(io)?;
-    journal::sync_parent(path).map_err(io)?;
-    Ok(db)
+}
+
+/// Puts the draft at `path` unless something is there: a hard link never replaces. A file
+/// system without hard links (FAT) gets a rename, which would replace a database another
+/// process put there since [`create`] looked.
+fn publish(draft: &Path, path: &Path) -> std::io::Result<()> {
+    match std::fs::hard_link(draft, path) {
+        Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EOPNOTSUPP)) => {
+            std::fs::rename(draft, path)
+        }
+        linked => linked,
+    }
+}
+
+/// `NAME.new-N`: a draft of the database at `path`, unique to its attempt by `n`.
+fn draft_name(path: &Path, n: u64) -> PathBuf {
+    let mut name = path.as_os_str().to_owned();
+    name.push(format!(".new-{n:016x}"));
+    PathBuf::from(name)
+}
+
+/// Removes every draft of the database at `path`, this attempt's too (once linked, it is a
+/// second name of the database). One that another process is still making only fails
+/// that process's attempt, which it makes again.
+fn remove_drafts(path: &Path) {
+    let Some(name) = path.file_name() else { return };
+    let mut prefix = name.to_owned();
+    prefix.push(".new-");
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    let Ok(entries) = std::fs::read_dir(dir.unwrap_or(Path::new("."))) else {
+        return;
+    };
+    for entry in entries.flatten() {
+        let name = entry.file_name();
+        if !name
+            .as_encoded_bytes()
+            .starts_with(prefix.as_encoded_bytes())
+        {
+            continue;
+        }
+        if let Err(e) = std::fs::remove_file(entry.path()) {
+            log::warn!("mutex: cannot remove {}: {e}", entry.path().display());
+        }
+    }
 }
 
 /// The length of the file at `path`; 0 when there is none.
@@ -796,63 +837,65 @@ mod tests {
         assert!(err.contains("do not restart"), "{err}");
     }
 
-    /// A first start that stopped midway left its half-made database under `NAME.new`,
-    /// never at the path: the next start makes it again there, and the name is gone. So
-    /// does a start that finds another process made the database while it took the lock.
+    /// A first start that stopped midway left its half-made database as a draft, never at
+    /// the path: the next start makes it again there, and every draft is gone. An empty
+    /// file at the path, which 0.2.0 and older leave, is made in place as they did.
     #[test]
     fn a_half_made_database_is_made_again_beside_the_path() {
         const NOW: u64 = 1_700_000_000_000;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
-        let new = dir.path().join("m.redb.new");
+        let open = || open(&path, 16 * 4096, true, NOW, None, |_| false);
         // What redb leaves when it stops after sizing the file: no magic number.
-        std::fs::write(&new, vec![0u8; 73_728]).unwrap();
-        let (store, loaded) = open(&path, 16 * 4096, true, NOW, None, |_| false).unwrap();
-        assert!(loaded.live.is_empty());
-        assert!(
-            !new.exists(),
-            "the half-made file is left beside the database"
+        let half_made = draft_name(&path, 0xab);
+        std::fs::write(&half_made, vec![0u8; 73_728]).unwrap();
+        let not_a_draft = [
+            dir.path().join("m.redb.newer"),
+            draft_name(&dir.path().join("n.redb"), 1),
+        ];
+        for p in &not_a_draft {
+            std::fs::write(p, b"kept").unwrap();
+        }
+        let (store, loaded) = open().expect("made again");
+        assert!(loaded.live.is_empty() && bytes_at(&path).unwrap() > 0);
+        let mut names: Vec<_> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        assert_eq!(
+            names,
+            [
+                "m.redb",
+                "m.redb-journal",
+                "m.redb.newer",
+                "n.redb.new-0000000000000001"
+            ]
         );
-        let id = |db: &Database| {
-            let txn = db.begin_read().unwrap();
-            let meta = txn.open_table(META).unwrap();
-            meta.get(JOURNAL_ID).unwrap().map(|v| v.value().to_vec())
-        };
-        let made = id(&store.db);
-        assert!(made.is_some());
         drop(store);
 
-        // The race, taken by hand: the database is there by the time the lock is.
-        std::fs::write(&new, b"").unwrap();
-        let db = create(&Database::builder(), &path).expect("opens the database it found");
-        assert_eq!(id(&db), made, "made again");
-        assert!(!new.exists());
-    }
-
-    /// Two processes starting on one folder: the one that holds `NAME.new` makes the
-    /// database, and the other is refused as redb's lock would refuse it, and makes nothing.
-    #[test]
-    fn a_first_start_beside_another_making_the_database_is_refused() {
-        const NOW: u64 = 1_700_000_000_000;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
-        let new = dir.path().join("m.redb.new");
-        let other = std::fs::File::create(&new).unwrap();
-        other.lock().unwrap();
-        std::fs::write(&new, b"being made").unwrap();
-        match open(&path, 16 * 4096, true, NOW, None, |_| false) {
-            Err(LoadError::Db(redb::Error::DatabaseAlreadyOpen)) => {}
-            Err(e) => panic!("refused for another reason: {e}"),
-            Ok(_) => panic!("made a second database"),
-        }
-        assert!(!path.exists() && !journal::path_for(&path).exists());
-        assert_eq!(
-            std::fs::read(&new).unwrap(),
-            b"being made",
-            "the other's file"
-        );
-        drop(other);
-        drop(open(&path, 16 * 4096, true, NOW, None, |_| false).expect("made once free"));
+        std::fs::write(&path, b"").unwrap();
+        drop(super::open(&path, 16 * 4096, true, NOW, None, |_| false).expect("made in place"));
+        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "a draft");
+    }
+
+    /// Of two processes starting on one folder at once, the second to finish its draft
+    /// finds the first's database in place: it does not replace it.
+    #[test]
+    fn a_draft_never_replaces_a_database() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        let draft = draft_name(&path, 1);
+        std::fs::write(&path, b"the first").unwrap();
+        std::fs::write(&draft, b"the second").unwrap();
+        let err = publish(&draft, &path).unwrap_err();
+        assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists);
+        assert_eq!(std::fs::read(&path).unwrap(), b"the first");
+        std::fs::remove_file(&path).unwrap();
+        publish(&draft, &path).unwrap();
+        assert_eq!(std::fs::read(&path).unwrap(), b"the second");
     }
 
     /// The last entry number is taken: a damaged table, refused at the open rather than
