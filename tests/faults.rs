@@ -94,6 +94,16 @@ fn set_file_size_limit(gw: &Gateway, cur: u64) {
     assert_eq!(rc, 0, "prlimit: {}", std::io::Error::last_os_error());
 }
 
+/// The names in `dir`, sorted.
+fn names(dir: &Path) -> Vec<String> {
+    let entries = std::fs::read_dir(dir).unwrap();
+    let mut names: Vec<_> = entries
+        .map(|e| e.unwrap().file_name().into_string().unwrap())
+        .collect();
+    names.sort();
+    names
+}
+
 fn sh(cmd: &str, args: &[&str]) {
     let st = Command::new(cmd).args(args).status().unwrap();
     assert!(st.success(), "{cmd} {args:?} failed");
@@ -148,6 +158,54 @@ async fn locked_by_another_process() {
     // The holder goes away: recovery without a restart.
     drop(holder);
     assert_recovers(&gw, &exec, "locked-2").await;
+}
+
+/// Two gateways make their first start on one folder at the same moment, eight times over:
+/// each time exactly one serves, the other fails closed, and one database is left, with no
+/// draft beside it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn two_first_starts_on_one_folder_at_once() {
+    let exec = MockExecutor::start().await;
+    let mut setups = [Setup::new(Some(&exec.url())), Setup::new(Some(&exec.url()))];
+    for trial in 0..8 {
+        let state = setups[0].dir.path().join(format!("trial{trial}"));
+        std::fs::create_dir(&state).unwrap();
+        let db = state.join("mutex.redb").display().to_string();
+        let cmds = setups
+            .each_mut()
+            .map(|s| s.set("store", "path", db.clone()).command());
+        let cas = [&setups[0].pki.ca_cert, &setups[1].pki.ca_cert];
+        let [a, b] = std::thread::scope(|scope| {
+            let mut cas = cas.into_iter();
+            cmds.map(|cmd| {
+                let ca = cas.next().unwrap();
+                scope.spawn(move || Gateway::spawn(cmd, ca))
+            })
+            .map(|h| h.join().unwrap())
+        });
+        let (serving, refused) = loop {
+            let (a_ready, b_ready) = (
+                a.admin("GET", "/readyz").await,
+                b.admin("GET", "/readyz").await,
+            );
+            match (a_ready.0, b_ready.0) {
+                (200, 200) => panic!("both serve on one database, trial {trial}"),
+                (200, _) => break (&a, &b),
+                (_, 200) => break (&b, &a),
+                _ => tokio::time::sleep(Duration::from_millis(20)).await,
+            }
+        };
+        let k = format!("twice-{trial}");
+        assert_fails_closed(refused, &exec, &k).await;
+        assert_eq!(serving.post(&keyed(&k), &[]).await.status, 200);
+        let (_, body) = refused.admin("GET", "/readyz").await;
+        assert_eq!(body["reason"], "not_open", "trial {trial}: {body}");
+        assert_eq!(
+            names(&state),
+            ["mutex.redb", "mutex.redb-journal"],
+            "trial {trial}"
+        );
+    }
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -268,23 +326,15 @@ async fn full_disk_at_the_first_start() {
             .contains("No space left"),
         "{body}"
     );
-    let files = || {
-        let mut names: Vec<_> = std::fs::read_dir(&state)
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        names.sort();
-        names
-    };
     assert_eq!(
-        files(),
+        names(&state),
         ["filler"],
         "a half-made database, or its draft, left"
     );
 
     std::fs::remove_file(&filler).unwrap();
     assert_recovers(&gw, &exec, "full-2").await;
-    assert_eq!(files(), ["mutex.redb", "mutex.redb-journal"]);
+    assert_eq!(names(&state), ["mutex.redb", "mutex.redb-journal"]);
     assert_eq!(gw.post(&keyed("full-2"), &[]).await.status, 409);
 }
 

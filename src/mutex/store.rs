@@ -837,6 +837,16 @@ mod tests {
         assert!(err.contains("do not restart"), "{err}");
     }
 
+    /// The names in `dir`, sorted.
+    fn names(dir: &Path) -> Vec<String> {
+        let entries = std::fs::read_dir(dir).unwrap();
+        let mut names: Vec<_> = entries
+            .map(|e| e.unwrap().file_name().into_string().unwrap())
+            .collect();
+        names.sort();
+        names
+    }
+
     /// A first start that stopped midway left its half-made database as a draft, never at
     /// the path: the next start makes it again there, and every draft is gone. An empty
     /// file at the path, which 0.2.0 and older leave, is made in place as they did.
@@ -858,13 +868,8 @@ mod tests {
         }
         let (store, loaded) = open().expect("made again");
         assert!(loaded.live.is_empty() && bytes_at(&path).unwrap() > 0);
-        let mut names: Vec<_> = std::fs::read_dir(dir.path())
-            .unwrap()
-            .map(|e| e.unwrap().file_name().into_string().unwrap())
-            .collect();
-        names.sort();
         assert_eq!(
-            names,
+            names(dir.path()),
             [
                 "m.redb",
                 "m.redb-journal",
@@ -878,7 +883,7 @@ mod tests {
         let path = dir.path().join("m.redb");
         std::fs::write(&path, b"").unwrap();
         drop(super::open(&path, 16 * 4096, true, NOW, None, |_| false).expect("made in place"));
-        assert_eq!(std::fs::read_dir(dir.path()).unwrap().count(), 2, "a draft");
+        assert_eq!(names(dir.path()), ["m.redb", "m.redb-journal"]);
     }
 
     /// Of two processes starting on one folder at once, the second to finish its draft
@@ -896,6 +901,44 @@ mod tests {
         std::fs::remove_file(&path).unwrap();
         publish(&draft, &path).unwrap();
         assert_eq!(std::fs::read(&path).unwrap(), b"the second");
+    }
+
+    /// Two first starts on one folder, released at the same moment (two threads: redb's
+    /// lock refuses a second open in one process as in another), fifty times: each time one
+    /// opens the database that is in place, the other is refused, and no draft is left.
+    #[test]
+    fn two_first_starts_at_once_make_one_database() {
+        const NOW: u64 = 1_700_000_000_000;
+        let mut refusals = std::collections::BTreeMap::<String, usize>::new();
+        for trial in 0..50 {
+            let dir = tempfile::tempdir().unwrap();
+            let path = dir.path().join("m.redb");
+            let start = std::sync::Barrier::new(2);
+            let opened: Vec<_> = std::thread::scope(|scope| {
+                let open = || {
+                    start.wait();
+                    open(&path, 16 * 4096, true, NOW, None, |_| false)
+                };
+                let threads = [scope.spawn(open), scope.spawn(open)];
+                threads.map(|t| t.join().unwrap()).into_iter().collect()
+            });
+            let mut stores = Vec::new();
+            for r in opened {
+                match r {
+                    Ok((store, _)) => stores.push(store),
+                    Err(e) => *refusals.entry(e.to_string()).or_default() += 1,
+                }
+            }
+            assert_eq!(stores.len(), 1, "trial {trial}: {refusals:?}");
+            assert_eq!(
+                names(dir.path()),
+                ["m.redb", "m.redb-journal"],
+                "trial {trial}"
+            );
+            drop(stores);
+            let again = open(&path, 16 * 4096, false, NOW, None, |_| false);
+            assert!(again.is_ok(), "trial {trial}");
+        }
     }
 
     /// The last entry number is taken: a damaged table, refused at the open rather than
