@@ -183,7 +183,12 @@ async fn two_first_starts_on_one_folder_at_once() {
             })
             .map(|h| h.join().unwrap())
         });
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
         let (serving, refused) = loop {
+            assert!(
+                std::time::Instant::now() < deadline,
+                "neither serves, trial {trial}"
+            );
             let (a_ready, b_ready) = (
                 a.admin("GET", "/readyz").await,
                 b.admin("GET", "/readyz").await,

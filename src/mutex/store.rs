@@ -296,7 +296,7 @@ pub(super) fn open(
     let journal_path = journal::path_for(path);
     let io = |e| LoadError::Db(redb::Error::Io(e));
     // Zero bytes is as good as no file: a first start of 0.2.0 or older, stopped before
-    // redb wrote a header (a newer one never leaves a file here that redb did not finish).
+    // redb wrote a header. `create` makes the database in place there, as they did.
     let db_bytes = bytes_at(path).map_err(io)?;
     let mut builder = Database::builder();
     builder
@@ -304,7 +304,11 @@ pub(super) fn open(
         .set_check_integrity_on_open(true);
     let db = if db_bytes > 0 {
         // `open`, not `create`: a file gone since the check is an error, not a new file.
-        builder.open(path)?
+        let db = builder.open(path)?;
+        // A crash between a first start's link and its removal of the draft left it as a
+        // second name of this database.
+        remove_drafts(path);
+        db
     } else if !may_create {
         return Err(LoadError::missing(path, "it was open", None));
     } else if bytes_at(&journal_path).map_err(io)? > 0 {
@@ -407,22 +411,25 @@ pub(super) fn open(
 }
 
 /// Makes a new database at `path`, and never a half-made one there. redb makes it under a
-/// draft name beside it (`NAME.new-…`, one per attempt), and only a whole database is put
-/// in place. A first start that stops midway (a full disk, a file-size limit, a crash)
-/// leaves at most a draft, which never held a key and goes at the next attempt, and nothing
-/// at `path`: there, a half-made file would read as a damaged database and fail closed
-/// until an operator removed it.
+/// draft name beside it (`NAME.new-…`, one per attempt), and only a whole database is
+/// linked into place. A first start that stops midway (a full disk, a file-size limit, a
+/// crash) leaves at most a draft, which never held a key and goes at the next open, and
+/// nothing at `path`: there, a half-made file would read as a damaged database and fail
+/// closed until an operator removed it.
 ///
-/// Something already at `path` (an empty file left by 0.2.0 or older, a link) is made in
-/// place, as those versions did.
+/// A hard link never replaces: of two processes starting on one folder at once, the second
+/// to link finds the first's database in place, and redb's lock refuses it. Where there is
+/// something at `path` already (an empty file left by 0.2.0 or older, a link), or the file
+/// system has no hard links (FAT, many FUSE ones), the database is made in place, as 0.2.0
+/// did: redb's lock still keeps a second process out, but a first start stopped midway
+/// leaves a file to remove by hand.
 fn create(builder: &redb::Builder, path: &Path) -> Result<Database, LoadError> {
     let io = |e| LoadError::Db(redb::Error::Io(e));
     if std::fs::symlink_metadata(path).is_ok() {
         return Ok(builder.create(path)?);
     }
-    // Without randomness, two attempts at once share a name, and the second fails to
-    // create it: refused, and made again at the next attempt.
-    let draft = draft_name(path, getrandom::u64().unwrap_or(0));
+    let n = getrandom::u64().map_err(|e| io(std::io::Error::other(e.to_string())))?;
+    let draft = draft_name(path, n);
     let made = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
@@ -430,32 +437,27 @@ fn create(builder: &redb::Builder, path: &Path) -> Result<Database, LoadError> {
         .open(&draft)
         .map_err(io)
         .and_then(|file| Ok(builder.create_with_backend(FileBackend::new(file)?)?))
-        .map(|db| (db, publish(&draft, path)));
+        .map(|db| (db, std::fs::hard_link(&draft, path)));
     remove_drafts(path);
     match made? {
         (db, Ok(())) => {
             journal::sync_parent(path).map_err(io)?;
             Ok(db)
         }
-        // Another process starting on this folder got there first: its database is the
-        // one, and redb's lock refuses this process while that one has it open.
         (db, Err(e)) if e.kind() == std::io::ErrorKind::AlreadyExists => {
             drop(db);
             Ok(builder.open(path)?)
         }
-        (_, Err(e)) => Err(io(e)),
-    }
-}
-
-/// Puts the draft at `path` unless something is there: a hard link never replaces. A file
-/// system without hard links (FAT) gets a rename, which would replace a database another
-/// process put there since [`create`] looked.
-fn publish(draft: &Path, path: &Path) -> std::io::Result<()> {
-    match std::fs::hard_link(draft, path) {
-        Err(e) if matches!(e.raw_os_error(), Some(libc::EPERM | libc::EOPNOTSUPP)) => {
-            std::fs::rename(draft, path)
+        (db, Err(e))
+            if matches!(
+                e.raw_os_error(),
+                Some(libc::EPERM | libc::EOPNOTSUPP | libc::ENOSYS)
+            ) =>
+        {
+            drop(db);
+            Ok(builder.create(path)?)
         }
-        linked => linked,
+        (_, Err(e)) => Err(io(e)),
     }
 }
 
@@ -466,23 +468,27 @@ fn draft_name(path: &Path, n: u64) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Removes every draft of the database at `path`, this attempt's too (once linked, it is a
-/// second name of the database). One that another process is still making only fails
-/// that process's attempt, which it makes again.
+/// Removes every draft of the database at `path`: this attempt's (once linked, a second
+/// name of the database), and those of attempts that stopped. One that another process is
+/// still making only fails that process's attempt, which it makes again.
 fn remove_drafts(path: &Path) {
     let Some(name) = path.file_name() else { return };
     let mut prefix = name.to_owned();
     prefix.push(".new-");
+    let prefix = prefix.as_encoded_bytes();
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
     let Ok(entries) = std::fs::read_dir(dir.unwrap_or(Path::new("."))) else {
         return;
     };
     for entry in entries.flatten() {
         let name = entry.file_name();
-        if !name
+        let is_draft = name
             .as_encoded_bytes()
-            .starts_with(prefix.as_encoded_bytes())
-        {
+            .strip_prefix(prefix)
+            .is_some_and(|n| {
+                n.len() == 16 && n.iter().all(|b| matches!(b, b'0'..=b'9' | b'a'..=b'f'))
+            });
+        if !is_draft {
             continue;
         }
         if let Err(e) = std::fs::remove_file(entry.path()) {
@@ -848,8 +854,9 @@ mod tests {
     }
 
     /// A first start that stopped midway left its half-made database as a draft, never at
-    /// the path: the next start makes it again there, and every draft is gone. An empty
-    /// file at the path, which 0.2.0 and older leave, is made in place as they did.
+    /// the path: the next start makes it again there, and every draft (and only a draft) is
+    /// gone; so is one a crash left as a second name. An empty file at the path, which 0.2.0
+    /// and older leave, is made in place as they did.
     #[test]
     fn a_half_made_database_is_made_again_beside_the_path() {
         const NOW: u64 = 1_700_000_000_000;
@@ -861,6 +868,7 @@ mod tests {
         std::fs::write(&half_made, vec![0u8; 73_728]).unwrap();
         let not_a_draft = [
             dir.path().join("m.redb.newer"),
+            dir.path().join("m.redb.new-copy"),
             draft_name(&dir.path().join("n.redb"), 1),
         ];
         for p in &not_a_draft {
@@ -873,34 +881,23 @@ mod tests {
             [
                 "m.redb",
                 "m.redb-journal",
+                "m.redb.new-copy",
                 "m.redb.newer",
                 "n.redb.new-0000000000000001"
             ]
         );
+        // A crash between the link and the removal left the draft as a second name: the
+        // next open removes the name, and the database stays.
+        std::fs::hard_link(&path, draft_name(&path, 0xcd)).unwrap();
         drop(store);
+        drop(open().expect("opened again"));
+        assert_eq!(names(dir.path()).len(), 5, "{:?}", names(dir.path()));
 
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
         std::fs::write(&path, b"").unwrap();
         drop(super::open(&path, 16 * 4096, true, NOW, None, |_| false).expect("made in place"));
         assert_eq!(names(dir.path()), ["m.redb", "m.redb-journal"]);
-    }
-
-    /// Of two processes starting on one folder at once, the second to finish its draft
-    /// finds the first's database in place: it does not replace it.
-    #[test]
-    fn a_draft_never_replaces_a_database() {
-        let dir = tempfile::tempdir().unwrap();
-        let path = dir.path().join("m.redb");
-        let draft = draft_name(&path, 1);
-        std::fs::write(&path, b"the first").unwrap();
-        std::fs::write(&draft, b"the second").unwrap();
-        let err = publish(&draft, &path).unwrap_err();
-        assert_eq!(err.kind(), std::io::ErrorKind::AlreadyExists);
-        assert_eq!(std::fs::read(&path).unwrap(), b"the first");
-        std::fs::remove_file(&path).unwrap();
-        publish(&draft, &path).unwrap();
-        assert_eq!(std::fs::read(&path).unwrap(), b"the second");
     }
 
     /// Two first starts on one folder, released at the same moment (two threads: redb's
