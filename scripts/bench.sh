@@ -23,6 +23,9 @@
 #     per response there, and the musl load tool takes more of the two cores.
 #   STORM_CONNECTIONS=64 STORM_KEYS=8 STORM_S=5
 #   CHAOS_ROUNDS=10 CHAOS_CONNECTIONS=16 CHAOS_DUP=0.3 CHAOS_REPLAY=3000
+#   STORM_TRIALS=100 CHAOS_CYCLES=60: --storm and --chaos also run CI's tests/storm.rs (1000
+#     concurrent identical webhooks per trial) and tests/chaos.rs (SIGKILL cycles) with these
+#     counts (CI runs 20 of each), on a release build of the tests (`cargo test --release`)
 set -euo pipefail
 
 MAIN=1 STORM=0 CHAOS=0
@@ -31,7 +34,7 @@ for arg in "$@"; do
         --storm) STORM=1 ;;
         --chaos) CHAOS=1 ;;
         --no-main) MAIN=0 ;;
-        -h | --help) sed -n '2,25p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
         *) echo "bench.sh: unknown argument $arg" >&2; exit 64 ;;
     esac
 done
@@ -53,6 +56,8 @@ CHAOS_ROUNDS=${CHAOS_ROUNDS:-10}
 CHAOS_CONNECTIONS=${CHAOS_CONNECTIONS:-16}
 CHAOS_DUP=${CHAOS_DUP:-0.3}
 CHAOS_REPLAY=${CHAOS_REPLAY:-3000}
+STORM_TRIALS=${STORM_TRIALS:-100}
+CHAOS_CYCLES=${CHAOS_CYCLES:-60}
 
 GW_PORT=$PORT_BASE
 BARE_PORT=$((PORT_BASE + 1))
@@ -486,5 +491,21 @@ if [ "$CHAOS" = 1 ]; then
         FAILED=1
     fi
 fi
+
+# proof_test NAME ENV=VALUE: CI's tests/NAME.rs against the real binary, with the longer
+# count ENV sets; its own assertions decide.
+proof_test() {
+    local name=$1 count=$2 log="$WORK/test-$1.log"
+    echo "-- tests/$name.rs, $count"
+    if env "$count" timeout 1200 cargo test --release --locked --test "$name" >"$log" 2>&1; then
+        echo "$name test: OK, $(grep -o 'finished in [0-9.]*s' "$log" | tail -n 1)"
+    else
+        echo "$name test: FAIL (log: $log)"
+        tail -n 40 "$log"
+        FAILED=1
+    fi
+}
+if [ "$STORM" = 1 ]; then proof_test storm "HOOX_STORM_TRIALS=$STORM_TRIALS"; fi
+if [ "$CHAOS" = 1 ]; then proof_test chaos "HOOX_CHAOS_CYCLES=$CHAOS_CYCLES"; fi
 
 exit "$FAILED"

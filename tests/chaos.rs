@@ -4,7 +4,8 @@
 //! - no key was forwarded twice (the whole run is well inside the TTL);
 //! - every key that got a 2xx is still blocked after the last restart.
 //!
-//! `HOOX_CHAOS_CYCLES` sets the number of cycles (20 by default; the benchmark script runs more).
+//! `HOOX_CHAOS_CYCLES` sets the number of cycles (20 by default; `scripts/bench.sh --chaos`
+//! runs 60).
 
 mod support;
 

@@ -160,14 +160,14 @@ async fn locked_by_another_process() {
     assert_recovers(&gw, &exec, "locked-2").await;
 }
 
-/// Two gateways make their first start on one folder at the same moment, eight times over:
+/// Two gateways make their first start on one folder at the same moment, four times over:
 /// each time exactly one serves, the other fails closed, and one database is left, with no
-/// draft beside it.
+/// draft beside it. Once the first stops, the second serves by itself, on the same keys.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn two_first_starts_on_one_folder_at_once() {
     let exec = MockExecutor::start().await;
     let mut setups = [Setup::new(Some(&exec.url())), Setup::new(Some(&exec.url()))];
-    for trial in 0..8 {
+    for trial in 0..4 {
         let state = setups[0].dir.path().join(format!("trial{trial}"));
         std::fs::create_dir(&state).unwrap();
         let db = state.join("mutex.redb").display().to_string();
@@ -175,7 +175,7 @@ async fn two_first_starts_on_one_folder_at_once() {
             .each_mut()
             .map(|s| s.set("store", "path", db.clone()).command());
         let cas = [&setups[0].pki.ca_cert, &setups[1].pki.ca_cert];
-        let [a, b] = std::thread::scope(|scope| {
+        let [mut a, mut b] = std::thread::scope(|scope| {
             let mut cas = cas.into_iter();
             cmds.map(|cmd| {
                 let ca = cas.next().unwrap();
@@ -195,8 +195,8 @@ async fn two_first_starts_on_one_folder_at_once() {
             );
             match (a_ready.0, b_ready.0) {
                 (200, 200) => panic!("both serve on one database, trial {trial}"),
-                (200, _) => break (&a, &b),
-                (_, 200) => break (&b, &a),
+                (200, _) => break (&mut a, &mut b),
+                (_, 200) => break (&mut b, &mut a),
                 _ => tokio::time::sleep(Duration::from_millis(20)).await,
             }
         };
@@ -210,6 +210,9 @@ async fn two_first_starts_on_one_folder_at_once() {
             ["mutex.redb", "mutex.redb-journal"],
             "trial {trial}"
         );
+        assert!(serving.terminate().success());
+        assert_recovers(refused, &exec, &format!("after-{trial}")).await;
+        assert_eq!(refused.post(&keyed(&k), &[]).await.status, 409);
     }
 }
 
@@ -331,11 +334,10 @@ async fn full_disk_at_the_first_start() {
             .contains("No space left"),
         "{body}"
     );
-    assert_eq!(
-        names(&state),
-        ["filler"],
-        "a half-made database, or its draft, left"
-    );
+    // A retry may be making its draft at this moment; the database's path stays empty.
+    let mut left = names(&state);
+    left.retain(|n| !n.starts_with("mutex.redb.new-"));
+    assert_eq!(left, ["filler"], "a half-made database left");
 
     std::fs::remove_file(&filler).unwrap();
     assert_recovers(&gw, &exec, "full-2").await;

@@ -1,5 +1,6 @@
 //! Storm: 1000 concurrent identical webhooks, repeated over trials (20 by default,
-//! `HOOX_STORM_TRIALS` to change), each trial a fresh trade. Exactly one forward each.
+//! `HOOX_STORM_TRIALS` to change; `scripts/bench.sh --storm` runs 100), each trial a fresh
+//! trade. Exactly one forward each.
 
 mod support;
 

@@ -82,8 +82,8 @@ pub enum JournalError {
     Undecodable { lsn: u64, err: String },
 }
 
-/// Syncs the folder of `path`: a file created or renamed there keeps its name across a
-/// crash only once its folder is synced.
+/// Syncs the folder of `path`: a name created or linked there survives a crash only once
+/// its folder is synced.
 pub(super) fn sync_parent(path: &Path) -> io::Result<()> {
     let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
     File::open(dir.unwrap_or(Path::new(".")))?.sync_all()

@@ -294,9 +294,8 @@ pub(super) fn open(
     held: impl Fn(u64) -> bool,
 ) -> Result<(Store, Loaded), LoadError> {
     let journal_path = journal::path_for(path);
-    let io = |e| LoadError::Db(redb::Error::Io(e));
-    // Zero bytes is as good as no file: a first start of 0.2.0 or older, stopped before
-    // redb wrote a header. `create` makes the database in place there, as they did.
+    // Zero bytes is as good as no file: a first start made in place (by 0.2.0 or older, or
+    // on a file system without hard links) that stopped before redb wrote a header.
     let db_bytes = bytes_at(path).map_err(io)?;
     let mut builder = Database::builder();
     builder
@@ -418,14 +417,15 @@ pub(super) fn open(
 /// closed until an operator removed it.
 ///
 /// A hard link never replaces: of two processes starting on one folder at once, the second
-/// to link finds the first's database in place, and redb's lock refuses it. Where there is
-/// something at `path` already (an empty file left by 0.2.0 or older, a link), or the file
-/// system has no hard links (FAT, many FUSE ones), the database is made in place, as 0.2.0
-/// did: redb's lock still keeps a second process out, but a first start stopped midway
-/// leaves a file to remove by hand.
+/// to link finds the first's database in place and redb's lock refuses it, or finds its
+/// draft removed by the first and fails this attempt (the next one is refused by the lock).
+/// Where there is something at `path` already (an empty file left by 0.2.0 or older, a
+/// symbolic link), or the file system has no hard links (FAT, many FUSE ones), the database
+/// is made in place, as 0.2.0 did: redb's lock still keeps a second process out, but a
+/// first start stopped midway leaves a file to remove by hand.
 fn create(builder: &redb::Builder, path: &Path) -> Result<Database, LoadError> {
-    let io = |e| LoadError::Db(redb::Error::Io(e));
     if std::fs::symlink_metadata(path).is_ok() {
+        remove_drafts(path);
         return Ok(builder.create(path)?);
     }
     let n = getrandom::u64().map_err(|e| io(std::io::Error::other(e.to_string())))?;
@@ -457,11 +457,19 @@ fn create(builder: &redb::Builder, path: &Path) -> Result<Database, LoadError> {
             drop(db);
             Ok(builder.create(path)?)
         }
+        (_, Err(e)) if e.kind() == std::io::ErrorKind::NotFound => Err(io(std::io::Error::new(
+            e.kind(),
+            format!(
+                "{} was removed by another start on this folder",
+                draft.display()
+            ),
+        ))),
         (_, Err(e)) => Err(io(e)),
     }
 }
 
-/// `NAME.new-N`: a draft of the database at `path`, unique to its attempt by `n`.
+/// A draft of the database at `path`: `NAME.new-` and `n`, unique to its attempt, as 16
+/// lowercase hex digits.
 fn draft_name(path: &Path, n: u64) -> PathBuf {
     let mut name = path.as_os_str().to_owned();
     name.push(format!(".new-{n:016x}"));
@@ -491,10 +499,17 @@ fn remove_drafts(path: &Path) {
         if !is_draft {
             continue;
         }
-        if let Err(e) = std::fs::remove_file(entry.path()) {
-            log::warn!("mutex: cannot remove {}: {e}", entry.path().display());
+        match std::fs::remove_file(entry.path()) {
+            // Another start on this folder removed it first.
+            Err(e) if e.kind() == std::io::ErrorKind::NotFound => {}
+            Err(e) => log::warn!("mutex: cannot remove {}: {e}", entry.path().display()),
+            Ok(()) => {}
         }
     }
+}
+
+fn io(e: std::io::Error) -> LoadError {
+    LoadError::Db(redb::Error::Io(e))
 }
 
 /// The length of the file at `path`; 0 when there is none.
@@ -876,22 +891,20 @@ mod tests {
         }
         let (store, loaded) = open().expect("made again");
         assert!(loaded.live.is_empty() && bytes_at(&path).unwrap() > 0);
-        assert_eq!(
-            names(dir.path()),
-            [
-                "m.redb",
-                "m.redb-journal",
-                "m.redb.new-copy",
-                "m.redb.newer",
-                "n.redb.new-0000000000000001"
-            ]
-        );
+        let kept = [
+            "m.redb",
+            "m.redb-journal",
+            "m.redb.new-copy",
+            "m.redb.newer",
+            "n.redb.new-0000000000000001",
+        ];
+        assert_eq!(names(dir.path()), kept);
         // A crash between the link and the removal left the draft as a second name: the
         // next open removes the name, and the database stays.
         std::fs::hard_link(&path, draft_name(&path, 0xcd)).unwrap();
         drop(store);
         drop(open().expect("opened again"));
-        assert_eq!(names(dir.path()).len(), 5, "{:?}", names(dir.path()));
+        assert_eq!(names(dir.path()), kept);
 
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
@@ -927,14 +940,29 @@ mod tests {
                 }
             }
             assert_eq!(stores.len(), 1, "trial {trial}: {refusals:?}");
+            for refused in refusals.keys() {
+                let lock = refused.contains("Cannot acquire lock");
+                let removed = refused.contains("was removed by another start on this folder");
+                assert!(
+                    lock || removed,
+                    "trial {trial}: refused for another reason: {refused}"
+                );
+            }
             assert_eq!(
                 names(dir.path()),
                 ["m.redb", "m.redb-journal"],
                 "trial {trial}"
             );
+            // The database the winner opened is the one in place, not one without a name.
+            let id = |db: &Database| {
+                let txn = db.begin_read().unwrap();
+                let meta = txn.open_table(META).unwrap();
+                meta.get(JOURNAL_ID).unwrap().map(|v| v.value().to_vec())
+            };
+            let won = id(&stores[0].db);
             drop(stores);
-            let again = open(&path, 16 * 4096, false, NOW, None, |_| false);
-            assert!(again.is_ok(), "trial {trial}");
+            let (again, _) = open(&path, 16 * 4096, false, NOW, None, |_| false).unwrap();
+            assert_eq!(id(&again.db), won, "trial {trial}");
         }
     }
 
