@@ -82,11 +82,16 @@ pub enum JournalError {
     Undecodable { lsn: u64, err: String },
 }
 
+/// The folder `path` is in (`.` for a bare file name).
+pub(super) fn folder_of(path: &Path) -> &Path {
+    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
+    dir.unwrap_or(Path::new("."))
+}
+
 /// Syncs the folder of `path`: a name created or linked there survives a crash only once
 /// its folder is synced.
 pub(super) fn sync_parent(path: &Path) -> io::Result<()> {
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-    File::open(dir.unwrap_or(Path::new(".")))?.sync_all()
+    File::open(folder_of(path))?.sync_all()
 }
 
 /// The journal's path: beside the database, as `NAME-journal`.

@@ -303,11 +303,7 @@ pub(super) fn open(
         .set_check_integrity_on_open(true);
     let db = if db_bytes > 0 {
         // `open`, not `create`: a file gone since the check is an error, not a new file.
-        let db = builder.open(path)?;
-        // A crash between a first start's link and its removal of the draft left it as a
-        // second name of this database.
-        remove_drafts(path);
-        db
+        builder.open(path)?
     } else if !may_create {
         return Err(LoadError::missing(path, "it was open", None));
     } else if bytes_at(&journal_path).map_err(io)? > 0 {
@@ -319,6 +315,9 @@ pub(super) fn open(
     } else {
         create(&builder, path)?
     };
+    // Drafts never held a key: this start's own, once linked a second name of the database
+    // (or left as one by a crash before this sweep), and those of first starts that stopped.
+    remove_drafts(path);
     let txn = db.begin_write()?;
     let (file, id, checkpoint, replayed, halted) = {
         let mut meta = txn.open_table(META)?;
@@ -411,10 +410,11 @@ pub(super) fn open(
 
 /// Makes a new database at `path`, and never a half-made one there. redb makes it under a
 /// draft name beside it (`NAME.new-…`, one per attempt), and only a whole database is
-/// linked into place. A first start that stops midway (a full disk, a file-size limit, a
-/// crash) leaves at most a draft, which never held a key and goes at the next open, and
-/// nothing at `path`: there, a half-made file would read as a damaged database and fail
-/// closed until an operator removed it.
+/// linked into place; `open` then removes the draft's name. A first start that stops
+/// midway (a full disk, a file-size limit, a crash) leaves nothing at `path`, where a
+/// half-made file would read as a damaged database and fail closed until an operator
+/// removed it. An attempt that fails removes its draft; a crash leaves it for the next
+/// open.
 ///
 /// A hard link never replaces: of two processes starting on one folder at once, the second
 /// to link finds the first's database in place and redb's lock refuses it, or finds its
@@ -425,20 +425,23 @@ pub(super) fn open(
 /// first start stopped midway leaves a file to remove by hand.
 fn create(builder: &redb::Builder, path: &Path) -> Result<Database, LoadError> {
     if std::fs::symlink_metadata(path).is_ok() {
-        remove_drafts(path);
         return Ok(builder.create(path)?);
     }
     let n = getrandom::u64().map_err(|e| io(std::io::Error::other(e.to_string())))?;
     let draft = draft_name(path, n);
-    let made = std::fs::OpenOptions::new()
+    let file = std::fs::OpenOptions::new()
         .read(true)
         .write(true)
         .create_new(true)
         .open(&draft)
-        .map_err(io)
-        .and_then(|file| Ok(builder.create_with_backend(FileBackend::new(file)?)?))
+        .map_err(io)?;
+    let made = FileBackend::new(file)
+        .and_then(|backend| builder.create_with_backend(backend))
         .map(|db| (db, std::fs::hard_link(&draft, path)));
-    remove_drafts(path);
+    if !matches!(made, Ok((_, Ok(())))) {
+        // Never in place, so it never held a key.
+        let _ = std::fs::remove_file(&draft);
+    }
     match made? {
         (db, Ok(())) => {
             journal::sync_parent(path).map_err(io)?;
@@ -476,16 +479,14 @@ fn draft_name(path: &Path, n: u64) -> PathBuf {
     PathBuf::from(name)
 }
 
-/// Removes every draft of the database at `path`: this attempt's (once linked, a second
-/// name of the database), and those of attempts that stopped. One that another process is
-/// still making only fails that process's attempt, which it makes again.
+/// Removes every draft of the database at `path`. One that another process is still making
+/// only fails that process's attempt, which it makes again.
 fn remove_drafts(path: &Path) {
     let Some(name) = path.file_name() else { return };
     let mut prefix = name.to_owned();
     prefix.push(".new-");
     let prefix = prefix.as_encoded_bytes();
-    let dir = path.parent().filter(|d| !d.as_os_str().is_empty());
-    let Ok(entries) = std::fs::read_dir(dir.unwrap_or(Path::new("."))) else {
+    let Ok(entries) = std::fs::read_dir(journal::folder_of(path)) else {
         return;
     };
     for entry in entries.flatten() {
