@@ -359,8 +359,10 @@ fn admin_listen(args: &AdminArgs, default_config: &Path) -> Result<Listen, Strin
         }
         Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
     };
-    let partial = toml::from_str::<Partial>(&text)
-        .map_err(|e| format!("{}: {}", path.display(), crate::config::syntax(&text, &e)))?;
+    let partial = toml::from_str::<Partial>(&text).map_err(|e| {
+        let (key, message) = crate::config::syntax(&text, &e);
+        format!("{}: {key}: {message}", path.display())
+    })?;
     match partial.admin.and_then(|a| a.listen) {
         Some(l) => Listen::parse(&l),
         None => Err(format!(

@@ -103,14 +103,55 @@ pub struct AuthConfig {
     pub bearer_tokens: Vec<Secret>,
 }
 
-/// A TOML error as its message and line number, not toml's own rendering: that quotes the
-/// offending line, which may hold a secret (an executor URL with credentials).
-pub fn syntax(text: &str, e: &toml::de::Error) -> String {
-    let line = e
+/// A TOML error as the key it is about (`(syntax)` when it is about none) and its message
+/// with the line number: not toml's own rendering, which quotes the offending line, and that
+/// may hold a secret (an executor URL with credentials).
+pub fn syntax(text: &str, e: &toml::de::Error) -> (String, String) {
+    let message = e.message().trim().replace('\n', " ");
+    let Some(at) = e
         .span()
-        .and_then(|s| text.get(..s.start))
-        .map_or(0, |before| before.lines().count().max(1));
-    format!("line {line}: {}", e.message().trim().replace('\n', " "))
+        .map(|s| s.start)
+        .filter(|at| text.is_char_boundary(*at))
+    else {
+        return ("(syntax)".into(), message);
+    };
+    let line = text[..at].matches('\n').count() + 1;
+    let key = key_at(text, at).unwrap_or_else(|| "(syntax)".into());
+    (key, format!("line {line}: {message}"))
+}
+
+/// The dotted name of the `key = value` line holding byte `at`, when the line and its table
+/// header are plain (bare keys): `server.max_connections`. Never any of the value's text.
+fn key_at(text: &str, at: usize) -> Option<String> {
+    let bare = |s: &str| {
+        !s.is_empty()
+            && s.bytes()
+                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+    };
+    let start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    let line = text[start..].lines().next()?;
+    // A table header itself: `[sever]`.
+    if let Some(table) = line.trim().strip_prefix('[') {
+        let table = table.strip_suffix(']')?.trim();
+        return bare(table).then(|| table.to_string());
+    }
+    let (name, _) = line.split_once('=')?;
+    let name = name.trim();
+    if !bare(name) {
+        return None;
+    }
+    let header = text[..start]
+        .lines()
+        .rev()
+        .map(str::trim)
+        .find(|l| l.starts_with('['));
+    match header {
+        None => Some(name.to_string()),
+        Some(h) => {
+            let table = h.strip_prefix('[')?.strip_suffix(']')?.trim();
+            bare(table).then(|| format!("{table}.{name}"))
+        }
+    }
 }
 
 impl AuthConfig {
@@ -229,8 +270,10 @@ impl Config {
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
         let text = std::fs::read_to_string(path)
             .map_err(|e| ConfigError::new(path, "(file)", format!("cannot read: {e}")))?;
-        let raw: RawFile = toml::from_str(&text)
-            .map_err(|e| ConfigError::new(path, "(syntax)", syntax(&text, &e)))?;
+        let raw: RawFile = toml::from_str(&text).map_err(|e| {
+            let (key, message) = syntax(&text, &e);
+            ConfigError::new(path, &key, message)
+        })?;
         let base = path
             .parent()
             .map(Path::to_path_buf)
@@ -701,9 +744,43 @@ mod tests {
         let e = toml::from_str::<RawFile>(text)
             .err()
             .expect("unterminated string");
-        let m = syntax(text, &e);
+        let (key, m) = syntax(text, &e);
         assert!(m.starts_with("line 5: "), "{m}");
         assert!(!m.contains("s3cret") && !m.contains('\n'), "{m}");
+        assert_eq!(key, "executor.url");
+    }
+
+    /// A key toml refuses (unknown, or of the wrong type) is named with its table, on its
+    /// own line: an error at the start of a line is on that line, not the one before.
+    #[test]
+    fn a_refused_key_is_named_with_its_table_and_line() {
+        let cases = [
+            (
+                "[server]\nlisen = \"x\"\n",
+                "server.lisen",
+                "line 2: ",
+                "unknown",
+            ),
+            (
+                "[server]\nlisten = \"127.0.0.1:1\"\n\n# cap\nmax_connections = \"100\"\n",
+                "server.max_connections",
+                "line 5: ",
+                "invalid type",
+            ),
+            ("ttl = \"1s\"\n", "ttl", "line 1: ", "unknown"),
+            (
+                "[store]\nttl = \"1s\"\n[sever]\nx = 1\n",
+                "sever",
+                "line 3: ",
+                "unknown",
+            ),
+        ];
+        for (text, want_key, want_line, says) in cases {
+            let e = toml::from_str::<RawFile>(text).err().expect(want_key);
+            let (key, m) = syntax(text, &e);
+            assert_eq!(key, want_key, "{m}");
+            assert!(m.starts_with(want_line) && m.contains(says), "{m}");
+        }
     }
 
     /// Each range is inclusive at both ends, and a value just outside is refused naming its

@@ -145,8 +145,8 @@ async fn reset_after_send_is_unknown() {
 }
 
 /// A server on loopback that reads each request whole, writes `answer` as given, and
-/// closes the connection.
-async fn answering(answer: &'static [u8]) -> String {
+/// closes the connection, or with `hold` keeps it open and silent.
+async fn answering(answer: &'static [u8], hold: bool) -> String {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
@@ -175,6 +175,9 @@ async fn answering(answer: &'static [u8]) -> String {
                     }
                 }
                 let _ = tcp.write_all(answer).await;
+                if hold {
+                    tokio::time::sleep(Duration::from_secs(60)).await;
+                }
                 let _ = tcp.shutdown().await;
             });
         }
@@ -182,9 +185,9 @@ async fn answering(answer: &'static [u8]) -> String {
     format!("http://127.0.0.1:{port}/orders")
 }
 
-/// An answer whose body cannot be read (cut short, or over the 1 MiB read): a 2xx may
-/// have been a fill, so its outcome is unknown and the key is held; anything else is a
-/// failure whatever its body said, and the key is released.
+/// An answer whose body cannot be read (cut short, over the 1 MiB read, or stalled past
+/// the timeout): a 2xx may have been a fill, so its outcome is unknown and the key is held;
+/// anything else is a failure whatever its body said, and the key is released.
 #[tokio::test]
 async fn an_unreadable_answer_is_unknown_only_when_it_is_2xx() {
     // Each answer, and whether its outcome is unknown (else a 500 failure).
@@ -193,16 +196,21 @@ async fn an_unreadable_answer_is_unknown_only_when_it_is_2xx() {
         (b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 100\r\n\r\n{\"error\"", false),
         (b"HTTP/1.1 200 OK\r\ncontent-length: 2000000\r\n\r\n{\"success\":true", true),
     ];
-    for (i, &(answer, unknown)) in cut_short.iter().enumerate() {
-        let exec = http(&answering(answer).await, Duration::from_secs(5));
-        let outcome = exec.execute(&order("unreadable")).await;
-        if unknown {
-            assert!(matches!(outcome, Outcome::Unknown(_)), "{i}: {outcome:?}");
-        } else {
-            assert!(
-                matches!(outcome, Outcome::Failed { status: 500, .. }),
-                "{i}: {outcome:?}"
-            );
+    for hold in [false, true] {
+        for (i, &(answer, unknown)) in cut_short.iter().enumerate() {
+            let exec = http(&answering(answer, hold).await, Duration::from_millis(500));
+            let outcome = exec.execute(&order("unreadable")).await;
+            if unknown {
+                assert!(
+                    matches!(outcome, Outcome::Unknown(_)),
+                    "{i}, held {hold}: {outcome:?}"
+                );
+            } else {
+                assert!(
+                    matches!(outcome, Outcome::Failed { status: 500, .. }),
+                    "{i}, held {hold}: {outcome:?}"
+                );
+            }
         }
     }
 }

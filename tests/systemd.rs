@@ -31,18 +31,32 @@ fn wait_for(
     None
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn ready_watchdog_status_stopping_and_a_stalled_owner() {
-    let setup = Setup::new(None);
+/// The real binary on `setup`, with a NOTIFY_SOCKET of ours and the extra `env`; the
+/// socket its messages arrive on.
+fn start_notified(
+    setup: &Setup,
+    env: &[(&str, &str)],
+) -> (UnixDatagram, support::gateway::Gateway) {
     let sock_path = setup.dir.path().join("notify.sock");
     let sock = UnixDatagram::bind(&sock_path).unwrap();
     let sock_env = sock_path.display().to_string();
-    let mut gw = setup.start_with(&[
-        ("NOTIFY_SOCKET", sock_env.as_str()),
-        // 1 s: the gateway pings the owner and notifies every 500 ms.
-        ("WATCHDOG_USEC", "1000000"),
-        (hoox_edge::app::STALL_HOOK_ENV, "1"),
-    ]);
+    let mut all = vec![("NOTIFY_SOCKET", sock_env.as_str())];
+    all.extend_from_slice(env);
+    let gw = setup.start_with(&all);
+    (sock, gw)
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn ready_watchdog_status_stopping_and_a_stalled_owner() {
+    let setup = Setup::new(None);
+    let (sock, mut gw) = start_notified(
+        &setup,
+        &[
+            // 1 s: the gateway pings the owner and notifies every 500 ms.
+            ("WATCHDOG_USEC", "1000000"),
+            (hoox_edge::app::STALL_HOOK_ENV, "1"),
+        ],
+    );
     let mut seen = Vec::new();
 
     // READY=1 comes once the database is open, and the listener then accepts.
@@ -105,16 +119,61 @@ async fn ready_watchdog_status_stopping_and_a_stalled_owner() {
     assert!(gw.terminate().success());
 }
 
+/// One ping the owner misses (a 3.5 s stall of the disk, say) does not get the service
+/// killed: the supervisor pings again at once, not half a watchdog period later, so the next
+/// WATCHDOG=1 comes as soon as the owner answers, inside the period. Before, it came a whole
+/// period plus the ping's 2 s deadline after the last one: 12 s, against `WatchdogSec=10s`.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_missed_ping_does_not_get_the_service_killed() {
+    let setup = Setup::new(None);
+    let (sock, gw) = start_notified(
+        &setup,
+        &[
+            // 10 s, as the packaged unit: the gateway pings the owner every 5 s.
+            ("WATCHDOG_USEC", "10000000"),
+            (hoox_edge::app::STALL_HOOK_ENV, "1"),
+        ],
+    );
+    let mut seen = Vec::new();
+    let watchdog = |seen: &mut Vec<String>, within| {
+        wait_for(&sock, seen, within, |l| l == "WATCHDOG=1").is_some()
+    };
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l
+            == "READY=1")
+        .is_some(),
+        "no READY=1; got {seen:?}"
+    );
+    // Two in a row, so that the second one dates the pace: the next ping is 5 s after it.
+    assert!(watchdog(&mut seen, Duration::from_secs(10)), "{seen:?}");
+    assert!(watchdog(&mut seen, Duration::from_secs(10)), "{seen:?}");
+    let last = Instant::now();
+    // Stall the owner from 4 s to 7.5 s after it: over the next ping and its 2 s deadline.
+    tokio::time::sleep(Duration::from_secs(4)).await;
+    let (s, _) = gw.admin("POST", "/debug/stall?ms=3500").await;
+    assert_eq!(s, 200);
+    assert!(
+        watchdog(&mut seen, Duration::from_secs(15)),
+        "no WATCHDOG=1 after the stall; {seen:?}"
+    );
+    let gap = last.elapsed();
+    assert!(
+        gap >= Duration::from_millis(6500),
+        "WATCHDOG=1 {gap:?} after the last: the stall did not hold the ping"
+    );
+    assert!(
+        gap < Duration::from_secs(9),
+        "WATCHDOG=1 {gap:?} after the last: systemd, at WatchdogSec=10s, kills the service"
+    );
+}
+
 /// A reload before the database has opened says nothing to systemd: its READY=1 would
 /// claim the database is open. READY=1 comes once it is.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_before_the_database_opens_does_not_say_ready() {
     let mut setup = Setup::new(None);
     setup.set("store", "path", "later/mutex.redb");
-    let sock_path = setup.dir.path().join("notify.sock");
-    let sock = UnixDatagram::bind(&sock_path).unwrap();
-    let sock_env = sock_path.display().to_string();
-    let mut gw = setup.start_with(&[("NOTIFY_SOCKET", sock_env.as_str())]);
+    let (sock, mut gw) = start_notified(&setup, &[]);
     let mut seen = Vec::new();
     let is_ready = |m: &String| m.lines().any(|l| l == "READY=1");
     assert!(
@@ -163,10 +222,7 @@ async fn a_reload_before_the_database_opens_does_not_say_ready() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
     let setup = Setup::new(None);
-    let sock_path = setup.dir.path().join("notify.sock");
-    let sock = UnixDatagram::bind(&sock_path).unwrap();
-    let sock_env = sock_path.display().to_string();
-    let gw = setup.start_with(&[("NOTIFY_SOCKET", sock_env.as_str())]);
+    let (sock, gw) = start_notified(&setup, &[]);
     let mut seen = Vec::new();
     assert!(
         wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l

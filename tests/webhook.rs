@@ -306,9 +306,22 @@ async fn bad_requests_are_refused_before_the_executor() {
     let r = gw.post(&t, &[("idempotency-key", "\"body-key\"")]).await;
     assert_eq!(r.status, 200);
     assert_a_256_character_key_is_refused(&gw).await;
-    let mut t = trade("BTCUSDT");
-    t["idempotencyKey"] = json!("caf\u{e9}");
-    let r = gw.post(&t, &[]).await;
+    // Not printable; a space at either end, which the executor's Idempotency-Key header
+    // would lose.
+    for (bad, says) in [("caf\u{e9}", "printable"), ("edge ", "space")] {
+        let mut t = trade("BTCUSDT");
+        t["idempotencyKey"] = json!(bad);
+        let r = gw.post(&t, &[]).await;
+        assert_eq!(
+            (r.status.as_u16(), code(&r.json())),
+            (400, "INVALID_IDEMPOTENCY_KEY"),
+            "{bad:?}"
+        );
+        assert!(r.json()["detail"].as_str().unwrap().contains(says));
+    }
+    let r = gw
+        .post(&trade("SPACEUSDT"), &[("idempotency-key", "\" edge\"")])
+        .await;
     assert_eq!(
         (r.status.as_u16(), code(&r.json())),
         (400, "INVALID_IDEMPOTENCY_KEY")
@@ -1314,19 +1327,13 @@ fn config_errors_exit_78_naming_key_and_file() {
     assert!(!err.contains("s3cret"), "a URL's password leaked: {err}");
 }
 
-/// A client that hangs up while its order is at an HTTP executor does not cut the order
-/// from its commit: the order runs to its outcome, the key records it, and a retry is the
-/// duplicate it should be.
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_client_that_hangs_up_mid_order_still_has_it_committed() {
+/// Posts `t` over HTTP/1.1, waits until its order is at the executor, and hangs up.
+async fn hang_up_once_at_the_executor(
+    gw: &support::gateway::Gateway,
+    exec: &MockExecutor,
+    t: &Value,
+) {
     use tokio::io::AsyncWriteExt;
-    let exec = MockExecutor::start().await;
-    exec.set_mode(Mode::Slow(Duration::from_millis(500)));
-    let setup = Setup::new(Some(&exec.url()));
-    let gw = setup.start();
-    gw.wait_ready().await;
-    let mut t = trade("BTCUSDT");
-    t["idempotencyKey"] = json!("hang-up-1");
     let body = t.to_string();
     let mut raw = gw.client.connect_raw(&gw.url()).await.unwrap();
     let head = h1_post_head(
@@ -1342,6 +1349,21 @@ async fn a_client_that_hangs_up_mid_order_still_has_it_committed() {
     raw.flush().await.unwrap();
     exec.wait_for_calls(1).await;
     drop(raw);
+}
+
+/// A client that hangs up while its order is at an HTTP executor does not cut the order
+/// from its commit: the order runs to its outcome, the key records it, and a retry is the
+/// duplicate it should be.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_that_hangs_up_mid_order_still_has_it_committed() {
+    let exec = MockExecutor::start().await;
+    exec.set_mode(Mode::Slow(Duration::from_millis(500)));
+    let setup = Setup::new(Some(&exec.url()));
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let mut t = trade("BTCUSDT");
+    t["idempotencyKey"] = json!("hang-up-1");
+    hang_up_once_at_the_executor(&gw, &exec, &t).await;
     let key = "client:psk:live:hang-up-1";
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     loop {
@@ -1401,6 +1423,46 @@ async fn sigterm_lets_in_flight_orders_commit_then_closes_cleanly() {
     );
     assert_eq!(gw.post(&t, &[]).await.status, 409);
     assert_eq!(exec.calls(), 1);
+}
+
+/// A client that hangs up while its order is at the executor, then a SIGTERM: the drain
+/// waits for that order too, though no connection does. The executor fails it, so its key
+/// is released before the database closes, the retry after the restart runs, and the log
+/// says how the order ended, as the gone request's own line no longer can.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_waits_for_an_order_whose_client_hung_up() {
+    let exec = MockExecutor::start().await;
+    exec.set_mode(Mode::SlowFail(Duration::from_millis(1500)));
+    let mut setup = Setup::new(Some(&exec.url()));
+    setup.set("executor", "timeout", "5s");
+    let mut gw = setup.start();
+    gw.wait_ready().await;
+    let mut t = trade("BTCUSDT");
+    t["idempotencyKey"] = json!("hung-up-at-stop");
+    hang_up_once_at_the_executor(&gw, &exec, &t).await;
+    // Let the gateway see the hang-up, and let the connection go, before it is told to stop.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    assert!(gw.terminate().success());
+    let log = gw.stderr();
+    let line = log
+        .lines()
+        .find(|l| l.contains("webhook settled after its client hung up"))
+        .unwrap_or_else(|| panic!("no line for the order whose client hung up:\n{log}"));
+    for field in ["hung-up-at-stop", "released", "EXECUTION_FAILED"] {
+        assert!(line.contains(field), "{field} missing from {line}");
+    }
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let key = "client:psk:live:hung-up-at-stop";
+    assert_eq!(
+        key_state(&gw, key).await,
+        "absent",
+        "the failed order's key is held"
+    );
+    exec.set_mode(Mode::Success);
+    let r = gw.post(&t, &[]).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    assert_eq!(exec.calls(), 2);
 }
 
 /// One address holds at most `max_connections_per_ip`: one more from it is closed before

@@ -116,14 +116,33 @@ impl HttpExecutor {
         Ok(Self { client, cfg })
     }
 
+    /// One order, within the executor's `timeout`: for the answer's head and then its body.
     pub async fn execute(&self, order: &Order) -> Outcome {
         let request = match self.request(order) {
             Ok(request) => request,
             Err(e) => return Outcome::NotSent(format!("cannot build the request: {e}")),
         };
-        match tokio::time::timeout(self.cfg.timeout, self.send(request)).await {
-            Ok(outcome) => outcome,
-            Err(_) => Outcome::Unknown(format!("no answer within {:?}", self.cfg.timeout)),
+        let deadline = tokio::time::Instant::now() + self.cfg.timeout;
+        let late = || format!("no answer within {:?}", self.cfg.timeout);
+        let response = match tokio::time::timeout_at(deadline, self.client.request(request)).await {
+            Ok(Ok(response)) => response,
+            Ok(Err(e)) if e.is_connect() => return Outcome::NotSent(chain(&e)),
+            Ok(Err(e)) => return Outcome::Unknown(chain(&e)),
+            Err(_) => return Outcome::Unknown(late()),
+        };
+        let status = response.status().as_u16();
+        let body = Limited::new(response.into_body(), MAX_ANSWER).collect();
+        match tokio::time::timeout_at(deadline, body).await {
+            Ok(Ok(body)) => classify(status, body.to_bytes()),
+            // A non-2xx is a failure whatever its body says, or however long it takes:
+            // the executor has said no.
+            Ok(Err(_)) | Err(_) if !is_2xx(status) => Outcome::Failed {
+                status,
+                body: Bytes::new(),
+            },
+            // A 2xx whose body we could not read may have been a fill: we cannot tell.
+            Ok(Err(e)) => Outcome::Unknown(format!("answer {status} unreadable: {e}")),
+            Err(_) => Outcome::Unknown(format!("answer {status}, then {}", late())),
         }
     }
 
@@ -133,28 +152,6 @@ impl HttpExecutor {
             .header("idempotency-key", order.key.as_str())
             .header("x-request-id", order.request_id.as_str())
             .body(Full::new(order.body.clone()))
-    }
-
-    async fn send(&self, request: Request<Full<Bytes>>) -> Outcome {
-        let response = match self.client.request(request).await {
-            Ok(response) => response,
-            Err(e) if e.is_connect() => return Outcome::NotSent(chain(&e)),
-            Err(e) => return Outcome::Unknown(chain(&e)),
-        };
-        let status = response.status().as_u16();
-        match Limited::new(response.into_body(), MAX_ANSWER)
-            .collect()
-            .await
-        {
-            Ok(body) => classify(status, body.to_bytes()),
-            // A non-2xx is a failure whatever its body says.
-            Err(_) if !is_2xx(status) => Outcome::Failed {
-                status,
-                body: Bytes::new(),
-            },
-            // A 2xx whose body we could not read may have been a fill: we cannot tell.
-            Err(e) => Outcome::Unknown(format!("answer {status} unreadable: {e}")),
-        }
     }
 }
 

@@ -194,8 +194,15 @@ pub async fn serve(
         });
     }
     drop(listener);
+    // Connections first; then orders whose clients hung up, which no connection waits for.
+    // Both settle their keys before the caller stops the mutex's owner.
+    let drained = async {
+        graceful.shutdown().await;
+        gw.orders.close();
+        gw.orders.wait().await;
+    };
     tokio::select! {
-        _ = graceful.shutdown() => {}
+        () = drained => {}
         _ = tokio::time::sleep(DRAIN) => log::warn!("in-flight requests did not finish in {DRAIN:?}"),
     }
 }

@@ -15,6 +15,7 @@ use http_body_util::{BodyExt, Full, Limited};
 use hyper::body::Incoming;
 use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
+use tokio_util::task::TaskTracker;
 
 use crate::config::{DuplicateResponse, OnUnknown};
 use crate::executor::{Executor, Order, Outcome};
@@ -46,6 +47,10 @@ pub struct Gateway {
     /// client that trickles it would otherwise hold a connection slot, unauthenticated,
     /// for as long as it likes.
     pub body_timeout: Duration,
+    /// Orders at an executor that may wait, each in a task that outlives its request: the
+    /// drain at shutdown waits for these too, not only for the connections, so that an
+    /// order whose client hung up still settles its key before the database closes.
+    pub orders: TaskTracker,
 }
 
 /// Who is on the other end of a connection.
@@ -292,8 +297,23 @@ async fn pipeline(
     };
     let (response, settled, code) = if gw.executor.may_wait() {
         let gw2 = gw.clone();
-        let task = tokio::spawn(async move { execute_and_settle(&gw2, grant, order).await });
-        match task.await {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        gw.orders.spawn(async move {
+            let (key, request_id) = (order.key.clone(), order.request_id.clone());
+            let answer = execute_and_settle(&gw2, grant, order).await;
+            // The client hung up: its request, and the log line it would have written,
+            // are gone. This order still went to the executor, so say how it ended.
+            if let Err((_, settled, code)) = tx.send(answer) {
+                log::warn!(
+                    code = code.unwrap_or("-"),
+                    key = key.as_str(),
+                    outcome = settled.as_str(),
+                    request_id = request_id.as_str();
+                    "webhook settled after its client hung up"
+                );
+            }
+        });
+        match rx.await {
             Ok(r) => r,
             // The task panicked: the key stays pending until its TTL, which is safe.
             Err(_) => {

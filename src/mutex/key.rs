@@ -35,6 +35,10 @@ pub enum KeyError {
     Length,
     #[error("idempotency key must be printable ASCII")]
     Charset,
+    /// It goes downstream in an `Idempotency-Key` header, where a space at either end is
+    /// trimmed away: `abc ` would reach the executor as the client order id `abc`.
+    #[error("idempotency key must not begin or end with a space")]
+    Space,
     #[error("stored key is not a key this version wrote")]
     Stored,
 }
@@ -66,6 +70,9 @@ impl ClientKey {
         }
         if !s.bytes().all(|b| (0x20..=0x7e).contains(&b)) {
             return Err(KeyError::Charset);
+        }
+        if s.starts_with(' ') || s.ends_with(' ') {
+            return Err(KeyError::Space);
         }
         // Length was checked above, so the push cannot overflow.
         let mut buf = heapless::String::new();
@@ -265,6 +272,10 @@ mod tests {
         assert!(ClientKey::parse(&"a".repeat(255)).is_ok());
         assert_eq!(ClientKey::parse("tab\there"), Err(KeyError::Charset));
         assert_eq!(ClientKey::parse("é"), Err(KeyError::Charset));
+        assert!(ClientKey::parse("a b").is_ok());
+        for edge in [" ", " abc", "abc ", " abc "] {
+            assert_eq!(ClientKey::parse(edge), Err(KeyError::Space), "{edge:?}");
+        }
     }
 
     #[test]

@@ -367,12 +367,30 @@ impl Mutex {
     /// Frees the grant's entry so that a retry may reserve the key; queued like
     /// [`Mutex::commit`], and like it a no-op once the key holds another entry. A failure
     /// is counted, and the key then simply lives until its TTL, which is safe.
+    ///
+    /// While the owner fails closed the release is queued all the same: the owner keeps
+    /// it and makes it when the database opens again (`Owner::void`), before it serves
+    /// anything. It is still reported as failed, for it is not made now, and a stop or a
+    /// crash before that reopen leaves the key held until its TTL.
     pub fn release(&self, grant: Grant) -> Result<(), Unavailable> {
+        use std::sync::atomic::Ordering::Relaxed;
         let key = grant.key.clone();
-        let r = self.send(Command::Release(Box::new(grant)));
+        let failing = self.shared.failing.load(Relaxed);
+        let r = self
+            .enqueue(Command::Release(Box::new(grant)))
+            .and_then(|()| {
+                if failing {
+                    Err(Unavailable::NotOpen("the mutex is not serving".into()))
+                } else {
+                    Ok(())
+                }
+            });
         if let Err(u) = &r {
             stats::inc(&self.shared.stats.release_failures);
-            log::warn!("mutex: release of {key} failed ({u}); it stays held until its TTL");
+            log::warn!(
+                "mutex: release of {key} failed ({u}); it stays held until the database \
+                 reopens, or its TTL"
+            );
         }
         r
     }

@@ -393,9 +393,6 @@ impl Owner {
         match outcome {
             Ok(()) => {
                 self.store = Some(store);
-                if writes {
-                    self.backoff = Duration::ZERO;
-                }
                 if size > 0 {
                     self.shared.stats.batch_size.observe(size as f64);
                 }
@@ -474,6 +471,15 @@ impl Owner {
         self.write_record(store, w, durable, replies)
     }
 
+    /// A record is in the journal: the releases it carried are written, and the disk takes
+    /// writes again, so the next failure starts its backoff from the beginning. Only a
+    /// write resets it, not a batch that wrote nothing (duplicates alone): a disk that opens
+    /// but cannot take a write must not be reopened, and rescanned, every 50 ms.
+    fn wrote(&mut self) {
+        self.released.clear();
+        self.backoff = Duration::ZERO;
+    }
+
     /// Writes `w` as one journal record (synced if `durable`), sends `replies`, and keeps
     /// the record for the next checkpoint; when it does not fit in the journal, takes that
     /// checkpoint now, before answering.
@@ -494,7 +500,7 @@ impl Owner {
         let journaled = store.journal.fits(w.record().len());
         if journaled {
             store.journal.append(w.record(), durable)?;
-            self.released.clear();
+            self.wrote();
             if durable {
                 self.shared
                     .stats
@@ -516,7 +522,7 @@ impl Owner {
             // An empty record names the batch's lsn, so that a database from before this
             // checkpoint, put back beside the journal, is refused (`Journal::skip`).
             store.journal.append(&[], true)?;
-            self.released.clear();
+            self.wrote();
             let took = t.elapsed().as_secs_f64();
             self.shared.stats.fsync_seconds.observe(took);
             self.shared.stats.checkpoint_seconds.observe(took);
@@ -536,6 +542,12 @@ impl Owner {
         durable: &mut bool,
     ) -> Result<Option<Reply>, Box<(WriteError, Option<Command>)>> {
         match cmd {
+            // Its caller gave up while it was queued (its deadline passed behind a stall, or
+            // its client hung up) and was told the trade did not run. Taking the key anyway
+            // would refuse, as a duplicate, the retry that comes in the same batch, though
+            // this trade was never sent. (One that gives up after this point is released
+            // at the end of the turn: `Owner::release_abandoned`.)
+            Command::Reserve(_, tx) if tx.is_closed() => Ok(None),
             Command::Reserve(req, tx) => match self.reserve(&req, w, (now_wall, now_mono)) {
                 Ok(Decision::Proceed(grant)) => {
                     *durable = true;
@@ -1035,9 +1047,8 @@ impl Owner {
                 }
                 self.store = Some(store);
                 self.failure = None;
-                // The backoff is reset by the first batch that commits, not here: a disk
-                // that opens but cannot take a write (full) must not be reopened, and
-                // rescanned, every 50 ms.
+                // The backoff is reset by the first record written (`Owner::wrote`), not
+                // here.
             }
             Err(e) => {
                 log::error!(
@@ -1305,6 +1316,90 @@ mod tests {
         oneshot::channel().0
     }
 
+    /// Runs `batch` in one turn, whose callers in `gone` give up after the owner applied
+    /// their commands and before it answers them: a stall at the end of the batch holds
+    /// the owner for 500 ms while another thread drops their receivers.
+    fn turn_giving_up<T: Send + 'static>(
+        o: &mut Owner,
+        mut batch: Vec<Command>,
+        gone: Vec<oneshot::Receiver<T>>,
+    ) {
+        let (taken, stalled) = oneshot::channel();
+        let dropper = std::thread::spawn(move || {
+            let _ = stalled.blocking_recv();
+            drop(gone);
+        });
+        o.stall_hook = true;
+        batch.push(Command::Stall(Duration::from_millis(500), taken));
+        o.turn(&mut batch);
+        o.stall_hook = false;
+        dropper.join().unwrap();
+    }
+
+    /// A reserve whose caller gave up while it was queued is not made, so the retry in
+    /// the same batch, which the caller's 503 invited, runs: nobody sent the first.
+    #[test]
+    fn a_reserve_given_up_in_the_queue_leaves_the_key_to_its_retry() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let k = trade_key("BTC");
+        let (tx, mut rx) = oneshot::channel();
+        o.turn(&mut vec![
+            Command::Reserve(request(&k), abandoned()),
+            Command::Reserve(request(&k), tx),
+        ]);
+        assert!(matches!(rx.try_recv(), Ok(Decision::Proceed(_))));
+        assert_eq!(o.shared.stats.releases.load(Ordering::Relaxed), 0);
+    }
+
+    /// A grant whose caller gave up after the owner applied it is released at the end of
+    /// the turn, but only if the key still holds that grant's entry: in the same batch an
+    /// operator may have released it and another caller reserved it again, and that
+    /// caller's order is on its way.
+    #[test]
+    fn an_unanswered_grant_frees_only_its_own_entry() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let k = trade_key("BTC");
+        let (first, gone) = oneshot::channel();
+        let (op, mut op_rx) = oneshot::channel();
+        let (second, mut second_rx) = oneshot::channel();
+        turn_giving_up(
+            &mut o,
+            vec![
+                Command::Reserve(request(&k), first),
+                Command::ForceRelease(Box::new(k.clone()), op),
+                Command::Reserve(request(&k), second),
+            ],
+            vec![gone],
+        );
+        assert_eq!(op_rx.try_recv(), Ok(Ok(true)));
+        assert!(matches!(second_rx.try_recv(), Ok(Decision::Proceed(_))));
+        assert!(
+            o.index.contains_key(k.as_str()),
+            "the second grant was freed"
+        );
+        assert!(matches!(reserve(&mut o, &k), Decision::Duplicate(_)));
+    }
+
+    /// Only a record written resets the reopen backoff: a batch of duplicates after a
+    /// reopen writes nothing, and says nothing of whether the disk takes a write.
+    #[test]
+    fn only_a_write_resets_the_reopen_backoff() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let (a, b) = (trade_key("BTC"), trade_key("ETH"));
+        assert!(matches!(reserve(&mut o, &a), Decision::Proceed(_)));
+        o.fail(Unavailable::CommitFailed("a fault".into()));
+        o.reopen();
+        assert!(o.store.is_some(), "{:?}", o.failure);
+        assert_eq!(o.backoff, Duration::from_millis(50));
+        assert!(matches!(reserve(&mut o, &a), Decision::Duplicate(_)));
+        assert_eq!(o.backoff, Duration::from_millis(50), "reset by a duplicate");
+        assert!(matches!(reserve(&mut o, &b), Decision::Proceed(_)));
+        assert_eq!(o.backoff, Duration::ZERO);
+    }
+
     fn reserve(o: &mut Owner, key: &Key) -> Decision {
         ask(o, |tx| Command::Reserve(request(key), tx))
     }
@@ -1317,7 +1412,7 @@ mod tests {
         let mut o = owner(dir.path());
         let key = Key::from_stored("trade:x:BTC:LONG:1:live:1").unwrap();
         let guard = Key::signature("psk", &[1; 32]);
-        let tx = abandoned();
+        let (tx, gone) = oneshot::channel();
         let req = Reserve {
             key: key.clone(),
             ttl: Duration::from_secs(300),
@@ -1327,7 +1422,12 @@ mod tests {
                 ttl: Duration::from_secs(600),
             }),
         };
-        o.turn(&mut vec![Command::Reserve(Box::new(req), tx)]);
+        turn_giving_up(
+            &mut o,
+            vec![Command::Reserve(Box::new(req), tx)],
+            vec![gone],
+        );
+        assert_eq!(o.shared.stats.releases.load(Ordering::Relaxed), 1);
         assert!(!o.index.contains_key(key.as_str()));
         assert!(!o.index.contains_key(guard.as_str()));
         assert!(matches!(reserve(&mut o, &key), Decision::Proceed(_)));
@@ -1672,8 +1772,8 @@ mod tests {
             panic!("a fresh key is granted")
         };
         // A grant nobody takes: written with its reserve, released into `carry`.
-        let tx = abandoned();
-        o.turn(&mut vec![Command::Reserve(request(&b), tx)]);
+        let (tx, gone) = oneshot::channel();
+        turn_giving_up(&mut o, vec![Command::Reserve(request(&b), tx)], vec![gone]);
         // The gateway's release, in a turn of its own: carried too, nothing written.
         o.turn(&mut vec![Command::Release(Box::new(ga))]);
         assert_eq!(
