@@ -1351,6 +1351,58 @@ async fn hang_up_once_at_the_executor(
     drop(raw);
 }
 
+/// One HTTP/2 connection cannot have the gateway hold a body for each of its streams
+/// before anyone is authenticated: its bodies are read four at a time, and its other
+/// streams' data waits in a connection window of 256 KiB. 16 streams that each send
+/// 60 KiB and then stall get ~500 KiB through; with hyper's defaults, all 960 KiB were read
+/// and held (and 256 streams, ~16 MiB, per connection).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn one_http2_connection_cannot_have_every_body_held() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use support::stream::{Chunks, h2_connect};
+    const STREAMS: usize = 16;
+    const BODY: usize = 60 * 1024;
+    let mut setup = Setup::new(None);
+    // Long enough that no stalled body is dropped, and its turn given to another, meanwhile.
+    setup.set("server", "header_timeout", "20s");
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let (mut sender, conn) = h2_connect::<Chunks>(&setup.pki.ca_cert, &gw.url()).await;
+    let sent = Arc::new(AtomicUsize::new(0));
+    let mut calls = Vec::new();
+    for _ in 0..STREAMS {
+        let body = Chunks::stalling(BODY, 4096, sent.clone());
+        let req = hyper::Request::post(gw.url())
+            .header("content-type", "application/json")
+            .body(body)
+            .unwrap();
+        sender.ready().await.unwrap();
+        calls.push(tokio::spawn(sender.send_request(req)));
+    }
+    // Until the client can send no more: the same count twice, 300 ms apart.
+    let mut last = usize::MAX;
+    for _ in 0..30 {
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let now = sent.load(Ordering::SeqCst);
+        if now == last {
+            break;
+        }
+        last = now;
+    }
+    let kib = last / 1024;
+    assert!(
+        last <= 640 * 1024,
+        "{kib} KiB of {STREAMS} stalled bodies went through one connection"
+    );
+    // The four bodies whose turn it is were read as far as they go.
+    assert!(last >= 4 * (BODY - 1), "only {kib} KiB went through");
+    for call in calls {
+        call.abort();
+    }
+    conn.abort();
+}
+
 /// A client that hangs up while its order is at an HTTP executor does not cut the order
 /// from its commit: the order runs to its outcome, the key records it, and a retry is the
 /// duplicate it should be.

@@ -27,6 +27,13 @@ use tokio_rustls::TlsAcceptor;
 use limits::PerIp;
 pub use webhook::{Gateway, Peer};
 
+/// Requests in flight on one HTTP/2 connection.
+const H2_STREAMS: u32 = 64;
+/// The largest header block of an HTTP/2 request (a webhook's take a few hundred bytes).
+const H2_HEADER_LIST: u32 = 8 * 1024;
+/// The body data an HTTP/2 connection may send before the gateway reads it.
+const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
+
 /// How long in-flight requests may take to finish their commit or release at shutdown.
 const DRAIN: Duration = Duration::from_secs(30);
 /// Connections refused over `max_connections_per_ip` are logged at most this often (with
@@ -96,10 +103,18 @@ pub async fn serve(
         .http1()
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
+    // What one HTTP/2 connection can make the gateway hold, before anyone is authenticated:
+    // its streams' headers (64 × 8 KiB), the bodies it reads (4 × 64 KiB), and the data
+    // sent ahead of them (one window): ~1 MiB, against ~17 MiB with hyper's defaults
+    // (256 streams, each body read at once, a 1 MiB window). About what HTTP/1.1's read
+    // buffer allows a connection; `server.max_connections` times that bounds them all.
     builder
         .http2()
         .timer(TokioTimer::new())
-        .max_concurrent_streams(256)
+        .max_concurrent_streams(H2_STREAMS)
+        .max_header_list_size(H2_HEADER_LIST)
+        .initial_connection_window_size(H2_CONNECTION_WINDOW)
+        .initial_stream_window_size(webhook::MAX_BODY as u32)
         .keep_alive_interval(Some(Duration::from_secs(30)));
     let builder = Arc::new(builder);
     tokio::pin!(shutdown);
@@ -167,6 +182,7 @@ pub async fn serve(
             let peer = Arc::new(Peer {
                 ip: addr.ip().to_canonical(),
                 client_name,
+                bodies: Semaphore::new(webhook::BODIES_AT_ONCE),
             });
             let activity = Arc::new(idle::Activity::new());
             let busy = activity.clone();

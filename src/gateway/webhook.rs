@@ -54,12 +54,23 @@ pub struct Gateway {
 }
 
 /// Who is on the other end of a connection.
-#[derive(Debug, Clone)]
+#[derive(Debug)]
 pub struct Peer {
     pub ip: IpAddr,
     /// The name of a verified client certificate (mTLS): `tls::client_name`.
     pub client_name: Option<String>,
+    /// The connection's turns at reading a body ([`BODIES_AT_ONCE`]).
+    pub bodies: tokio::sync::Semaphore,
 }
+
+/// How many bodies one connection may have the gateway read, and buffer, at once. HTTP/2
+/// carries up to 64 requests on a connection, and every body is read before its sender is
+/// known: without a bound, one host could have the gateway hold 64 KiB for each of them
+/// (held back by a last byte for `server.header_timeout`), on each of its connections.
+/// The rest of a connection's streams wait their turn, their data in its flow-control
+/// window (`gateway::H2_CONNECTION_WINDOW`). A webhook's body is read in microseconds,
+/// so a sender's own streams hardly wait on each other.
+pub const BODIES_AT_ONCE: usize = 4;
 
 /// What the mutex did with the key, told to the client in `Hoox-Idempotency-Outcome`.
 #[derive(Debug, Clone, Copy)]
@@ -174,7 +185,11 @@ async fn pipeline(
         return Err(Problem::UnsupportedMediaType.into());
     }
     let (parts, body) = req.into_parts();
-    let read = tokio::time::timeout(gw.body_timeout, Limited::new(body, MAX_BODY).collect());
+    let read = tokio::time::timeout(gw.body_timeout, async {
+        // Never closed, so never `Err`; its permit is this body's turn until it is read.
+        let _turn = peer.bodies.acquire().await;
+        Limited::new(body, MAX_BODY).collect().await
+    });
     let raw = match read.await {
         Ok(Ok(b)) => b.to_bytes(),
         Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {

@@ -6,6 +6,8 @@ use std::collections::VecDeque;
 use std::convert::Infallible;
 use std::path::Path;
 use std::pin::Pin;
+use std::sync::Arc;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::task::{Context, Poll};
 use std::time::Duration;
 
@@ -23,15 +25,34 @@ use super::client::{Alpn, Reply, TlsClient};
 const DEADLINE: Duration = Duration::from_secs(10);
 
 /// A body given in chunks, one frame each, of a length it does not tell in advance.
-pub struct Chunks(VecDeque<Bytes>);
+pub struct Chunks {
+    queue: VecDeque<Bytes>,
+    /// After the last chunk, stall for good instead of ending.
+    stall: bool,
+    /// The bytes it has handed to the client to send.
+    sent: Arc<AtomicUsize>,
+}
 
 impl Chunks {
     pub fn new(body: &[u8], chunk: usize) -> Chunks {
-        Chunks(
-            body.chunks(chunk.max(1))
+        Chunks {
+            queue: body
+                .chunks(chunk.max(1))
                 .map(Bytes::copy_from_slice)
                 .collect(),
-        )
+            stall: false,
+            sent: Arc::default(),
+        }
+    }
+
+    /// A body of `len` bytes held back by its last: the others in chunks, counted in
+    /// `sent`, then a stall.
+    pub fn stalling(len: usize, chunk: usize, sent: Arc<AtomicUsize>) -> Chunks {
+        Chunks {
+            stall: true,
+            sent,
+            ..Chunks::new(&vec![b' '; len.saturating_sub(1)], chunk)
+        }
     }
 }
 
@@ -43,9 +64,40 @@ impl Body for Chunks {
         mut self: Pin<&mut Self>,
         _: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
-        Poll::Ready(self.0.pop_front().map(|c| Ok(Frame::data(c))))
+        match self.queue.pop_front() {
+            Some(c) => {
+                self.sent.fetch_add(c.len(), Ordering::SeqCst);
+                Poll::Ready(Some(Ok(Frame::data(c))))
+            }
+            None if self.stall => Poll::Pending, // nothing will wake it: stalled for good
+            None => Poll::Ready(None),
+        }
     }
     // `size_hint` stays the default: a lower bound of 0 and no upper bound.
+}
+
+/// An HTTP/2 connection to `url`: the sender of its requests, and its task.
+pub async fn h2_connect<B>(
+    ca: &Path,
+    url: &str,
+) -> (
+    hyper::client::conn::http2::SendRequest<B>,
+    tokio::task::JoinHandle<hyper::Result<()>>,
+)
+where
+    B: Body<Data = Bytes> + Send + Unpin + 'static,
+    B::Error: Into<Box<dyn std::error::Error + Send + Sync>>,
+{
+    let client = TlsClient::with(ca, Alpn::Http2, None);
+    let stream = client
+        .connect_raw(url)
+        .await
+        .unwrap_or_else(|e| panic!("connect {url}: {e}"));
+    let (sender, conn) =
+        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
+            .await
+            .expect("an HTTP/2 handshake");
+    (sender, tokio::spawn(conn))
 }
 
 /// POSTs `body` to `url` over HTTP/2 in frames of `chunk` bytes, without `content-length`
@@ -57,16 +109,7 @@ pub async fn post_h2_streamed(
     body: &[u8],
     chunk: usize,
 ) -> Reply {
-    let client = TlsClient::with(ca, Alpn::Http2, None);
-    let stream = client
-        .connect_raw(url)
-        .await
-        .unwrap_or_else(|e| panic!("connect {url}: {e}"));
-    let (mut sender, conn) =
-        hyper::client::conn::http2::handshake(TokioExecutor::new(), TokioIo::new(stream))
-            .await
-            .expect("an HTTP/2 handshake");
-    let conn = tokio::spawn(conn);
+    let (mut sender, conn) = h2_connect(ca, url).await;
     let uri: Uri = url.parse().expect("a valid URL");
     let mut req = Request::builder()
         .method(Method::POST)
