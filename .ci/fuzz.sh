@@ -21,8 +21,16 @@ cd "$(dirname "$0")/.."
 secs="${FUZZ_SECONDS:-20}"
 targets="${FUZZ_TARGETS:-webhook_body idem_header key_fingerprint hmac_header entry_decode}"
 
-# --debug: it only drives cargo and libFuzzer, so its own speed does not matter; its
-# build does.
+# What it needs, installed if missing: a nightly toolchain (cargo fuzz builds with
+# sanitizer flags only nightly takes), a C++ compiler (libfuzzer-sys builds libFuzzer), and
+# cargo-fuzz itself (--debug: it only drives cargo and libFuzzer, so its own speed does not
+# matter; its build does).
+if ! rustup run nightly rustc --version >/dev/null 2>&1; then
+    rustup toolchain install nightly --profile minimal
+fi
+if ! command -v c++ >/dev/null; then
+    apt-get update -qq && apt-get install -y -qq g++ >/dev/null
+fi
 if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked --debug
 fi
@@ -35,6 +43,14 @@ if [ "${FUZZ_QUICK:-0}" = 1 ]; then
     export CARGO_PROFILE_DEV_OPT_LEVEL=1 CARGO_PROFILE_DEV_DEBUG=false
     dir_args+=(--dev --sanitizer none)
 fi
+
+# Built first, apart: a target that does not build is not a crash.
+for t in $targets; do
+    cargo +nightly fuzz build "${dir_args[@]}" "$t" || {
+        echo "fuzz: $t does not build" >&2
+        exit 1
+    }
+done
 
 failed=()
 for t in $targets; do

@@ -11,6 +11,7 @@
 # release build is exercised by package.sh.
 set -euo pipefail
 cd "$(dirname "$0")/.."
+source .ci/order.sh
 
 cmd=$(awk '/^## The two commands/ { s = 1 } s && /^```sh/ { getline; print; exit }' README.md)
 [[ $cmd == cargo\ run* ]] || { echo "readme.sh: no cargo run command in README.md: '$cmd'"; exit 1; }
@@ -44,16 +45,8 @@ done
 line=$(grep -m1 "curl --cacert" "$log/out") || fail "no curl line within 600 s"
 
 # The database opens just after the listener: 503 until then, and then an order.
-for answer in 200 409; do
-    code=000
-    for _ in $(seq 1 100); do
-        code=$(eval "$line -s -o $log/body -w '%{http_code}'") || code=000
-        [[ $code == 503 || $code == 000 ]] || break
-        sleep 0.1
-    done
-    [[ $code == "$answer" ]] || fail "the curl line answered $code, not $answer: $(cat "$log/body")"
-    echo "readme.sh: curl line answered $code: $(cat "$log/body")"
-done
+answers=$(order_then_duplicate "$line" "$log/body") || fail "$answers"
+echo "readme.sh: $answers"
 
 # The HMAC example: the README's block that signs, run as written.
 signing=$(awk '/^```sh/ { b = ""; s = 1; next } /^```/ { if (b ~ / sign /) { printf "%s", b; exit } s = 0 }
