@@ -277,12 +277,15 @@ fn print_first_run(state_dir: &Path, addr: std::net::SocketAddr) {
 }
 
 fn gen_cert(out: &Path, names: &[String], force: bool) -> ExitCode {
-    if out.join("cert.pem").exists() && !force {
-        eprintln!(
-            "hoox-edge: {} exists; use --force to replace it",
-            out.join("cert.pem").display()
-        );
-        return ExitCode::FAILURE;
+    // Either file: a key alone may be waiting for its certificate from a CA.
+    for file in ["cert.pem", "key.pem"].map(|f| out.join(f)) {
+        if file.symlink_metadata().is_ok() && !force {
+            eprintln!(
+                "hoox-edge: {} exists; use --force to replace it",
+                file.display()
+            );
+            return ExitCode::FAILURE;
+        }
     }
     if let Err(e) = crate::config::create_private_dir(out) {
         eprintln!("hoox-edge: {}: {e}", out.display());
@@ -364,7 +367,8 @@ fn admin_listen(args: &AdminArgs, default_config: &Path) -> Result<Listen, Strin
         format!("{}: {key}: {message}", path.display())
     })?;
     match partial.admin.and_then(|a| a.listen) {
-        Some(l) => Listen::parse(&l),
+        // Relative to the file, as the gateway that read it took it (`Config::load`).
+        Some(l) => Listen::parse_in(&l, path.parent().unwrap_or(Path::new("."))),
         None => Err(format!(
             "{} has no [admin] listen: that gateway serves no admin API (or pass --admin)",
             path.display()
@@ -461,6 +465,13 @@ mod tests {
         assert_eq!(
             admin_listen(&args(Some("127.0.0.1:7002"), Some(named)), &installed),
             tcp("127.0.0.1:7002")
+        );
+        // A relative socket is beside the config, where the gateway that read it put it.
+        let relative = dir.path().join("relative.toml");
+        std::fs::write(&relative, "[admin]\nlisten = \"unix:run/admin.sock\"\n").unwrap();
+        assert_eq!(
+            admin_listen(&args(None, Some(relative)), &installed),
+            Ok(Listen::Unix(dir.path().join("run/admin.sock")))
         );
         // A config without [admin] serves no admin API: said, not guessed.
         std::fs::write(&installed, "[server]\n").unwrap();

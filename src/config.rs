@@ -374,7 +374,7 @@ impl Config {
 
         let admin = match raw.admin.and_then(|a| a.listen) {
             None => None,
-            Some(s) => Some(Listen::parse(&s).map_err(|m| err("admin.listen", m))?),
+            Some(s) => Some(Listen::parse_in(&s, base).map_err(|m| err("admin.listen", m))?),
         };
 
         let store_path = rel(raw
@@ -664,18 +664,29 @@ pub fn create_private_dir(d: &Path) -> std::io::Result<()> {
         .create(d)
 }
 
-/// Writes a file readable by its owner only.
+/// Writes a file readable by its owner only. Written whole beside it first, then renamed
+/// over it: a file that was there keeps neither its mode (a key once left 0644 would
+/// otherwise stay so, with the new key in it) nor, if it was a link, its target; and a
+/// crash leaves the old file or the new one, never half of one.
 pub fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
     use std::io::Write;
     use std::os::unix::fs::OpenOptionsExt;
+    let mut draft = path.as_os_str().to_owned();
+    draft.push(".new");
+    let draft = PathBuf::from(draft);
+    // One left by a write that stopped midway is ours to replace.
+    match std::fs::remove_file(&draft) {
+        Err(e) if e.kind() != std::io::ErrorKind::NotFound => return Err(e),
+        _ => {}
+    }
     let mut f = std::fs::OpenOptions::new()
         .write(true)
-        .create(true)
-        .truncate(true)
+        .create_new(true)
         .mode(0o600)
-        .open(path)?;
+        .open(&draft)?;
     f.write_all(contents.as_bytes())?;
-    f.sync_all()
+    f.sync_all()?;
+    std::fs::rename(&draft, path)
 }
 
 #[cfg(test)]
@@ -704,6 +715,21 @@ mod tests {
 
     fn checked(edit: impl FnOnce(&mut RawFile)) -> Result<Config, ConfigError> {
         checked_in(state().path(), edit)
+    }
+
+    /// A relative admin socket is in the config file's folder, as every relative path in
+    /// it is, not in whatever folder the gateway (or an operator's CLI) started in.
+    #[test]
+    fn a_relative_admin_socket_is_beside_the_config() {
+        let dir = state();
+        let config = checked_in(dir.path(), |r| {
+            r.admin = Some(RawAdmin {
+                listen: Some("unix:run/admin.sock".into()),
+            })
+        })
+        .unwrap();
+        let want = dir.path().join("run/admin.sock");
+        assert_eq!(config.admin, Some(Listen::Unix(want)));
     }
 
     /// A bad certificate, key or client CA is a config error naming that key, so the

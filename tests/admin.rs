@@ -303,6 +303,29 @@ async fn halt_is_persisted_and_readiness_follows_it() {
     tcp.read_to_string(&mut answer).await.unwrap();
     assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
     assert!(!m.is_halted());
+    // A page whose name was rebound to 127.0.0.1 reads nothing either: its Host is its
+    // own name. An address or localhost, with or without a port, is an operator's.
+    for (host, want) in [
+        ("rebound.example:9980", "403"),
+        ("localhost.example", "403"),
+        ("localhost", "200"),
+        ("LOCALHOST:9980", "200"),
+        ("127.0.0.1:9980", "200"),
+        ("[::1]:9980", "200"),
+        ("::1", "200"),
+    ] {
+        let mut tcp = tokio::net::TcpStream::connect(a.listen.to_string())
+            .await
+            .unwrap();
+        let request = format!("GET /keys HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
+        tcp.write_all(request.as_bytes()).await.unwrap();
+        let mut answer = String::new();
+        tcp.read_to_string(&mut answer).await.unwrap();
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {want}")),
+            "{host}: {answer}"
+        );
+    }
 
     let (s, v) = a.call("POST", "/halt").await;
     assert_eq!((s, v["halted"].as_bool()), (200, Some(true)));

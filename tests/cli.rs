@@ -234,11 +234,28 @@ fn gen_cert_writes_a_loadable_private_certificate() {
         client_ca: None,
     };
     assert!(files.load().is_ok());
-    // A second run does not overwrite without --force.
+    // A second run does not overwrite without --force, nor a key alone (its certificate
+    // may be on its way from a CA).
     let o = cli(&["gen-cert", "--out", out.to_str().unwrap()]);
     assert!(!o.status.success());
+    std::fs::remove_file(out.join("cert.pem")).unwrap();
+    let key = std::fs::read(out.join("key.pem")).unwrap();
+    let o = cli(&["gen-cert", "--out", out.to_str().unwrap()]);
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stderr).contains("key.pem exists"));
+    assert_eq!(std::fs::read(out.join("key.pem")).unwrap(), key);
+    // --force replaces both, and a key left readable by others does not stay so.
+    let open = std::fs::Permissions::from_mode(0o644);
+    std::fs::set_permissions(out.join("key.pem"), open).unwrap();
     let o = cli(&["gen-cert", "--out", out.to_str().unwrap(), "--force"]);
     assert!(o.status.success());
+    assert_ne!(std::fs::read(out.join("key.pem")).unwrap(), key);
+    let mode = std::fs::metadata(out.join("key.pem"))
+        .unwrap()
+        .permissions()
+        .mode();
+    assert_eq!(mode & 0o777, 0o600, "the new key.pem is {mode:o}");
+    assert!(files.load().is_ok());
 }
 
 /// What a printed `curl` line asks for: `--cacert FILE`, `-H @FILE` (headers read from a

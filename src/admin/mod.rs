@@ -91,6 +91,17 @@ impl Listen {
     }
 }
 
+impl Listen {
+    /// As [`Listen::parse`], for a config file: a relative socket path is taken from
+    /// `base`, the file's folder, as every path in it is.
+    pub fn parse_in(s: &str, base: &Path) -> Result<Listen, String> {
+        Ok(match Listen::parse(s)? {
+            Listen::Unix(p) if p.is_relative() => Listen::Unix(base.join(p)),
+            l => l,
+        })
+    }
+}
+
 impl fmt::Display for Listen {
     fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
         match self {
@@ -317,6 +328,16 @@ async fn route(state: &State, req: Request<Incoming>) -> Answer {
     if req.method() != allowed {
         return not_allowed(&allowed);
     }
+    // DNS rebinding: a web page whose own name was made to resolve to 127.0.0.1 could
+    // read this face as same-origin (keys, status, metrics); its requests carry that name
+    // in Host. Operator tools send `localhost` or an address.
+    if !local_host(req.headers().get(hyper::header::HOST)) {
+        return problem(
+            StatusCode::FORBIDDEN,
+            "FORBIDDEN",
+            "the Host header must be localhost or an IP address",
+        );
+    }
     // A browser on this host could otherwise POST here from any web page (halt, resume,
     // release): browsers always send Origin with a POST, operator tools never do.
     if allowed == Method::POST && req.headers().contains_key(hyper::header::ORIGIN) {
@@ -337,6 +358,29 @@ async fn route(state: &State, req: Request<Incoming>) -> Answer {
         Route::Halt(on) => halt(state, on).await,
         Route::Stall => stall(state, req.uri().query().unwrap_or("")),
     }
+}
+
+/// Whether `Host` names this machine as only it can be named: `localhost`, or an IP
+/// address (a page served from a name never has one of these as its origin). No Host at
+/// all (HTTP/1.0) is fine too: no browser sends that.
+fn local_host(host: Option<&hyper::header::HeaderValue>) -> bool {
+    let Some(host) = host else { return true };
+    let Ok(host) = host.to_str() else {
+        return false;
+    };
+    let name = match host.rsplit_once(':') {
+        // `[::1]:9980`, `127.0.0.1:9980`, `localhost:9980`; not the colons of a bare IPv6.
+        Some((name, port)) if !name.is_empty() && port.bytes().all(|b| b.is_ascii_digit()) => {
+            if name.starts_with('[') || !name.contains(':') {
+                name
+            } else {
+                host
+            }
+        }
+        _ => host,
+    };
+    let bare = name.trim_start_matches('[').trim_end_matches(']');
+    name.eq_ignore_ascii_case("localhost") || bare.parse::<std::net::IpAddr>().is_ok()
 }
 
 /// `POST /debug/stall?ms=N`: only when the process was started with the stall hook, which
