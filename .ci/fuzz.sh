@@ -29,7 +29,8 @@ if ! rustup run nightly rustc --version >/dev/null 2>&1; then
     rustup toolchain install nightly --profile minimal
 fi
 if ! command -v c++ >/dev/null; then
-    apt-get update -qq && apt-get install -y -qq g++ >/dev/null
+    { apt-get update -qq && apt-get install -y -qq g++ >/dev/null; } ||
+        { echo "fuzz: no C++ compiler, and g++ could not be installed (root, apt)" >&2; exit 1; }
 fi
 if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
     cargo install cargo-fuzz --locked --debug

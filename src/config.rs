@@ -129,6 +129,12 @@ fn key_at(text: &str, at: usize) -> Option<String> {
                 .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
     };
     let start = text[..at].rfind('\n').map_or(0, |i| i + 1);
+    // Inside a multi-line string the line is a value's text, `=` and all.
+    let before = &text[..start];
+    let odd = |quotes: &str| before.matches(quotes).count() % 2 == 1;
+    if odd("\"\"\"") || odd("'''") {
+        return None;
+    }
     let line = text[start..].lines().next()?;
     // A table header itself: `[sever]`.
     if let Some(table) = line.trim().strip_prefix('[') {
@@ -800,12 +806,23 @@ mod tests {
                 "line 3: ",
                 "unknown",
             ),
+            // An error inside a multi-line string names no key: the line is the value's.
+            (
+                "[executor]\nurl = \"\"\"https://bot:\\\ns3cret=@exec.example/x\\q\"\"\"\n",
+                "(syntax)",
+                "line 3: ",
+                "",
+            ),
         ];
         for (text, want_key, want_line, says) in cases {
             let e = toml::from_str::<RawFile>(text).err().expect(want_key);
             let (key, m) = syntax(text, &e);
             assert_eq!(key, want_key, "{m}");
             assert!(m.starts_with(want_line) && m.contains(says), "{m}");
+            assert!(
+                !m.contains("s3cret") && !key.contains("s3cret"),
+                "{key}: {m}"
+            );
         }
     }
 

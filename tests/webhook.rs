@@ -306,7 +306,7 @@ async fn bad_requests_are_refused_before_the_executor() {
     let r = gw.post(&t, &[("idempotency-key", "\"body-key\"")]).await;
     assert_eq!(r.status, 200);
     assert_a_256_character_key_is_refused(&gw).await;
-    // Not printable; a space at either end, which the executor's Idempotency-Key header
+    // Not printable; a space at the end, which the executor's Idempotency-Key header
     // would lose.
     for (bad, says) in [("caf\u{e9}", "printable"), ("edge ", "space")] {
         let mut t = trade("BTCUSDT");
@@ -320,7 +320,7 @@ async fn bad_requests_are_refused_before_the_executor() {
         assert!(r.json()["detail"].as_str().unwrap().contains(says));
     }
     let r = gw
-        .post(&trade("SPACEUSDT"), &[("idempotency-key", "\" edge\"")])
+        .post(&trade("SPACEUSDT"), &[("idempotency-key", "\" edge \"")])
         .await;
     assert_eq!(
         (r.status.as_u16(), code(&r.json())),
@@ -1352,10 +1352,10 @@ async fn hang_up_once_at_the_executor(
 }
 
 /// One HTTP/2 connection cannot have the gateway hold a body for each of its streams
-/// before anyone is authenticated: its bodies are read four at a time, and its other
-/// streams' data waits in a connection window of 256 KiB. 16 streams that each send
-/// 60 KiB and then stall get ~500 KiB through; with hyper's defaults, all 960 KiB were read
-/// and held (and 256 streams, ~16 MiB, per connection).
+/// before anyone is authenticated: its bodies are read four at a time, and each of its
+/// other streams may send 4 KiB ahead. 16 streams that each send 60 KiB and then stall
+/// get ~300 KiB through; with hyper's defaults, all 960 KiB were read and held (and 256
+/// streams, ~16 MiB, per connection).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn one_http2_connection_cannot_have_every_body_held() {
     use std::sync::Arc;
@@ -1365,40 +1365,101 @@ async fn one_http2_connection_cannot_have_every_body_held() {
     const BODY: usize = 60 * 1024;
     let mut setup = Setup::new(None);
     // Long enough that no stalled body is dropped, and its turn given to another, meanwhile.
-    setup.set("server", "header_timeout", "20s");
+    setup.set("server", "header_timeout", "30s");
     let gw = setup.start();
     gw.wait_ready().await;
     let (mut sender, conn) = h2_connect::<Chunks>(&setup.pki.ca_cert, &gw.url()).await;
     let sent = Arc::new(AtomicUsize::new(0));
     let mut calls = Vec::new();
     for _ in 0..STREAMS {
-        let body = Chunks::stalling(BODY, 4096, sent.clone());
         let req = hyper::Request::post(gw.url())
             .header("content-type", "application/json")
-            .body(body)
+            .body(Chunks::stalling(BODY, 4096, sent.clone()))
             .unwrap();
         sender.ready().await.unwrap();
         calls.push(tokio::spawn(sender.send_request(req)));
     }
-    // Until the client can send no more: the same count twice, 300 ms apart.
-    let mut last = usize::MAX;
-    for _ in 0..30 {
-        tokio::time::sleep(Duration::from_millis(300)).await;
+    // Until the client can send no more: the same count for a whole second.
+    let (mut last, mut same_since) = (usize::MAX, std::time::Instant::now());
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while same_since.elapsed() < Duration::from_secs(1) && std::time::Instant::now() < deadline {
+        tokio::time::sleep(Duration::from_millis(100)).await;
         let now = sent.load(Ordering::SeqCst);
-        if now == last {
-            break;
+        if now != last {
+            (last, same_since) = (now, std::time::Instant::now());
         }
-        last = now;
     }
     let kib = last / 1024;
+    // Four bodies read as far as they go (240 KiB), 12 streams' 4 KiB windows, and a
+    // chunk each that the client took before it found no window: at most ~352 KiB.
     assert!(
-        last <= 640 * 1024,
+        last <= 400 * 1024,
         "{kib} KiB of {STREAMS} stalled bodies went through one connection"
     );
-    // The four bodies whose turn it is were read as far as they go.
+    // The windows alone let through at most 112 KiB: the four bodies were read.
     assert!(last >= 4 * (BODY - 1), "only {kib} KiB went through");
     for call in calls {
         call.abort();
+    }
+    conn.abort();
+}
+
+/// The streams waiting their turn to be read cannot take the whole connection window and
+/// starve the ones being read. Four streams send 1 KiB of their trade and get their turns;
+/// twelve more send 24 KiB trades whole (288 KiB, over the 256 KiB window); then the four
+/// send the rest. All sixteen are answered 200. With 64 KiB stream windows the twelve
+/// filled the window, the four could send nothing more, and every stream timed out (400).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn streams_waiting_their_turn_do_not_starve_those_being_read() {
+    use support::stream::{Chunks, h2_connect};
+    let mut setup = Setup::new(None);
+    setup.set("server", "header_timeout", "3s");
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let (mut sender, conn) = h2_connect::<Chunks>(&setup.pki.ca_cert, &gw.url()).await;
+    let trade_of = |i: usize| {
+        let mut t = trade(&format!("S{i}USDT"));
+        t["note"] = json!("x".repeat(24 * 1024));
+        t.to_string()
+    };
+    let mut post = |body: Chunks| {
+        let req = hyper::Request::post(gw.url())
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {SECRET}"))
+            .body(body)
+            .unwrap();
+        sender.send_request(req)
+    };
+    let mut calls = Vec::new();
+    let mut gates = Vec::new();
+    for i in 0..4 {
+        let (open, gate) = tokio::sync::oneshot::channel();
+        gates.push(open);
+        calls.push(tokio::spawn(post(Chunks::gated(
+            trade_of(i).as_bytes(),
+            1024,
+            gate,
+        ))));
+    }
+    // Let the four take their turns before the others queue behind them.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for i in 4..16 {
+        calls.push(tokio::spawn(post(Chunks::new(
+            trade_of(i).as_bytes(),
+            4096,
+        ))));
+    }
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    for open in gates {
+        open.send(()).unwrap();
+    }
+    for (i, call) in calls.into_iter().enumerate() {
+        let r = tokio::time::timeout(Duration::from_secs(20), call)
+            .await
+            .expect("an answer")
+            .unwrap()
+            .unwrap();
+        assert_eq!(r.status(), 200, "stream {i}");
     }
     conn.abort();
 }

@@ -230,7 +230,7 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn any_client_key_round_trips_as_an_sf_string(k in "[!-~]([ -~]{0,253}[!-~])?") {
+        fn any_client_key_round_trips_as_an_sf_string(k in "[ -~]{0,254}[!-~]") {
             let quoted = format!("\"{}\"", k.replace('\\', "\\\\").replace('"', "\\\""));
             proptest::prop_assert_eq!(ok(quoted.as_bytes()), k);
         }

@@ -33,6 +33,15 @@ const H2_STREAMS: u32 = 64;
 const H2_HEADER_LIST: u32 = 8 * 1024;
 /// The body data an HTTP/2 connection may send before the gateway reads it.
 const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
+/// The body data one HTTP/2 stream may send before the gateway reads it: 4 KiB holds most
+/// webhooks whole. Small enough that the streams waiting their turn to be read
+/// (`webhook::BODIES_AT_ONCE`) cannot fill the connection's window between them, which
+/// would leave the bodies being read no room to arrive, until the body timeout.
+const H2_STREAM_WINDOW: u32 = 4 * 1024;
+const _: () = assert!(
+    (H2_STREAMS as usize - webhook::BODIES_AT_ONCE) * (H2_STREAM_WINDOW as usize)
+        < H2_CONNECTION_WINDOW as usize
+);
 
 /// How long in-flight requests may take to finish their commit or release at shutdown.
 const DRAIN: Duration = Duration::from_secs(30);
@@ -105,16 +114,16 @@ pub async fn serve(
         .header_read_timeout(limits.header_timeout);
     // What one HTTP/2 connection can make the gateway hold, before anyone is authenticated:
     // its streams' headers (64 × 8 KiB), the bodies it reads (4 × 64 KiB), and the data
-    // sent ahead of them (one window): ~1 MiB, against ~17 MiB with hyper's defaults
-    // (256 streams, each body read at once, a 1 MiB window). About what HTTP/1.1's read
-    // buffer allows a connection; `server.max_connections` times that bounds them all.
+    // its other streams sent ahead (60 × 4 KiB): ~1 MiB, against ~17 MiB with hyper's
+    // defaults (256 streams, each body read at once, 1 MiB windows). About what HTTP/1.1's
+    // read buffer allows a connection; `server.max_connections` times that bounds them all.
     builder
         .http2()
         .timer(TokioTimer::new())
         .max_concurrent_streams(H2_STREAMS)
         .max_header_list_size(H2_HEADER_LIST)
         .initial_connection_window_size(H2_CONNECTION_WINDOW)
-        .initial_stream_window_size(webhook::MAX_BODY as u32)
+        .initial_stream_window_size(H2_STREAM_WINDOW)
         .keep_alive_interval(Some(Duration::from_secs(30)));
     let builder = Arc::new(builder);
     tokio::pin!(shutdown);
@@ -188,10 +197,11 @@ pub async fn serve(
             let busy = activity.clone();
             let svc = service_fn(move |req| {
                 let request = busy.begin();
+                let in_flight = gw.in_flight.token();
                 let answer = webhook::handle(gw.clone(), peer.clone(), req);
                 async move {
                     let r = answer.await;
-                    drop(request);
+                    drop((request, in_flight));
                     r
                 }
             });
@@ -210,12 +220,12 @@ pub async fn serve(
         });
     }
     drop(listener);
-    // Connections first; then orders whose clients hung up, which no connection waits for.
-    // Both settle their keys before the caller stops the mutex's owner.
+    // Connections, and requests and orders whose client hung up, which no connection waits
+    // for: all settle their keys before the caller stops the mutex's owner.
     let drained = async {
         graceful.shutdown().await;
-        gw.orders.close();
-        gw.orders.wait().await;
+        gw.in_flight.close();
+        gw.in_flight.wait().await;
     };
     tokio::select! {
         () = drained => {}

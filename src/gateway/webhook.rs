@@ -47,10 +47,12 @@ pub struct Gateway {
     /// client that trickles it would otherwise hold a connection slot, unauthenticated,
     /// for as long as it likes.
     pub body_timeout: Duration,
-    /// Orders at an executor that may wait, each in a task that outlives its request: the
-    /// drain at shutdown waits for these too, not only for the connections, so that an
-    /// order whose client hung up still settles its key before the database closes.
-    pub orders: TaskTracker,
+    /// Every request in flight (a token each, `gateway::serve`), and every order at an
+    /// executor that may wait (a task that outlives its request). The drain at shutdown
+    /// waits for these, not only for the connections: a client that hung up leaves no
+    /// connection to wait for, yet its order must still settle its key before the
+    /// database closes, and over HTTP/2 its request may still be running, about to send it.
+    pub in_flight: TaskTracker,
 }
 
 /// Who is on the other end of a connection.
@@ -67,9 +69,10 @@ pub struct Peer {
 /// carries up to 64 requests on a connection, and every body is read before its sender is
 /// known: without a bound, one host could have the gateway hold 64 KiB for each of them
 /// (held back by a last byte for `server.header_timeout`), on each of its connections.
-/// The rest of a connection's streams wait their turn, their data in its flow-control
-/// window (`gateway::H2_CONNECTION_WINDOW`). A webhook's body is read in microseconds,
-/// so a sender's own streams hardly wait on each other.
+/// The rest of a connection's streams wait their turn, each with at most a small window
+/// of data sent ahead (`gateway::H2_STREAM_WINDOW`), so that between them they never fill
+/// the connection's window and starve the bodies being read. A webhook's body is read in
+/// microseconds, so a sender's own streams hardly wait on each other.
 pub const BODIES_AT_ONCE: usize = 4;
 
 /// What the mutex did with the key, told to the client in `Hoox-Idempotency-Outcome`.
@@ -313,7 +316,7 @@ async fn pipeline(
     let (response, settled, code) = if gw.executor.may_wait() {
         let gw2 = gw.clone();
         let (tx, rx) = tokio::sync::oneshot::channel();
-        gw.orders.spawn(async move {
+        gw.in_flight.spawn(async move {
             let (key, request_id) = (order.key.clone(), order.request_id.clone());
             let answer = execute_and_settle(&gw2, grant, order).await;
             // The client hung up: its request, and the log line it would have written,

@@ -4,6 +4,7 @@
 
 use std::collections::VecDeque;
 use std::convert::Infallible;
+use std::future::Future;
 use std::path::Path;
 use std::pin::Pin;
 use std::sync::Arc;
@@ -27,6 +28,8 @@ const DEADLINE: Duration = Duration::from_secs(10);
 /// A body given in chunks, one frame each, of a length it does not tell in advance.
 pub struct Chunks {
     queue: VecDeque<Bytes>,
+    /// After the first chunk, wait for this before the rest.
+    gate: Option<tokio::sync::oneshot::Receiver<()>>,
     /// After the last chunk, stall for good instead of ending.
     stall: bool,
     /// The bytes it has handed to the client to send.
@@ -40,6 +43,7 @@ impl Chunks {
                 .chunks(chunk.max(1))
                 .map(Bytes::copy_from_slice)
                 .collect(),
+            gate: None,
             stall: false,
             sent: Arc::default(),
         }
@@ -54,6 +58,14 @@ impl Chunks {
             ..Chunks::new(&vec![b' '; len.saturating_sub(1)], chunk)
         }
     }
+
+    /// `body` in chunks, the first at once and the rest once `open` fires.
+    pub fn gated(body: &[u8], chunk: usize, open: tokio::sync::oneshot::Receiver<()>) -> Chunks {
+        Chunks {
+            gate: Some(open),
+            ..Chunks::new(body, chunk)
+        }
+    }
 }
 
 impl Body for Chunks {
@@ -62,8 +74,16 @@ impl Body for Chunks {
 
     fn poll_frame(
         mut self: Pin<&mut Self>,
-        _: &mut Context<'_>,
+        cx: &mut Context<'_>,
     ) -> Poll<Option<Result<Frame<Bytes>, Infallible>>> {
+        if self.sent.load(Ordering::SeqCst) > 0
+            && let Some(gate) = &mut self.gate
+        {
+            if Pin::new(gate).poll(cx).is_pending() {
+                return Poll::Pending;
+            }
+            self.gate = None;
+        }
         match self.queue.pop_front() {
             Some(c) => {
                 self.sent.fetch_add(c.len(), Ordering::SeqCst);
