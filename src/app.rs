@@ -102,6 +102,7 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
         require_client_key: config.require_client_key,
         body_timeout: config.header_timeout,
         in_flight: tokio_util::task::TaskTracker::new(),
+        outstanding: Arc::default(),
     });
     let (listener, gateway_addr) =
         gateway::bind(config.listen)
@@ -189,6 +190,7 @@ impl Started {
                 ready: ready.clone(),
                 stopping: stopping.clone(),
                 stall_hook: stall_hook(),
+                outstanding: gw.outstanding.clone(),
             };
             tokio::spawn(admin::serve(b, state, stopped()))
         });

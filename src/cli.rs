@@ -108,8 +108,15 @@ enum KeysOp {
     },
     /// Show one key (the stored form, e.g. client:psk:live:order-1).
     Show { key: String },
-    /// Operator release of a held key, so that a retry may run.
-    Release { key: String },
+    /// Operator release of a held key, so that a retry may run. Refused while the key's
+    /// order is at the executor (`in_flight` in `keys show`), unless forced.
+    Release {
+        key: String,
+        /// Release even a key whose order is at the executor now: only when you know that
+        /// order cannot fill.
+        #[arg(long)]
+        force: bool,
+    },
 }
 
 #[derive(clap::Args)]
@@ -156,9 +163,13 @@ pub fn main() -> ExitCode {
                 KeysOp::Show { key } => {
                     ("GET", format!("/keys/{}", admin::client::encode_key(key)))
                 }
-                KeysOp::Release { key } => (
+                KeysOp::Release { key, force } => (
                     "POST",
-                    format!("/keys/{}/release", admin::client::encode_key(key)),
+                    format!(
+                        "/keys/{}/release{}",
+                        admin::client::encode_key(key),
+                        if *force { "?force=1" } else { "" }
+                    ),
                 ),
             };
             operator(&admin, method, &path)

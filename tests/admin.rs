@@ -65,6 +65,7 @@ fn state(mutex: &mutex::Mutex, ready: bool) -> State {
         ready: Arc::new(AtomicBool::new(ready)),
         stopping: Arc::new(AtomicBool::new(false)),
         stall_hook: false,
+        outstanding: Default::default(),
     }
 }
 

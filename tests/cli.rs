@@ -103,6 +103,67 @@ async fn operator_releases_a_held_key_and_halts() {
     }
 }
 
+/// A key whose order is at the executor now is not released without `--force`: its
+/// outcome is not known yet, and a retry let through could fill beside it. `keys show`
+/// says which pending keys those are (`in_flight`); once the order settles, the key is the
+/// operator's to release again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_whose_order_is_out_is_released_only_by_force() {
+    let exec = MockExecutor::start().await;
+    exec.set_mode(Mode::Slow(std::time::Duration::from_millis(1500)));
+    let mut setup = Setup::new(Some(&exec.url()));
+    setup.set("executor", "timeout", "10s");
+    let sock = setup.dir.path().join("admin.sock");
+    setup.set("admin", "listen", format!("unix:{}", sock.display()));
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let config = setup.config_path();
+    let admin = ["--config", config.to_str().unwrap()];
+    let send = |key: &str| {
+        let mut t = trade("BTCUSDT");
+        t["idempotencyKey"] = json!(key);
+        let (client, url) = (gw.client.clone(), gw.url());
+        let auth = format!("Bearer {SECRET}");
+        tokio::spawn(async move {
+            let headers = [("authorization", auth.as_str())];
+            client
+                .request(hyper::Method::POST, &url, &headers, t.to_string())
+                .await
+        })
+    };
+
+    let first = send("out-1");
+    exec.wait_for_calls(1).await;
+    let key = "client:psk:live:out-1";
+    let show = json_out(&cli(&[&["keys", "show", key][..], &admin].concat()));
+    assert_eq!(
+        (show["state"].as_str(), show["in_flight"].as_bool()),
+        (Some("pending"), Some(true))
+    );
+    let o = cli(&[&["keys", "release", key][..], &admin].concat());
+    assert!(!o.status.success());
+    assert!(String::from_utf8_lossy(&o.stdout).contains("ORDER_IN_FLIGHT"));
+    assert_eq!(first.await.unwrap().status, 200, "the order was cut off");
+    let show = json_out(&cli(&[&["keys", "show", key][..], &admin].concat()));
+    assert_eq!(
+        (show["state"].as_str(), show["in_flight"].as_bool()),
+        (Some("committed"), Some(false))
+    );
+    let rel = json_out(&cli(&[&["keys", "release", key][..], &admin].concat()));
+    assert_eq!(rel["released"], true);
+
+    let second = send("out-2");
+    exec.wait_for_calls(2).await;
+    let key = "client:psk:live:out-2";
+    let list = json_out(&cli(&[&["keys", "list"][..], &admin].concat()));
+    assert_eq!(list["keys"][0]["in_flight"], true, "{list}");
+    let rel = json_out(&cli(
+        &[&["keys", "release", key, "--force"][..], &admin].concat()
+    ));
+    assert_eq!(rel["released"], true);
+    assert_eq!(second.await.unwrap().status, 200);
+}
+
 /// Without `[admin]` the gateway serves webhooks and no admin API, and says so: on stdout
 /// ("admin off") and as a warning, since the kill switch and `/readyz` go with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -1699,8 +1699,8 @@ async fn connection_cap_holds_new_connections_until_one_closes() {
     );
 }
 
-/// The operator releases a key while its trade is at the executor (`keys release`), and
-/// the sender's retry goes through. The first trade then fails, and the gateway releases
+/// The operator releases a key while its trade is at the executor (`keys release --force`:
+/// without it, such a key is not released), and the sender's retry goes through. The first trade then fails, and the gateway releases
 /// its grant: that must not free the retry's reservation, whose trade is still at the
 /// executor. A third copy sent meanwhile is refused, and the executor sees two orders.
 /// Then the same with a first trade that succeeds: its late commit must not mark the
@@ -1724,7 +1724,8 @@ async fn a_late_settle_leaves_the_retry_the_operator_let_through_alone() {
         exec.set_mode(first);
         let first = send(t);
         exec.wait_for_calls(orders + 1).await;
-        assert_eq!(gw.admin("POST", &release_path(key)).await.0, 200);
+        let forced = format!("{}?force=1", release_path(key));
+        assert_eq!(gw.admin("POST", &forced).await.0, 200);
         exec.set_mode(Mode::Slow(Duration::from_millis(5000)));
         let second = send(t);
         exec.wait_for_calls(orders + 2).await;

@@ -43,6 +43,7 @@ use tokio::io::{AsyncRead, AsyncWrite};
 use tokio::net::{TcpListener, UnixListener};
 use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
+use crate::executor::Outstanding;
 use crate::metrics::{self, Metrics};
 use crate::mutex::{EntryInfo, Key, Mutex, Unavailable};
 
@@ -125,6 +126,8 @@ pub struct State {
     pub stopping: Arc<AtomicBool>,
     /// Whether `POST /debug/stall` exists (fault tests only).
     pub stall_hook: bool,
+    /// The keys whose order is at the executor now (`Gateway::outstanding`).
+    pub outstanding: Arc<Outstanding>,
 }
 
 /// A bound admin listener, not yet serving. Binding first lets `run` report a busy port
@@ -354,7 +357,7 @@ async fn route(state: &State, req: Request<Incoming>) -> Answer {
         Route::Status => status(state).await,
         Route::List => list(state, req.uri().query().unwrap_or("")).await,
         Route::Show(raw) => show(state, raw).await,
-        Route::Release(raw) => release(state, raw).await,
+        Route::Release(raw) => release(state, raw, req.uri().query().unwrap_or("")).await,
         Route::Halt(on) => halt(state, on).await,
         Route::Stall => stall(state, req.uri().query().unwrap_or("")),
     }
@@ -478,7 +481,7 @@ async fn list(state: &State, query: &str) -> Answer {
         Ok(mut entries) => {
             let truncated = entries.len() > limit;
             entries.truncate(limit);
-            let keys: Vec<Value> = entries.iter().map(entry_json).collect();
+            let keys: Vec<Value> = entries.iter().map(|e| entry_json(state, e)).collect();
             ok(json!({"keys": keys, "truncated": truncated}))
         }
         Err(u) => unavailable(&u),
@@ -508,17 +511,36 @@ async fn show(state: &State, raw: &str) -> Answer {
         Err(a) => return *a,
     };
     match state.mutex.get(key).await {
-        Ok(Some(e)) => ok(entry_json(&e)),
+        Ok(Some(e)) => ok(entry_json(state, &e)),
         Ok(None) => problem(StatusCode::NOT_FOUND, "KEY_NOT_FOUND", "no live entry"),
         Err(u) => unavailable(&u),
     }
 }
 
-async fn release(state: &State, raw: &str) -> Answer {
+/// `POST /keys/{key}/release[?force=1]`. A key whose order is at the executor now is not
+/// released without `force`: its outcome is not known yet, and a retry let through now
+/// could fill beside it (`executor::outstanding`).
+async fn release(state: &State, raw: &str, query: &str) -> Answer {
+    let force = match query {
+        "" => false,
+        "force=1" => true,
+        q => {
+            let detail = format!("unknown query {q:?}: the one parameter is force=1");
+            return problem(StatusCode::BAD_REQUEST, "INVALID_REQUEST", detail);
+        }
+    };
     let key = match parse_key(raw) {
         Ok(k) => k,
         Err(a) => return *a,
     };
+    if !force && state.outstanding.contains(key.as_str()) {
+        return problem(
+            StatusCode::CONFLICT,
+            "ORDER_IN_FLIGHT",
+            "this key's order is at the executor now and may still fill: wait for its \
+             outcome (keys show), or release with force if you know it cannot",
+        );
+    }
     match state.mutex.force_release(key.clone()).await {
         Ok(true) => {
             log::warn!("operator released key {key}");
@@ -550,9 +572,10 @@ fn parse_key(raw: &str) -> Result<Key, Box<Answer>> {
         .map_err(|detail| Box::new(problem(StatusCode::BAD_REQUEST, "INVALID_KEY", detail)))
 }
 
-fn entry_json(e: &EntryInfo) -> Value {
+fn entry_json(state: &State, e: &EntryInfo) -> Value {
     json!({
         "key": e.key.as_str(),
+        "in_flight": state.outstanding.contains(e.key.as_str()),
         "state": e.state.as_str(),
         "stored_at": e.stored_at,
         "expires_at": e.expires_at,

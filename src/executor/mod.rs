@@ -6,11 +6,13 @@
 //! process may the key be released, because a request that may have arrived may have filled.
 
 pub mod http;
+pub mod outstanding;
 pub mod paper;
 
 use bytes::Bytes;
 
 pub use http::{ExecutorError, HttpConfig, HttpExecutor};
+pub use outstanding::Outstanding;
 pub use paper::Paper;
 
 /// One trade, ready to leave. Built by the gateway after the key is reserved.

@@ -18,7 +18,8 @@ use hyper::{Method, Request, Response, StatusCode};
 use tokio_util::task::TaskTracker;
 
 use crate::config::{DuplicateResponse, OnUnknown};
-use crate::executor::{Executor, Order, Outcome};
+use crate::executor::outstanding::Out;
+use crate::executor::{Executor, Order, Outcome, Outstanding};
 use crate::gateway::auth::{AuthInput, Authenticator, Signature};
 use crate::gateway::limits::{Allowlist, RateLimiter};
 use crate::gateway::problem::Problem;
@@ -53,6 +54,9 @@ pub struct Gateway {
     /// connection to wait for, yet its order must still settle its key before the
     /// database closes, and over HTTP/2 its request may still be running, about to send it.
     pub in_flight: TaskTracker,
+    /// The keys whose order is at the executor now, for the admin face (`keys show`,
+    /// and a release it refuses unless forced).
+    pub outstanding: Arc<Outstanding>,
 }
 
 /// Who is on the other end of a connection.
@@ -267,7 +271,10 @@ async fn pipeline(
     if gw.mutex.is_halted() {
         return Err(halted());
     }
-    // Reserve.
+    // Reserve. The key is marked as having an order out from before the reserve until its
+    // commit or release is queued, so that no operator release, checked against the mark,
+    // can fall between a grant and its mark.
+    let out = gw.outstanding.begin(key.as_str());
     let grant = match gw.mutex.reserve(reserve).await {
         Decision::Proceed(grant) => grant,
         Decision::Halted => return Err(halted()),
@@ -318,7 +325,7 @@ async fn pipeline(
         let (tx, rx) = tokio::sync::oneshot::channel();
         gw.in_flight.spawn(async move {
             let (key, request_id) = (order.key.clone(), order.request_id.clone());
-            let answer = execute_and_settle(&gw2, grant, order).await;
+            let answer = execute_and_settle(&gw2, grant, order, out).await;
             // The client hung up: its request, and the log line it would have written,
             // are gone. This order still went to the executor, so say how it ended.
             if let Err((_, settled, code)) = tx.send(answer) {
@@ -340,7 +347,7 @@ async fn pipeline(
             }
         }
     } else {
-        execute_and_settle(gw, grant, order).await
+        execute_and_settle(gw, grant, order, out).await
     };
     Ok(Answer {
         response,
@@ -351,10 +358,12 @@ async fn pipeline(
     })
 }
 
+/// Sends the order, then commits or releases its key; `_out` marks it as out until then.
 async fn execute_and_settle(
     gw: &Gateway,
     grant: Grant,
     order: Order,
+    _out: Out,
 ) -> (Response<Full<Bytes>>, Settled, Option<&'static str>) {
     let started = Instant::now();
     let outcome = gw.executor.execute(&order).await;
