@@ -90,9 +90,7 @@ impl Listen {
         }
         Ok(Listen::Tcp(addr))
     }
-}
 
-impl Listen {
     /// As [`Listen::parse`], for a config file: a relative socket path is taken from
     /// `base`, the file's folder, as every path in it is.
     pub fn parse_in(s: &str, base: &Path) -> Result<Listen, String> {
@@ -533,7 +531,7 @@ async fn release(state: &State, raw: &str, query: &str) -> Answer {
         Ok(k) => k,
         Err(a) => return *a,
     };
-    if !force && state.outstanding.contains(key.as_str()) {
+    if !force && state.outstanding.contains(&key) {
         return problem(
             StatusCode::CONFLICT,
             "ORDER_IN_FLIGHT",
@@ -575,7 +573,7 @@ fn parse_key(raw: &str) -> Result<Key, Box<Answer>> {
 fn entry_json(state: &State, e: &EntryInfo) -> Value {
     json!({
         "key": e.key.as_str(),
-        "in_flight": state.outstanding.contains(e.key.as_str()),
+        "in_flight": state.outstanding.contains(&e.key),
         "state": e.state.as_str(),
         "stored_at": e.stored_at,
         "expires_at": e.expires_at,

@@ -274,7 +274,7 @@ async fn pipeline(
     // Reserve. The key is marked as having an order out from before the reserve until its
     // commit or release is queued, so that no operator release, checked against the mark,
     // can fall between a grant and its mark.
-    let out = gw.outstanding.begin(key.as_str());
+    let out = gw.outstanding.begin(&key);
     let grant = match gw.mutex.reserve(reserve).await {
         Decision::Proceed(grant) => grant,
         Decision::Halted => return Err(halted()),
@@ -324,16 +324,15 @@ async fn pipeline(
         let gw2 = gw.clone();
         let (tx, rx) = tokio::sync::oneshot::channel();
         gw.in_flight.spawn(async move {
-            let (key, request_id) = (order.key.clone(), order.request_id.clone());
-            let answer = execute_and_settle(&gw2, grant, order, out).await;
+            let answer = execute_and_settle(&gw2, grant, &order, out).await;
             // The client hung up: its request, and the log line it would have written,
             // are gone. This order still went to the executor, so say how it ended.
             if let Err((_, settled, code)) = tx.send(answer) {
                 log::warn!(
                     code = code.unwrap_or("-"),
-                    key = key.as_str(),
+                    key = order.key.as_str(),
                     outcome = settled.as_str(),
-                    request_id = request_id.as_str();
+                    request_id = order.request_id.as_str();
                     "webhook settled after its client hung up"
                 );
             }
@@ -347,7 +346,7 @@ async fn pipeline(
             }
         }
     } else {
-        execute_and_settle(gw, grant, order, out).await
+        execute_and_settle(gw, grant, &order, out).await
     };
     Ok(Answer {
         response,
@@ -362,11 +361,11 @@ async fn pipeline(
 async fn execute_and_settle(
     gw: &Gateway,
     grant: Grant,
-    order: Order,
+    order: &Order,
     _out: Out,
 ) -> (Response<Full<Bytes>>, Settled, Option<&'static str>) {
     let started = Instant::now();
-    let outcome = gw.executor.execute(&order).await;
+    let outcome = gw.executor.execute(order).await;
     gw.metrics.executor(outcome.label(), started.elapsed());
     let problem = |p: Problem, s: Settled| {
         let code = Some(p.code());
