@@ -5,7 +5,9 @@ mod mutex_support;
 use std::sync::atomic::Ordering;
 use std::time::Duration;
 
-use hoox_edge::mutex::{Clock, Decision, Guard, Key, Snapshot, State, Unavailable, key::BUCKET_MS};
+use hoox_edge::mutex::{
+    Clock, Decision, Guard, Key, Released, Snapshot, State, Unavailable, key::BUCKET_MS,
+};
 use mutex_support::*;
 
 const T0: u64 = 1_800_000_000_000;
@@ -47,8 +49,11 @@ fn reserve_commit_release_and_duplicates() {
         assert_eq!(m.get(b.clone()).await.unwrap(), None);
         granted(m.reserve(reserve(&b, 300_000, 1)).await);
 
-        assert!(m.force_release(a.clone()).await.unwrap());
-        assert!(!m.force_release(a.clone()).await.unwrap());
+        assert_eq!(m.force_release(a.clone(), None).await, Ok(Released::Yes));
+        assert_eq!(
+            m.force_release(a.clone(), None).await,
+            Ok(Released::NotFound)
+        );
         granted(m.reserve(reserve(&a, 300_000, 9)).await);
 
         let list = m.list(10).await.unwrap();
@@ -523,7 +528,10 @@ fn an_operator_write_nobody_waits_for_is_not_applied() {
         granted(m.reserve(reserve(&k, 60_000, 1)).await);
         m.stall(Duration::from_millis(1_000)).await.unwrap();
         assert_eq!(m.set_halted(true).await, Err(Unavailable::Timeout));
-        assert_eq!(m.force_release(k.clone()).await, Err(Unavailable::Timeout));
+        assert_eq!(
+            m.force_release(k.clone(), None).await,
+            Err(Unavailable::Timeout)
+        );
         assert!(eventually(Duration::from_secs(5), async || m.ping().await.is_ok()).await);
         assert!(
             !m.ping().await.unwrap().halted,
@@ -579,9 +587,9 @@ fn a_grant_settles_only_its_own_entry() {
     rt().block_on(async {
         let k = key("released-by-the-operator");
         let first = granted(m.reserve(reserve(&k, 300_000, 1)).await);
-        assert!(m.force_release(k.clone()).await.unwrap());
+        assert_eq!(m.force_release(k.clone(), None).await, Ok(Released::Yes));
         let second = granted(m.reserve(reserve(&k, 300_000, 1)).await);
-        assert!(m.force_release(k.clone()).await.unwrap());
+        assert_eq!(m.force_release(k.clone(), None).await, Ok(Released::Yes));
         let third = granted(m.reserve(reserve(&k, 300_000, 1)).await);
 
         m.release(first).unwrap();

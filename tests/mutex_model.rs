@@ -9,7 +9,7 @@ mod mutex_support;
 use std::collections::HashMap;
 
 use hoox_edge::mutex::{
-    Clock, Decision, Duplicate, Grant, Guard, Key, Snapshot, State, key::BUCKET_MS,
+    Clock, Decision, Duplicate, Grant, Guard, Key, Released, Snapshot, State, key::BUCKET_MS,
 };
 use mutex_support::*;
 use proptest::prelude::*;
@@ -228,7 +228,8 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 }
             }
             Op::ForceRelease(k) => {
-                let was_live = rt.block_on(m.force_release(keys[k].clone())).unwrap();
+                let released = rt.block_on(m.force_release(keys[k].clone(), None)).unwrap();
+                let was_live = released == Released::Yes;
                 prop_assert_eq!(was_live, model.live(k).is_some(), "force release {}", k);
                 model.map.remove(&k);
             }

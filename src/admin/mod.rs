@@ -12,7 +12,7 @@
 //! | `GET /status`              | `{live_keys, halted, serving, fail_closed, detail, version}`|
 //! | `GET /keys?limit=N`        | `{keys: [entry], truncated}`, by wall clock expiry, oldest first |
 //! | `GET /keys/{key}`          | one entry, 404 if no live entry                             |
-//! | `POST /keys/{key}/release` | operator release, 404 if no live entry                      |
+//! | `POST /keys/{key}/release` | operator release, 404 if no live entry, 409 if its order is out |
 //! | `POST /halt`, `/resume`    | the kill switch, persisted by the mutex                     |
 //!
 //! `{key}` is the stored key, percent-encoded as [`client::encode_key`] does.
@@ -45,7 +45,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::executor::Outstanding;
 use crate::metrics::{self, Metrics};
-use crate::mutex::{EntryInfo, Key, Mutex, Unavailable};
+use crate::mutex::{EntryInfo, Key, Mutex, Released, Unavailable};
 
 /// Connections served at once; more wait in the kernel's backlog. An operator's tools
 /// need a handful; the bound keeps a runaway script from starving the gateway.
@@ -510,7 +510,7 @@ async fn show(state: &State, raw: &str) -> Answer {
     };
     match state.mutex.get(key).await {
         Ok(Some(e)) => ok(entry_json(state, &e)),
-        Ok(None) => problem(StatusCode::NOT_FOUND, "KEY_NOT_FOUND", "no live entry"),
+        Ok(None) => not_found(),
         Err(u) => unavailable(&u),
     }
 }
@@ -531,22 +531,45 @@ async fn release(state: &State, raw: &str, query: &str) -> Answer {
         Ok(k) => k,
         Err(a) => return *a,
     };
-    if !force && state.outstanding.contains(&key) {
-        return problem(
-            StatusCode::CONFLICT,
-            "ORDER_IN_FLIGHT",
-            "this key's order is at the executor now and may still fill: wait for its \
-             outcome (keys show), or release with force if you know it cannot",
-        );
-    }
-    match state.mutex.force_release(key.clone()).await {
-        Ok(true) => {
+    // Unforced, the release names the entry looked at here: the owner removes that entry
+    // only. An order is marked outstanding before its reserve is sent and until its
+    // settling is queued, so an entry that is live now and unmarked after the look has no
+    // order out, and an order marked later cannot hold it (a reserve makes a new entry).
+    let only = if force {
+        None
+    } else {
+        match state.mutex.get(key.clone()).await {
+            Ok(Some(_)) if state.outstanding.contains(&key) => {
+                return problem(
+                    StatusCode::CONFLICT,
+                    "ORDER_IN_FLIGHT",
+                    "this key's order is at the executor now and may still fill: wait for \
+                     its outcome (keys show), or release with force if you know it cannot",
+                );
+            }
+            Ok(Some(e)) => Some(e.seq),
+            Ok(None) => return not_found(),
+            Err(u) => return unavailable(&u),
+        }
+    };
+    match state.mutex.force_release(key.clone(), only).await {
+        Ok(Released::Yes) => {
             log::warn!("operator released key {key}");
             ok(json!({"key": key.as_str(), "released": true}))
         }
-        Ok(false) => problem(StatusCode::NOT_FOUND, "KEY_NOT_FOUND", "no live entry"),
+        Ok(Released::NotFound) => not_found(),
+        Ok(Released::Changed) => problem(
+            StatusCode::CONFLICT,
+            "KEY_CHANGED",
+            "the key was freed and taken again by a new order while it was being released: \
+             look again (keys show)",
+        ),
         Err(u) => unavailable(&u),
     }
+}
+
+fn not_found() -> Answer {
+    problem(StatusCode::NOT_FOUND, "KEY_NOT_FOUND", "no live entry")
 }
 
 async fn halt(state: &State, halted: bool) -> Answer {

@@ -215,6 +215,21 @@ pub struct EntryInfo {
     pub age_ms: u64,
     pub expires_in_ms: u64,
     pub has_response: bool,
+    /// Which entry this is: unique for the life of the process. An operator release given
+    /// it removes this entry only, not one that took the key since ([`Mutex::force_release`]).
+    pub seq: u64,
+}
+
+/// What an operator release did.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Released {
+    /// The live entry was removed.
+    Yes,
+    /// The key had no live entry.
+    NotFound,
+    /// The key holds another entry than the one asked for: it was freed and taken again
+    /// since the operator looked. Nothing was changed.
+    Changed,
 }
 
 /// The owner's health, as a watchdog ping sees it.
@@ -247,7 +262,12 @@ pub(crate) enum Command {
     List(usize, oneshot::Sender<Result<Vec<EntryInfo>, Unavailable>>),
     /// Operator release: like `Release`, but durable before it answers, and says whether
     /// a live entry was removed.
-    ForceRelease(Box<Key>, oneshot::Sender<Result<bool, Unavailable>>),
+    /// With an entry's `seq`, only while the key still holds that entry.
+    ForceRelease(
+        Box<Key>,
+        Option<u64>,
+        oneshot::Sender<Result<Released, Unavailable>>,
+    ),
     /// Kill switch, persisted durably.
     SetHalted(bool, oneshot::Sender<Result<(), Unavailable>>),
     Ping(oneshot::Sender<Status>),
@@ -404,9 +424,16 @@ impl Mutex {
         self.call(|tx| Command::List(limit, tx)).await?
     }
 
-    /// Operator release of a held key. `Ok(true)` if a live entry was removed.
-    pub async fn force_release(&self, key: Key) -> Result<bool, Unavailable> {
-        self.call(|tx| Command::ForceRelease(Box::new(key), tx))
+    /// Operator release of a held key. Given `only`, an [`EntryInfo::seq`] the operator
+    /// looked at, it removes that entry only: between a look and a release, the key may
+    /// be freed and taken again by a new order, which an operator who judged the old one
+    /// must not release.
+    pub async fn force_release(
+        &self,
+        key: Key,
+        only: Option<u64>,
+    ) -> Result<Released, Unavailable> {
+        self.call(|tx| Command::ForceRelease(Box::new(key), only, tx))
             .await?
     }
 

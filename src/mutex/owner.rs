@@ -29,8 +29,8 @@ use super::stats::inc;
 use super::store::{self, Batch, BootTime, Entry, Store, WriteError};
 use super::wheel::Wheel;
 use super::{
-    Clock, Command, Config, Decision, Duplicate, EntryInfo, Grant, Key, PayloadHash, Reserve,
-    Shared, Snapshot, State, Status, Unavailable,
+    Clock, Command, Config, Decision, Duplicate, EntryInfo, Grant, Key, PayloadHash, Released,
+    Reserve, Shared, Snapshot, State, Status, Unavailable,
 };
 
 /// First pause after a failure; doubled up to `Config::reopen_backoff_max`.
@@ -149,7 +149,7 @@ enum Reply {
         oneshot::Sender<Result<Vec<EntryInfo>, Unavailable>>,
         Vec<EntryInfo>,
     ),
-    Bool(oneshot::Sender<Result<bool, Unavailable>>, bool),
+    Released(oneshot::Sender<Result<Released, Unavailable>>, Released),
     Status(oneshot::Sender<Status>, Status),
 }
 
@@ -170,7 +170,7 @@ impl Reply {
             Reply::Unit(tx) => tx.send(Ok(())).map_err(drop),
             Reply::Entry(tx, e) => tx.send(Ok(e)).map_err(drop),
             Reply::List(tx, l) => tx.send(Ok(l)).map_err(drop),
-            Reply::Bool(tx, b) => tx.send(Ok(b)).map_err(drop),
+            Reply::Released(tx, r) => tx.send(Ok(r)).map_err(drop),
             Reply::Status(tx, s) => tx.send(s).map_err(drop),
         };
         None
@@ -188,7 +188,7 @@ impl Reply {
             Reply::Unit(tx) => tx.send(Err(u.clone())).map_err(drop),
             Reply::Entry(tx, _) => tx.send(Err(u.clone())).map_err(drop),
             Reply::List(tx, _) => tx.send(Err(u.clone())).map_err(drop),
-            Reply::Bool(tx, _) => tx.send(Err(u.clone())).map_err(drop),
+            Reply::Released(tx, _) => tx.send(Err(u.clone())).map_err(drop),
             Reply::Status(tx, mut s) => {
                 s.fail_closed = Some(u.clone());
                 tx.send(s).map_err(drop)
@@ -581,15 +581,27 @@ impl Owner {
             },
             // An operator write whose caller has given up was reported to the operator as
             // failed (503): applying it now would do what they were told did not happen.
-            Command::ForceRelease(_, tx) if tx.is_closed() => Ok(None),
+            Command::ForceRelease(_, _, tx) if tx.is_closed() => Ok(None),
             Command::SetHalted(_, tx) if tx.is_closed() => Ok(None),
-            Command::ForceRelease(key, tx) => match self.remove(&key, w, (now_wall, now_mono)) {
-                Ok(was_live) => {
-                    *durable = true;
-                    Ok(Some(Reply::Bool(tx, was_live)))
+            Command::ForceRelease(key, Some(seq), tx)
+                if self.index.get(key.as_str()).is_some_and(|l| l.seq != seq) =>
+            {
+                Ok(Some(Reply::Released(tx, Released::Changed)))
+            }
+            Command::ForceRelease(key, only, tx) => {
+                match self.remove(&key, w, (now_wall, now_mono)) {
+                    Ok(was_live) => {
+                        *durable = true;
+                        let r = if was_live {
+                            Released::Yes
+                        } else {
+                            Released::NotFound
+                        };
+                        Ok(Some(Reply::Released(tx, r)))
+                    }
+                    Err(e) => Err(Box::new((e, Some(Command::ForceRelease(key, only, tx))))),
                 }
-                Err(e) => Err(Box::new((e, Some(Command::ForceRelease(key, tx))))),
-            },
+            }
             Command::SetHalted(halted, tx) => match w.set_halted(halted) {
                 Ok(()) => {
                     *durable = true;
@@ -874,7 +886,7 @@ impl Owner {
             Command::SetHalted(_, tx) => tx.send(Err(u.clone())).map_err(drop),
             Command::Get(_, tx) => tx.send(Err(u.clone())).map_err(drop),
             Command::List(_, tx) => tx.send(Err(u.clone())).map_err(drop),
-            Command::ForceRelease(_, tx) => tx.send(Err(u.clone())).map_err(drop),
+            Command::ForceRelease(_, _, tx) => tx.send(Err(u.clone())).map_err(drop),
             Command::Ping(tx) => {
                 let mut s = self.status();
                 s.fail_closed = Some(u.clone());
@@ -1253,6 +1265,7 @@ fn info(key: &Key, l: &Live, now: (u64, u64)) -> EntryInfo {
         age_ms: l.age_ms(now.1),
         expires_in_ms: l.expires_in_ms(now),
         has_response: l.has_response,
+        seq: l.seq,
     }
 }
 
@@ -1368,12 +1381,12 @@ mod tests {
             &mut o,
             vec![
                 Command::Reserve(request(&k), first),
-                Command::ForceRelease(Box::new(k.clone()), op),
+                Command::ForceRelease(Box::new(k.clone()), None, op),
                 Command::Reserve(request(&k), second),
             ],
             vec![gone],
         );
-        assert_eq!(op_rx.try_recv(), Ok(Ok(true)));
+        assert_eq!(op_rx.try_recv(), Ok(Ok(Released::Yes)));
         assert!(matches!(second_rx.try_recv(), Ok(Decision::Proceed(_))));
         assert!(
             o.index.contains_key(k.as_str()),
@@ -1548,7 +1561,10 @@ mod tests {
         let k = Key::from_stored("client:a:live:stale").unwrap();
         assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
         time.advance_ms(1_000);
-        assert!(ask(&mut o, |tx| Command::ForceRelease(Box::new(k.clone()), tx)).unwrap());
+        let freed = ask(&mut o, |tx| {
+            Command::ForceRelease(Box::new(k.clone()), None, tx)
+        });
+        assert_eq!(freed, Ok(Released::Yes));
         time.step_wall_back_ms(1_000);
         // The same expiry on the wall clock, due a second later on the monotonic one.
         assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
@@ -1737,6 +1753,40 @@ mod tests {
         }
     }
 
+    /// An operator release given the entry they looked at removes that entry only: a key
+    /// freed and taken again since (by a retry, for a new order) is left to its new order.
+    #[test]
+    fn an_operator_release_of_a_seen_entry_leaves_a_newer_one() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let k = trade_key("BTC");
+        let Decision::Proceed(first) = reserve(&mut o, &k) else {
+            panic!("a fresh key is granted")
+        };
+        let seen = |o: &mut Owner| {
+            let e = ask(o, |tx| Command::Get(Box::new(k.clone()), tx));
+            e.unwrap().expect("the key is live").seq
+        };
+        let old = seen(&mut o);
+        o.turn(&mut vec![Command::Release(Box::new(first))]);
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+        let r = ask(&mut o, |tx| {
+            Command::ForceRelease(Box::new(k.clone()), Some(old), tx)
+        });
+        assert_eq!(r, Ok(Released::Changed));
+        assert!(matches!(reserve(&mut o, &k), Decision::Duplicate(_)));
+        let new = seen(&mut o);
+        let r = ask(&mut o, |tx| {
+            Command::ForceRelease(Box::new(k.clone()), Some(new), tx)
+        });
+        assert_eq!(r, Ok(Released::Yes));
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+        let gone = ask(&mut o, |tx| {
+            Command::ForceRelease(Box::new(trade_key("ETH")), Some(new), tx)
+        });
+        assert_eq!(gone, Ok(Released::NotFound));
+    }
+
     /// An operator write whose caller gave up was reported to the operator as failed,
     /// so it is not applied; the same write with its caller waiting is.
     #[test]
@@ -1746,15 +1796,21 @@ mod tests {
         let k = trade_key("BTC");
         assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
         let tx = abandoned();
-        o.turn(&mut vec![Command::ForceRelease(Box::new(k.clone()), tx)]);
+        o.turn(&mut vec![Command::ForceRelease(
+            Box::new(k.clone()),
+            None,
+            tx,
+        )]);
         assert!(matches!(reserve(&mut o, &k), Decision::Duplicate(_)));
         let tx = abandoned();
         o.turn(&mut vec![Command::SetHalted(true, tx)]);
         assert!(!o.halted);
         assert_eq!(ask(&mut o, |tx| Command::SetHalted(true, tx)), Ok(()));
         assert!(o.halted);
-        let freed = ask(&mut o, |tx| Command::ForceRelease(Box::new(k.clone()), tx));
-        assert_eq!(freed, Ok(true));
+        let freed = ask(&mut o, |tx| {
+            Command::ForceRelease(Box::new(k.clone()), None, tx)
+        });
+        assert_eq!(freed, Ok(Released::Yes));
         assert!(!o.index.contains_key(k.as_str()));
     }
 
@@ -1821,13 +1877,10 @@ mod tests {
         let Decision::Proceed(old) = reserve(&mut o, &key) else {
             panic!("a fresh key is granted")
         };
-        assert!(
-            ask(&mut o, |tx| Command::ForceRelease(
-                Box::new(key.clone()),
-                tx
-            ))
-            .unwrap()
-        );
+        let freed = ask(&mut o, |tx| {
+            Command::ForceRelease(Box::new(key.clone()), None, tx)
+        });
+        assert_eq!(freed, Ok(Released::Yes));
         // The disk fails and the owner reopens, as after a real fault: the table is empty.
         o.fail(Unavailable::CommitFailed("a fault".into()));
         o.reopen();
