@@ -17,6 +17,9 @@ pub const DEFAULT_CONFIG: &str = "/etc/hoox-edge/config.toml";
 /// Where the admin listener is when nothing says otherwise.
 pub const DEFAULT_ADMIN: &str = "127.0.0.1:9980";
 
+/// sysexits' EX_UNAVAILABLE: the gateway is not there, or cannot answer now (503).
+const EX_UNAVAILABLE: u8 = 69;
+
 /// The log level: `debug`, `info` (unset), `warn` or `error`.
 pub const LOG_ENV: &str = "HOOX_EDGE_LOG";
 
@@ -24,7 +27,12 @@ pub const LOG_ENV: &str = "HOOX_EDGE_LOG";
 #[command(
     name = "hoox-edge",
     version,
-    about = "Idempotency gateway for trade webhooks"
+    about = "Idempotency gateway for trade webhooks",
+    after_help = "Operator commands (keys, halt, resume, status) print the answer's JSON on \
+                  stdout and exit 0; a refusal's problem JSON goes to stderr, exit 1 \
+                  (not found, in flight, bad key); exit 69 when the gateway cannot be \
+                  reached or cannot answer now (503: failing closed); exit 78 on a config \
+                  error."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -402,19 +410,24 @@ fn operator(args: &AdminArgs, method: &str, path: &str) -> ExitCode {
             return ExitCode::FAILURE;
         }
     };
+    // The answer goes to stdout only when it is the data asked for; a refusal (its
+    // problem document) goes to stderr, so `keys show K | jq` never parses an error.
     match rt.block_on(admin::client::request(&listen, method, path)) {
-        Ok((status, body)) => {
+        Ok((status, body)) if (200..300).contains(&status) => {
             println!("{body}");
-            if (200..300).contains(&status) {
-                ExitCode::SUCCESS
+            ExitCode::SUCCESS
+        }
+        Ok((status, body)) => {
+            eprintln!("{body}");
+            if status == 503 {
+                ExitCode::from(EX_UNAVAILABLE)
             } else {
                 ExitCode::FAILURE
             }
         }
         Err(e) => {
             eprintln!("hoox-edge: admin listener {listen:?}: {e}");
-            // EX_UNAVAILABLE: the service is not there.
-            ExitCode::from(69)
+            ExitCode::from(EX_UNAVAILABLE)
         }
     }
 }

@@ -65,8 +65,16 @@ async fn operator_releases_a_held_key_and_halts() {
     // The operator checked the exchange: nothing filled. Release, and the retry runs.
     let rel = json_out(&cli(&[&["keys", "release", key][..], &admin].concat()));
     assert_eq!(rel["released"], true);
+    // Gone now: exit 1, the problem on stderr, nothing on stdout for a pipe to parse.
     let again = cli(&[&["keys", "show", key][..], &admin].concat());
-    assert!(!again.status.success(), "a released key is still shown");
+    assert_eq!(
+        again.status.code(),
+        Some(1),
+        "a released key is still shown"
+    );
+    assert!(again.stdout.is_empty());
+    let err: Value = serde_json::from_slice(&again.stderr).unwrap();
+    assert_eq!(err["code"], "KEY_NOT_FOUND");
     exec.set_mode(Mode::Success);
     assert_eq!(gw.post(&t, &[]).await.status, 200);
     assert_eq!(exec.calls(), 2);
@@ -101,6 +109,41 @@ async fn operator_releases_a_held_key_and_halts() {
             "{err}"
         );
     }
+}
+
+/// A gateway that cannot answer (its database is held by another process, so it fails
+/// closed) makes operator commands exit 69, as an unreachable one does: to a script both
+/// mean "try again later", unlike a refusal (exit 1).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_operator_command_the_gateway_cannot_answer_exits_69() {
+    let holder_setup = Setup::new(None);
+    let holder = holder_setup.start();
+    holder.wait_ready().await;
+    let mut setup = Setup::new(None);
+    let held = holder_setup.dir.path().join("state/mutex.redb");
+    setup.set("store", "path", held.display().to_string());
+    let sock = setup.dir.path().join("admin.sock");
+    setup.set("admin", "listen", format!("unix:{}", sock.display()));
+    let gw = setup.start();
+    gw.wait_ready_is(503).await;
+    let config = setup.config_path();
+    let o = cli(&[
+        "keys",
+        "show",
+        "client:psk:live:x",
+        "--config",
+        config.to_str().unwrap(),
+    ]);
+    assert_eq!(
+        o.status.code(),
+        Some(69),
+        "{}",
+        String::from_utf8_lossy(&o.stderr)
+    );
+    assert!(o.stdout.is_empty());
+    let err: Value = serde_json::from_slice(&o.stderr).unwrap();
+    assert_eq!(err["code"], "IDEMPOTENCY_UNAVAILABLE");
+    drop(holder);
 }
 
 /// A key whose order is at the executor now is not released without `--force`: its
@@ -141,8 +184,8 @@ async fn a_key_whose_order_is_out_is_released_only_by_force() {
         (Some("pending"), Some(true))
     );
     let o = cli(&[&["keys", "release", key][..], &admin].concat());
-    assert!(!o.status.success());
-    assert!(String::from_utf8_lossy(&o.stdout).contains("ORDER_IN_FLIGHT"));
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("ORDER_IN_FLIGHT"));
     assert_eq!(first.await.unwrap().status, 200, "the order was cut off");
     let show = json_out(&cli(&[&["keys", "show", key][..], &admin].concat()));
     assert_eq!(
