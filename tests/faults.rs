@@ -244,7 +244,8 @@ async fn a_release_refused_while_failing_closed_is_reported_held() {
     let trade = keyed("held-1");
     let out = gw.post(&trade, &[]);
     let fault = async {
-        tokio::time::sleep(Duration::from_millis(500)).await;
+        // The order is at the executor, so its reserve is on the disk.
+        exec.wait_for_calls(1).await;
         // No write can land anywhere now: the next reserve fails closed.
         set_file_size_limit(&gw, 1);
         let r = gw.post(&keyed("held-2"), &[]).await;
@@ -425,7 +426,7 @@ async fn file_size_limit_mid_run() {
     let set_limit = |cur: u64| set_file_size_limit(&gw, cur);
     set_limit(size / 2);
     let mut accepted = Vec::new();
-    let mut refused = 0;
+    let mut refused = false;
     for i in 0..200 {
         let k = format!("fsize-{i}-{}", "p".repeat(200));
         let r = gw.post(&keyed(&k), &[]).await;
@@ -433,21 +434,22 @@ async fn file_size_limit_mid_run() {
             200 => accepted.push(k),
             503 => {
                 assert_eq!(code(&r.json()), "IDEMPOTENCY_UNAVAILABLE");
-                refused += 1;
-                if refused >= 3 {
-                    break;
-                }
+                refused = true;
+                break;
             }
             s => panic!("unexpected {s}: {:?}", r.json()),
         }
     }
-    assert!(refused > 0, "the file-size limit was never hit");
+    assert!(refused, "the file-size limit was never hit");
+    // While the limit stays, the fault stays: every trade refused, none forwarded.
+    for i in 0..3 {
+        assert_fails_closed(&gw, &exec, &format!("fsize-held-{i}")).await;
+    }
     // Exactly the accepted trades were forwarded: nothing refused reached the executor.
     assert_eq!(exec.calls(), accepted.len() + 1);
 
     // The limit is lifted: service resumes by itself, and every accepted key is still held.
     set_limit(libc::RLIM_INFINITY);
-    tokio::time::sleep(Duration::from_millis(200)).await;
     assert_recovers(&gw, &exec, "fsize-after").await;
     for k in accepted.iter().rev().take(20) {
         assert_eq!(gw.post(&keyed(k), &[]).await.status, 409);
@@ -472,7 +474,10 @@ async fn wait_logged(gw: &Gateway, needle: &str, times: usize) {
 /// but whose syncs fail, so that the writer cannot know what reached the disk; the
 /// reserve refused then must not hold its key once the disk is back. Last, the same with
 /// the journal's writes failing when the database opens again: the reopen cannot free
-/// that key yet, so it keeps failing closed, and frees it at the next.
+/// that key yet, so it keeps failing closed, and frees it at the next. Last, a file system
+/// the kernel turned read-only after errors: every write, sync and create fails with
+/// EROFS. (A read-only bind remount, as at the first start, cannot be made under a running
+/// gateway: the kernel refuses it with EBUSY while files are open for writing.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disk_io_errors_mid_run() {
     use eiofs::{EioMount, Fault};
@@ -488,6 +493,7 @@ async fn disk_io_errors_mid_run() {
         (Fault::WritesAndSyncs, None),
         (Fault::Syncs, None),
         (Fault::Syncs, Some(Fault::JournalWrites)),
+        (Fault::ReadOnly, None),
     ];
     for (n, (fault, at_reopen)) in phases.into_iter().enumerate() {
         // The readiness probe asks the owner, which first writes what it carries (the

@@ -36,6 +36,9 @@ pub enum Fault {
     /// As `WritesAndSyncs`, for the files whose name ends in `-journal` only: the
     /// database opens, and the mutex's first record fails without reaching the disk.
     JournalWrites = 3,
+    /// As a file system the kernel remounted read-only after errors: every write, sync,
+    /// create, open for writing, truncate, unlink and rename fails with EROFS.
+    ReadOnly = 4,
 }
 
 /// The kernel may cache nothing: every call must reach us, so that a fault takes effect at
@@ -194,19 +197,30 @@ impl EioFs {
             1 => Fault::WritesAndSyncs,
             2 => Fault::Syncs,
             3 => Fault::JournalWrites,
+            4 => Fault::ReadOnly,
             _ => Fault::None,
         }
     }
 
-    /// Whether the fault fails this write (or, if `!write`, this sync) of `ino`.
-    fn strikes(&self, st: &State, ino: INodeNo, write: bool) -> bool {
-        match self.fault() {
+    /// The error the fault fails this write (or, if `!write`, this sync) of `ino` with.
+    fn strikes(&self, st: &State, ino: INodeNo, write: bool) -> Option<Errno> {
+        let eio = match self.fault() {
             Fault::None => false,
             Fault::WritesAndSyncs => true,
             Fault::Syncs => !write,
             Fault::JournalWrites => st
                 .path(ino)
                 .is_ok_and(|p| p.to_string_lossy().ends_with("-journal")),
+            Fault::ReadOnly => return Some(Errno::EROFS),
+        };
+        eio.then_some(Errno::EIO)
+    }
+
+    /// A change to the directory (create, unlink, rename): refused only when read-only.
+    fn read_only(&self) -> Result<(), Errno> {
+        match self.fault() {
+            Fault::ReadOnly => Err(Errno::EROFS),
+            _ => Ok(()),
         }
     }
 
@@ -218,11 +232,7 @@ impl EioFs {
         sync: impl FnOnce(&State) -> Result<(), Errno>,
     ) {
         let st = self.state();
-        match if self.strikes(&st, ino, false) {
-            Err(Errno::EIO)
-        } else {
-            sync(&st)
-        } {
+        match self.strikes(&st, ino, false).map_or_else(|| sync(&st), Err) {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -280,8 +290,8 @@ impl Filesystem for EioFs {
         let r = (|| {
             let path = self.state().path(ino)?;
             if let Some(len) = size {
-                if self.strikes(&self.state(), ino, true) {
-                    return Err(Errno::EIO);
+                if let Some(e) = self.strikes(&self.state(), ino, true) {
+                    return Err(e);
                 }
                 OpenOptions::new()
                     .write(true)
@@ -311,6 +321,7 @@ impl Filesystem for EioFs {
         reply: ReplyEntry,
     ) {
         let r = self.child(parent, name).and_then(|p| {
+            self.read_only()?;
             std::fs::create_dir(&p).map_err(errno)?;
             std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).map_err(errno)?;
             self.entry_of(&p)
@@ -323,6 +334,7 @@ impl Filesystem for EioFs {
 
     fn unlink(&self, _req: &Request, parent: INodeNo, name: &OsStr, reply: ReplyEmpty) {
         let r = self.child(parent, name).and_then(|p| {
+            self.read_only()?;
             std::fs::remove_file(&p).map_err(errno)?;
             self.state().forget_path(&p);
             Ok(())
@@ -344,6 +356,7 @@ impl Filesystem for EioFs {
         reply: ReplyEmpty,
     ) {
         let r = (|| {
+            self.read_only()?;
             let from = self.child(parent, name)?;
             let to = self.child(newparent, newname)?;
             std::fs::rename(&from, &to).map_err(errno)?;
@@ -364,6 +377,9 @@ impl Filesystem for EioFs {
 
     fn open(&self, _req: &Request, ino: INodeNo, flags: OpenFlags, reply: ReplyOpen) {
         let r = (|| {
+            if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
+                self.read_only()?;
+            }
             let path = self.state().path(ino)?;
             let file = backing_options(flags.0).open(path).map_err(errno)?;
             let mut st = self.state();
@@ -389,6 +405,7 @@ impl Filesystem for EioFs {
         reply: ReplyCreate,
     ) {
         let r = (|| {
+            self.read_only()?;
             let path = self.child(parent, name)?;
             let mut o = backing_options(flags);
             o.create(true).mode(mode);
@@ -458,8 +475,8 @@ impl Filesystem for EioFs {
         reply: ReplyWrite,
     ) {
         let st = self.state();
-        if self.strikes(&st, ino, true) {
-            return reply.error(Errno::EIO);
+        if let Some(e) = self.strikes(&st, ino, true) {
+            return reply.error(e);
         }
         match st
             .file(fh)
