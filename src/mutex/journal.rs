@@ -43,6 +43,8 @@ const MAGIC: [u8; 4] = *b"HXJ1";
 const DURABLE: u32 = 1;
 /// No record is numbered beyond this (2^62): lsns count records, one at a time.
 const MAX_LSN: u64 = 1 << 62;
+/// No journal this version writes comes near this (the gateway's is 1 MiB).
+const MAX_FILE: u64 = 1 << 30;
 /// Where in `flags` the distance back to the record's anchor sits (24 bits).
 const ANCHOR_SHIFT: u32 = 8;
 
@@ -137,7 +139,9 @@ impl Journal {
             .truncate(false)
             .open(path)?;
         let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
-        if len < capacity {
+        // A first start killed after the fill but before its syncs left a full-length file
+        // whose name may not survive a power cut: a creating open syncs it all the same.
+        if len < capacity || create {
             let zeros = vec![0u8; 256 * 1024];
             let mut at = len;
             while at < capacity {
@@ -151,10 +155,16 @@ impl Journal {
         Ok(file)
     }
 
-    /// Reads the whole file (for [`scan`]).
+    /// Reads the whole file (for [`scan`]). A file far larger than any journal is refused
+    /// rather than read into memory: it is not ours, and reading it could end the process
+    /// (out of memory) instead of failing closed.
     pub fn read_all(file: &File) -> io::Result<Vec<u8>> {
-        let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
-        let mut bytes = vec![0u8; len];
+        let len = file.metadata()?.len();
+        if len > MAX_FILE {
+            let why = format!("the journal is {len} bytes, more than any this version writes");
+            return Err(io::Error::new(io::ErrorKind::InvalidData, why));
+        }
+        let mut bytes = vec![0u8; len as usize];
         file.read_exact_at(&mut bytes, 0)?;
         Ok(bytes)
     }
@@ -320,9 +330,11 @@ pub struct Scan<'a> {
 /// disk. Skipping the torn one loses only what it held, and only a record that was not
 /// synced can be torn by a crash. Such a record carries no Proceed (a batch that granted a
 /// key is always synced), only commits, releases and expiries, whose loss leaves keys held:
-/// safe. A synced record that is missing while a later record is intact is damage, not a
-/// crash, and fails the open. Missing is either of:
-/// - torn (its checksum fails) and marked synced;
+/// safe. A synced record that is missing while a later record is there is damage, not a
+/// crash, and fails the open: only one synced write is ever in flight, and the owner writes
+/// nothing after it until it returns. Missing is either of:
+/// - torn (its checksum fails), marked synced, and followed by any record of a higher lsn,
+///   intact or torn;
 /// - named as the anchor of an intact record, newer than `checkpoint`, and not intact
 ///   itself: found torn, or not found at all (its magic, id or lsn overwritten; or the
 ///   database is older than its journal, restored from a backup).
@@ -375,7 +387,8 @@ pub fn scan(bytes: &[u8], id: u64, checkpoint: u64) -> Result<Scan<'_>, JournalE
         }
     }
     records.sort_unstable_by_key(|(lsn, _)| *lsn);
-    let damaged = damaged.filter(|lsn| records.iter().any(|(l, _)| l > lsn));
+    let latest = records.last().map(|(l, _)| *l).max(torn);
+    let damaged = damaged.filter(|lsn| latest.is_some_and(|l| l > *lsn));
     // An anchor is older than the record naming it, so there is always a later record.
     let missing = anchors
         .into_iter()
@@ -432,6 +445,17 @@ mod tests {
 
     fn contents(j: &Journal) -> Vec<u8> {
         Journal::read_all(&j.file).unwrap()
+    }
+
+    /// A huge file where the journal should be (sparse here: no disk is used) is refused,
+    /// not read into memory.
+    #[test]
+    fn a_file_larger_than_any_journal_is_refused_unread() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = File::create(dir.path().join("j")).unwrap();
+        file.set_len(MAX_FILE + 1).unwrap();
+        let err = Journal::read_all(&file).unwrap_err();
+        assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
     }
 
     /// The lsn of the record the scan finds damaged or missing, if it refuses for that.
@@ -654,6 +678,22 @@ mod tests {
         bytes[HEADER + 1] ^= 0xff;
         bytes[2 * PAGE + HEADER + 1] ^= 0xff;
         assert_eq!(refused_at(&bytes, 0), Some(1));
+    }
+
+    /// Two synced records torn, none intact after them: a crash tears at most the one
+    /// synced record in flight, so the earlier one (whose Proceed was sent) is damage.
+    #[test]
+    fn a_torn_synced_record_before_another_torn_one_is_damage() {
+        let (_d, j) = three_reserves(16);
+        let mut bytes = contents(&j);
+        bytes[PAGE + HEADER + 1] ^= 0xff;
+        bytes[2 * PAGE + HEADER + 1] ^= 0xff;
+        assert_eq!(refused_at(&bytes, 0), Some(2));
+        // The last one alone torn is the crash's: skipped, and the checkpoint moves past it.
+        let mut bytes = contents(&j);
+        bytes[2 * PAGE + HEADER + 1] ^= 0xff;
+        assert_eq!(scan(&bytes, ID, 0).unwrap().torn, Some(3));
+        assert_eq!(lsns(&bytes, 0), [1, 2]);
     }
 
     #[test]

@@ -35,6 +35,9 @@ const HALTED: &str = "halted";
 const JOURNAL_ID: &str = "journal_id";
 /// The last journal record this database holds durably (u64 LE).
 const CHECKPOINT: &str = "journal_lsn";
+/// The journal's length at this database's last open (u64 LE): a journal found shorter
+/// was cut (by a copy, a restore, a file-system repair), and the records it held with it.
+const JOURNAL_LEN: &str = "journal_len";
 
 /// redb caches pages in memory; the default (1 GiB) is too much for a Raspberry Pi, and
 /// the hot path never reads the database anyway (decisions come from the index).
@@ -206,6 +209,19 @@ pub(super) enum LoadError {
         why: &'static str,
         fix: String,
     },
+    /// The journal is shorter than it was: the records in its lost tail may have answered
+    /// Proceed, and nothing names them (an anchor names only records before its own).
+    #[error(
+        "{} is {found} bytes, but it was {was}: the records it held past {found} bytes may \
+         be lost (a copy or a file-system repair cut it). Restore it, or remove it and the \
+         database to start with no live keys",
+        path.display()
+    )]
+    Shortened { path: PathBuf, found: u64, was: u64 },
+    /// A value of the database's own bookkeeping is not what any version wrote: the file
+    /// was damaged or edited, and reading it as absent could drop the journal.
+    #[error("the database's {key:?} holds {len} bytes, not 8: the database is damaged")]
+    Meta { key: &'static str, len: usize },
 }
 
 impl LoadError {
@@ -325,13 +341,23 @@ pub(super) fn open(
         let known = read_u64(&meta, JOURNAL_ID)?;
         // A database's first open fills the journal before it commits the journal's id,
         // so a database with an id has had a journal: one gone (or emptied) now took
-        // records with it.
-        if known.is_some() && bytes_at(&journal_path).map_err(JournalError::from)? == 0 {
+        // records with it, and one shorter than it was, those of its tail.
+        let found = bytes_at(&journal_path).map_err(JournalError::from)?;
+        let was = read_u64(&meta, JOURNAL_LEN)?;
+        if known.is_some() && found == 0 {
             let why = "the database has used it";
             return Err(LoadError::missing(&journal_path, why, Some(path)));
         }
+        if let Some(was) = was.filter(|was| known.is_some() && found < *was) {
+            let path = journal_path;
+            return Err(LoadError::Shortened { path, found, was });
+        }
         let file = Journal::open_file(&journal_path, journal_bytes, known.is_none())
             .map_err(JournalError::from)?;
+        let len = file.metadata().map_err(JournalError::from)?.len();
+        if was != Some(len) {
+            meta.insert(JOURNAL_LEN, len.to_le_bytes().as_slice())?;
+        }
         let id = match known {
             Some(id) => id,
             None => {
@@ -522,11 +548,15 @@ fn bytes_at(path: &Path) -> std::io::Result<u64> {
     }
 }
 
-fn read_u64(meta: &Table<&str, &[u8]>, key: &str) -> Result<Option<u64>, redb::StorageError> {
-    Ok(meta
-        .get(key)?
-        .and_then(|v| <[u8; 8]>::try_from(v.value()).ok())
-        .map(u64::from_le_bytes))
+fn read_u64(meta: &Table<&str, &[u8]>, key: &'static str) -> Result<Option<u64>, LoadError> {
+    let Some(v) = meta.get(key).map_err(redb::Error::from)? else {
+        return Ok(None);
+    };
+    let bytes = <[u8; 8]>::try_from(v.value()).map_err(|_| LoadError::Meta {
+        key,
+        len: v.value().len(),
+    })?;
+    Ok(Some(u64::from_le_bytes(bytes)))
 }
 
 /// Applies one journal record's operations to the tables, in order: the one way redb is
@@ -773,6 +803,64 @@ mod tests {
         let (_store, loaded) =
             open(&path, JOURNAL, true, NOW, None, |_| false).expect("third open");
         assert_eq!(held(&loaded), [0, 1, 2, 10, 11]);
+    }
+
+    /// Damage the open must not read as "nothing there": a journal cut short (its tail's
+    /// records lost, and no later record to name them), and a bookkeeping value of the
+    /// wrong length (read as absent, a journal id would be made anew and the journal's
+    /// records ignored; a checkpoint read as 0 would replay records of earlier laps).
+    #[test]
+    fn a_shortened_journal_or_a_malformed_meta_value_fails_the_open() {
+        const NOW: u64 = 1_700_000_000_000;
+        const JOURNAL: usize = 16 * 4096;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        let open = || open(&path, JOURNAL, true, NOW, None, |_| false);
+        let (mut store, _) = open().unwrap();
+        let mut b = Batch::default();
+        b.put(0, &sample()).unwrap();
+        store.journal.append(b.record(), true).unwrap();
+        drop(store);
+        let journal = journal::path_for(&path);
+        let whole = std::fs::read(&journal).unwrap();
+
+        std::fs::write(&journal, &whole[..4096]).unwrap();
+        match open() {
+            Err(LoadError::Shortened { found, was, .. }) => {
+                assert_eq!((found, was), (4096, JOURNAL as u64));
+            }
+            Err(e) => panic!("refused for another reason: {e}"),
+            Ok(_) => panic!("opened a journal cut short"),
+        }
+        std::fs::write(&journal, &whole).unwrap();
+        let (store, loaded) = open().expect("restored");
+        assert_eq!(loaded.live.len(), 1);
+        drop(store);
+
+        // Written as redb would let any process write it: through a plain open.
+        let set = |key: &str, value: &[u8]| {
+            let db = Database::open(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            let old = {
+                let mut meta = txn.open_table(META).unwrap();
+                let old = meta.get(key).unwrap().map(|v| v.value().to_vec());
+                meta.insert(key, value).unwrap();
+                old
+            };
+            txn.commit().unwrap();
+            old.expect("the open wrote it")
+        };
+        for key in [JOURNAL_ID, CHECKPOINT, JOURNAL_LEN] {
+            let good = set(key, &[0u8; 7]);
+            match open() {
+                Err(LoadError::Meta { key: k, len: 7 }) => assert_eq!(k, key),
+                Err(e) => panic!("{key}: refused for another reason: {e}"),
+                Ok(_) => panic!("{key}: opened"),
+            }
+            set(key, &good);
+            let (_store, loaded) = open().expect("restored");
+            assert_eq!(loaded.live.len(), 1, "{key}");
+        }
     }
 
     /// A restart in the boot that wrote an entry keeps it while its boot deadline is ahead,
