@@ -27,7 +27,7 @@ use tokio::sync::oneshot;
 pub use clock::Clock;
 pub use key::{ClientKey, Fingerprint, Key, KeyError, Mode};
 pub use stats::Stats;
-pub use store::{BootTime, DecodeError, Entry, decode_entry};
+pub use store::{BootTime, DecodeError, Entry, decode_entry, encode_entry};
 
 /// A SHA-256 of the canonical trade, recorded with each entry so that the same client key
 /// with a different trade is recognised (SPEC §2, 422).
