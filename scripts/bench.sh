@@ -22,7 +22,8 @@
 #     with docs/BENCHMARKS.md's history; musl's memcpy makes the shipped build ~10% costlier
 #     per response there, and the musl load tool takes more of the two cores.
 #   STORM_CONNECTIONS=64 STORM_KEYS=8 STORM_S=5
-#   CHAOS_ROUNDS=10 CHAOS_CONNECTIONS=16 CHAOS_DUP=0.3 CHAOS_REPLAY=3000
+#   CHAOS_ROUNDS=10 CHAOS_CONNECTIONS=16 CHAOS_DUP=0.3 CHAOS_REPLAY=50000 (replay every key
+#     that got a 2xx, or a uniform random sample of this many when more did)
 #   STORM_TRIALS=100 CHAOS_CYCLES=60: --storm and --chaos also run CI's tests/storm.rs (1000
 #     concurrent identical webhooks per trial) and tests/chaos.rs (SIGKILL cycles) with these
 #     counts (CI runs 20 of each), on a release build of the tests (`cargo test --release`)
@@ -34,7 +35,7 @@ for arg in "$@"; do
         --storm) STORM=1 ;;
         --chaos) CHAOS=1 ;;
         --no-main) MAIN=0 ;;
-        -h | --help) sed -n '2,28p' "$0"; exit 0 ;;
+        -h | --help) sed -n '2,29p' "$0"; exit 0 ;;
         *) echo "bench.sh: unknown argument $arg" >&2; exit 64 ;;
     esac
 done
@@ -55,7 +56,7 @@ STORM_S=${STORM_S:-5}
 CHAOS_ROUNDS=${CHAOS_ROUNDS:-10}
 CHAOS_CONNECTIONS=${CHAOS_CONNECTIONS:-16}
 CHAOS_DUP=${CHAOS_DUP:-0.3}
-CHAOS_REPLAY=${CHAOS_REPLAY:-3000}
+CHAOS_REPLAY=${CHAOS_REPLAY:-50000}
 STORM_TRIALS=${STORM_TRIALS:-100}
 CHAOS_CYCLES=${CHAOS_CYCLES:-60}
 
@@ -115,9 +116,26 @@ forget() {
     PIDS=(${keep[@]+"${keep[@]}"})
 }
 
-# stop PID [SIGNAL]: signal one process we started and reap it.
+# running PID: whether a process we started has not exited yet (an exited child stays a
+# zombie, state Z, until reaped; `kill -0` would still find it).
+running() {
+    local state
+    state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+    [ -n "$state" ] && [ "$state" != Z ]
+}
+
+# stop PID [SIGNAL]: signal one process we started and reap it. One still running 30 s after
+# the signal gets SIGKILL: a gateway hung in its shutdown must not hang the bench.
 stop() {
     kill "-${2:-TERM}" "$1" 2>/dev/null || true
+    for _ in $(seq 300); do
+        running "$1" || break
+        sleep 0.1
+    done
+    if running "$1"; then
+        echo "bench.sh: process $1 still running 30 s after SIG${2:-TERM}: SIGKILL" >&2
+        kill -KILL "$1" 2>/dev/null || true
+    fi
     wait "$1" 2>/dev/null || true
     forget "$1"
 }
@@ -133,32 +151,44 @@ cpu_ticks() {
 }
 
 # load NAME PORT ARGS...: one bounded hoox-load run against 127.0.0.1:PORT, JSON kept as NAME.json.
-# With SERVER_PID set, also the server's CPU time per response: unlike req/s, it does not
-# depend on how much of the two cores the load generator took.
+# With SERVER_PID set, also the server's CPU time per served response: unlike req/s, it does
+# not depend on how much of the two cores the load generator took. req/s is hoox-load's
+# throughput_rps: served answers only (2xx, and 409 for a repeated trade), so a server that
+# answers 401 or 503 fast neither looks fast nor lifts a ratio. Any other answer, or a failed
+# request, makes hoox-load exit nonzero: said here and counted in FAILED. Sets LOAD_RC.
 load() {
     local name=$1 port=$2 t0
     shift 2
     t0=$(cpu_ticks "${SERVER_PID:-0}")
+    LOAD_RC=0
     timeout 600 "$BIN/hoox-load" run --url "https://127.0.0.1:$port/webhook" --ca "$WORK/tls/cert.pem" \
         "--$PROTOCOL" --auth "$AUTH" --secret-file "$WORK/secrets/token" --json "$@" \
-        >"$WORK/$name.json" || true
+        >"$WORK/$name.json" || LOAD_RC=$?
     printf '  %-22s %9.0f req/s  p50 %6s us  p99 %6s us  max %7s us  %s\n' "$name" \
         "$(jget "$WORK/$name.json" throughput_rps)" "$(jget "$WORK/$name.json" p50)" \
         "$(jget "$WORK/$name.json" p99)" "$(jget "$WORK/$name.json" max)" \
         "$(grep -o '"status":{[^}]*}' "$WORK/$name.json" | cut -c10-)"
     if [ -n "${SERVER_PID:-}" ]; then
         awk -v t="$(($(cpu_ticks "$SERVER_PID") - t0))" -v hz="$(getconf CLK_TCK)" \
-            -v n="$(jget "$WORK/$name.json" responses)" 'BEGIN {
+            -v n="$(jget "$WORK/$name.json" served)" 'BEGIN {
                 if (n > 0) printf "%.0f\n", t / hz * 1e6 / n }' >"$WORK/$name.cpu"
         [ ! -s "$WORK/$name.cpu" ] || printf '  %-22s server cpu %s us per response\n' "" "$(cat "$WORK/$name.cpu")"
+    fi
+    if [ "$LOAD_RC" != 0 ]; then
+        # 1 ledger, 2 could not run, 3 no answer, 4 answers other than 2xx/409 or failed
+        # requests, 124 timed out.
+        printf '  %-22s FAIL: hoox-load exited %s, errors %s\n' "" "$LOAD_RC" \
+            "$(grep -o '"errors":{[^}]*}' "$WORK/$name.json" | cut -c10-)"
+        FAILED=1
     fi
     # Open loop: how late the generator was against its schedule (its own clock: pacer; a send
     # also waits for a free connection). Small next to the p99 means the server is measured.
     local late
     late=$(jget "$WORK/$name.json" send_late_p99_us)
     if [ -n "$late" ]; then
-        printf '  %-22s generator late p99: pacer %s us, send %s us\n' "" \
-            "$(jget "$WORK/$name.json" pacer_late_p99_us)" "$late"
+        printf '  %-22s generator late p99: pacer %s us (real-time: %s), send %s us\n' "" \
+            "$(jget "$WORK/$name.json" pacer_late_p99_us)" \
+            "$(grep -o '"pacer_realtime":[a-z]*' "$WORK/$name.json" | cut -d: -f2)" "$late"
     fi
 }
 
@@ -346,7 +376,8 @@ field_median() {
     for f in "$@"; do jget "$f" "$field"; done | median
 }
 
-# ratios C: each round's gateway/bare req/s at C connections, one per line.
+# ratios C: each round's gateway/bare req/s at C connections, one per line: served answers
+# per second (throughput_rps), never answers that only say the gateway refused or failed.
 ratios() {
     local r
     for r in $(seq "$ROUNDS"); do
@@ -436,23 +467,50 @@ if [ "$STORM" = 1 ] || [ "$CHAOS" = 1 ]; then
     LEDGER="http://127.0.0.1:$LEDGER_PORT/ledger"
 fi
 
+# ledger_total: the orders the ledger has counted, or nothing if it did not answer. Never
+# fails: check-ledger exits 1 when a key was forwarded twice, and the verdict that follows
+# must still be printed (set -e would end the script here).
+ledger_total() {
+    { "$BIN/hoox-load" check-ledger --ledger "$LEDGER" --json 2>/dev/null || true; } |
+        grep -o '"total":[0-9]*' | cut -d: -f2 || true
+}
+
+# verdict NAME REASONS...: NAME: OK, or NAME: FAIL with the reasons (and FAILED=1).
+verdict() {
+    local name=$1
+    shift
+    if [ $# -eq 0 ]; then
+        echo "$name: OK"
+    else
+        echo "$name: FAIL: $(printf '%s; ' "$@" | sed 's/; $//')"
+        FAILED=1
+    fi
+}
+
 if [ "$STORM" = 1 ]; then
     echo "-- storm: $STORM_CONNECTIONS connections, $STORM_KEYS keys, ${STORM_S}s, http executor -> ledger"
     gateway_config "$WORK/state/storm" http
     start_gateway "$WORK/state/storm"
-    before=$("$BIN/hoox-load" check-ledger --ledger "$LEDGER" --json | grep -o '"total":[0-9]*' | cut -d: -f2)
+    before=$(ledger_total)
     load storm "$GW_PORT" --connections "$STORM_CONNECTIONS" --duration "${STORM_S}s" \
         --keys "$STORM_KEYS" --key-prefix "storm-$$"
     stop "$GW_PID"
-    after=$("$BIN/hoox-load" check-ledger --ledger "$LEDGER" --json | grep -o '"total":[0-9]*' | cut -d: -f2)
-    forwarded=$((after - before))
-    if [ "$forwarded" -le "$STORM_KEYS" ] &&
-        "$BIN/hoox-load" check-ledger --ledger "$LEDGER" >/dev/null; then
-        echo "storm: OK, $forwarded orders forwarded for $STORM_KEYS keys"
+    after=$(ledger_total)
+    # Every key is drawn in the run's first moments, so each must be forwarded exactly once:
+    # fewer means orders lost (or a gateway that forwarded nothing), more a key forwarded twice.
+    reasons=()
+    if [ -z "$before" ] || [ -z "$after" ]; then
+        reasons+=("the ledger did not answer")
+        forwarded="?"
     else
-        echo "storm: FAIL, $forwarded orders forwarded for $STORM_KEYS keys"
-        FAILED=1
+        forwarded=$((after - before))
+        [ "$forwarded" -eq "$STORM_KEYS" ] || reasons+=("forwarded $forwarded, not $STORM_KEYS")
     fi
+    [ "$LOAD_RC" = 0 ] || reasons+=("hoox-load exited $LOAD_RC")
+    "$BIN/hoox-load" check-ledger --ledger "$LEDGER" >"$WORK/storm-ledger.txt" 2>&1 ||
+        reasons+=("$(grep -h FAIL "$WORK/storm-ledger.txt" | paste -sd ' ' || true)")
+    echo "  storm: $forwarded orders forwarded for $STORM_KEYS keys"
+    verdict storm ${reasons[@]+"${reasons[@]}"}
 fi
 
 if [ "$CHAOS" = 1 ]; then
@@ -460,13 +518,17 @@ if [ "$CHAOS" = 1 ]; then
     gateway_config "$WORK/state/chaos" http
     start_gateway "$WORK/state/chaos"
     prefix="chaos-$$"
+    before=$(ledger_total)
+    ok_keys="$WORK/chaos-2xx-keys"
+    : >"$ok_keys"
     # One load across every crash: its connections reconnect, and a share of its requests
-    # repeat earlier keys, some of them in flight when the gateway died.
+    # repeat earlier keys, some of them in flight when the gateway died. Failed requests are
+    # the point here (--expect-errors); every key answered 2xx is written down for the replay.
     timeout 900 "$BIN/hoox-load" run --url "https://127.0.0.1:$GW_PORT/webhook" \
         --ca "$WORK/tls/cert.pem" "--$PROTOCOL" --auth "$AUTH" --secret-file "$WORK/secrets/token" \
         --connections "$CHAOS_CONNECTIONS" --duration "$((CHAOS_ROUNDS * 3 + 3))s" \
         --dup-ratio "$CHAOS_DUP" --key-prefix "$prefix" --timeout 3s --json \
-        >"$WORK/chaos-load.json" 2>&1 &
+        --expect-errors --write-2xx-keys "$ok_keys" >"$WORK/chaos-load.json" 2>&1 &
     LOAD_PID=$!
     PIDS+=("$LOAD_PID")
     for round in $(seq "$CHAOS_ROUNDS"); do
@@ -476,20 +538,46 @@ if [ "$CHAOS" = 1 ]; then
         echo "  round $round: SIGKILL after ${ms} ms, restarting"
         start_gateway "$WORK/state/chaos"
     done
-    wait "$LOAD_PID" || true
+    chaos_rc=0
+    wait "$LOAD_PID" || chaos_rc=$?
     forget "$LOAD_PID"
+    ok2xx=$(grep -o '"status":{[^}]*}' "$WORK/chaos-load.json" | grep -o '"2[0-9][0-9]":[0-9]*' |
+        cut -d: -f2 | awk '{ n += $1 } END { print n + 0 }' || true)
     echo "  load: $(grep -o '"status":{[^}]*}' "$WORK/chaos-load.json" | cut -c10-)" \
         "errors $(grep -o '"errors":{[^}]*}' "$WORK/chaos-load.json" | cut -c10-)"
-    # Replay the first keys once more, calmly: whatever was pending at a crash must still
-    # not be forwarded a second time.
-    load chaos-replay "$GW_PORT" --connections 4 --requests "$CHAOS_REPLAY" --key-prefix "$prefix"
-    stop "$GW_PID"
-    if "$BIN/hoox-load" check-ledger --ledger "$LEDGER"; then
-        echo "chaos: OK"
+    # After the last restart, calmly, every key that got a 2xx once more (or, when there
+    # are more than CHAOS_REPLAY, a uniform random sample of them): whatever was pending
+    # at a crash, each must be refused as a duplicate (409), and none forwarded again.
+    sort -u "$ok_keys" >"$ok_keys.unique"
+    if [ "$(wc -l <"$ok_keys.unique")" -gt "$CHAOS_REPLAY" ]; then
+        shuf -n "$CHAOS_REPLAY" "$ok_keys.unique" >"$WORK/chaos-replay-keys"
     else
-        echo "chaos: FAIL"
-        FAILED=1
+        cp "$ok_keys.unique" "$WORK/chaos-replay-keys"
     fi
+    replayed=$(wc -l <"$WORK/chaos-replay-keys")
+    reasons=()
+    if [ "$replayed" -gt 0 ]; then
+        echo "  replaying $replayed of $(wc -l <"$ok_keys.unique") keys that got a 2xx"
+        load chaos-replay "$GW_PORT" --connections 4 --replay-keys "$WORK/chaos-replay-keys"
+        refused=$(jget "$WORK/chaos-replay.json" 409)
+        [ "${refused:-0}" -eq "$replayed" ] && [ "$LOAD_RC" = 0 ] ||
+            reasons+=("replay: ${refused:-0} x 409 for $replayed keys (hoox-load exited $LOAD_RC)")
+    fi
+    after=$(ledger_total)
+    stop "$GW_PID"
+    if [ -z "$before" ] || [ -z "$after" ]; then
+        reasons+=("the ledger did not answer")
+    elif [ "$((after - before))" -lt 1 ]; then
+        reasons+=("no order forwarded")
+    else
+        echo "  ledger: $((after - before)) orders forwarded during the chaos run"
+    fi
+    [ "$ok2xx" -ge 1 ] || reasons+=("no answer 2xx")
+    # With --expect-errors only a run with no answer at all (3), one that could not run (2) or
+    # the timeout (124) exits nonzero.
+    [ "$chaos_rc" = 0 ] || reasons+=("the chaos load exited $chaos_rc")
+    "$BIN/hoox-load" check-ledger --ledger "$LEDGER" || reasons+=("ledger check failed")
+    verdict chaos ${reasons[@]+"${reasons[@]}"}
 fi
 
 # proof_test NAME ENV=VALUE: CI's tests/NAME.rs against the real binary, with the longer

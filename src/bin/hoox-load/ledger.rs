@@ -152,13 +152,19 @@ pub async fn fetch(url: &str) -> Result<Counts, Error> {
     Ok(serde_json::from_slice(&body)?)
 }
 
-/// Print the counts; the verdict is whether any key was forwarded twice.
+/// Print the counts; the verdict: no key forwarded twice, and every order carried a key (an
+/// order without one is an order the ledger cannot check, and one the executor could not
+/// deduplicate either).
 pub fn report(counts: &Counts, json: bool) -> ExitCode {
-    let ok = counts.duplicates.is_empty();
+    let once = counts.duplicates.is_empty();
+    let keyed = counts.missing_key == 0;
     if json {
         println!(
             "{}",
-            serde_json::json!({ "ledger": counts, "no_key_forwarded_twice": ok })
+            serde_json::json!({
+                "ledger": counts, "no_key_forwarded_twice": once,
+                "every_order_had_a_key": keyed, "ok": once && keyed,
+            })
         );
     } else {
         println!(
@@ -168,9 +174,15 @@ pub fn report(counts: &Counts, json: bool) -> ExitCode {
             counts.missing_key,
             counts.duplicates.len()
         );
-        if ok {
-            println!("ledger: OK, no key forwarded twice");
-        } else {
+        if !keyed {
+            println!(
+                "ledger: FAIL, {} orders without an Idempotency-Key",
+                counts.missing_key
+            );
+        }
+        if once && keyed {
+            println!("ledger: OK, no key forwarded twice, every order with a key");
+        } else if !once {
             let shown: Vec<&str> = counts
                 .duplicates
                 .iter()
@@ -180,7 +192,7 @@ pub fn report(counts: &Counts, json: bool) -> ExitCode {
             println!("ledger: FAIL, keys forwarded twice: {}", shown.join(", "));
         }
     }
-    if ok {
+    if once && keyed {
         ExitCode::SUCCESS
     } else {
         ExitCode::from(1)
@@ -244,6 +256,18 @@ mod tests {
         assert_eq!(counts.duplicates, vec!["a".to_string()]);
         assert_eq!(report(&counts, true), ExitCode::from(1));
         server.abort();
+    }
+
+    #[test]
+    fn an_order_without_a_key_fails_the_check() {
+        let counts = Counts {
+            total: 3,
+            unique: 2,
+            missing_key: 1,
+            ..Counts::default()
+        };
+        assert_eq!(report(&counts, true), ExitCode::from(1));
+        assert_eq!(report(&counts, false), ExitCode::from(1));
     }
 
     #[test]

@@ -28,13 +28,19 @@ struct Cli {
 #[derive(Subcommand)]
 enum Command {
     /// Send trade webhooks over N TLS connections and report throughput and latency.
+    ///
+    /// Exit codes: 0 every answer served (2xx or 409); 1 the ledger (--ledger) saw a key
+    /// forwarded twice or an order without a key; 2 the run could not start; 3 no answer at
+    /// all; 4 some answer was neither 2xx nor 409, or some request failed in transport (a
+    /// connect, an I/O error, a timeout), unless --expect-errors.
     Run(Box<run::Args>),
     /// Run a ledger executor: answers 200 {"success":true}, records every Idempotency-Key.
     Ledger {
         #[arg(long, default_value = "127.0.0.1:9000")]
         listen: SocketAddr,
     },
-    /// Fetch a ledger's counts; exit 1 if any key was forwarded twice.
+    /// Fetch a ledger's counts; exit 1 if any key was forwarded twice or any order came
+    /// without a key.
     CheckLedger {
         /// e.g. http://127.0.0.1:9000/ledger
         #[arg(long)]

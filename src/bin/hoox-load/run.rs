@@ -1,15 +1,21 @@
 //! `hoox-load run`: N TLS connections sending HOOX-shaped trades, closed loop (each connection
 //! sends its next request the moment the last one is answered) or open loop (`--rate`: requests
-//! are due on a fixed schedule, and latency counts from when a request was released, not when
-//! it was sent, so a stalled server cannot hide its stall by slowing the client down).
+//! are due on a fixed schedule, and latency counts from when a request was due, not when it
+//! was sent, so neither a stalled server nor a late generator can hide a stall by slowing the
+//! client down).
 //!
 //! No tokio timer stands between two requests: tokio's timer wheel ticks every millisecond and
 //! rounds a deadline up to the next tick, which would add up to 1 ms to every request and
 //! measure the generator, not the server. Open loop is paced by one OS thread sleeping with
 //! `std::thread::sleep` (an hrtimer), which releases each request at its due time; any free
-//! connection takes it. How late the pacer woke (the platform's timer precision: on a small VM
-//! p50 ~20 µs, p99 ~150 µs, rarely 1 ms) is reported apart and not counted as latency; waiting
-//! for a free connection is counted.
+//! connection takes it. Latency counts from the due time, so how late the pacer woke (the
+//! platform's timer precision: on a small VM p50 ~20 µs, p99 ~150 µs, rarely 1 ms; far more
+//! when the box is overloaded) is inside it, as is waiting for a free connection: dropping
+//! either would drop the wait of every request due meanwhile (coordinated omission). The
+//! pacer's lateness is also reported apart, to show how much of a tail is the generator's.
+//!
+//! Throughput counts served answers only (2xx, and 409: a repeated trade refused as a
+//! duplicate is the gateway working): a gateway that answers 401 or 503 fast is not fast.
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
@@ -58,7 +64,7 @@ pub struct Args {
     /// Send exactly this many requests.
     #[arg(long)]
     requests: Option<u64>,
-    /// Open loop at this rate, e.g. 1000/s; latency counts from each request's release time.
+    /// Open loop at this rate, e.g. 1000/s; latency counts from each request's scheduled time.
     #[arg(long, value_parser = parse_rate)]
     rate: Option<f64>,
     /// Share of requests that repeat an earlier key (same trade), 0.0..=1.0.
@@ -73,7 +79,8 @@ pub struct Args {
     /// How to authenticate; the secret is read from --secret-file, never from the command line.
     #[arg(long, value_enum, requires = "secret_file")]
     auth: Option<AuthKind>,
-    /// File whose first line is the secret.
+    /// Secrets file, read as the gateway reads its own (one per line, blank lines and `#`
+    /// comments skipped, not readable by everyone); the first secret is used.
     #[arg(long)]
     secret_file: Option<PathBuf>,
     /// Per-request timeout.
@@ -85,6 +92,68 @@ pub struct Args {
     /// Machine-readable output, one JSON object.
     #[arg(long)]
     json: bool,
+    /// Exit 0 even if some answers are not 2xx or 409, or some requests fail in transport
+    /// (the chaos bench kills the gateway on purpose); without it, such a run exits 4.
+    #[arg(long)]
+    expect_errors: bool,
+    /// Append the key of every request answered 2xx to this file, one per line: the keys
+    /// only, nothing secret. What a later --replay-keys sends again.
+    #[arg(long)]
+    write_2xx_keys: Option<PathBuf>,
+    /// Send each key in this file (one per line, as --write-2xx-keys writes them) once, with
+    /// the very trade the key first carried, so the gateway must answer 409 to each. The keys
+    /// carry their own prefix: --key-prefix is not used.
+    #[arg(long, conflicts_with_all = ["duration", "requests", "keys", "dup_ratio"])]
+    replay_keys: Option<PathBuf>,
+}
+
+/// The exit code of a run in which an answer was neither 2xx nor 409, or a request failed in
+/// transport (and --expect-errors was not given).
+const EXIT_ERRORS: u8 = 4;
+
+/// An answer of a working gateway: 2xx, or 409 for a repeated trade (runs with --dup-ratio or
+/// --keys repeat trades on purpose). Anything else is not throughput.
+fn served(status: u16) -> bool {
+    (200..300).contains(&status) || status == 409
+}
+
+/// Keys go into JSON and headers unescaped, and are at most 255 characters.
+fn valid_prefix(p: &str) -> bool {
+    p.len() <= 200
+        && p.bytes()
+            .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b))
+}
+
+/// The keys in a --write-2xx-keys file, each split into its prefix and its number (which
+/// fixes the trade, see `Plan::body`).
+fn read_replay(path: &std::path::Path) -> Result<Vec<(String, u64)>, Error> {
+    let text = std::fs::read_to_string(path).map_err(|e| format!("{}: {e}", path.display()))?;
+    let mut keys = Vec::new();
+    for (n, line) in text.lines().enumerate() {
+        let line = line.trim();
+        if line.is_empty() {
+            continue;
+        }
+        let key = line
+            .rsplit_once('-')
+            .and_then(|(p, j)| Some((p, j.parse::<u64>().ok()?)))
+            .filter(|(p, _)| valid_prefix(p));
+        match key {
+            Some((p, j)) => keys.push((p.to_string(), j)),
+            None => {
+                return Err(format!(
+                    "{}:{}: not a key as --write-2xx-keys writes them",
+                    path.display(),
+                    n + 1
+                )
+                .into());
+            }
+        }
+    }
+    if keys.is_empty() {
+        return Err(format!("{}: no keys", path.display()).into());
+    }
+    Ok(keys)
 }
 
 #[derive(clap::ValueEnum, Clone, Copy)]
@@ -125,22 +194,31 @@ impl Auth {
         let (Some(kind), Some(file)) = (kind, file) else {
             return Ok(Auth::None);
         };
-        let text = std::fs::read_to_string(file).map_err(|e| format!("{}: {e}", file.display()))?;
-        let secret = text.lines().next().map(str::trim).unwrap_or("");
-        if secret.is_empty() {
-            return Err(format!("{}: no secret on the first line", file.display()).into());
-        }
+        // The gateway's own parser, so that any file the gateway accepts works here alike
+        // (comments, blank lines, several secrets during a rotation). Its errors name the
+        // file, never its content.
+        let secrets = hoox_edge::gateway::auth::load_secrets(file)?;
+        // The gateway accepts any of its secrets; the first one listed will do.
+        let secret = secrets
+            .first()
+            .ok_or_else(|| format!("{}: no secret", file.display()))?
+            .expose();
         Ok(match kind {
             AuthKind::Bearer => {
-                let mut value = hyper::header::HeaderValue::try_from(format!("Bearer {secret}"))
-                    .map_err(|_| {
-                        format!("{}: secret is not a valid header value", file.display())
-                    })?;
+                let mut value =
+                    hyper::header::HeaderValue::from_bytes(&[b"Bearer ", secret].concat())
+                        .map_err(|_| {
+                            format!("{}: secret is not a valid header value", file.display())
+                        })?;
                 value.set_sensitive(true);
                 Auth::Bearer(value)
             }
-            AuthKind::Apikey => Auth::ApiKey(serde_json::to_string(secret)?),
-            AuthKind::Hmac => Auth::Hmac(secret.as_bytes().to_vec()),
+            AuthKind::Apikey => {
+                let secret = std::str::from_utf8(secret)
+                    .map_err(|_| format!("{}: secret is not UTF-8", file.display()))?;
+                Auth::ApiKey(serde_json::to_string(secret)?)
+            }
+            AuthKind::Hmac => Auth::Hmac(secret.to_vec()),
         })
     }
 }
@@ -262,11 +340,17 @@ fn histogram() -> Result<Histogram<u64>, Error> {
 /// What one connection measured; merged at the end.
 struct Stats {
     latency_us: Histogram<u64>,
-    /// Open loop only: how long after its release each request went out. Includes waiting for
+    /// Open loop only: how long after its due time each request went out. Includes waiting for
     /// a free connection, so it grows when the server falls behind, not only when we do.
     send_late_us: Histogram<u64>,
     status: BTreeMap<u16, u64>,
     errors: BTreeMap<&'static str, u64>,
+    /// Answers received within the run's window, all of them and the served ones: what the
+    /// throughput divides by the window (see `run`).
+    answers_in_window: u64,
+    served_in_window: u64,
+    /// With --write-2xx-keys: the key numbers answered 2xx.
+    ok_keys: Vec<u64>,
 }
 
 impl Stats {
@@ -276,6 +360,9 @@ impl Stats {
             send_late_us: histogram()?,
             status: BTreeMap::new(),
             errors: BTreeMap::new(),
+            answers_in_window: 0,
+            served_in_window: 0,
+            ok_keys: Vec::new(),
         })
     }
 
@@ -293,6 +380,9 @@ impl Stats {
         for (k, v) in other.errors {
             *self.errors.entry(k).or_insert(0) += v;
         }
+        self.answers_in_window += other.answers_in_window;
+        self.served_in_window += other.served_in_window;
+        self.ok_keys.extend(other.ok_keys);
     }
 }
 
@@ -343,12 +433,34 @@ struct Plan {
     dup_ratio: f64,
     keys: Option<u64>,
     timeout: Duration,
+    /// With --replay-keys: the keys to send, by key number (prefix, number).
+    replay: Option<Vec<(String, u64)>>,
+    /// With --write-2xx-keys: collect the keys answered 2xx.
+    record_ok_keys: bool,
 }
 
 impl Plan {
+    /// Key number `j` as a prefix and the number its trade is made from: ours, or with
+    /// --replay-keys the `j`th key of the file.
+    fn key(&self, j: u64) -> (&str, u64) {
+        let replayed = self.replay.as_ref().and_then(|keys| keys.get(j as usize));
+        match replayed {
+            Some((prefix, n)) => (prefix, *n),
+            None => (&self.key_prefix, j),
+        }
+    }
+
+    /// The `Idempotency-Key` of key number `j`.
+    fn key_string(&self, j: u64) -> String {
+        let (prefix, n) = self.key(j);
+        format!("{prefix}-{n}")
+    }
+
     /// The trade for key number `j`: a repeated key carries the very same trade, so the gateway
-    /// sees a duplicate (409) rather than a reused key with a different trade (422).
+    /// sees a duplicate (409) rather than a reused key with a different trade (422). The trade
+    /// depends only on the key, so a replay from a file of keys repeats it too.
     fn body(&self, j: u64) -> String {
+        let (prefix, j) = self.key(j);
         let milli = 1 + j % 1000;
         let action = if j.is_multiple_of(2) { "LONG" } else { "SHORT" };
         let api_key = match &self.auth {
@@ -359,7 +471,7 @@ impl Plan {
             "{{\"exchange\":\"binance\",\"symbol\":\"BTCUSDT\",\"action\":\"{action}\",\"quantity\":{}.{:03},\"idempotencyKey\":\"{}-{j}\"{api_key}}}",
             milli / 1000,
             milli % 1000,
-            self.key_prefix
+            prefix
         )
     }
 
@@ -413,7 +525,7 @@ impl Plan {
     }
 
     /// Waits for the next request to send; None when the run is over. Open loop: the instant
-    /// the pacer released it, which its latency counts from. Closed loop: now.
+    /// it was due, which its latency counts from. Closed loop: now.
     async fn next_slot(&self) -> Option<Instant> {
         match &self.paced {
             Some(paced) => paced.take().await,
@@ -425,9 +537,10 @@ impl Plan {
     }
 }
 
-/// Requests released by the pacer and not yet taken by a connection. Any free connection takes
-/// the oldest; when none is free they wait here, and their latency still counts from release,
-/// so a slow server cannot thin out the schedule (no coordinated omission).
+/// Requests released by the pacer, each with its due time, and not yet taken by a connection.
+/// Any free connection takes the oldest; when none is free they wait here, and their latency
+/// still counts from their due time, so a slow server cannot thin out the schedule (no
+/// coordinated omission).
 struct Paced {
     /// One permit per released request; at the end, one more per connection, to find the
     /// queue empty and the run over. Never closed.
@@ -443,8 +556,8 @@ impl Paced {
         }
     }
 
-    fn release(&self, at: Instant) {
-        self.queue().push_back(at);
+    fn release(&self, due: Instant) {
+        self.queue().push_back(due);
         self.permits.add_permits(1);
     }
 
@@ -459,13 +572,24 @@ impl Paced {
     }
 }
 
-/// The open-loop clock, on its own OS thread: sleep to each request's due time and release it.
-/// Returns how late the pacer woke: the platform's timer precision, not the server's doing, so
-/// it is reported on its own and kept out of the latency.
-fn pace(plan: &Plan, connections: u32) -> Result<Histogram<u64>, Error> {
+/// What the pacer reports of itself.
+struct PacerReport {
+    /// How late it woke for each request: the platform's timer precision, or a busy box.
+    late_us: Histogram<u64>,
+    /// Whether it got the real-time priority it asked for.
+    realtime: bool,
+}
+
+/// The open-loop clock, on its own OS thread: sleep to each request's due time and release it,
+/// stamped with that due time, however late the pacer woke: the requests due while it slept
+/// past its time waited as long as if the server had made them wait.
+fn pace(plan: &Plan, connections: u32) -> Result<PacerReport, Error> {
     let mut late_us = histogram()?;
     let Some(paced) = &plan.paced else {
-        return Ok(late_us);
+        return Ok(PacerReport {
+            late_us,
+            realtime: false,
+        });
     };
     // A thread's default timer slack lets the kernel wake it up to 50 µs late, to batch
     // wake-ups; the pacer wants its microseconds. Failure only costs precision.
@@ -475,15 +599,16 @@ fn pace(plan: &Plan, connections: u32) -> Result<Histogram<u64>, Error> {
     // priority puts the pacer first in line. At up to 20k/s it sleeps nearly all the time and
     // takes nothing from the servers; faster, it would hardly sleep, and a real-time thread
     // that does not sleep starves everyone else on its core. Needs CAP_SYS_NICE; without it
-    // the pacer runs as a normal thread.
-    if plan.rate.is_some_and(|r| r <= 20_000.0) {
+    // the pacer runs as a normal thread, and the report says so: its wake-ups, and so the
+    // latencies, then include waiting behind the servers for a core.
+    let realtime = plan.rate.is_some_and(|r| r <= 20_000.0) && {
         // musl's sched_param has SCHED_SPORADIC fields glibc's lacks: zero them, set the one.
         // SAFETY: sched_param is plain integers; all zeros is a valid value.
         let mut fifo: libc::sched_param = unsafe { std::mem::zeroed() };
         fifo.sched_priority = 1;
         // SAFETY: sets the calling thread's own policy from a valid, initialised sched_param.
-        unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &fifo) };
-    }
+        unsafe { libc::pthread_setschedparam(libc::pthread_self(), libc::SCHED_FIFO, &fifo) == 0 }
+    };
     let mut i = 0;
     while let Some(due) = plan.due(i, Instant::now()) {
         let now = Instant::now();
@@ -492,17 +617,17 @@ fn pace(plan: &Plan, connections: u32) -> Result<Histogram<u64>, Error> {
         }
         let now = Instant::now();
         late_us.saturating_record(now.saturating_duration_since(due).as_micros() as u64);
-        paced.release(now);
+        paced.release(due);
         i += 1;
     }
     paced.permits.add_permits(connections as usize);
-    Ok(late_us)
+    Ok(PacerReport { late_us, realtime })
 }
 
 async fn connection(plan: Arc<Plan>, mut conn: Option<Conn>, seed: u64) -> Result<Stats, Error> {
     let mut stats = Stats::new()?;
     let mut rng = Rng(seed | 1);
-    while let Some(released) = plan.next_slot().await {
+    while let Some(due) = plan.next_slot().await {
         let j = plan.key_number(&mut rng);
         let sender = match conn.as_mut() {
             Some(c) => c,
@@ -527,11 +652,11 @@ async fn connection(plan: Arc<Plan>, mut conn: Option<Conn>, seed: u64) -> Resul
         // Closed loop: the clock starts as the request goes out, after building it.
         let sent = Instant::now();
         let start = if plan.paced.is_some() {
-            let waited = sent.saturating_duration_since(released);
+            let waited = sent.saturating_duration_since(due);
             stats
                 .send_late_us
                 .saturating_record(waited.as_micros() as u64);
-            released
+            due
         } else {
             sent
         };
@@ -543,10 +668,18 @@ async fn connection(plan: Arc<Plan>, mut conn: Option<Conn>, seed: u64) -> Resul
         };
         match tokio::time::timeout(plan.timeout, exchange).await {
             Ok(Ok(status)) => {
+                let done = Instant::now();
                 stats
                     .latency_us
-                    .saturating_record(start.elapsed().as_micros() as u64);
+                    .saturating_record(done.saturating_duration_since(start).as_micros() as u64);
                 *stats.status.entry(status).or_insert(0) += 1;
+                if plan.deadline.is_none_or(|d| done <= d) {
+                    stats.answers_in_window += 1;
+                    stats.served_in_window += u64::from(served(status));
+                }
+                if plan.record_ok_keys && (200..300).contains(&status) {
+                    stats.ok_keys.push(j);
+                }
             }
             Ok(Err(_)) => {
                 stats.error("io");
@@ -565,16 +698,18 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
     let target = Target::new(&args)?;
     let auth = Auth::load(args.auth, args.secret_file.as_ref())?;
     let seed = getrandom::u64()?;
-    // The prefix goes into JSON and headers unescaped, and keys are at most 255 characters.
-    if let Some(p) = &args.key_prefix {
-        let ok = p.len() <= 200
-            && p.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || b"-_.:".contains(&b));
-        if !ok {
-            return Err("--key-prefix: at most 200 of A-Z a-z 0-9 - _ . :".into());
-        }
+    if args.key_prefix.as_deref().is_some_and(|p| !valid_prefix(p)) {
+        return Err("--key-prefix: at most 200 of A-Z a-z 0-9 - _ . :".into());
     }
-    let duration = match (args.duration, args.requests) {
+    let replay = match &args.replay_keys {
+        Some(path) => Some(read_replay(path)?),
+        None => None,
+    };
+    // A replay sends each of its keys once: that is its length.
+    let limit = args
+        .requests
+        .or(replay.as_ref().map(|keys| keys.len() as u64));
+    let duration = match (args.duration, limit) {
         (Some(d), _) => Some(d),
         (None, Some(_)) => None,
         (None, None) => Some(Duration::from_secs(10)),
@@ -617,7 +752,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
             .unwrap_or_else(|| format!("load-{:08x}", seed as u32)),
         next: AtomicU64::new(0),
         fresh: AtomicU64::new(0),
-        limit: args.requests,
+        limit,
         start,
         deadline: duration.map(|d| start + d),
         rate: args.rate,
@@ -625,6 +760,8 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
         dup_ratio: args.dup_ratio,
         keys: args.keys.filter(|&k| k > 0),
         timeout: args.timeout,
+        replay,
+        record_ok_keys: args.write_2xx_keys.is_some(),
     });
     let pacer = plan.paced.is_some().then(|| {
         let (plan, connections) = (plan.clone(), args.connections);
@@ -639,10 +776,17 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
     for w in workers {
         total.merge(w.await??);
     }
-    let elapsed = start.elapsed();
+    let wall = start.elapsed();
+    // Throughput is the answers received within the run's window, divided by the window. With
+    // --duration the window is that duration: the last requests are still out when it ends,
+    // and waiting for them (one hung to --timeout would stretch a 1 s run to 10 s, cutting its
+    // req/s tenfold) would measure the straggler, not the server. Their answers still count in
+    // the latency and the statuses. With --requests the run is serving N requests, so its
+    // window lasts until the last answer, straggler included.
+    let window = duration.unwrap_or(wall);
     // Every connection has seen the run end, which the pacer signals as its last act: this
     // join returns at once.
-    let pacer_late_us = match pacer {
+    let pacer = match pacer {
         Some(p) => Some(p.join().map_err(|_| "the pacer thread panicked")??),
         None => None,
     };
@@ -651,37 +795,62 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
         Some(url) => Some(ledger::fetch(url).await?),
         None => None,
     };
-    print_report(
-        &args,
-        &plan,
-        &total,
-        pacer_late_us.as_ref(),
-        elapsed,
-        failed,
-    );
-    match ledger {
-        Some(counts) => Ok(ledger::report(&counts, args.json)),
-        None if total.latency_us.is_empty() => Ok(ExitCode::from(3)),
-        None => Ok(ExitCode::SUCCESS),
+    print_report(&args, &plan, &total, pacer.as_ref(), window, wall, failed);
+    if let Some(path) = &args.write_2xx_keys {
+        append_keys(path, &plan, &total.ok_keys).map_err(|e| format!("{}: {e}", path.display()))?;
     }
+    let not_served: u64 = total
+        .status
+        .iter()
+        .filter(|(status, _)| !served(**status))
+        .map(|(_, n)| n)
+        .sum();
+    let transport = total.errors.values().sum::<u64>() + failed as u64;
+    let ledger = ledger.map(|counts| ledger::report(&counts, args.json));
+    Ok(match ledger {
+        Some(code) if code != ExitCode::SUCCESS => code,
+        _ if total.latency_us.is_empty() => ExitCode::from(3),
+        _ if not_served + transport > 0 && !args.expect_errors => ExitCode::from(EXIT_ERRORS),
+        _ => ExitCode::SUCCESS,
+    })
+}
+
+/// Appends the keys `numbers` to `path`, one per line.
+fn append_keys(path: &std::path::Path, plan: &Plan, numbers: &[u64]) -> std::io::Result<()> {
+    use std::io::Write;
+    let file = std::fs::OpenOptions::new()
+        .append(true)
+        .create(true)
+        .open(path)?;
+    let mut out = std::io::BufWriter::new(file);
+    for &j in numbers {
+        writeln!(out, "{}", plan.key_string(j))?;
+    }
+    out.flush()
 }
 
 fn print_report(
     args: &Args,
     plan: &Plan,
     total: &Stats,
-    pacer_late_us: Option<&Histogram<u64>>,
-    elapsed: Duration,
+    pacer: Option<&PacerReport>,
+    window: Duration,
+    wall: Duration,
     failed_handshakes: usize,
 ) {
     let h = &total.latency_us;
     let responses = h.len();
-    let secs = elapsed.as_secs_f64();
-    let rps = if secs > 0.0 {
-        responses as f64 / secs
-    } else {
-        0.0
-    };
+    let served_total: u64 = total
+        .status
+        .iter()
+        .filter(|(status, _)| served(**status))
+        .map(|(_, n)| n)
+        .sum();
+    let secs = window.as_secs_f64();
+    let per_s = |n: u64| if secs > 0.0 { n as f64 / secs } else { 0.0 };
+    // Served answers per second: what bench.sh's ratios compare. All answers, for reference.
+    let rps = per_s(total.served_in_window);
+    let answers_rps = per_s(total.answers_in_window);
     let q = |x: f64| h.value_at_quantile(x);
     let protocol = if args.http2 { "h2" } else { "http/1.1" };
     let mode = match args.rate {
@@ -690,8 +859,8 @@ fn print_report(
     };
     // Open loop: how late the generator was against the schedule. The pacer's lateness is its
     // own clock; a send's includes waiting for a free connection (the server's doing).
-    let late = pacer_late_us.map(|pacer| {
-        let send = &total.send_late_us;
+    let late = pacer.map(|pacer| {
+        let (send, pacer) = (&total.send_late_us, &pacer.late_us);
         (
             [
                 pacer.value_at_quantile(0.5),
@@ -707,11 +876,12 @@ fn print_report(
     });
     if args.json {
         // Names unlike the latency's: scripts pick fields by name (see scripts/bench.sh).
-        let generator = late.map(|(pacer, send)| {
+        let generator = late.map(|(late, send)| {
             serde_json::json!({
-                "pacer_late_p50_us": pacer[0], "pacer_late_p99_us": pacer[1],
-                "pacer_late_max_us": pacer[2], "send_late_p50_us": send[0],
+                "pacer_late_p50_us": late[0], "pacer_late_p99_us": late[1],
+                "pacer_late_max_us": late[2], "send_late_p50_us": send[0],
                 "send_late_p99_us": send[1], "send_late_max_us": send[2],
+                "pacer_realtime": pacer.is_some_and(|p| p.realtime),
             })
         });
         let status: BTreeMap<String, u64> = total
@@ -722,7 +892,8 @@ fn print_report(
         let out = serde_json::json!({
             "url": plan.target.uri.to_string(), "protocol": protocol, "connections": args.connections,
             "mode": mode, "rate": args.rate, "dup_ratio": args.dup_ratio,
-            "elapsed_s": secs, "responses": responses, "throughput_rps": rps,
+            "elapsed_s": secs, "wall_s": wall.as_secs_f64(), "responses": responses,
+            "served": served_total, "throughput_rps": rps, "answers_rps": answers_rps,
             "latency_us": { "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "p99_9": q(0.999),
                             "max": h.max(), "mean": h.mean() },
             "status": status, "errors": total.errors, "failed_handshakes": failed_handshakes,
@@ -735,7 +906,9 @@ fn print_report(
         "hoox-load: {} {protocol}, {} connections, {mode}, {secs:.2} s",
         plan.target.uri, args.connections
     );
-    println!("  responses  {responses}   throughput {rps:.1} req/s");
+    println!(
+        "  responses  {responses}, served (2xx, 409) {served_total}   throughput {rps:.1} served/s, {answers_rps:.1} answers/s"
+    );
     println!(
         "  latency us p50 {}  p90 {}  p99 {}  p99.9 {}  max {}",
         q(0.5),
@@ -744,10 +917,15 @@ fn print_report(
         q(0.999),
         h.max()
     );
-    if let Some((pacer, send)) = late {
+    if let Some((late, send)) = late {
+        let realtime = if pacer.is_some_and(|p| p.realtime) {
+            "real-time"
+        } else {
+            "not real-time"
+        };
         println!(
-            "  late us    pacer p50 {}  p99 {}  max {};  send p50 {}  p99 {}  max {}",
-            pacer[0], pacer[1], pacer[2], send[0], send[1], send[2]
+            "  late us    pacer ({realtime}) p50 {}  p99 {}  max {};  send p50 {}  p99 {}  max {}",
+            late[0], late[1], late[2], send[0], send[1], send[2]
         );
     }
     let status: Vec<String> = total
@@ -812,6 +990,8 @@ mod tests {
             dup_ratio: 0.0,
             keys: None,
             timeout: Duration::from_secs(1),
+            replay: None,
+            record_ok_keys: false,
         }
     }
 
@@ -917,7 +1097,69 @@ mod tests {
                 "request {i} early"
             );
         }
-        assert_eq!(pacer.join().unwrap().unwrap().len(), 40);
+        assert_eq!(pacer.join().unwrap().unwrap().late_us.len(), 40);
+    }
+
+    /// A pacer that wakes late (descheduled on a busy box: here, started 300 ms after the
+    /// schedule) still stamps each request with its due time, so the requests due while it
+    /// slept count that wait as latency; stamped with the release time, they would hide it.
+    #[tokio::test]
+    async fn a_late_pacer_stamps_each_request_with_its_due_time() {
+        let mut p = plan(Auth::None);
+        p.rate = Some(1000.0);
+        p.limit = Some(300);
+        p.paced = Some(Paced::new());
+        p.start = Instant::now()
+            .checked_sub(Duration::from_millis(300))
+            .unwrap();
+        let p = Arc::new(p);
+        let pacer = {
+            let p = p.clone();
+            std::thread::spawn(move || pace(&p, 1))
+        };
+        let mut stamps = Vec::new();
+        while let Some(due) = p.next_slot().await {
+            stamps.push(due);
+        }
+        let taken = Instant::now();
+        assert_eq!(stamps.len(), 300);
+        for (i, stamp) in stamps.iter().enumerate() {
+            assert_eq!(Some(*stamp), p.due(i as u64, p.start), "request {i}");
+        }
+        // Half of them were due 150 ms or more before anyone could take them.
+        let waited = taken.duration_since(stamps[150]);
+        assert!(waited >= Duration::from_millis(140), "{waited:?}");
+        let report = pacer.join().unwrap().unwrap();
+        assert!(report.late_us.value_at_quantile(0.5) >= 100_000);
+    }
+
+    #[test]
+    fn replayed_keys_carry_their_first_trade() {
+        let mut p = plan(Auth::None);
+        let original = p.body(1234);
+        p.replay = Some(vec![("q".into(), 5), ("p".into(), 1234)]);
+        p.key_prefix = "unused".into();
+        assert_eq!(p.body(1), original);
+        assert_eq!(p.key_string(0), "q-5");
+        // Beyond the file: our own keys (never sent: the run's limit is the file's length).
+        assert_eq!(p.key_string(2), "unused-2");
+
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("keys");
+        std::fs::write(&file, "a-b-1\n\nchaos-7-12\n").unwrap();
+        assert_eq!(
+            read_replay(&file).unwrap(),
+            [("a-b".to_string(), 1), ("chaos-7".to_string(), 12)]
+        );
+        std::fs::write(&file, "a-b-1\nnot/a-key-2\n").unwrap();
+        assert!(
+            read_replay(&file)
+                .unwrap_err()
+                .to_string()
+                .contains(":2: not a key")
+        );
+        std::fs::write(&file, "\n").unwrap();
+        assert!(read_replay(&file).is_err());
     }
 
     #[test]
