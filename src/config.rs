@@ -723,6 +723,33 @@ mod tests {
         checked_in(state().path(), edit)
     }
 
+    /// What a config that leaves a key out gets (SPEC §1, §7): pinned, since every test
+    /// config and the embedded one set most of them.
+    #[test]
+    fn keys_left_out_take_the_specified_defaults() {
+        let c = checked(|r| {
+            r.server.listen = None;
+            r.server.max_connections = None;
+            r.server.max_connections_per_ip = None;
+            r.store.ttl = None;
+            r.limits.capacity = None;
+            r.executor.kind = Some("http".into());
+            r.executor.url = Some("http://127.0.0.1:9/order".into());
+            r.executor.timeout = None;
+            r.executor.on_unknown_outcome = None;
+        })
+        .unwrap();
+        assert_eq!(c.listen, "0.0.0.0:8443".parse().unwrap());
+        assert_eq!((c.max_connections, c.max_connections_per_ip), (1024, 256));
+        assert_eq!(c.ttl, Duration::from_secs(300));
+        assert_eq!(c.capacity, 1_000_000);
+        assert_eq!(c.on_unknown_outcome, OnUnknown::Hold);
+        match c.executor {
+            ExecutorKind::Http(h) => assert_eq!(h.timeout, Duration::from_secs(10)),
+            _ => panic!("not the http executor"),
+        }
+    }
+
     /// A relative admin socket is in the config file's folder, as every relative path in
     /// it is, not in whatever folder the gateway (or an operator's CLI) started in.
     #[test]

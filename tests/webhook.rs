@@ -624,6 +624,10 @@ async fn authentication_methods_and_failures() {
     assert_eq!(exec.calls(), 3);
     let r = gw.post(&trade("BTCUSDT"), &[]).await;
     assert_eq!(r.status, 200);
+    let last = (
+        r.header("idempotency-key").unwrap().to_owned(),
+        r.header("x-request-id").unwrap().to_owned(),
+    );
 
     // Plain text on the TLS port: a failed handshake, logged at debug only. Its line shows
     // that this run logs at debug, as much as the gateway ever logs.
@@ -661,6 +665,18 @@ async fn authentication_methods_and_failures() {
         if let Some(hex) = credential.strip_prefix("sha256=") {
             assert!(!log.contains(hex), "a signature is in the log:\n{log}");
         }
+    }
+    // Each webhook's line carries what an operator searches by (SPEC §5), as fields.
+    let (key, request_id) = last;
+    let line = log
+        .lines()
+        .find(|l| l.contains(&format!("request_id={request_id} ")))
+        .unwrap_or_else(|| panic!("no line for request {request_id}:\n{log}"));
+    for field in [
+        " INFO  hoox_edge::gateway::webhook: webhook status=200 code=- ".to_string(),
+        format!(" key={key} outcome=committed client=psk request_id={request_id} latency_us="),
+    ] {
+        assert!(line.contains(&field), "{field:?} not in {line}");
     }
 }
 
