@@ -1,10 +1,13 @@
 //! `run(config, shutdown)`: wires the mutex, the executor, the gateway and the admin face,
 //! and speaks to systemd. Tests drive it (or the binary) on port 0.
 //!
-//! Start order matters for the appliance: bind the listeners first (so a port clash is an
-//! error at start, not later), then report READY=1 only once the database is open too. Stop
-//! order is the reverse: stop accepting, let in-flight requests commit or release, then close
-//! the database cleanly.
+//! Start order matters for the appliance: listen for SIGTERM, SIGINT and SIGHUP first (a
+//! signal's default action would end the process, and systemd counts an end by SIGHUP or
+//! SIGTERM as clean: no restart), check what can be refused and bind the listeners (so a
+//! bad file or a port clash is an error at start that never touched the database), then
+//! start the owner, and report READY=1 only once the database is open too. Stop order is the
+//! reverse: stop accepting, let in-flight requests commit or release, then close the
+//! database cleanly.
 
 use std::future::Future;
 use std::net::SocketAddr;
@@ -21,7 +24,7 @@ use crate::gateway::auth::Authenticator;
 use crate::gateway::limits::{Allowlist, RateLimiter};
 use crate::gateway::{self, ConnLimits, Gateway, Reloadable, TlsConfig};
 use crate::metrics::Metrics;
-use crate::mutex::{self, Clock, Mutex};
+use crate::mutex::{self, Clock, Mutex, Unavailable};
 use crate::platform::notify;
 
 /// Set to `1` to let `POST /debug/stall` on the admin listener stall the owner loop. For
@@ -64,20 +67,48 @@ pub struct Started {
     metrics: Arc<Metrics>,
     /// Registered at start: from then on a SIGHUP reloads instead of ending the process.
     hangup: std::io::Result<Signal>,
+    /// Registered at start, as SIGHUP is.
+    terminate: Terminate,
 }
 
-/// Binds everything and starts the owner. Errors here are start-up errors.
+/// SIGTERM and SIGINT, listened for from the moment it is made: one that arrives before
+/// anyone waits for it is kept, not lost, nor left to its default action.
+pub struct Terminate(Option<(Signal, Signal)>);
+
+impl Terminate {
+    pub fn listen() -> Terminate {
+        match (
+            signal(SignalKind::terminate()),
+            signal(SignalKind::interrupt()),
+        ) {
+            (Ok(term), Ok(int)) => Terminate(Some((term, int))),
+            _ => {
+                log::warn!("cannot listen for SIGTERM and SIGINT: only SIGKILL stops this");
+                Terminate(None)
+            }
+        }
+    }
+
+    /// Resolves on SIGTERM or SIGINT; never, without the handlers.
+    pub async fn recv(self) {
+        match self.0 {
+            Some((mut term, mut int)) => {
+                tokio::select! {
+                    _ = term.recv() => {}
+                    _ = int.recv() => {}
+                }
+            }
+            None => std::future::pending::<()>().await,
+        }
+    }
+}
+
+/// Binds everything and starts the owner. Errors here are start-up errors, and come before
+/// the owner starts: a failed start leaves the database as it was.
 pub async fn start(config: Config) -> Result<Started, RunError> {
+    let hangup = signal(SignalKind::hangup());
+    let terminate = Terminate::listen();
     let tls_cfg = config.tls.load()?;
-    let (mutex, owner) = mutex::start_with(
-        mutex::Config {
-            path: config.store_path.clone(),
-            capacity: config.capacity,
-            ..mutex::Config::default()
-        },
-        Clock::system(),
-        stall_hook(),
-    );
     let executor = match &config.executor {
         ExecutorKind::Paper => Executor::Paper(executor::paper::Paper::new()),
         ExecutorKind::Http(cfg) => Executor::Http(
@@ -88,22 +119,6 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
     let authenticator = authenticator(&config)?;
     let allowlist =
         Allowlist::parse(&config.allow_ips).map_err(|e| RunError::Limits(e.to_string()))?;
-    let metrics = Arc::new(Metrics::new());
-    let gw = Arc::new(Gateway {
-        mutex: mutex.clone(),
-        executor,
-        auth: Reloadable::new(Arc::new(authenticator)),
-        limiter: config.rate_per_s.map(|r| RateLimiter::new(r, config.burst)),
-        allowlist,
-        metrics: metrics.clone(),
-        ttl: config.ttl,
-        duplicate_response: config.duplicate_response,
-        on_unknown: config.on_unknown_outcome,
-        require_client_key: config.require_client_key,
-        body_timeout: config.header_timeout,
-        in_flight: tokio_util::task::TaskTracker::new(),
-        outstanding: Arc::default(),
-    });
     let (listener, gateway_addr) =
         gateway::bind(config.listen)
             .await
@@ -129,6 +144,31 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
             (Some(b), a)
         }
     };
+    let (mutex, owner) = mutex::start_with(
+        mutex::Config {
+            path: config.store_path.clone(),
+            capacity: config.capacity,
+            ..mutex::Config::default()
+        },
+        Clock::system(),
+        stall_hook(),
+    );
+    let metrics = Arc::new(Metrics::new());
+    let gw = Arc::new(Gateway {
+        mutex: mutex.clone(),
+        executor,
+        auth: Reloadable::new(Arc::new(authenticator)),
+        limiter: config.rate_per_s.map(|r| RateLimiter::new(r, config.burst)),
+        allowlist,
+        metrics: metrics.clone(),
+        ttl: config.ttl,
+        duplicate_response: config.duplicate_response,
+        on_unknown: config.on_unknown_outcome,
+        require_client_key: config.require_client_key,
+        body_timeout: config.header_timeout,
+        in_flight: tokio_util::task::TaskTracker::new(),
+        outstanding: Arc::default(),
+    });
     Ok(Started {
         gateway_addr,
         admin_addr,
@@ -140,7 +180,8 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
         tls: Arc::new(Reloadable::new(tls_cfg)),
         gw,
         metrics,
-        hangup: signal(SignalKind::hangup()),
+        hangup,
+        terminate,
     })
 }
 
@@ -158,6 +199,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 }
 
 impl Started {
+    /// Serves until SIGTERM or SIGINT (listened for since [`start`]), then drains and
+    /// closes the database.
+    pub async fn serve_until_terminated(mut self) {
+        let terminate = std::mem::replace(&mut self.terminate, Terminate(None));
+        self.serve(terminate.recv()).await
+    }
+
     /// Serves until `shutdown` resolves, then drains and closes the database.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
         let Started {
@@ -198,6 +246,7 @@ impl Started {
         let reloader = tokio::spawn(reload_on_hangup(
             hangup,
             ready.clone(),
+            stopping.clone(),
             config.clone(),
             tls.clone(),
             gw.clone(),
@@ -231,7 +280,9 @@ impl Started {
     }
 }
 
-/// READY=1 once the database is open; WATCHDOG=1 only while the owner answers a ping;
+/// READY=1 once the database is open; WATCHDOG=1 only while the owner answers a ping, or,
+/// when a ping cannot get through a backlog (the queue full, or its deadline passed in
+/// it), finished turns while it waited: busy is alive, only a stuck owner is killed;
 /// STATUS= with what an operator wants to see in `systemctl status`.
 ///
 /// Pings go every second (every half watchdog period, if that is shorter; a ping waits up
@@ -246,7 +297,9 @@ async fn supervise(mutex: Mutex, ready: Arc<AtomicBool>, stopped: impl Future<Ou
     let fast = Duration::from_millis(100);
     let mut last_status = String::new();
     tokio::pin!(stopped);
+    let turns = || mutex.shared().turns.load(Ordering::Relaxed);
     loop {
+        let before = turns();
         let status = match mutex.ping().await {
             Ok(s) => {
                 if s.fail_closed.is_none() && !ready.swap(true, Ordering::Relaxed) {
@@ -262,6 +315,15 @@ async fn supervise(mutex: Mutex, ready: Arc<AtomicBool>, stopped: impl Future<Ou
                     (None, true) => format!("halted; {} live keys", s.live_keys),
                     (None, false) => format!("serving; {} live keys", s.live_keys),
                 }
+            }
+            // Behind, not stuck: the ping could not get through a backlog (the queue full,
+            // or its deadline passed in it), but the owner finished turns meanwhile. Alive:
+            // a gateway is not killed for being busy. A stalled disk finishes no turn.
+            Err(u @ (Unavailable::Busy | Unavailable::Timeout)) if turns() != before => {
+                if watchdog.is_some() {
+                    notify::watchdog();
+                }
+                format!("behind: {u}")
             }
             Err(u) => format!("fail-closed: {u}"),
         };
@@ -294,6 +356,7 @@ async fn supervise(mutex: Mutex, ready: Arc<AtomicBool>, stopped: impl Future<Ou
 async fn reload_on_hangup(
     hangup: std::io::Result<Signal>,
     ready: Arc<AtomicBool>,
+    stopping: Arc<AtomicBool>,
     config: Config,
     tls: TlsConfig,
     gw: Arc<Gateway>,
@@ -304,6 +367,12 @@ async fn reload_on_hangup(
     };
     let mut config = config;
     while hup.recv().await.is_some() {
+        // Stopping: STOPPING=1 was said, and a READY=1 after it would tell systemd the
+        // service runs again. Nothing new is served anyway.
+        if stopping.load(Ordering::Acquire) {
+            log::info!("SIGHUP while stopping: not reloaded");
+            continue;
+        }
         let announced = ready.load(Ordering::Relaxed);
         if announced {
             notify::reloading();
@@ -334,19 +403,54 @@ async fn reload_on_hangup(
     }
 }
 
-/// Resolves on SIGTERM or SIGINT.
-pub async fn terminate_signal() {
-    match (
-        signal(SignalKind::terminate()),
-        signal(SignalKind::interrupt()),
-    ) {
-        (Ok(mut term), Ok(mut int)) => {
-            tokio::select! {
-                _ = term.recv() => {}
-                _ = int.recv() => {}
-            }
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// A SIGHUP and a SIGTERM that come after `start` but before anyone serves are kept:
+    /// the SIGHUP reloads, the SIGTERM stops the gateway cleanly. Left to their default
+    /// action, either would end the process, and systemd would count it a clean stop (no
+    /// restart). Run in a child process, since the signals go to the whole process.
+    #[test]
+    fn signals_between_start_and_serve_are_kept() {
+        const ROLE: &str = "HOOX_APP_TEST_STATE";
+        const NAME: &str = "app::tests::signals_between_start_and_serve_are_kept";
+        if let Some(dir) = std::env::var_os(ROLE) {
+            let mut config = Config::embedded(std::path::Path::new(&dir)).unwrap();
+            config.listen = "127.0.0.1:0".parse().unwrap();
+            config.admin = None;
+            let rt = tokio::runtime::Runtime::new().unwrap();
+            rt.block_on(async {
+                let started = start(config).await.unwrap();
+                // SAFETY: raise(3) only sends a signal to this process.
+                unsafe {
+                    libc::raise(libc::SIGHUP);
+                    libc::raise(libc::SIGTERM);
+                }
+                started.serve_until_terminated().await;
+            });
+            println!("CHILD stopped cleanly");
+            return;
         }
-        // Without signal handlers the process can only be killed; wait forever.
-        _ => std::future::pending::<()>().await,
+        let dir = tempfile::tempdir().unwrap();
+        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
+            .args([NAME, "--exact", "--test-threads=1", "--nocapture"])
+            .env(ROLE, dir.path())
+            .stdout(std::process::Stdio::piped())
+            .spawn()
+            .unwrap();
+        // A SIGTERM lost to a handler made too late would leave it serving: 20 s at most.
+        let deadline = std::time::Instant::now() + Duration::from_secs(20);
+        while child.try_wait().unwrap().is_none() && std::time::Instant::now() < deadline {
+            std::thread::sleep(Duration::from_millis(20));
+        }
+        let _ = child.kill();
+        let out = child.wait_with_output().unwrap();
+        let stdout = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && stdout.contains("CHILD stopped cleanly"),
+            "{:?}: {stdout}",
+            out.status
+        );
     }
 }

@@ -275,7 +275,7 @@ fn serve(
         if embedded {
             print_first_run(state_dir, started.gateway_addr);
         }
-        started.serve(crate::app::terminate_signal()).await;
+        started.serve_until_terminated().await;
         ExitCode::SUCCESS
     })
 }

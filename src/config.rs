@@ -450,6 +450,19 @@ impl Config {
                     )?,
                     ca_file: raw.executor.ca_file.map(rel),
                 };
+                // An order still out when the drain at SIGTERM ends is abandoned: its key
+                // stays pending, and a fill would lose its commit. So every order must be
+                // able to end within the drain, with time left to settle it.
+                if cfg.timeout > MAX_EXECUTOR_TIMEOUT {
+                    return Err(err(
+                        "executor.timeout",
+                        format!(
+                            "must be at most {}: at SIGTERM, orders in flight get {} to finish",
+                            humantime::format_duration(MAX_EXECUTOR_TIMEOUT),
+                            humantime::format_duration(crate::gateway::DRAIN)
+                        ),
+                    ));
+                }
                 // A key that expires while its order is out no longer stands between a
                 // retry and that order.
                 if ttl <= cfg.timeout {
@@ -646,6 +659,11 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("{s:?}: too large"))
 }
 
+/// The longest `executor.timeout`: an order must end within the drain at SIGTERM, with 5 s
+/// left to settle it.
+const MAX_EXECUTOR_TIMEOUT: Duration =
+    Duration::from_secs(crate::gateway::DRAIN.as_secs().saturating_sub(5));
+
 /// One address's share of `max_connections` when the config names none: a quarter (256 of
 /// the default 1024), and at least 16, or all of them when there are fewer. So a runaway
 /// host leaves the signal engine most of the slots, and a small box is not made to refuse
@@ -721,6 +739,23 @@ mod tests {
 
     fn checked(edit: impl FnOnce(&mut RawFile)) -> Result<Config, ConfigError> {
         checked_in(state().path(), edit)
+    }
+
+    /// An order must be able to end within the drain at SIGTERM: 25 s at most.
+    #[test]
+    fn the_executor_timeout_ends_within_the_drain() {
+        let http = |timeout: &str| {
+            let timeout = timeout.to_string();
+            checked(move |r| {
+                r.executor.kind = Some("http".into());
+                r.executor.url = Some("http://127.0.0.1:9/order".into());
+                r.executor.timeout = Some(timeout);
+            })
+        };
+        assert!(http("25s").is_ok());
+        let e = http("25001ms").expect_err("accepted");
+        assert_eq!(e.key, "executor.timeout");
+        assert!(e.message.contains("at most 25s"), "{e}");
     }
 
     /// What a config that leaves a key out gets (SPEC §1, §7): pinned, since every test

@@ -111,6 +111,26 @@ async fn operator_releases_a_held_key_and_halts() {
     }
 }
 
+/// A start that fails (here: the port is taken) fails before the database is touched: the
+/// state directory is left as it was, with no database, journal or draft made and dropped
+/// half-way, again at every restart systemd makes.
+#[test]
+fn a_failed_start_leaves_the_state_directory_untouched() {
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mut setup = Setup::new(None);
+    let port = taken.local_addr().unwrap().port();
+    setup.set("server", "listen", format!("127.0.0.1:{port}"));
+    let o = setup.command().output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    assert!(err.contains("cannot listen on 127.0.0.1:"), "{err}");
+    let left: Vec<_> = std::fs::read_dir(setup.dir.path().join("state"))
+        .unwrap()
+        .map(|e| e.unwrap().file_name())
+        .collect();
+    assert!(left.is_empty(), "a failed start left {left:?}");
+}
+
 /// A gateway that cannot answer (its database is held by another process, so it fails
 /// closed) makes operator commands exit 69, as an unreachable one does: to a script both
 /// mean "try again later", unlike a refusal (exit 1).

@@ -6,6 +6,7 @@ mod support;
 use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};
 
+use support::executor::{MockExecutor, Mode};
 use support::gateway::{Setup, trade};
 
 /// Collects notify datagrams until `pred` holds for one of them or `within` passes.
@@ -29,6 +30,12 @@ fn wait_for(
         }
     }
     None
+}
+
+/// Waits (20 s at most) for READY=1.
+fn wait_ready(sock: &UnixDatagram, seen: &mut Vec<String>) {
+    let ready = wait_for(sock, seen, Duration::from_secs(20), |l| l == "READY=1");
+    assert!(ready.is_some(), "no READY=1; got {seen:?}");
 }
 
 /// The real binary on `setup`, with a NOTIFY_SOCKET of ours and the extra `env`; the
@@ -60,12 +67,7 @@ async fn ready_watchdog_status_stopping_and_a_stalled_owner() {
     let mut seen = Vec::new();
 
     // READY=1 comes once the database is open, and the listener then accepts.
-    assert!(
-        wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l
-            == "READY=1")
-        .is_some(),
-        "no READY=1; got {seen:?}"
-    );
+    wait_ready(&sock, &mut seen);
     let r = gw.post(&trade("BTCUSDT"), &[]).await;
     assert_eq!(r.status, 200);
 
@@ -140,12 +142,7 @@ async fn a_stall_of_half_the_watchdog_period_does_not_get_the_service_killed() {
     let watchdog = |sock: &UnixDatagram, seen: &mut Vec<String>, within| {
         wait_for(sock, seen, within, |l| l == "WATCHDOG=1").is_some()
     };
-    assert!(
-        wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l
-            == "READY=1")
-        .is_some(),
-        "no READY=1; got {seen:?}"
-    );
+    wait_ready(&sock, &mut seen);
     assert!(
         watchdog(&sock, &mut seen, Duration::from_secs(10)),
         "{seen:?}"
@@ -225,6 +222,50 @@ async fn a_reload_before_the_database_opens_does_not_say_ready() {
         "READY=1 while still fail-closed: {seen:?}"
     );
     assert!(gw.terminate().success());
+}
+
+/// A reload asked for while the gateway drains at SIGTERM is not made: its RELOADING=1 and
+/// READY=1, after STOPPING=1, would tell systemd the service runs again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_while_stopping_says_nothing_after_stopping() {
+    let exec = MockExecutor::start().await;
+    exec.set_mode(Mode::Slow(Duration::from_millis(2000)));
+    let mut setup = Setup::new(Some(&exec.url()));
+    setup.set("executor", "timeout", "10s");
+    let (sock, mut gw) = start_notified(&setup, &[]);
+    let mut seen = Vec::new();
+    wait_ready(&sock, &mut seen);
+    let t = trade("BTCUSDT");
+    let order = gw.post(&t, &[]);
+    let signals = async {
+        exec.wait_for_calls(1).await;
+        unsafe { libc::kill(gw.child.id() as i32, libc::SIGTERM) };
+        let stopping = wait_for(&sock, &mut seen, Duration::from_secs(10), |l| {
+            l == "STOPPING=1"
+        });
+        assert!(stopping.is_some(), "no STOPPING=1; got {seen:?}");
+        unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
+    };
+    let (r, ()) = tokio::join!(order, signals);
+    assert_eq!(r.status, 200, "the order in flight was cut off");
+    let stopped_at = seen
+        .iter()
+        .position(|m| m.lines().any(|l| l == "STOPPING=1"));
+    wait_for(&sock, &mut seen, Duration::from_secs(3), |_| false);
+    let after: Vec<_> = seen[stopped_at.unwrap()..]
+        .iter()
+        .filter(|m| {
+            m.lines()
+                .any(|l| l == "READY=1" || l.starts_with("RELOADING=1"))
+        })
+        .collect();
+    assert!(after.is_empty(), "after STOPPING=1: {after:?}");
+    assert!(gw.terminate().success());
+    assert!(
+        gw.stderr().contains("SIGHUP while stopping"),
+        "{}",
+        gw.stderr()
+    );
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -44,7 +44,8 @@ const _: () = assert!(
 );
 
 /// How long in-flight requests may take to finish their commit or release at shutdown.
-const DRAIN: Duration = Duration::from_secs(30);
+/// The packaged unit's `TimeoutStopSec=45s` leaves the rest for the close.
+pub const DRAIN: Duration = Duration::from_secs(30);
 /// Connections refused over `max_connections_per_ip` are logged at most this often (with
 /// how many since the last line): a flood must not become a flood of log lines.
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);

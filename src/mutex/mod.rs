@@ -297,6 +297,9 @@ pub struct Shared {
     /// Set while the owner fails closed. Unlike `!serving`, false before the owner's first
     /// open: commands queued then are applied once it is open.
     pub failing: std::sync::atomic::AtomicBool,
+    /// Turns the owner has finished. It moves while the owner works, however deep its
+    /// queue: the watchdog's sign of life when a ping cannot get through a backlog.
+    pub turns: std::sync::atomic::AtomicU64,
     pub stats: Stats,
 }
 

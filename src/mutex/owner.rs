@@ -329,6 +329,7 @@ impl Owner {
                 self.reopen();
             }
             let stop = self.turn(&mut batch);
+            self.shared.turns.fetch_add(1, Ordering::Relaxed);
             if stop {
                 break;
             }
