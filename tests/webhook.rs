@@ -2053,3 +2053,35 @@ async fn shut_down<T>(
         .expect("the task returns once its shutdown resolves")
         .unwrap()
 }
+
+/// Two desks whose secrets name them (`@NAME SECRET` lines) never share a key (SPEC §2:
+/// two clients never collide): the same client key from each is two trades, and a retry
+/// from one is that desk's duplicate.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn secrets_that_name_their_client_keep_two_desks_apart() {
+    let (exec, _setup, gw) = with_mock_configured(|s| {
+        let bearer = s.dir.path().join("secrets/bearer");
+        support::gateway::write_secret(&bearer, "# desks\n@desk-a tok-a\n@desk-b tok-b\n");
+    })
+    .await;
+    let mut t = trade("BTCUSDT");
+    t.as_object_mut().unwrap().remove("apiKey");
+    t["idempotencyKey"] = json!("order-1");
+    for (token, want) in [("tok-a", 200), ("tok-b", 200), ("tok-a", 409)] {
+        let auth = format!("Bearer {token}");
+        let r = gw.post(&t, &[("authorization", auth.as_str())]).await;
+        assert_eq!(r.status, want, "{token}: {:?}", r.json());
+    }
+    let keys: Vec<_> = exec
+        .ledger()
+        .into_iter()
+        .map(|r| r.idempotency_key.unwrap_or_default())
+        .collect();
+    assert_eq!(
+        keys,
+        [
+            "client:psk.desk-a:live:order-1",
+            "client:psk.desk-b:live:order-1"
+        ]
+    );
+}

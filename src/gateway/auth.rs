@@ -25,15 +25,64 @@ const MAX_SECRETS_FILE: u64 = 1 << 20;
 
 /// A credential. It can be compared, never shown.
 #[derive(Clone)]
-pub struct Secret(Box<[u8]>);
+pub struct Secret {
+    bytes: Box<[u8]>,
+    /// The client it names (`@NAME SECRET` in a secrets file): its keys are the namespace
+    /// `psk.NAME`. None: the one shared client `psk`.
+    client: Option<Box<str>>,
+}
+
+/// The longest client name on a secrets line: `psk.` and it fit an identity's 64 characters.
+pub const MAX_CLIENT_NAME: usize = 60;
 
 impl Secret {
     pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
-        Secret(bytes.into().into_boxed_slice())
+        Secret {
+            bytes: bytes.into().into_boxed_slice(),
+            client: None,
+        }
+    }
+
+    /// A secret that names its client.
+    pub fn of_client(client: &str, bytes: impl Into<Vec<u8>>) -> Self {
+        Secret {
+            client: Some(client.into()),
+            ..Secret::new(bytes)
+        }
     }
 
     pub fn expose(&self) -> &[u8] {
-        &self.0
+        &self.bytes
+    }
+
+    pub fn client(&self) -> Option<&str> {
+        self.client.as_deref()
+    }
+
+    /// One line of a secrets file, trimmed, neither blank nor a comment: `SECRET`, or
+    /// `@NAME SECRET`. The error names what is wrong, never the line's text.
+    fn parse_line(line: &[u8]) -> Result<Secret, &'static str> {
+        let Some(rest) = line.strip_prefix(b"@") else {
+            return Ok(Secret::new(line));
+        };
+        let cut = rest.iter().position(u8::is_ascii_whitespace);
+        let (name, secret) = match cut {
+            Some(i) => (&rest[..i], rest[i..].trim_ascii()),
+            None => (rest, &b""[..]),
+        };
+        let fits = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
+        if name.is_empty() || name.len() > MAX_CLIENT_NAME || !name.iter().all(fits) {
+            return Err(
+                "a line starting with @ names a client: @NAME SECRET, NAME 1 to 60 \
+                        of A-Z a-z 0-9 . _ -",
+            );
+        }
+        if secret.is_empty() {
+            return Err("a client's line has no secret after its name: @NAME SECRET");
+        }
+        // `fits` holds only ASCII.
+        let name = std::str::from_utf8(name).unwrap_or_default();
+        Ok(Secret::of_client(name, secret))
     }
 }
 
@@ -56,6 +105,12 @@ pub enum SecretError {
     Empty { path: PathBuf },
     #[error("secrets file {} is larger than 1 MiB", .path.display())]
     TooLarge { path: PathBuf },
+    #[error("secrets file {}, line {line}: {why}", .path.display())]
+    Line {
+        path: PathBuf,
+        line: usize,
+        why: &'static str,
+    },
 }
 
 /// Reads one secret per line; blank lines and `#` comments are skipped, whitespace around
@@ -77,12 +132,30 @@ pub fn load_secrets(path: &Path) -> Result<Vec<Secret>, SecretError> {
             path: path.to_owned(),
         });
     }
-    let secrets: Vec<Secret> = text
-        .split(|&b| b == b'\n')
-        .map(<[u8]>::trim_ascii)
-        .filter(|l| !l.is_empty() && !l.starts_with(b"#"))
-        .map(Secret::new)
-        .collect();
+    let mut secrets: Vec<Secret> = Vec::new();
+    for (n, line) in text.split(|&b| b == b'\n').enumerate() {
+        let line = line.trim_ascii();
+        if line.is_empty() || line.starts_with(b"#") {
+            continue;
+        }
+        let bad = |why| SecretError::Line {
+            path: path.to_owned(),
+            line: n + 1,
+            why,
+        };
+        let secret = Secret::parse_line(line).map_err(bad)?;
+        // One secret naming two clients: which namespace a request falls in would depend
+        // on the order of the lines.
+        if secrets
+            .iter()
+            .any(|s| s.expose() == secret.expose() && s.client() != secret.client())
+        {
+            return Err(bad(
+                "this secret is also on another line, for another client",
+            ));
+        }
+        secrets.push(secret);
+    }
     if secrets.is_empty() {
         return Err(SecretError::Empty {
             path: path.to_owned(),
@@ -243,6 +316,15 @@ impl Identity {
         Identity("psk".into())
     }
 
+    /// A shared secret that names its client: `psk.<name>` (the name is checked when the
+    /// secrets file is read: at most 60 of `[A-Za-z0-9._-]`).
+    pub fn psk_of(client: Option<&str>) -> Self {
+        match client {
+            Some(name) => Identity(format!("psk.{name}")),
+            None => Identity::psk(),
+        }
+    }
+
     /// A certificate's name, as `cert.<name>` when it fits the charset and the length.
     /// Any other name becomes `certhash.<prefix>.<hash>`: the name cleaned (`_` for what
     /// the charset lacks), cut, and the first 16 hex digits of its SHA-256. Cleaning alone
@@ -348,21 +430,29 @@ impl Authenticator {
         if !passed {
             return Err(worst(checked.into_iter().filter_map(Result::err)));
         }
+        // The clients the verified shared secrets name: one, or none (the shared `psk`).
+        // Credentials of two clients on one request are refused: its keys would belong to
+        // whichever was looked at first.
+        let verified: Vec<Verified> = checked.into_iter().filter_map(Result::ok).collect();
+        let mut clients = verified.iter().filter(|v| v.shared).map(|v| v.client);
+        let client = clients.next().flatten();
+        if clients.any(|c| c != client) {
+            return Err(AuthError::Invalid);
+        }
         Ok(Authenticated {
             identity: match req.client_cert_name {
                 Some(cn) => Identity::cert(cn),
-                None => Identity::psk(),
+                None => Identity::psk_of(client),
             },
-            signature: checked.into_iter().find_map(|r| r.ok().flatten()),
+            signature: verified.iter().find_map(|v| v.signature),
         })
     }
 
-    /// `Ok(Some)` for a signature that verified; `Ok(None)` for any other credential.
-    fn check(&self, m: Method, req: &AuthInput<'_>) -> Result<Option<Signature>, AuthError> {
+    fn check<'a>(&'a self, m: Method, req: &AuthInput<'_>) -> Result<Verified<'a>, AuthError> {
         match m {
             Method::ApiKey => {
                 let presented = req.body_api_key.ok_or(AuthError::Missing)?;
-                matches_any(&self.api_keys, presented.as_bytes()).map(|()| None)
+                matches_any(&self.api_keys, presented.as_bytes()).map(Verified::shared)
             }
             Method::Bearer => {
                 let v = single(req.headers, hyper::header::AUTHORIZATION.as_str())?;
@@ -371,17 +461,21 @@ impl Authenticator {
                 if !scheme.eq_ignore_ascii_case("bearer") || token.is_empty() {
                     return Err(AuthError::Invalid);
                 }
-                matches_any(&self.bearer, token.as_bytes()).map(|()| None)
+                matches_any(&self.bearer, token.as_bytes()).map(Verified::shared)
             }
-            Method::Hmac => self.check_hmac(req).map(Some),
+            Method::Hmac => self.check_hmac(req),
             Method::Mtls => match req.client_cert_name {
-                Some(_) if self.mtls => Ok(None),
+                Some(_) if self.mtls => Ok(Verified {
+                    shared: false,
+                    client: None,
+                    signature: None,
+                }),
                 _ => Err(AuthError::Missing),
             },
         }
     }
 
-    fn check_hmac(&self, req: &AuthInput<'_>) -> Result<Signature, AuthError> {
+    fn check_hmac<'a>(&'a self, req: &AuthInput<'_>) -> Result<Verified<'a>, AuthError> {
         let ts_text = single(req.headers, TIMESTAMP_HEADER);
         let sig_text = single(req.headers, SIGNATURE_HEADER);
         if let (Err(AuthError::Missing), Err(AuthError::Missing)) = (&ts_text, &sig_text) {
@@ -394,17 +488,40 @@ impl Authenticator {
             return Err(AuthError::Expired);
         }
         // The signed text uses the timestamp exactly as sent.
-        let mut ok = subtle::Choice::from(0);
+        let mut found = None;
         for s in &self.hmac {
-            ok |= mac(s.expose(), ts_text.as_bytes(), req.raw_body).ct_eq(&sig);
+            let ok = mac(s.expose(), ts_text.as_bytes(), req.raw_body).ct_eq(&sig);
+            // Every secret is tried, whichever matched: the time taken says nothing.
+            if bool::from(ok) {
+                found = Some(s);
+            }
         }
-        if bool::from(ok) {
-            Ok(Signature {
+        let s = found.ok_or(AuthError::Invalid)?;
+        Ok(Verified {
+            signature: Some(Signature {
                 timestamp: ts,
                 mac: sig,
-            })
-        } else {
-            Err(AuthError::Invalid)
+            }),
+            ..Verified::shared(s)
+        })
+    }
+}
+
+/// What one method verified.
+struct Verified<'a> {
+    /// A shared secret (not a client certificate).
+    shared: bool,
+    /// The client that secret names, if any.
+    client: Option<&'a str>,
+    signature: Option<Signature>,
+}
+
+impl<'a> Verified<'a> {
+    fn shared(s: &'a Secret) -> Self {
+        Verified {
+            shared: true,
+            client: s.client(),
+            signature: None,
         }
     }
 }
@@ -431,17 +548,16 @@ fn single<'h>(headers: &'h HeaderMap, name: &str) -> Result<&'h str, AuthError> 
 
 /// Constant-time match against every secret, through SHA-256 so that lengths do not
 /// leak either. All secrets are tried, so which one matched does not show in timing.
-fn matches_any(secrets: &[Secret], presented: &[u8]) -> Result<(), AuthError> {
+/// The secret `presented` is, compared with every one (the time taken says nothing).
+fn matches_any<'a>(secrets: &'a [Secret], presented: &[u8]) -> Result<&'a Secret, AuthError> {
     let p = Sha256::digest(presented);
-    let mut ok = subtle::Choice::from(0);
+    let mut found = None;
     for s in secrets {
-        ok |= Sha256::digest(s.expose()).as_slice().ct_eq(p.as_slice());
+        if bool::from(Sha256::digest(s.expose()).as_slice().ct_eq(p.as_slice())) {
+            found = Some(s);
+        }
     }
-    if bool::from(ok) {
-        Ok(())
-    } else {
-        Err(AuthError::Invalid)
-    }
+    found.ok_or(AuthError::Invalid)
 }
 
 fn parse_timestamp(s: &str) -> Result<i64, AuthError> {
@@ -831,6 +947,57 @@ mod tests {
         assert_eq!(r.run(&a), Err(AuthError::Missing));
     }
 
+    /// A secret that names its client puts that client's keys in a namespace of its own,
+    /// whichever method carried it; two clients' credentials on one request are refused.
+    #[test]
+    fn a_secret_that_names_its_client_gives_it_its_own_namespace() {
+        let line = |l: &str| Secret::parse_line(l.as_bytes());
+        let labeled =
+            |v: Vec<&str>| -> Vec<Secret> { v.into_iter().map(|l| line(l).unwrap()).collect() };
+        let a = Authenticator::new(
+            labeled(vec!["@desk-a key-a", "key-shared"]),
+            labeled(vec!["@desk-a hmac-a", "@desk-b hmac-b"]),
+            labeled(vec!["@desk-b\ttok-b", "@desk-a tok-a"]),
+            false,
+            vec![],
+        )
+        .unwrap();
+        let id = |r: &Req| r.run(&a).map(|i| i.as_str().to_owned());
+        let mut r = Req::new();
+        r.api_key = Some("key-a");
+        assert_eq!(id(&r).as_deref(), Ok("psk.desk-a"));
+        r.api_key = Some("key-shared");
+        assert_eq!(id(&r).as_deref(), Ok("psk"));
+        // The name is not part of the secret.
+        r.api_key = Some("@desk-a key-a");
+        assert_eq!(id(&r), Err(AuthError::Invalid));
+        let r = Req::new().signed("hmac-b", NOW);
+        assert_eq!(id(&r).as_deref(), Ok("psk.desk-b"));
+        let r = Req::new().header("authorization", "Bearer tok-b");
+        assert_eq!(id(&r).as_deref(), Ok("psk.desk-b"));
+        // One client on two methods is that client; two clients are refused.
+        let mut r = Req::new().header("authorization", "Bearer tok-a");
+        r.api_key = Some("key-a");
+        assert_eq!(id(&r).as_deref(), Ok("psk.desk-a"));
+        let mut r = Req::new().signed("hmac-b", NOW);
+        r.api_key = Some("key-a");
+        assert_eq!(id(&r), Err(AuthError::Invalid));
+        let mut r = Req::new().header("authorization", "Bearer tok-a");
+        r.api_key = Some("key-shared");
+        assert_eq!(id(&r), Err(AuthError::Invalid));
+
+        for bad in ["@", "@desk-a", "@desk-a   ", "@desk:a s", "@ s", "@dé s"] {
+            assert!(line(bad).is_err(), "{bad:?}");
+        }
+        // The secret is all that follows the name, spaces within it too.
+        let s = line("@desk a secret").unwrap();
+        assert_eq!((s.client(), s.expose()), (Some("desk"), &b"a secret"[..]));
+        assert!(line(&format!("@{} s", "n".repeat(MAX_CLIENT_NAME))).is_ok());
+        assert!(line(&format!("@{} s", "n".repeat(MAX_CLIENT_NAME + 1))).is_err());
+        let max = Identity::psk_of(Some(&"n".repeat(MAX_CLIENT_NAME)));
+        assert!(max.as_str().len() <= crate::mutex::key::MAX_IDENTITY);
+    }
+
     #[test]
     fn method_names() {
         for m in Method::ALL {
@@ -858,6 +1025,35 @@ mod tests {
         let s = load_secrets(&p).unwrap();
         let got: Vec<&[u8]> = s.iter().map(Secret::expose).collect();
         assert_eq!(got, vec![&b"new-key"[..], b"old-key"]);
+    }
+
+    /// A bad client line is an error naming the file and the line, never the text; one
+    /// secret naming two clients is refused.
+    #[test]
+    fn load_secrets_names_a_bad_client_line() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "k",
+            "# a\n@desk-a s3cret-a\n@desk:b s3cret-b\n",
+            0o600,
+        );
+        let e = load_secrets(&p).unwrap_err().to_string();
+        assert!(e.contains("line 3") && e.contains("@NAME SECRET"), "{e}");
+        assert!(!e.contains("s3cret"), "{e}");
+        let p = write(d.path(), "k2", "@desk-a same\n@desk-b same\n", 0o600);
+        let e = load_secrets(&p).unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("another client"), "{e}");
+        let p = write(d.path(), "k3", "@desk-a one\n@desk-a two\nthree\n", 0o600);
+        let clients: Vec<_> = load_secrets(&p)
+            .unwrap()
+            .iter()
+            .map(|s| s.client().map(str::to_owned))
+            .collect();
+        assert_eq!(
+            clients,
+            [Some("desk-a".into()), Some("desk-a".into()), None]
+        );
     }
 
     #[test]
