@@ -201,12 +201,13 @@ pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(
 impl Started {
     /// Serves until SIGTERM or SIGINT (listened for since [`start`]), then drains and
     /// closes the database.
-    pub async fn serve_until_terminated(mut self) {
-        let terminate = std::mem::replace(&mut self.terminate, Terminate(None));
-        self.serve(terminate.recv()).await
+    pub async fn serve_until_terminated(self) {
+        self.serve(std::future::pending()).await
     }
 
-    /// Serves until `shutdown` resolves, then drains and closes the database.
+    /// Serves until `shutdown` resolves, or SIGTERM or SIGINT comes (`start` took them
+    /// over from their default action, so it must act on them), then drains and closes the
+    /// database.
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
         let Started {
             gateway_addr,
@@ -219,8 +220,15 @@ impl Started {
             gw,
             metrics,
             hangup,
+            terminate,
             ..
         } = self;
+        let shutdown = async {
+            tokio::select! {
+                _ = shutdown => {}
+                _ = terminate.recv() => {}
+            }
+        };
         let ready = Arc::new(AtomicBool::new(false));
         let (stop_tx, stop_rx) = tokio::sync::watch::channel(false);
         let stopped = move || {
@@ -297,10 +305,8 @@ async fn supervise(mutex: Mutex, ready: Arc<AtomicBool>, stopped: impl Future<Ou
     let fast = Duration::from_millis(100);
     let mut last_status = String::new();
     tokio::pin!(stopped);
-    let turns = || mutex.shared().turns.load(Ordering::Relaxed);
     loop {
-        let before = turns();
-        let status = match mutex.ping().await {
+        let status = match ping(&mutex).await {
             Ok(s) => {
                 if s.fail_closed.is_none() && !ready.swap(true, Ordering::Relaxed) {
                     notify::ready();
@@ -316,16 +322,14 @@ async fn supervise(mutex: Mutex, ready: Arc<AtomicBool>, stopped: impl Future<Ou
                     (None, false) => format!("serving; {} live keys", s.live_keys),
                 }
             }
-            // Behind, not stuck: the ping could not get through a backlog (the queue full,
-            // or its deadline passed in it), but the owner finished turns meanwhile. Alive:
-            // a gateway is not killed for being busy. A stalled disk finishes no turn.
-            Err(u @ (Unavailable::Busy | Unavailable::Timeout)) if turns() != before => {
+            // Behind, not stuck: a gateway is not killed for being busy.
+            Err((u, true)) => {
                 if watchdog.is_some() {
                     notify::watchdog();
                 }
                 format!("behind: {u}")
             }
-            Err(u) => format!("fail-closed: {u}"),
+            Err((u, false)) => format!("fail-closed: {u}"),
         };
         if status != last_status {
             notify::status(&status);
@@ -345,6 +349,30 @@ async fn supervise(mutex: Mutex, ready: Arc<AtomicBool>, stopped: impl Future<Ou
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = &mut stopped => return,
+        }
+    }
+}
+
+/// A ping, and if it cannot get through a backlog, whether the owner is working through it
+/// (`Err((_, true))`): it finished a turn while the ping waited out its deadline, or, the
+/// queue being full (refused at once), within as long again. A stalled disk finishes no
+/// turn, so a stuck owner reads `Err((_, false))` however deep its queue.
+async fn ping(mutex: &Mutex) -> Result<mutex::Status, (Unavailable, bool)> {
+    let turns = || mutex.shared().turns.load(Ordering::Relaxed);
+    let before = turns();
+    match mutex.ping().await {
+        Ok(s) => Ok(s),
+        Err(Unavailable::Busy) => {
+            let until = tokio::time::Instant::now() + mutex.deadline();
+            let before = turns();
+            while turns() == before && tokio::time::Instant::now() < until {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            Err((Unavailable::Busy, turns() != before))
+        }
+        Err(u) => {
+            let moved = matches!(u, Unavailable::Timeout) && turns() != before;
+            Err((u, moved))
         }
     }
 }
@@ -397,7 +425,8 @@ async fn reload_on_hangup(
             }
             Err(e) => log::error!("secret reload failed, keeping the current ones: {e}"),
         }
-        if announced {
+        // A SIGTERM that came during the reload: READY=1 must not follow its STOPPING=1.
+        if announced && !stopping.load(Ordering::Acquire) {
             notify::ready();
         }
     }
@@ -406,6 +435,56 @@ async fn reload_on_hangup(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The watchdog's question, asked of a real owner: one whose queue is full (a backlog
+    /// of reserves) is busy, alive, and one stalled (a wedged disk) is not, whatever its
+    /// queue. Pings refused Busy must read alive, or systemd would kill a busy gateway.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_busy_owner_is_alive_and_a_stalled_one_is_not() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = mutex::Config {
+            path: dir.path().join("m.redb"),
+            queue_depth: 2,
+            ..mutex::Config::default()
+        };
+        let (m, owner) = mutex::start_with(config, Clock::system(), true);
+        while m.ping().await.is_err() {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        let load: Vec<_> = (0..32)
+            .map(|t| {
+                let m = m.clone();
+                tokio::spawn(async move {
+                    for i in 0..300 {
+                        let key = format!("client:a:live:{t}-{i}");
+                        let _ = m
+                            .reserve(mutex::Reserve {
+                                key: mutex::Key::from_stored(&key).unwrap(),
+                                ttl: Duration::from_secs(60),
+                                payload_hash: [0; 32],
+                                guard: None,
+                            })
+                            .await;
+                    }
+                })
+            })
+            .collect();
+        let mut busy = 0;
+        while !load.iter().all(|t| t.is_finished()) {
+            match ping(&m).await {
+                Err((Unavailable::Busy, alive)) => {
+                    assert!(alive, "a busy owner read as stuck");
+                    busy += 1;
+                }
+                Err((u, alive)) => assert!(alive, "{u}: a busy owner read as stuck"),
+                Ok(_) => {}
+            }
+        }
+        assert!(busy > 0, "no ping met a full queue");
+        m.stall(Duration::from_secs(4)).await.unwrap();
+        assert_eq!(ping(&m).await.map(drop), Err((Unavailable::Timeout, false)));
+        owner.stop();
+    }
 
     /// A SIGHUP and a SIGTERM that come after `start` but before anyone serves are kept:
     /// the SIGHUP reloads, the SIGTERM stops the gateway cleanly. Left to their default

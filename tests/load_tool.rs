@@ -599,12 +599,12 @@ async fn a_straggler_does_not_stretch_a_timed_run() {
     .await;
     let report = out.json(0);
     assert_eq!(out.code, Some(0), "{report}");
-    let elapsed = report["elapsed_s"].as_f64().unwrap();
-    assert!((0.99..1.5).contains(&elapsed), "{report}");
-    // Every answer came within the window but the last of each connection: the straggler,
-    // and at most one in flight on the other when the window closed.
+    // The run did wait for the straggler, 3 s, but divides by its 1 s window: every answer
+    // came within it but the last of each connection (the straggler, and at most one in
+    // flight on the other when the window closed). Divided by the wall time, req/s would
+    // be a third of that.
+    assert!(report["wall_s"].as_f64().unwrap() >= 3.0, "{report}");
     let responses = report["responses"].as_f64().unwrap();
     let rps = report["throughput_rps"].as_f64().unwrap();
-    assert!(rps * elapsed >= responses - 2.5, "{report}");
-    assert!(report["wall_s"].as_f64().unwrap() >= 3.0, "{report}");
+    assert!(rps >= responses - 2.5, "{report}");
 }

@@ -41,17 +41,24 @@ fn sigkill_never_loses_a_granted_key() {
             .spawn()
             .unwrap();
         let out = c.stdout.take().unwrap();
+        let (first_tx, first) = std::sync::mpsc::channel();
         let reader = std::thread::spawn(move || {
             BufReader::new(out)
                 .lines()
                 .map_while(Result::ok)
                 .filter_map(|l| l.strip_prefix("PROCEED ").map(str::to_string))
+                .inspect(|_| {
+                    let _ = first_tx.send(());
+                })
                 .collect::<Vec<_>>()
         });
         seed ^= seed << 13;
         seed ^= seed >> 7;
         seed ^= seed << 17;
-        std::thread::sleep(Duration::from_millis(150 + seed % 400));
+        // The kill comes at a random moment once the child grants: how long its start
+        // takes (a growing file to check and replay) is the machine's, not the test's.
+        let _ = first.recv_timeout(Duration::from_secs(10));
+        std::thread::sleep(Duration::from_millis(seed % 400));
         c.kill().unwrap(); // SIGKILL
         let status = c.wait().unwrap();
         if status.code().is_none() {

@@ -17,7 +17,8 @@ fuzz_target!(|data: &[u8]| {
     if let Ok(ops) = journal::decode(1, data) {
         let mut again = Vec::new();
         for op in &ops {
-            op.encode_into(&mut again).expect("encoding into a Vec cannot fail");
+            op.encode_into(&mut again)
+                .expect("encoding into a Vec cannot fail");
         }
         assert_eq!(journal::decode(1, &again).ok(), Some(ops));
     }

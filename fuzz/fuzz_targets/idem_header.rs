@@ -26,7 +26,9 @@ fuzz_target!(|data: &[u8]| {
     }
     // A key that resolves is one both sources agree on: never one of them alone when the
     // other was given, and never a header that would not parse by itself.
-    let Ok(value) = HeaderValue::from_bytes(header) else { return };
+    let Ok(value) = HeaderValue::from_bytes(header) else {
+        return;
+    };
     let mut headers = HeaderMap::new();
     headers.insert("idempotency-key", value);
     if let Ok(Some(k)) = resolve(&headers, body) {

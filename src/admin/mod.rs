@@ -12,7 +12,7 @@
 //! | `GET /status`              | `{live_keys, halted, serving, fail_closed, detail, version}`|
 //! | `GET /keys?limit=N`        | `{keys: [entry], truncated}`, by wall clock expiry, oldest first |
 //! | `GET /keys/{key}`          | one entry, 404 if no live entry                             |
-//! | `POST /keys/{key}/release` | operator release, 404 if no live entry, 409 if its order is out |
+//! | `POST /keys/{key}/release` | operator release; 404 no live entry; 409 `ORDER_IN_FLIGHT` (`?force=1` overrides) or `KEY_CHANGED` (taken again meanwhile) |
 //! | `POST /halt`, `/resume`    | the kill switch, persisted by the mutex                     |
 //!
 //! `{key}` is the stored key, percent-encoded as [`client::encode_key`] does.

@@ -491,7 +491,8 @@ impl Authenticator {
         let mut found = None;
         for s in &self.hmac {
             let ok = mac(s.expose(), ts_text.as_bytes(), req.raw_body).ct_eq(&sig);
-            // Every secret is tried, whichever matched: the time taken says nothing.
+            // Every secret is tried, each in constant time. Which one matched is noted with
+            // a branch: it names only the client, which its sender knows already.
             if bool::from(ok) {
                 found = Some(s);
             }
@@ -548,7 +549,8 @@ fn single<'h>(headers: &'h HeaderMap, name: &str) -> Result<&'h str, AuthError> 
 
 /// Constant-time match against every secret, through SHA-256 so that lengths do not
 /// leak either. All secrets are tried, so which one matched does not show in timing.
-/// The secret `presented` is, compared with every one (the time taken says nothing).
+/// The secret `presented` is, compared with every one, each in constant time (which one
+/// matched is noted with a branch: it names only the client, which its sender knows).
 fn matches_any<'a>(secrets: &'a [Secret], presented: &[u8]) -> Result<&'a Secret, AuthError> {
     let p = Sha256::digest(presented);
     let mut found = None;

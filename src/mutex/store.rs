@@ -355,9 +355,6 @@ pub(super) fn open(
         let file = Journal::open_file(&journal_path, journal_bytes, known.is_none())
             .map_err(JournalError::from)?;
         let len = file.metadata().map_err(JournalError::from)?.len();
-        if was != Some(len) {
-            meta.insert(JOURNAL_LEN, len.to_le_bytes().as_slice())?;
-        }
         let id = match known {
             Some(id) => id,
             None => {
@@ -385,6 +382,12 @@ pub(super) fn open(
         // full disk or a file-size limit does not stop a database from opening.
         if checkpoint != stored {
             meta.insert(CHECKPOINT, checkpoint.to_le_bytes().as_slice())?;
+        }
+        // The journal's length rides a write the open makes anyway (a first open, or a
+        // checkpoint that moved), for the same reason. A database from before it was kept
+        // gets it at its first such open; until then the check has nothing to go by.
+        if was != Some(len) && (known.is_none() || checkpoint != stored) {
+            meta.insert(JOURNAL_LEN, len.to_le_bytes().as_slice())?;
         }
         let halted = meta.get(HALTED)?.is_some_and(|v| v.value() == [1]);
         (file, id, checkpoint, records.len(), halted)
@@ -861,6 +864,45 @@ mod tests {
             let (_store, loaded) = open().expect("restored");
             assert_eq!(loaded.live.len(), 1, "{key}");
         }
+    }
+
+    /// The journal's length is recorded only by an open that writes anyway (a first open,
+    /// or a checkpoint that moved): a database from before the length was kept opens with
+    /// nothing written when there is nothing to replay, so a full disk does not stop it.
+    #[test]
+    fn the_journal_length_rides_a_write_the_open_makes_anyway() {
+        const NOW: u64 = 1_700_000_000_000;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        let open = || open(&path, 16 * 4096, true, NOW, None, |_| false);
+        let stored = || {
+            let db = Database::open(&path).unwrap();
+            let txn = db.begin_read().unwrap();
+            let meta = txn.open_table(META).unwrap();
+            meta.get(JOURNAL_LEN).unwrap().map(|v| v.value().to_vec())
+        };
+        drop(open().unwrap());
+        assert_eq!(stored(), Some((16u64 * 4096).to_le_bytes().to_vec()));
+        // As a database from before: no length, nothing to replay.
+        {
+            let db = Database::open(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(META).unwrap().remove(JOURNAL_LEN).unwrap();
+            txn.commit().unwrap();
+        }
+        drop(open().unwrap());
+        assert_eq!(
+            stored(),
+            None,
+            "an open with nothing to replay wrote the length"
+        );
+        let (mut store, _) = open().unwrap();
+        let mut b = Batch::default();
+        b.put(0, &sample()).unwrap();
+        store.journal.append(b.record(), true).unwrap();
+        drop(store);
+        drop(open().unwrap());
+        assert_eq!(stored(), Some((16u64 * 4096).to_le_bytes().to_vec()));
     }
 
     /// A restart in the boot that wrote an entry keeps it while its boot deadline is ahead,
