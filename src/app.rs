@@ -251,10 +251,13 @@ impl Started {
             tokio::spawn(admin::serve(b, state, stopped()))
         });
         let supervisor = tokio::spawn(supervise(mutex.clone(), ready.clone(), stopped()));
+        // What systemd was last told, READY=1 or STOPPING=1: one at a time.
+        let told = Arc::new(std::sync::Mutex::new(()));
         let reloader = tokio::spawn(reload_on_hangup(
             hangup,
             ready.clone(),
             stopping.clone(),
+            told.clone(),
             config.clone(),
             tls.clone(),
             gw.clone(),
@@ -269,6 +272,7 @@ impl Started {
         };
         gateway::serve(listener, tls, gw, limits, async {
             shutdown.await;
+            let _told = lock(&told);
             stopping.store(true, Ordering::Release);
             notify::stopping();
             log::info!("stopping: draining in-flight requests");
@@ -353,6 +357,11 @@ async fn supervise(mutex: Mutex, ready: Arc<AtomicBool>, stopped: impl Future<Ou
     }
 }
 
+/// A lock whose holder panicked is still a lock: it guards no data.
+fn lock(m: &std::sync::Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
+    m.lock().unwrap_or_else(|p| p.into_inner())
+}
+
 /// A ping, and if it cannot get through a backlog, whether the owner is working through it
 /// (`Err((_, true))`): it finished a turn while the ping waited out its deadline, or, the
 /// queue being full (refused at once), within as long again. A stalled disk finishes no
@@ -385,6 +394,7 @@ async fn reload_on_hangup(
     hangup: std::io::Result<Signal>,
     ready: Arc<AtomicBool>,
     stopping: Arc<AtomicBool>,
+    told: Arc<std::sync::Mutex<()>>,
     config: Config,
     tls: TlsConfig,
     gw: Arc<Gateway>,
@@ -426,6 +436,9 @@ async fn reload_on_hangup(
             Err(e) => log::error!("secret reload failed, keeping the current ones: {e}"),
         }
         // A SIGTERM that came during the reload: READY=1 must not follow its STOPPING=1.
+        // Under `told`, which STOPPING=1 is sent under too, so neither slips between the
+        // other's check and its message.
+        let _told = lock(&told);
         if announced && !stopping.load(Ordering::Acquire) {
             notify::ready();
         }
@@ -451,11 +464,15 @@ mod tests {
         while m.ping().await.is_err() {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
+        // The load runs until the pings have met a full queue a few times (or 10 s): a
+        // fixed count could be over before the first ping on a busy machine.
+        let stop = Arc::new(AtomicBool::new(false));
         let load: Vec<_> = (0..32)
             .map(|t| {
-                let m = m.clone();
+                let (m, stop) = (m.clone(), stop.clone());
                 tokio::spawn(async move {
-                    for i in 0..300 {
+                    let mut i = 0u64;
+                    while !stop.load(Ordering::Relaxed) {
                         let key = format!("client:a:live:{t}-{i}");
                         let _ = m
                             .reserve(mutex::Reserve {
@@ -465,12 +482,15 @@ mod tests {
                                 guard: None,
                             })
                             .await;
+                        i += 1;
+                        tokio::task::yield_now().await;
                     }
                 })
             })
             .collect();
         let mut busy = 0;
-        while !load.iter().all(|t| t.is_finished()) {
+        let until = std::time::Instant::now() + Duration::from_secs(10);
+        while busy < 3 && std::time::Instant::now() < until {
             match ping(&m).await {
                 Err((Unavailable::Busy, alive)) => {
                     assert!(alive, "a busy owner read as stuck");
@@ -479,6 +499,10 @@ mod tests {
                 Err((u, alive)) => assert!(alive, "{u}: a busy owner read as stuck"),
                 Ok(_) => {}
             }
+        }
+        stop.store(true, Ordering::Relaxed);
+        for t in load {
+            t.await.unwrap();
         }
         assert!(busy > 0, "no ping met a full queue");
         m.stall(Duration::from_secs(4)).await.unwrap();

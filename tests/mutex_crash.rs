@@ -57,7 +57,7 @@ fn sigkill_never_loses_a_granted_key() {
         seed ^= seed << 17;
         // The kill comes at a random moment once the child grants: how long its start
         // takes (a growing file to check and replay) is the machine's, not the test's.
-        let _ = first.recv_timeout(Duration::from_secs(10));
+        granting += usize::from(first.recv_timeout(Duration::from_secs(10)).is_ok());
         std::thread::sleep(Duration::from_millis(seed % 400));
         c.kill().unwrap(); // SIGKILL
         let status = c.wait().unwrap();
@@ -65,7 +65,6 @@ fn sigkill_never_loses_a_granted_key() {
             killed_mid_run += 1;
         }
         let lines = reader.join().unwrap();
-        granting += usize::from(!lines.is_empty());
         for k in &lines {
             assert!(
                 granted.insert(k.clone()),
@@ -80,7 +79,7 @@ fn sigkill_never_loses_a_granted_key() {
     eprintln!("{} keys granted over 15 SIGKILLed children", granted.len());
     assert!(
         granting >= 10,
-        "only {granting} of 15 children granted a key before their kill"
+        "only {granting} of 15 children granted a key within 10 s of their start"
     );
     let (m, owner) = start(&path, Clock::system());
     rt().block_on(async {

@@ -160,6 +160,9 @@ pub(super) struct Store {
     pending_responses: HashMap<u64, Range<usize>>,
     /// Journal records since the last checkpoint.
     pending_records: usize,
+    /// The journal's length, when the open did not record it (`journal_len`, for a
+    /// database from before it was kept): the next checkpoint, which writes anyway, does.
+    unrecorded_len: Option<u64>,
 }
 
 /// Records kept before an idle owner takes a checkpoint. A checkpoint's cost is mostly
@@ -335,7 +338,7 @@ pub(super) fn open(
     // (or left as one by a crash before this sweep), and those of first starts that stopped.
     remove_drafts(path);
     let txn = db.begin_write()?;
-    let (file, id, checkpoint, replayed, halted) = {
+    let (file, id, checkpoint, replayed, halted, unrecorded_len) = {
         let mut meta = txn.open_table(META)?;
         let mut entries = txn.open_table(ENTRIES)?;
         let known = read_u64(&meta, JOURNAL_ID)?;
@@ -386,11 +389,13 @@ pub(super) fn open(
         // The journal's length rides a write the open makes anyway (a first open, or a
         // checkpoint that moved), for the same reason. A database from before it was kept
         // gets it at its first such open; until then the check has nothing to go by.
-        if was != Some(len) && (known.is_none() || checkpoint != stored) {
+        let mut unrecorded = (was != Some(len)).then_some(len);
+        if unrecorded.is_some() && (known.is_none() || checkpoint != stored) {
             meta.insert(JOURNAL_LEN, len.to_le_bytes().as_slice())?;
+            unrecorded = None;
         }
         let halted = meta.get(HALTED)?.is_some_and(|v| v.value() == [1]);
-        (file, id, checkpoint, records.len(), halted)
+        (file, id, checkpoint, records.len(), halted, unrecorded)
     };
     // Live by the boot clock: written in this boot, and not yet due on its clock.
     let boot_live = |e: &Entry| {
@@ -433,6 +438,7 @@ pub(super) fn open(
         pending: Vec::new(),
         pending_responses: HashMap::new(),
         pending_records: 0,
+        unrecorded_len,
     };
     Ok((store, loaded))
 }
@@ -613,9 +619,13 @@ pub(super) fn checkpoint(store: &mut Store) -> Result<(), WriteError> {
         let mut meta = txn.open_table(META)?;
         apply_ops(&mut entries, &mut meta, 0, &store.pending)?;
         meta.insert(CHECKPOINT, store.journal.last().to_le_bytes().as_slice())?;
+        if let Some(len) = store.unrecorded_len {
+            meta.insert(JOURNAL_LEN, len.to_le_bytes().as_slice())?;
+        }
     }
     txn.set_durability(redb::Durability::Immediate)?;
     txn.commit()?;
+    store.unrecorded_len = None;
     store.journal.checkpointed();
     store.pending.clear();
     store.pending_responses.clear();
@@ -896,6 +906,18 @@ mod tests {
             None,
             "an open with nothing to replay wrote the length"
         );
+        // A running checkpoint writes anyway: it records the length too.
+        let (mut store, _) = open().unwrap();
+        checkpoint(&mut store).unwrap();
+        drop(store);
+        assert_eq!(stored(), Some((16u64 * 4096).to_le_bytes().to_vec()));
+        {
+            let db = Database::open(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(META).unwrap().remove(JOURNAL_LEN).unwrap();
+            txn.commit().unwrap();
+        }
+        // And so does an open whose checkpoint moves.
         let (mut store, _) = open().unwrap();
         let mut b = Batch::default();
         b.put(0, &sample()).unwrap();
