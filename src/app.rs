@@ -73,10 +73,10 @@ pub struct Started {
 
 /// SIGTERM and SIGINT, listened for from the moment it is made: one that arrives before
 /// anyone waits for it is kept, not lost, nor left to its default action.
-pub struct Terminate(Option<(Signal, Signal)>);
+struct Terminate(Option<(Signal, Signal)>);
 
 impl Terminate {
-    pub fn listen() -> Terminate {
+    fn listen() -> Terminate {
         match (
             signal(SignalKind::terminate()),
             signal(SignalKind::interrupt()),
@@ -90,7 +90,7 @@ impl Terminate {
     }
 
     /// Resolves on SIGTERM or SIGINT; never, without the handlers.
-    pub async fn recv(self) {
+    async fn recv(self) {
         match self.0 {
             Some((mut term, mut int)) => {
                 tokio::select! {
@@ -369,21 +369,18 @@ fn lock(m: &std::sync::Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
 async fn ping(mutex: &Mutex) -> Result<mutex::Status, (Unavailable, bool)> {
     let turns = || mutex.shared().turns.load(Ordering::Relaxed);
     let before = turns();
-    match mutex.ping().await {
-        Ok(s) => Ok(s),
-        Err(Unavailable::Busy) => {
-            let until = tokio::time::Instant::now() + mutex.deadline();
-            let before = turns();
-            while turns() == before && tokio::time::Instant::now() < until {
-                tokio::time::sleep(Duration::from_millis(10)).await;
-            }
-            Err((Unavailable::Busy, turns() != before))
-        }
-        Err(u) => {
-            let moved = matches!(u, Unavailable::Timeout) && turns() != before;
-            Err((u, moved))
+    let pinged = mutex.ping().await;
+    if let Err(Unavailable::Busy) = pinged {
+        // Refused at once: give the owner as long as a ping may wait.
+        let until = tokio::time::Instant::now() + mutex.deadline();
+        while turns() == before && tokio::time::Instant::now() < until {
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
+    pinged.map_err(|u| {
+        let moved = matches!(u, Unavailable::Busy | Unavailable::Timeout) && turns() != before;
+        (u, moved)
+    })
 }
 
 /// SIGHUP: reload certificates and secrets without dropping connections. A bad new file

@@ -70,7 +70,7 @@ impl Secret {
             Some(i) => (&rest[..i], rest[i..].trim_ascii()),
             None => (rest, &b""[..]),
         };
-        let fits = |b: &u8| b.is_ascii_alphanumeric() || matches!(b, b'.' | b'_' | b'-');
+        let fits = |b: &u8| identity_char(char::from(*b));
         if name.is_empty() || name.len() > MAX_CLIENT_NAME || !name.iter().all(fits) {
             return Err(
                 "a line starting with @ names a client: @NAME SECRET, NAME 1 to 60 \
@@ -335,7 +335,7 @@ impl Identity {
         const CLEAN: &str = "cert.";
         const HASHED: &str = "certhash.";
         const DIGITS: usize = 16;
-        let fits = |c: char| c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-');
+        let fits = identity_char;
         let max = crate::mutex::key::MAX_IDENTITY;
         if !name.is_empty() && name.len() <= max - CLEAN.len() && name.chars().all(fits) {
             return Identity(format!("{CLEAN}{name}"));
@@ -355,6 +355,12 @@ impl Identity {
     pub fn as_str(&self) -> &str {
         &self.0
     }
+}
+
+/// What an identity's names are made of, a client's on a secrets line and a certificate's
+/// alike: `[A-Za-z0-9._-]`, never the `:` that separates the parts of a key.
+fn identity_char(c: char) -> bool {
+    c.is_ascii_alphanumeric() || matches!(c, '.' | '_' | '-')
 }
 
 impl fmt::Display for Identity {
