@@ -359,7 +359,9 @@ async fn an_owner_that_does_not_answer_is_not_ready() {
     let dir = tempfile::tempdir().unwrap();
     let config = Config {
         path: dir.path().join("mutex.redb"),
-        deadline: Duration::from_millis(200),
+        // Long enough that an answering owner (a slow fsync included) meets it; the stall
+        // below outlasts the two pings that wait on it, one after the other.
+        deadline: Duration::from_secs(1),
         ..Config::default()
     };
     let (m, owner) = mutex::start_with(config, Clock::system(), true);
@@ -368,7 +370,7 @@ async fn an_owner_that_does_not_answer_is_not_ready() {
     assert_eq!(a.call("GET", "/readyz").await.0, 200);
 
     // The disk stalls: the owner sleeps and misses the ping's deadline.
-    m.stall(Duration::from_secs(2)).await.unwrap();
+    m.stall(Duration::from_secs(5)).await.unwrap();
     let (s, v) = a.call("GET", "/readyz").await;
     assert_eq!((s, v["reason"].as_str()), (503, Some("timeout")), "{v}");
     let (s, v) = a.call("GET", "/status").await;

@@ -58,8 +58,10 @@ async fn sigkill_under_load_never_forwards_a_key_twice() {
     let mut rng = Rng(seed);
 
     let exec = MockExecutor::start().await;
-    // Orders take a little while, so that kills land with orders in flight.
-    exec.set_mode(Mode::Slow(Duration::from_millis(20)));
+    // Orders take a little while, so that kills land with orders in flight: long enough for
+    // the kill below to land while the order it waited for is still at the mock, even when
+    // this task is scheduled late on a loaded machine.
+    exec.set_mode(Mode::Slow(Duration::from_millis(50)));
     let setup = Setup::new(Some(&exec.url()));
     let accepted: Arc<Mutex<HashSet<String>>> = Arc::default();
     // Each cycle draws from a window of 400 keys, half of them the previous cycle's: the
@@ -105,6 +107,14 @@ async fn sigkill_under_load_never_forwards_a_key_twice() {
             }));
         }
         tokio::time::sleep(Duration::from_millis(150 + rng.below(600))).await;
+        // Then the next order to reach the executor: it is at the mock (Slow) when the kill
+        // lands, so the kill cuts it off however the scheduler interleaved the workers until
+        // now. If none comes (nothing left to forward), the kill lands anyway.
+        let arrived = exec.calls();
+        let deadline = tokio::time::Instant::now() + Duration::from_secs(5);
+        while exec.calls() == arrived && tokio::time::Instant::now() < deadline {
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
         gw.kill9();
         for w in workers {
             w.await.unwrap();

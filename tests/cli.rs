@@ -173,7 +173,9 @@ async fn an_operator_command_the_gateway_cannot_answer_exits_69() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_whose_order_is_out_is_released_only_by_force() {
     let exec = MockExecutor::start().await;
-    exec.set_mode(Mode::Slow(std::time::Duration::from_millis(1500)));
+    // Each order stays out while two runs of the (debug) CLI ask about it: long enough for
+    // them on a loaded machine, and well inside the executor's timeout.
+    exec.set_mode(Mode::Slow(std::time::Duration::from_secs(5)));
     let mut setup = Setup::new(Some(&exec.url()));
     setup.set("executor", "timeout", "10s");
     let sock = setup.dir.path().join("admin.sock");

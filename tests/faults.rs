@@ -203,8 +203,8 @@ async fn two_first_starts_on_one_folder_at_once() {
         let k = format!("twice-{trial}");
         assert_fails_closed(refused, &exec, &k).await;
         assert_eq!(serving.post(&keyed(&k), &[]).await.status, 200);
-        let (_, body) = refused.admin("GET", "/readyz").await;
-        assert_eq!(body["reason"], "not_open", "trial {trial}: {body}");
+        // The reason may still be an earlier one for a moment (the open in progress).
+        refused.wait_unready_because("not_open").await;
         assert_eq!(
             names(&state),
             ["mutex.redb", "mutex.redb-journal"],
@@ -298,13 +298,7 @@ async fn assert_refused_until_restored<T>(
     held: &str,
 ) -> T {
     wait_logged(gw, why, 1).await;
-    let (status, body) = gw.admin("GET", "/readyz").await;
-    assert_eq!(status, 503);
-    let detail = body["detail"].as_str().unwrap_or_default();
-    assert!(
-        detail.contains(why) && detail.contains("restore it"),
-        "{body}"
-    );
+    wait_unready_detail(gw, |d| d.contains(why) && d.contains("restore it")).await;
     assert_fails_closed(gw, exec, &format!("{held}-missing")).await;
     assert!(!db.exists(), "an empty database was made");
     let restored = restore();
@@ -327,14 +321,7 @@ async fn full_disk_at_the_first_start() {
     assert_eq!(full.raw_os_error(), Some(libc::ENOSPC));
     let gw = setup.start();
     assert_fails_closed(&gw, &exec, "full-1").await;
-    let (_, body) = gw.admin("GET", "/readyz").await;
-    assert!(
-        body["detail"]
-            .as_str()
-            .unwrap_or_default()
-            .contains("No space left"),
-        "{body}"
-    );
+    wait_unready_detail(&gw, |d| d.contains("No space left")).await;
     // Each failed attempt removes its draft: after three, at most the one a retry may be
     // making at this moment is there, and the database's path stays empty.
     wait_logged(&gw, "mutex: cannot open", 3).await;
@@ -458,7 +445,8 @@ async fn file_size_limit_mid_run() {
 
 /// Waits (at most 10 s) until the gateway has logged `needle` `times` times in all.
 async fn wait_logged(gw: &Gateway, needle: &str, times: usize) {
-    for _ in 0..200 {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    while std::time::Instant::now() < deadline {
         if gw.stderr().matches(needle).count() >= times {
             return;
         }
@@ -468,6 +456,25 @@ async fn wait_logged(gw: &Gateway, needle: &str, times: usize) {
         "never logged {needle:?} {times} times; stderr:\n{}",
         gw.stderr()
     );
+}
+
+/// Waits (20 s at most) until `/readyz` is 503 with a detail that `ok` accepts: the owner
+/// publishes why it fails closed a little after it logs it, and an earlier reason (the
+/// open in progress) may show meanwhile.
+async fn wait_unready_detail(gw: &Gateway, ok: impl Fn(&str) -> bool) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        let (status, body) = gw.admin("GET", "/readyz").await;
+        if status == 503 && ok(body["detail"].as_str().unwrap_or_default()) {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "/readyz never gave the expected detail: {status} {body}; stderr:\n{}",
+            gw.stderr()
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
 }
 
 /// A disk that starts failing: every write and sync returns EIO. Then one whose writes land

@@ -410,18 +410,20 @@ fn a_stalled_owner_answers_timeout_and_only_with_the_hook() {
     let dir = tempfile::tempdir().unwrap();
     for hook in [false, true] {
         let mut cfg = config(&dir.path().join(format!("m{hook}.redb")));
-        cfg.deadline = Duration::from_millis(300);
+        // Long enough for an owner that answers (an fsync on a slow disk included), and
+        // well inside the stall, so that a stalled owner surely misses it.
+        cfg.deadline = Duration::from_millis(1_500);
         let (m, owner) = hoox_edge::mutex::start_with(cfg, Clock::system(), hook);
         rt().block_on(async {
             m.ping().await.unwrap();
-            m.stall(Duration::from_millis(1_500)).await.unwrap();
+            m.stall(Duration::from_millis(5_000)).await.unwrap();
             let d = m.reserve(reserve(&key("s"), 60_000, 1)).await;
             if hook {
                 assert_eq!(d, Decision::Unavailable(Unavailable::Timeout));
                 // Its caller gave up before the owner took it, so nobody sent the trade:
                 // the owner does not take the key (nothing to release), and the retry runs.
                 let absent = async || matches!(m.get(key("s")).await, Ok(None));
-                assert!(eventually(Duration::from_secs(5), absent).await);
+                assert!(eventually(Duration::from_secs(20), absent).await);
                 let releases = m.shared().stats.releases.load(Ordering::Relaxed);
                 assert_eq!(releases, 0, "a reserve nobody waited for was made");
                 granted(m.reserve(reserve(&key("s"), 60_000, 1)).await);
@@ -520,19 +522,21 @@ fn a_grant_delivered_but_never_taken_is_released() {
 #[test]
 fn an_operator_write_nobody_waits_for_is_not_applied() {
     let dir = tempfile::tempdir().unwrap();
+    // A deadline an answering owner meets (a slow fsync included), and a stall that
+    // outlasts the two writes that wait on it, one after the other, by seconds.
     let (m, owner) = start_stallable(&dir.path().join("m.redb"), |c| {
-        c.deadline = Duration::from_millis(300)
+        c.deadline = Duration::from_millis(1_500)
     });
     rt().block_on(async {
         let k = key("held");
         granted(m.reserve(reserve(&k, 60_000, 1)).await);
-        m.stall(Duration::from_millis(1_000)).await.unwrap();
+        m.stall(Duration::from_millis(6_000)).await.unwrap();
         assert_eq!(m.set_halted(true).await, Err(Unavailable::Timeout));
         assert_eq!(
             m.force_release(k.clone(), None).await,
             Err(Unavailable::Timeout)
         );
-        assert!(eventually(Duration::from_secs(5), async || m.ping().await.is_ok()).await);
+        assert!(eventually(Duration::from_secs(20), async || m.ping().await.is_ok()).await);
         assert!(
             !m.ping().await.unwrap().halted,
             "a halt reported as failed took effect"

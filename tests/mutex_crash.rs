@@ -166,9 +166,26 @@ fn the_journal_alone_brings_back_reserves_commits_and_releases() {
             // keeps the page cache).
             m.ping().await.unwrap();
             // With nothing to read and nothing granted, the commit rides until the owner
-            // has been idle for 2 ms (`CARRY_IDLE`), after its 50 µs poll: 500 ms is plenty.
+            // has been idle for 2 ms (`CARRY_IDLE`), and is then written on its own: the
+            // journal changes, and nothing else writes it here. Wait until it has, and the
+            // write has ended (two reads alike).
+            let journal = format!("{path}-journal");
+            let before = std::fs::read(&journal).unwrap();
             m.commit(later, None).unwrap();
-            std::thread::sleep(std::time::Duration::from_millis(500));
+            let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+            let mut last = before.clone();
+            loop {
+                std::thread::sleep(std::time::Duration::from_millis(20));
+                let now = std::fs::read(&journal).unwrap();
+                if now != before && now == last {
+                    break;
+                }
+                assert!(
+                    std::time::Instant::now() < deadline,
+                    "the commit was not written when the owner went idle"
+                );
+                last = now;
+            }
             println!("READY");
             std::future::pending::<()>().await
         });

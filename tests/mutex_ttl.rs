@@ -95,13 +95,19 @@ fn keys_expire_while_nobody_asks() {
             .load(std::sync::atomic::Ordering::Relaxed)
     };
     rt().block_on(async {
+        // 50 sequential reserves, each its own fsync: the TTL is long enough that none
+        // expires before the count below even on a slow disk.
+        let started = std::time::Instant::now();
         for i in 0..50 {
-            let d = m.reserve(reserve(&key(&format!("idle-{i}")), 300, 1)).await;
+            let d = m
+                .reserve(reserve(&key(&format!("idle-{i}")), 3_000, 1))
+                .await;
             assert!(matches!(d, Decision::Proceed(_)), "{d:?}");
         }
-        assert_eq!(live(), 50);
+        let reserving = started.elapsed();
+        assert_eq!(live(), 50, "reserving took {reserving:?}");
         // No command from here on: only the owner's own wake-ups can expire them.
-        let expired = eventually(Duration::from_secs(10), async || live() == 0).await;
+        let expired = eventually(Duration::from_secs(30), async || live() == 0).await;
         assert!(expired, "{} keys still live with no traffic", live());
     });
     owner.stop();

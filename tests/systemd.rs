@@ -32,6 +32,16 @@ fn wait_for(
     None
 }
 
+/// Takes every datagram already queued on `sock`, without waiting for more.
+fn drain(sock: &UnixDatagram, seen: &mut Vec<String>) {
+    sock.set_nonblocking(true).unwrap();
+    let mut buf = [0u8; 4096];
+    while let Ok(n) = sock.recv(&mut buf) {
+        seen.push(String::from_utf8_lossy(&buf[..n]).into_owned());
+    }
+    sock.set_nonblocking(false).unwrap();
+}
+
 /// Waits (20 s at most) for READY=1.
 fn wait_ready(sock: &UnixDatagram, seen: &mut Vec<String>) {
     let ready = wait_for(sock, seen, Duration::from_secs(20), |l| l == "READY=1");
@@ -89,17 +99,30 @@ async fn ready_watchdog_status_stopping_and_a_stalled_owner() {
         );
     }
 
-    // Stall the owner for 4 s: no WATCHDOG=1 may arrive during the stall.
-    let (s, _) = gw.admin("POST", "/debug/stall?ms=4000").await;
+    // Stall the owner for 6 s: no WATCHDOG=1 may arrive during the stall. The stall takes
+    // effect after the request is sent, so it lasts until `posted` + 6 s at least; and the
+    // owner, idle, takes it as soon as it is queued, before the answer.
+    let posted = Instant::now();
+    let stall_ends = posted + Duration::from_secs(6);
+    let (s, _) = gw.admin("POST", "/debug/stall?ms=6000").await;
     assert_eq!(s, 200);
-    // Let a ping already in flight land, then watch.
+    // Let a ping already in flight when the stall began land, and take what it (or anything
+    // before it) sent: a datagram queued before the stall must not be read as sent during it.
     std::thread::sleep(Duration::from_millis(1200));
+    drain(&sock, &mut seen);
+    // Then watch until shortly before the stall ends at the earliest.
     let mut during = Vec::new();
-    let got = wait_for(&sock, &mut during, Duration::from_millis(2000), |l| {
-        l == "WATCHDOG=1"
-    });
+    let watch = (stall_ends - Duration::from_millis(500)).saturating_duration_since(Instant::now());
     assert!(
-        got.is_none(),
+        watch >= Duration::from_secs(1),
+        "the stall request took {:?}: too little of the stall left to watch",
+        posted.elapsed()
+    );
+    let got = wait_for(&sock, &mut during, watch, |l| l == "WATCHDOG=1");
+    // Sent no later than it was read: one read after the stall's end may be the resumption.
+    let read_at = Instant::now();
+    assert!(
+        got.is_none() || read_at >= stall_ends,
         "WATCHDOG=1 while the owner was stalled: {during:?}"
     );
     // And it resumes once the owner answers again.
@@ -270,7 +293,11 @@ async fn a_reload_while_stopping_says_nothing_after_stopping() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
-    let setup = Setup::new(None);
+    let mut setup = Setup::new(None);
+    // The kept connection below sits idle through a reload and several requests on others:
+    // on a loaded machine that outlasts the tests' usual 1 s, and the gateway would close it
+    // as idle, which is not the drop this test is about.
+    setup.set("server", "header_timeout", "30s");
     let (sock, gw) = start_notified(&setup, &[]);
     let mut seen = Vec::new();
     assert!(

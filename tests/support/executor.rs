@@ -150,11 +150,17 @@ impl MockExecutor {
     }
 }
 
-/// An `http://` URL on loopback where nothing listens: bound, then released.
+/// An `http://` URL on loopback where nothing listens, and nothing can start to: its port
+/// is held, for the rest of the process, by a socket that is bound but never listens. A
+/// connection to it is refused (a reset), and no other bind, nor an outgoing connection's
+/// ephemeral port, can take it (a port bound and released could be, by a test running
+/// alongside).
 pub fn refused_url() -> String {
-    let listener = std::net::TcpListener::bind((Ipv4Addr::LOCALHOST, 0)).unwrap();
-    let port = listener.local_addr().unwrap().port();
-    drop(listener);
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket.bind((Ipv4Addr::LOCALHOST, 0).into()).unwrap();
+    let port = socket.local_addr().unwrap().port();
+    // Kept open, never listening, until the process exits.
+    std::mem::forget(socket);
     format!("http://127.0.0.1:{port}/orders")
 }
 
