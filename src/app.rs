@@ -264,6 +264,8 @@ impl Started {
         ));
 
         log::info!("listening on https://{gateway_addr}");
+        // Without it, nothing in the journal tells simulated fills from real orders.
+        log::info!("executor: {}", config.executor.describe());
         let limits = ConnLimits {
             max_connections: config.max_connections,
             max_connections_per_ip: config.max_connections_per_ip,

@@ -284,15 +284,30 @@ fn serve(
 /// from it, so it never lands in a shell history or a process list.
 fn print_first_run(state_dir: &Path, addr: std::net::SocketAddr) {
     let dir = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
-    let d = dir.display();
     println!("try it:");
-    println!(
-        "  curl --cacert {d}/tls/cert.pem -H @{d}/secrets/curl-auth.header \
+    println!("  {}", curl_line(&dir, addr));
+    println!("send it twice: the second answer is 409 DUPLICATE.");
+}
+
+/// The first run's curl line for the state folder `dir`. Its paths are quoted: the line is
+/// meant to be pasted into a shell, and a folder with a space (or a quote) in its path
+/// would otherwise split into other words.
+fn curl_line(dir: &Path, addr: std::net::SocketAddr) -> String {
+    let cert = shell_quote(&dir.join("tls/cert.pem").display().to_string());
+    let header = dir.join("secrets/curl-auth.header");
+    let header = shell_quote(&format!("@{}", header.display()));
+    format!(
+        "curl --cacert {cert} -H {header} \
          -H 'Content-Type: application/json' \
          -d '{{\"exchange\":\"binance\",\"symbol\":\"BTCUSDT\",\"action\":\"LONG\",\"quantity\":0.01}}' \
          https://{addr}/webhook"
-    );
-    println!("send it twice: the second answer is 409 DUPLICATE.");
+    )
+}
+
+/// `s` as one word for a POSIX shell: in single quotes, inside which nothing is special but
+/// the closing quote, so each `'` in `s` closes the quotes, is escaped, and reopens them.
+fn shell_quote(s: &str) -> String {
+    format!("'{}'", s.replace('\'', r"'\''"))
 }
 
 fn gen_cert(out: &Path, names: &[String], force: bool) -> ExitCode {
@@ -454,6 +469,68 @@ mod tests {
         }
         let e = log_level(Some(OsStr::from_bytes(b"\xff"))).unwrap_err();
         assert!(e.contains("(not UTF-8)"), "{e}");
+    }
+
+    /// The words a POSIX shell makes of the curl line, `curl` left out: as curl would get
+    /// them when the line is pasted.
+    fn words_of(line: &str) -> Vec<String> {
+        let args = line.strip_prefix("curl ").expect(line);
+        let out = std::process::Command::new("sh")
+            .arg("-c")
+            .arg(format!("printf '%s\\0' {args}"))
+            .output()
+            .unwrap();
+        assert!(out.status.success(), "{line}: {out:?}");
+        String::from_utf8(out.stdout)
+            .unwrap()
+            .split_terminator('\0')
+            .map(String::from)
+            .collect()
+    }
+
+    /// The first run's state folder may sit under a path with a space: the printed line
+    /// still names its two files as one word each when pasted.
+    #[test]
+    fn the_curl_line_quotes_a_path_with_a_space() {
+        let dir = Path::new("/home/op/my state");
+        let line = curl_line(dir, "127.0.0.1:8443".parse().unwrap());
+        assert!(
+            line.contains("--cacert '/home/op/my state/tls/cert.pem' ")
+                && line.contains("-H '@/home/op/my state/secrets/curl-auth.header' "),
+            "{line}"
+        );
+        let words = words_of(&line);
+        assert_eq!(
+            words[..4],
+            [
+                "--cacert",
+                "/home/op/my state/tls/cert.pem",
+                "-H",
+                "@/home/op/my state/secrets/curl-auth.header",
+            ]
+        );
+        assert_eq!(words.last().unwrap(), "https://127.0.0.1:8443/webhook");
+    }
+
+    /// A single quote in the path closes the quotes, is escaped, and reopens them: `'\''`.
+    #[test]
+    fn the_curl_line_quotes_a_path_with_a_single_quote() {
+        let dir = Path::new("/home/o'brien/state");
+        let line = curl_line(dir, "127.0.0.1:8443".parse().unwrap());
+        assert!(
+            line.contains(r"--cacert '/home/o'\''brien/state/tls/cert.pem' "),
+            "{line}"
+        );
+        let words = words_of(&line);
+        assert_eq!(
+            words[..4],
+            [
+                "--cacert",
+                "/home/o'brien/state/tls/cert.pem",
+                "-H",
+                "@/home/o'brien/state/secrets/curl-auth.header",
+            ]
+        );
     }
 
     #[test]

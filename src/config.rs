@@ -63,6 +63,17 @@ pub enum ExecutorKind {
     Http(crate::executor::HttpConfig),
 }
 
+impl ExecutorKind {
+    /// The executor in a phrase, for the log at start: an operator reading the journal must
+    /// be able to tell that fills are simulated. Of an HTTP executor, only where orders go.
+    pub fn describe(&self) -> String {
+        match self {
+            ExecutorKind::Paper => "paper: fills are simulated, no order leaves this host".into(),
+            ExecutorKind::Http(h) => format!("http: orders go to {}", h.origin()),
+        }
+    }
+}
+
 #[derive(Debug, Clone)]
 pub struct Config {
     /// The file this came from, for messages; `None` for the embedded defaults.
@@ -351,7 +362,7 @@ impl Config {
         // A zero would drop every connection the moment it was made, and without a word.
         let timeout = |key: &str, v: &Option<String>| {
             let d = duration(key, v, Duration::from_secs(10))?;
-            if d < Duration::from_millis(100) || d > Duration::from_secs(3600) {
+            if d < MIN_TIMEOUT || d > Duration::from_secs(3600) {
                 return Err(err(key, "must be between 100ms and 1h".into()));
             }
             Ok(d)
@@ -450,6 +461,18 @@ impl Config {
                     )?,
                     ca_file: raw.executor.ca_file.map(rel),
                 };
+                // A typo ("10ms" for "10s") would pass every other check and then time out
+                // every real order: a 504, and its key held until the TTL.
+                if cfg.timeout < MIN_TIMEOUT {
+                    return Err(err(
+                        "executor.timeout",
+                        format!(
+                            "must be at least {}: a shorter one times out every order \
+                             (504, its key held)",
+                            humantime::format_duration(MIN_TIMEOUT)
+                        ),
+                    ));
+                }
                 // An order still out when the drain at SIGTERM ends is abandoned: its key
                 // stays pending, and a fill would lose its commit. So every order must be
                 // able to end within the drain, with time left to settle it.
@@ -464,13 +487,16 @@ impl Config {
                     ));
                 }
                 // A key that expires while its order is out no longer stands between a
-                // retry and that order.
-                if ttl <= cfg.timeout {
+                // retry and that order. Its TTL runs from the owner's clock reading, and
+                // the Proceed may reach the gateway up to the owner's deadline later: only
+                // then does the executor's timeout start.
+                if ttl <= cfg.timeout + crate::mutex::DEADLINE {
                     return Err(err(
                         "store.ttl",
                         format!(
-                            "must be longer than executor.timeout ({})",
-                            humantime::format_duration(cfg.timeout)
+                            "must be longer than executor.timeout ({}) and the {} a reserve may wait for the mutex",
+                            humantime::format_duration(cfg.timeout),
+                            humantime::format_duration(crate::mutex::DEADLINE)
                         ),
                     ));
                 }
@@ -485,6 +511,19 @@ impl Config {
                     };
                     err(key, e.to_string())
                 })?;
+                // A private CA is only for an https executor: beside an http:// URL it
+                // trusts nothing, and orders the operator believes are pinned to that CA
+                // go out in cleartext. Refused, not ignored, as the paper executor's stray
+                // keys are. After the executor's own checks, so that a URL it cannot post
+                // to at all is named for that.
+                if cfg.ca_file.is_some() && cfg.url.scheme_str() != Some("https") {
+                    return Err(err(
+                        "executor.ca_file",
+                        "only used with an https:// executor.url; this one sends orders in \
+                         cleartext"
+                            .into(),
+                    ));
+                }
                 ExecutorKind::Http(cfg)
             }
             kind @ (None | Some("paper")) => {
@@ -659,6 +698,10 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         .ok_or_else(|| format!("{s:?}: too large"))
 }
 
+/// The shortest timeout of any kind (`server.handshake_timeout`, `server.header_timeout`,
+/// `executor.timeout`): below it a value is a typo for seconds, not a setting.
+const MIN_TIMEOUT: Duration = Duration::from_millis(100);
+
 /// The longest `executor.timeout`: an order must end within the drain at SIGTERM, with 5 s
 /// left to settle it.
 const MAX_EXECUTOR_TIMEOUT: Duration =
@@ -741,21 +784,84 @@ mod tests {
         checked_in(state().path(), edit)
     }
 
+    /// An HTTP executor's config with `timeout`, and `ttl` if given.
+    fn http_executor(timeout: &str, ttl: Option<&str>) -> Result<Config, ConfigError> {
+        let (timeout, ttl) = (timeout.to_string(), ttl.map(String::from));
+        checked(move |r| {
+            r.executor.kind = Some("http".into());
+            r.executor.url = Some("http://127.0.0.1:9/order".into());
+            r.executor.timeout = Some(timeout);
+            if ttl.is_some() {
+                r.store.ttl = ttl;
+            }
+        })
+    }
+
     /// An order must be able to end within the drain at SIGTERM: 25 s at most.
     #[test]
     fn the_executor_timeout_ends_within_the_drain() {
-        let http = |timeout: &str| {
-            let timeout = timeout.to_string();
-            checked(move |r| {
-                r.executor.kind = Some("http".into());
-                r.executor.url = Some("http://127.0.0.1:9/order".into());
-                r.executor.timeout = Some(timeout);
-            })
-        };
+        let http = |timeout| http_executor(timeout, None);
         assert!(http("25s").is_ok());
         let e = http("25001ms").expect_err("accepted");
         assert_eq!(e.key, "executor.timeout");
         assert!(e.message.contains("at most 25s"), "{e}");
+    }
+
+    /// A typo of "10ms" for "10s" is refused, as the server's timeouts below 100 ms are:
+    /// accepted, it would time out every real order (a 504, its key held).
+    #[test]
+    fn the_executor_timeout_has_the_same_floor_as_the_others() {
+        let http = |timeout| http_executor(timeout, None);
+        assert!(http("100ms").is_ok());
+        for typo in ["10ms", "99ms", "0s"] {
+            let e = http(typo).expect_err(typo);
+            assert_eq!(e.key, "executor.timeout", "{typo}: {e}");
+            assert!(e.message.contains("at least 100ms"), "{typo}: {e}");
+            assert!(e.file.ends_with("config.toml"), "{typo}: {e}");
+        }
+    }
+
+    /// A private CA beside an http:// executor would leave orders in cleartext while the
+    /// operator believes them pinned to that CA: refused naming `executor.ca_file`. With an
+    /// https:// URL the same CA file is taken.
+    #[test]
+    fn a_ca_file_needs_an_https_executor() {
+        let dir = state();
+        // A PEM certificate to trust: the state folder's own.
+        let ca = dir.path().join("tls/cert.pem");
+        let with_ca = |url: &str| {
+            let (url, ca) = (url.to_string(), ca.clone());
+            checked_in(dir.path(), move |r| {
+                r.executor.kind = Some("http".into());
+                r.executor.url = Some(url);
+                r.executor.ca_file = Some(ca);
+            })
+        };
+        let e = with_ca("http://user:s3cret@127.0.0.1:9/orders").expect_err("accepted");
+        assert_eq!(e.key, "executor.ca_file", "{e}");
+        assert!(e.message.contains("https://"), "{e}");
+        assert!(e.file.ends_with("config.toml"), "{e}");
+        assert!(!e.to_string().contains("s3cret"), "{e}");
+        assert!(with_ca("https://127.0.0.1:9/orders").is_ok());
+    }
+
+    /// The start-up log says which executor fills orders: the embedded defaults' paper one
+    /// says it simulates them; an HTTP one names where orders go, and no secret of its URL.
+    #[test]
+    fn the_executor_is_described_without_its_secrets() {
+        let paper = Config::embedded(state().path()).unwrap();
+        let said = paper.executor.describe();
+        assert!(
+            said.starts_with("paper") && said.contains("simulated"),
+            "{said}"
+        );
+        let http = checked(|r| {
+            r.executor.kind = Some("http".into());
+            r.executor.url = Some("https://bot:s3cret@exec.example:9443/o?token=s3cret".into());
+        })
+        .unwrap();
+        let said = http.executor.describe();
+        assert_eq!(said, "http: orders go to https://exec.example:9443");
     }
 
     /// What a config that leaves a key out gets (SPEC §1, §7): pinned, since every test
@@ -932,25 +1038,19 @@ mod tests {
         }
     }
 
-    /// A key must outlive its order: a TTL equal to the executor's timeout is refused, one a
-    /// millisecond longer is not.
+    /// A key must outlive its order, which may start up to the mutex's deadline (2 s) after
+    /// the key's TTL began: a TTL equal to the executor's timeout and that deadline is
+    /// refused, one a millisecond longer is not.
     #[test]
     fn the_ttl_must_be_longer_than_the_executor_timeout() {
-        let http = |ttl: &str, timeout: &str| {
-            let (ttl, timeout) = (ttl.to_string(), timeout.to_string());
-            checked(move |r| {
-                r.executor.kind = Some("http".into());
-                r.executor.url = Some("http://127.0.0.1:9/orders".into());
-                r.executor.timeout = Some(timeout);
-                r.store.ttl = Some(ttl);
-            })
-        };
-        let Err(e) = http("10s", "10s") else {
-            panic!("a TTL equal to the timeout was accepted")
+        let http = |ttl, timeout| http_executor(timeout, Some(ttl));
+        let Err(e) = http("12s", "10s") else {
+            panic!("a TTL equal to the timeout and the deadline was accepted")
         };
         assert_eq!(e.key, "store.ttl", "{e}");
         assert!(e.message.contains("executor.timeout (10s)"), "{e}");
-        assert!(http("10s", "9999ms").is_ok());
+        assert!(e.message.contains("the 2s a reserve"), "{e}");
+        assert!(http("12s", "9999ms").is_ok());
     }
 
     /// Each start of the embedded defaults in a new folder makes its own secret: 256 bits,

@@ -73,6 +73,20 @@ impl fmt::Debug for HttpConfig {
     }
 }
 
+impl HttpConfig {
+    /// Where orders go, for the log: scheme, host and port (the scheme's own when the URL
+    /// names none), nothing else. Userinfo, path and query may hold secrets.
+    pub fn origin(&self) -> String {
+        let scheme = self.url.scheme_str().unwrap_or("http");
+        let host = self.url.host().unwrap_or("");
+        let port = self
+            .url
+            .port_u16()
+            .unwrap_or(if scheme == "https" { 443 } else { 80 });
+        format!("{scheme}://{host}:{port}")
+    }
+}
+
 pub struct HttpExecutor {
     client: Client<Bounded<HttpsConnector<HttpConnector>>, Full<Bytes>>,
     cfg: HttpConfig,
@@ -302,6 +316,23 @@ mod tests {
             let err = HttpExecutor::new(c).unwrap_err();
             assert!(matches!(err, ExecutorError::CaFile { .. }), "{err}");
             assert!(err.to_string().contains(&path.display().to_string()));
+        }
+    }
+
+    /// The start-up log names where orders go, and never what may hold a secret.
+    #[test]
+    fn origin_is_scheme_host_and_port_only() {
+        let cases = [
+            (
+                "https://user:hunter2@exec.local:9443/o/s3cret?token=s3cret",
+                "https://exec.local:9443",
+            ),
+            ("https://exec.local/orders", "https://exec.local:443"),
+            ("http://127.0.0.1/orders?key=s3cret", "http://127.0.0.1:80"),
+            ("http://[::1]:9000/orders", "http://[::1]:9000"),
+        ];
+        for (url, want) in cases {
+            assert_eq!(cfg(url).origin(), want, "{url}");
         }
     }
 

@@ -44,7 +44,8 @@ pub struct Config {
     pub batch_limit: usize,
     /// Depth of the command channel; a full channel is `Unavailable::Busy`.
     pub queue_depth: usize,
-    /// How long a caller waits for the owner before answering `Unavailable::Timeout`.
+    /// How long a caller waits for the owner before answering `Unavailable::Timeout`
+    /// ([`DEADLINE`] unless a test says otherwise).
     pub deadline: Duration,
     /// Longest pause between two attempts to reopen a failed database.
     pub reopen_backoff_max: Duration,
@@ -55,6 +56,10 @@ pub struct Config {
     pub journal_bytes: usize,
 }
 
+/// How long a caller waits for the owner: long enough for a slow sync, short enough that a
+/// stalled disk is a 503 in seconds, not a hung webhook.
+pub const DEADLINE: Duration = Duration::from_secs(2);
+
 impl Default for Config {
     fn default() -> Self {
         Config {
@@ -62,7 +67,7 @@ impl Default for Config {
             capacity: 1_000_000,
             batch_limit: 1024,
             queue_depth: 16 * 1024,
-            deadline: Duration::from_secs(2),
+            deadline: DEADLINE,
             reopen_backoff_max: Duration::from_secs(5),
             journal_bytes: 1024 * 1024,
         }
@@ -161,7 +166,8 @@ impl Grant {
 
 #[derive(Debug, Clone, PartialEq)]
 pub struct Duplicate {
-    /// The key that blocked: the requested one, or its sibling bucket's.
+    /// The key that blocked: the requested one, its family's latest (a fingerprint reserved
+    /// less than a minute ago), or the request's signature guard.
     pub key: Key,
     pub state: State,
     /// How long ago it was reserved, by the monotonic clock (no wall clock step moves it).
