@@ -168,6 +168,12 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
         body_timeout: config.header_timeout,
         in_flight: tokio_util::task::TaskTracker::new(),
         outstanding: Arc::default(),
+        order_time: mutex.deadline()
+            + match &config.executor {
+                ExecutorKind::Paper => Duration::ZERO,
+                ExecutorKind::Http(cfg) => cfg.timeout,
+            },
+        drain_end: std::sync::OnceLock::new(),
     });
     Ok(Started {
         gateway_addr,

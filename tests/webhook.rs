@@ -1567,6 +1567,70 @@ async fn sigterm_lets_in_flight_orders_commit_then_closes_cleanly() {
     assert_eq!(exec.calls(), 1);
 }
 
+/// A request still sending its body at SIGTERM is served, but its order starts only while
+/// it can end within the drain: the owner's deadline (2 s), the executor's timeout (23 s
+/// here) and a second to settle leave 4 s of the 30 s drain. The body finished at once is
+/// placed and committed; the one finished 5 s later is refused, 503 "stopping", and
+/// nothing is sent. Before, it was sent, and the drain could end under it: its answer cut
+/// off, its key left pending, its fill's commit lost.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_starts_no_order_that_could_outlast_the_drain() {
+    use support::stream::{Chunks, h2_connect};
+    let exec = MockExecutor::start().await;
+    let mut setup = Setup::new(Some(&exec.url()));
+    setup
+        .set("executor", "timeout", "23s")
+        .set("server", "header_timeout", "30s");
+    let mut gw = setup.start();
+    gw.wait_ready().await;
+    let (mut sender, conn) = h2_connect::<Chunks>(&setup.pki.ca_cert, &gw.url()).await;
+    let mut gates = Vec::new();
+    let mut calls = Vec::new();
+    for key in ["drain-early", "drain-late"] {
+        let mut t = trade("BTCUSDT");
+        t["idempotencyKey"] = json!(key);
+        let (open, gate) = tokio::sync::oneshot::channel();
+        gates.push(open);
+        let req = hyper::Request::post(gw.url())
+            .header("content-type", "application/json")
+            .header("authorization", format!("Bearer {SECRET}"))
+            .body(Chunks::gated(t.to_string().as_bytes(), 16, gate))
+            .unwrap();
+        calls.push(tokio::spawn(sender.send_request(req)));
+    }
+    // Both requests are in, their bodies begun, when the gateway is told to stop.
+    tokio::time::sleep(Duration::from_millis(300)).await;
+    unsafe { libc::kill(gw.child.id() as i32, libc::SIGTERM) };
+    let mut gates = gates.into_iter();
+    let mut calls = calls.into_iter();
+    let answer = |call: tokio::task::JoinHandle<hyper::Result<hyper::Response<_>>>| async {
+        let r = tokio::time::timeout(Duration::from_secs(20), call)
+            .await
+            .expect("an answer")
+            .unwrap()
+            .unwrap();
+        let status = r.status().as_u16();
+        let body = http_body_util::BodyExt::collect(r.into_body())
+            .await
+            .unwrap()
+            .to_bytes();
+        (status, serde_json::from_slice::<Value>(&body).unwrap())
+    };
+    gates.next().unwrap().send(()).unwrap();
+    let (status, v) = answer(calls.next().unwrap()).await;
+    assert_eq!(status, 200, "the order begun in time: {v}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    gates.next().unwrap().send(()).unwrap();
+    let (status, v) = answer(calls.next().unwrap()).await;
+    assert_eq!(status, 503, "an order that could outlast the drain: {v}");
+    assert_eq!(code(&v), "IDEMPOTENCY_UNAVAILABLE");
+    assert!(v["detail"].as_str().unwrap().contains("stopping"), "{v}");
+    assert_eq!(exec.calls(), 1, "nothing was sent for the late one");
+    conn.abort();
+    assert!(gw.terminate().success());
+    assert!(gw.stderr().contains("database closed"));
+}
+
 /// A client that hangs up while its order is at the executor, then a SIGTERM: the drain
 /// waits for that order too, though no connection does. The executor fails it, so its key
 /// is released before the database closes, the retry after the restart runs, and the log

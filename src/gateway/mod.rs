@@ -221,6 +221,8 @@ pub async fn serve(
         });
     }
     drop(listener);
+    // From here no order starts that could not end within the drain (`webhook::handle`).
+    let _ = gw.drain_end.set(Instant::now() + DRAIN);
     // Connections, and requests and orders whose client hung up, which no connection waits
     // for: all settle their keys before the caller stops the mutex's owner.
     let drained = async {

@@ -7,7 +7,7 @@
 
 use std::convert::Infallible;
 use std::net::IpAddr;
-use std::sync::Arc;
+use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
@@ -57,6 +57,14 @@ pub struct Gateway {
     /// The keys whose order is at the executor now, for the admin face (`keys show`,
     /// and a release it refuses unless forced).
     pub outstanding: Arc<Outstanding>,
+    /// The longest an order may take from its reserve to its outcome: the owner's deadline,
+    /// then the executor's timeout.
+    pub order_time: Duration,
+    /// When the drain at shutdown gives up (`gateway::DRAIN` after it began), once it has
+    /// begun. A request already in at SIGTERM is served, but its order is not started if it
+    /// might outlast the drain: the owner would be stopped under it, its answer cut off and
+    /// its outcome never settled. Refused instead (503), nothing sent.
+    pub drain_end: OnceLock<Instant>,
 }
 
 /// Who is on the other end of a connection.
@@ -68,6 +76,10 @@ pub struct Peer {
     /// The connection's turns at reading a body ([`BODIES_AT_ONCE`]).
     pub bodies: tokio::sync::Semaphore,
 }
+
+/// After an order's outcome, what its commit or release and its answer may take, at most,
+/// before the drain at shutdown may end (`Gateway::drain_end`).
+const SETTLE: Duration = Duration::from_secs(1);
 
 /// How many bodies one connection may have the gateway read, and buffer, at once. HTTP/2
 /// carries up to 64 requests on a connection, and every body is read before its sender is
@@ -270,6 +282,14 @@ async fn pipeline(
     };
     if gw.mutex.is_halted() {
         return Err(halted());
+    }
+    if gw
+        .drain_end
+        .get()
+        .is_some_and(|end| Instant::now() + gw.order_time + SETTLE > *end)
+    {
+        gw.metrics.refused("stopping");
+        return Err(keyed(Problem::Unavailable { reason: "stopping" }, None));
     }
     // Reserve. The key is marked as having an order out from before the reserve until its
     // commit or release is queued, so that no operator release, checked against the mark,
