@@ -535,6 +535,9 @@ async fn disk_io_errors_mid_run() {
         }
         disk.fail(Fault::None);
         assert_recovers(&gw, &exec, &format!("eio-{n}-after")).await;
+        // The operator is told it is over, though the reopen's first write (freeing the
+        // refused trade's key) resets the backoff the line was keyed on.
+        wait_logged(&gw, "mutex: database reopened", n + 1).await;
         // What was accepted before the fault is still held.
         assert_eq!(gw.post(&keyed("eio-0"), &[]).await.status, 409);
         // The trade refused when the disk failed was never sent: its retry goes through,

@@ -2,7 +2,8 @@
 //! file, restarts included) and against a plain HashMap model must give identical answers.
 //! Commits and releases settle a grant picked from those not yet settled, stale ones
 //! included (their key released by the operator, or expired, and perhaps reserved again),
-//! so the model also checks that a grant acts only on the entry it made.
+//! so the model also checks that a grant acts only on the entry it made. A signed request
+//! turned away takes its guard all the same, settled with the trade that turned it away.
 
 mod mutex_support;
 
@@ -67,6 +68,9 @@ struct ModelEntry {
     response: Option<Snapshot>,
     /// Which grant made it.
     grant: u64,
+    /// For the guard of a signed request turned away by a pending trade: that trade's
+    /// grant, whose commit or release settles it too.
+    follows: Option<u64>,
 }
 
 /// What the model says a reserve gets: a grant (numbered by the model), or this answer.
@@ -113,10 +117,12 @@ impl Model {
         guard: Option<(usize, u64)>,
     ) -> Expect {
         if let Some(e) = self.live(k) {
-            if e.hash != hash {
-                return Expect::Answer(Decision::Mismatch);
-            }
-            return Expect::Answer(self.dup(keys, k, e));
+            let (d, by) = if e.hash != hash {
+                (Decision::Mismatch, None)
+            } else {
+                (self.dup(keys, k, e), Some((e.state, e.grant)))
+            };
+            return self.turned_away(d, by, guard);
         }
         // The trade keys are one trade's minutes: another reserved less than a minute ago
         // holds them all.
@@ -124,7 +130,8 @@ impl Model {
             .filter_map(|s| self.live(s).map(|e| (s, e)))
             .find(|(_, e)| self.now - e.stored_at < BUCKET_MS)
         {
-            return Expect::Answer(self.dup(keys, s, e));
+            let by = Some((e.state, e.grant));
+            return self.turned_away(self.dup(keys, s, e), by, guard);
         }
         if let Some((g, _)) = guard
             && let Some(e) = self.live(KEYS + g)
@@ -142,10 +149,46 @@ impl Model {
                 hash,
                 response: None,
                 grant: self.grants,
+                follows: None,
             };
             self.map.insert(k, e);
         }
         Expect::Grant(self.grants)
+    }
+
+    /// A signed request turned away (`d`) by a trade's entry (`by`: its state and grant;
+    /// `None` for a mismatch) still takes its guard, unless the guard is live: following
+    /// a pending trade's grant, or committed at once.
+    fn turned_away(
+        &mut self,
+        d: Decision,
+        by: Option<(State, u64)>,
+        guard: Option<(usize, u64)>,
+    ) -> Expect {
+        if let Some((g, ttl_s)) = guard
+            && self.live(KEYS + g).is_none()
+        {
+            let follows = match by {
+                Some((State::Pending, grant)) => Some(grant),
+                _ => None,
+            };
+            self.grants += 1;
+            let e = ModelEntry {
+                state: if follows.is_some() {
+                    State::Pending
+                } else {
+                    State::Committed
+                },
+                stored_at: self.now,
+                expires_at: self.now + ttl_s * 1_000,
+                hash: 0,
+                response: None,
+                grant: self.grants,
+                follows,
+            };
+            self.map.insert(KEYS + g, e);
+        }
+        Expect::Answer(d)
     }
 
     /// The entry `grant` made, if `k` still holds it.
@@ -215,6 +258,12 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         e.response = snap;
                     }
                 }
+                for e in model.map.values_mut().filter(|e| e.follows == Some(id)) {
+                    e.follows = None;
+                    if now < e.expires_at {
+                        e.state = State::Committed;
+                    }
+                }
             }
             Op::Release(k, pick) => {
                 let Some((id, g, guard)) = take(&mut held, k, pick) else {
@@ -226,6 +275,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         model.map.remove(&k);
                     }
                 }
+                model.map.retain(|_, e| e.follows != Some(id));
             }
             Op::ForceRelease(k) => {
                 let released = rt.block_on(m.force_release(keys[k].clone(), None)).unwrap();
@@ -240,8 +290,12 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
             Op::Restart => {
                 owner.stop();
                 (m, owner) = start(&path, clock.clone());
-                // A grant belongs to the owner that made it, which is gone.
+                // A grant belongs to the owner that made it, which is gone, and nothing
+                // settles its followers now but their TTL.
                 held.clear();
+                for e in model.map.values_mut() {
+                    e.follows = None;
+                }
             }
         }
         // The published count and the owner's own count agree with the model's live keys.

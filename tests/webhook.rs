@@ -1926,14 +1926,61 @@ fn unix_now_s() -> u64 {
         .as_secs()
 }
 
+/// Waits (30 s at most) until `key`, with a TTL of a few seconds, has expired and gone.
+async fn wait_gone(gw: &support::gateway::Gateway, key: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(30);
+    loop {
+        let state = key_state(gw, key).await;
+        if state == "absent" {
+            return;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{key} is still {state} 30 s on"
+        );
+        tokio::time::sleep(Duration::from_millis(100)).await;
+    }
+}
+
+/// A signed retry that the trade's key turned away (409), replayed once that key no longer
+/// blocks (here its 4 s TTL; a fingerprint's minute, likewise) but while its signature
+/// still authenticates, is refused by its own signature's key: it was told the trade was
+/// taken, and must not become a second order. Before, only the signature that placed the
+/// trade held a key, and this replay was sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_retry_turned_away_cannot_run_later() {
+    let (exec, _setup, gw) = with_mock_configured(|setup| {
+        setup.set("store", "ttl", "4s");
+    })
+    .await;
+    let (_, body) = without_api_key("ADAUSDT");
+    let signed_at = unix_now_s();
+    let r = post_signed(&gw, &body, signed_at, &[]).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    let trade_key = r.header("idempotency-key").unwrap().to_string();
+    // The sender's retry, signed afresh (another second, another signature).
+    let r = post_signed(&gw, &body, signed_at + 1, &[]).await;
+    assert_eq!(r.status, 409, "{:?}", r.json());
+    assert_eq!(r.json()["key"], json!(trade_key));
+    wait_gone(&gw, &trade_key).await;
+    let r = post_signed(&gw, &body, signed_at + 1, &[]).await;
+    assert_eq!(r.status, 409, "the turned-away retry ran: {:?}", r.json());
+    let v = r.json();
+    assert_eq!(code(&v), "DUPLICATE");
+    assert!(v["key"].as_str().unwrap().starts_with("sig:"), "{v}");
+    assert_eq!(exec.calls(), 1);
+}
+
 /// A captured signed request, replayed once its trade's key no longer blocks (a fingerprint
-/// blocks for its minute, or its TTL, here 2 s) but while its signature still
+/// blocks for its minute, or its TTL, here 4 s) but while its signature still
 /// authenticates, is refused: the signature holds a key of its own. The same trade signed
 /// afresh is a new trade, as any trade after its key has gone is (SPEC §2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signed_request_replayed_after_its_trade_key_is_refused() {
+    // The shortest TTL the config takes beside the test executor's 1 s timeout (it must
+    // outlast that and the 2 s a reserve may wait for the mutex).
     let (exec, _setup, gw) = with_mock_configured(|setup| {
-        setup.set("store", "ttl", "2s");
+        setup.set("store", "ttl", "4s");
     })
     .await;
     let (_, body) = without_api_key("SOLUSDT");
@@ -1943,19 +1990,7 @@ async fn a_signed_request_replayed_after_its_trade_key_is_refused() {
     let trade_key = r.header("idempotency-key").unwrap().to_string();
     assert!(trade_key.starts_with("trade:"), "{trade_key}");
 
-    // Until the trade's key has expired and gone.
-    let deadline = std::time::Instant::now() + Duration::from_secs(30);
-    loop {
-        let state = key_state(&gw, &trade_key).await;
-        if state == "absent" {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "the trade's key is still {state} 30 s after its 4 s TTL"
-        );
-        tokio::time::sleep(Duration::from_millis(100)).await;
-    }
+    wait_gone(&gw, &trade_key).await;
     let r = post_signed(&gw, &body, signed_at, &[]).await;
     assert_eq!(r.status, 409, "the replay went through: {:?}", r.json());
     let v = r.json();

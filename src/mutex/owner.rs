@@ -221,6 +221,12 @@ struct Owner {
     /// keys held. Released by the reopen that succeeds, so that the retry is let through.
     void: Vec<Grant>,
     index: HashMap<Rc<str>, Live>,
+    /// The guards of signed requests turned away by a pending trade (`Owner::turned_away`),
+    /// by that trade's grant (its entry's number): settled when it is, as its own guard is,
+    /// whether or not the trade's entry is still there. Pruned at each checkpoint of the
+    /// guards no longer held (a grant that never settles: its owner stopped, or the
+    /// gateway could not queue its commit).
+    followers: HashMap<u64, Vec<Grant>>,
     /// Each fingerprint's latest key in `index`, found by its family (the key without its
     /// minute): what makes a fingerprint reserved less than a minute ago a duplicate
     /// whatever its bucket.
@@ -264,6 +270,7 @@ impl Owner {
             released: Vec::new(),
             void: Vec::new(),
             index: HashMap::new(),
+            followers: HashMap::new(),
             latest: HashSet::new(),
             boot: None,
             dues: HashMap::new(),
@@ -549,11 +556,9 @@ impl Owner {
             // this trade was never sent. (One that gives up after this point is released
             // at the end of the turn: `Owner::release_abandoned`.)
             Command::Reserve(_, tx) if tx.is_closed() => Ok(None),
-            Command::Reserve(req, tx) => match self.reserve(&req, w, (now_wall, now_mono)) {
-                Ok(Decision::Proceed(grant)) => {
-                    *durable = true;
-                    Ok(Some(Reply::Granted(tx, grant)))
-                }
+            Command::Reserve(req, tx) => match self.reserve(&req, w, (now_wall, now_mono), durable)
+            {
+                Ok(Decision::Proceed(grant)) => Ok(Some(Reply::Granted(tx, grant))),
                 Ok(d) => Ok(Some(Reply::Decision(tx, d))),
                 Err(e) => Err(Box::new((e, Some(Command::Reserve(req, tx))))),
             },
@@ -561,6 +566,11 @@ impl Owner {
                 let now = (now_wall, now_mono);
                 let committed = self.commit(&grant, response, w, now);
                 let guard = grant.guard.as_ref().map(|g| self.commit(g, None, w, now));
+                for f in self.followers.remove(&grant.seq).unwrap_or_default() {
+                    if let Err(e) = self.commit(&f, None, w, now) {
+                        return Err(Box::new((e, None)));
+                    }
+                }
                 match (committed, guard.transpose()) {
                     (Ok(true), Ok(_)) => inc(&self.shared.stats.commits),
                     (Ok(false), Ok(_)) => entry_gone("commit", &grant),
@@ -633,21 +643,27 @@ impl Owner {
         })
     }
 
-    /// The decision for a reserve, from the index alone; writes the entry on Proceed.
+    /// The decision for a reserve, from the index alone; writes the entry on Proceed, and
+    /// the guard of a signed request turned away (`turned_away`). Sets `durable` when it
+    /// wrote anything: the answer waits for the sync.
     fn reserve(
         &mut self,
         req: &Reserve,
         w: &mut Batch,
         now: (u64, u64),
+        durable: &mut bool,
     ) -> Result<Decision, WriteError> {
         if self.halted {
             return Ok(Decision::Halted);
         }
         if let Some(live) = self.live(&req.key, now) {
-            if live.payload_hash != req.payload_hash {
-                return Ok(Decision::Mismatch);
-            }
-            return Ok(Decision::Duplicate(duplicate(&req.key, live, now)));
+            let holder = (live.seq, live.state);
+            let d = if live.payload_hash != req.payload_hash {
+                Decision::Mismatch
+            } else {
+                Decision::Duplicate(duplicate(&req.key, live, now))
+            };
+            return self.turned_away(req, d, holder, w, now, durable);
         }
         // A fingerprint reserved less than a minute ago is a duplicate whatever its bucket
         // (SPEC §2): a retry that crosses a minute boundary; a copy that read the clock
@@ -663,7 +679,9 @@ impl Owner {
             // Every key in the index parses: `Key::from_stored` at load, a `Key` since.
             // Were one not to, the answer names the request's own key, still a duplicate.
             let key = Key::from_stored(&latest.0).unwrap_or_else(|_| req.key.clone());
-            return Ok(Decision::Duplicate(duplicate(&key, live, now)));
+            let holder = (live.seq, live.state);
+            let d = Decision::Duplicate(duplicate(&key, live, now));
+            return self.turned_away(req, d, holder, w, now, durable);
         }
         // After the trade's own key: a resend inside the minute gets the trade's answer.
         if let Some(g) = &req.guard
@@ -681,6 +699,7 @@ impl Owner {
         if self.index.len() + new > self.config.capacity {
             return Ok(Decision::Unavailable(Unavailable::Capacity));
         }
+        *durable = true;
         let seq = self.put_new(&req.key, req.ttl, req.payload_hash, w, now)?;
         let guard = match &req.guard {
             Some(g) => Some(Box::new(Grant {
@@ -695,6 +714,52 @@ impl Owner {
             seq,
             guard,
         }))
+    }
+
+    /// A signed request turned away by a live trade, as its duplicate or its mismatch (`d`),
+    /// still reserves its signature's guard. Its sender was told the trade is taken (409)
+    /// or refused (422). Without the guard, that same signed request replayed inside its
+    /// signature's window, once the trade's key had moved on (a fingerprint a minute old, a
+    /// client key past its TTL), would be a new trade and be sent.
+    ///
+    /// Behind a pending trade (`holder`: its entry's number and state) the guard follows
+    /// it: committed with it, released with it, since a trade that failed is the sender's
+    /// to retry, this request included. Behind a committed trade, or as a mismatch, the
+    /// request will never run: its guard is committed at once. Either way it is written
+    /// with the batch and synced before the answer, as a trade's own entry is. A resend of
+    /// the same signed request finds its guard and writes nothing.
+    fn turned_away(
+        &mut self,
+        req: &Reserve,
+        d: Decision,
+        (holder, state): (u64, State),
+        w: &mut Batch,
+        now: (u64, u64),
+        durable: &mut bool,
+    ) -> Result<Decision, WriteError> {
+        let Some(g) = &req.guard else {
+            return Ok(d);
+        };
+        if self.live(&g.key, now).is_some() {
+            return Ok(d);
+        }
+        // Like any reserve, the guard needs a place; without one the request is refused
+        // rather than answered with a guarantee the mutex cannot keep.
+        if !self.index.contains_key(g.key.as_str()) && self.index.len() >= self.config.capacity {
+            return Ok(Decision::Unavailable(Unavailable::Capacity));
+        }
+        *durable = true;
+        let guard = Grant {
+            seq: self.put_new(&g.key, g.ttl, [0; 32], w, now)?,
+            key: g.key.clone(),
+            guard: None,
+        };
+        if state == State::Pending && !matches!(d, Decision::Mismatch) {
+            self.followers.entry(holder).or_default().push(guard);
+        } else {
+            self.commit(&guard, None, w, now)?;
+        }
+        Ok(d)
     }
 
     /// Writes a new pending entry for `key`, replacing an expired one not yet reaped, and
@@ -809,6 +874,9 @@ impl Owner {
         if let Some(g) = &grant.guard {
             self.release(g, w, now)?;
         }
+        for f in self.followers.remove(&grant.seq).unwrap_or_default() {
+            self.release(&f, w, now)?;
+        }
         if self
             .index
             .get(grant.key.as_str())
@@ -840,7 +908,16 @@ impl Owner {
             Command::List(limit, tx) => {
                 let mut all: Vec<(&Rc<str>, &Live)> =
                     self.index.iter().filter(|(_, l)| l.live(now)).collect();
-                all.sort_unstable_by(|a, b| (a.1.expires_at, a.0).cmp(&(b.1.expires_at, b.0)));
+                // Every webhook waits while the owner lists: with a million keys a full
+                // sort took ~0.5 s here, the first `limit` found and sorted alone ~0.08 s.
+                let order = |a: &(&Rc<str>, &Live), b: &(&Rc<str>, &Live)| {
+                    (a.1.expires_at, a.0).cmp(&(b.1.expires_at, b.0))
+                };
+                if limit < all.len() {
+                    all.select_nth_unstable_by(limit, order);
+                    all.truncate(limit);
+                }
+                all.sort_unstable_by(order);
                 let list = all
                     .into_iter()
                     .take(limit)
@@ -1032,6 +1109,7 @@ impl Owner {
                     self.track(seq, Rc::from(e.key.as_str()), &e, (now_wall, now_mono), due);
                 }
                 self.dues.clear();
+                self.prune_followers();
                 // Never backwards: a grant from before the failure may still be settled,
                 // and must not match a newer entry that reused its number (the table's
                 // numbers restart after its highest, which may have been released).
@@ -1048,6 +1126,8 @@ impl Owner {
                     .fetch_add(loaded.purged, Ordering::Relaxed);
                 self.halted = loaded.halted;
                 let mut store = store;
+                // Read before `free_void`, whose write resets the backoff.
+                let reopened = self.backoff > Duration::ZERO;
                 if let Err(e) = self.free_void(&mut store, (now_wall, now_mono)) {
                     log::error!(
                         "mutex: cannot free the keys of a failed write: {e}; failing closed"
@@ -1055,7 +1135,7 @@ impl Owner {
                     self.fail(Unavailable::CommitFailed(e.to_string()));
                     return;
                 }
-                if self.backoff > Duration::ZERO {
+                if reopened {
                     log::info!("mutex: database reopened, {} live keys", self.index.len());
                 }
                 self.store = Some(store);
@@ -1163,12 +1243,25 @@ impl Owner {
             o.released.clear();
             Ok(())
         });
+        self.prune_followers();
         if done {
             self.shared
                 .stats
                 .checkpoint_seconds
                 .observe(t.elapsed().as_secs_f64());
         }
+    }
+
+    /// Forgets the followers whose guards are all gone from the index (expired, released by
+    /// an operator, or lost with a failed write), so that a grant that never settles
+    /// holds no memory for long.
+    fn prune_followers(&mut self) {
+        let index = &self.index;
+        self.followers.retain(|_, guards| {
+            guards
+                .iter()
+                .any(|g| index.get(g.key.as_str()).is_some_and(|l| l.seq == g.seq))
+        });
     }
 
     /// A write outside any batch (a checkpoint, an idle journal write): fails closed if
@@ -1445,6 +1538,201 @@ mod tests {
         assert!(!o.index.contains_key(key.as_str()));
         assert!(!o.index.contains_key(guard.as_str()));
         assert!(matches!(reserve(&mut o, &key), Decision::Proceed(_)));
+    }
+
+    /// A reserve of `key` for a trade hashed `payload`, signed with signature `sig`: its
+    /// guard is that signature's key.
+    fn signed(key: &Key, sig: u8, payload: u8) -> Box<Reserve> {
+        Box::new(Reserve {
+            key: key.clone(),
+            ttl: Duration::from_secs(300),
+            payload_hash: [payload; 32],
+            guard: Some(super::super::Guard {
+                key: Key::signature("psk", &[sig; 32]),
+                ttl: Duration::from_secs(600),
+            }),
+        })
+    }
+
+    fn granted(o: &mut Owner, req: Box<Reserve>) -> Grant {
+        match ask(o, |tx| Command::Reserve(req, tx)) {
+            Decision::Proceed(grant) => grant,
+            d => panic!("not granted: {d:?}"),
+        }
+    }
+
+    fn syncs(o: &Owner) -> u64 {
+        o.shared.stats.fsync_seconds.snapshot().2
+    }
+
+    fn state_of(o: &Owner, key: &Key) -> Option<State> {
+        o.index.get(key.as_str()).map(|l| l.state)
+    }
+
+    /// A signed retry turned away by a committed trade keeps its signature's guard, synced
+    /// before its 409: replayed once the trade's key has moved on (a fingerprint's next
+    /// minute, a client key past its TTL; here, another key), it is still a duplicate,
+    /// not a second order. A resend of it finds the guard and writes nothing.
+    #[test]
+    fn a_signed_request_turned_away_by_a_committed_trade_keeps_its_guard() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let k = trade_key("BTC");
+        let grant = granted(&mut o, signed(&k, 1, 1));
+        o.turn(&mut vec![Command::Commit(Box::new(grant), None)]);
+        let before = syncs(&o);
+        match ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 1), tx)) {
+            Decision::Duplicate(d) => assert_eq!(d.key, k, "the trade's own 409"),
+            d => panic!("{d:?}"),
+        }
+        let sig = Key::signature("psk", &[2; 32]);
+        assert_eq!(state_of(&o, &sig), Some(State::Committed));
+        assert_eq!(syncs(&o), before + 1, "the guard is synced before the 409");
+        match ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 1), tx)) {
+            Decision::Duplicate(d) => assert_eq!(d.key, k),
+            d => panic!("{d:?}"),
+        }
+        assert_eq!(syncs(&o), before + 1, "a resend writes nothing");
+        let elsewhere = trade_key("ETH");
+        match ask(&mut o, |tx| Command::Reserve(signed(&elsewhere, 2, 1), tx)) {
+            Decision::Duplicate(d) => assert_eq!(d.key, sig, "the replay is caught"),
+            d => panic!("the replay was {d:?}"),
+        }
+        // On the disk, not only in the index.
+        drop(o);
+        let mut o = owner(dir.path());
+        assert_eq!(state_of(&o, &sig), Some(State::Committed));
+        assert!(matches!(
+            ask(&mut o, |tx| Command::Reserve(signed(&elsewhere, 2, 1), tx)),
+            Decision::Duplicate(_)
+        ));
+    }
+
+    /// Turned away by a trade still pending, the guard follows that trade: committed with
+    /// it; released with it, by the gateway or as an unanswered grant, since a trade that
+    /// failed is its sender's to retry, with this very request if it likes.
+    #[test]
+    fn a_guard_turned_away_by_a_pending_trade_is_settled_with_it() {
+        for how in ["commit", "release", "abandon"] {
+            let dir = tempfile::tempdir().unwrap();
+            let mut o = owner(dir.path());
+            let k = trade_key("BTC");
+            let sig = Key::signature("psk", &[2; 32]);
+            let (tx, gone) = oneshot::channel();
+            let (retry, mut retry_rx) = oneshot::channel();
+            let batch = vec![
+                Command::Reserve(signed(&k, 1, 1), tx),
+                Command::Reserve(signed(&k, 2, 1), retry),
+            ];
+            let grant = if how == "abandon" {
+                turn_giving_up(&mut o, batch, vec![gone]);
+                None
+            } else {
+                let mut gone = gone;
+                o.turn(&mut { batch });
+                match gone.try_recv() {
+                    Ok(Decision::Proceed(g)) => Some(g),
+                    d => panic!("{d:?}"),
+                }
+            };
+            assert!(
+                matches!(retry_rx.try_recv(), Ok(Decision::Duplicate(_))),
+                "{how}"
+            );
+            if let Some(grant) = grant {
+                assert_eq!(state_of(&o, &sig), Some(State::Pending), "{how}");
+                let settle = if how == "commit" {
+                    Command::Commit(Box::new(grant), None)
+                } else {
+                    Command::Release(Box::new(grant))
+                };
+                o.turn(&mut vec![settle]);
+            }
+            if how == "commit" {
+                assert_eq!(state_of(&o, &sig), Some(State::Committed));
+                assert!(o.followers.is_empty());
+            } else {
+                assert_eq!(state_of(&o, &sig), None, "{how}: the guard is held");
+                assert!(matches!(
+                    ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 1), tx)),
+                    Decision::Proceed(_)
+                ));
+            }
+        }
+    }
+
+    /// A follower whose guard is gone (here an operator released it) is forgotten at the
+    /// next checkpoint, though its trade's grant never settles: no memory kept for it.
+    #[test]
+    fn a_follower_whose_guard_is_gone_is_forgotten_at_a_checkpoint() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let k = trade_key("BTC");
+        assert!(matches!(
+            ask(&mut o, |tx| Command::Reserve(signed(&k, 1, 1), tx)),
+            Decision::Proceed(_)
+        ));
+        assert!(matches!(
+            ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 1), tx)),
+            Decision::Duplicate(_)
+        ));
+        assert_eq!(o.followers.len(), 1);
+        o.checkpoint();
+        assert_eq!(o.followers.len(), 1, "its guard is held");
+        let sig = Box::new(Key::signature("psk", &[2; 32]));
+        assert_eq!(
+            ask(&mut o, |tx| Command::ForceRelease(sig, None, tx)),
+            Ok(Released::Yes)
+        );
+        o.checkpoint();
+        assert!(o.followers.is_empty());
+    }
+
+    /// A signed request refused as a mismatch (422) will never run: its guard is committed
+    /// at once, and outlives the trade that turned it away.
+    #[test]
+    fn a_mismatched_signed_request_keeps_its_guard_whatever_the_trade_does() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let k = trade_key("BTC");
+        let grant = granted(&mut o, signed(&k, 1, 1));
+        assert_eq!(
+            ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 9), tx)),
+            Decision::Mismatch
+        );
+        let sig = Key::signature("psk", &[2; 32]);
+        assert_eq!(state_of(&o, &sig), Some(State::Committed));
+        o.turn(&mut vec![Command::Release(Box::new(grant))]);
+        match ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 9), tx)) {
+            Decision::Duplicate(d) => assert_eq!(d.key, sig),
+            d => panic!("the refused request ran: {d:?}"),
+        }
+    }
+
+    /// A list of fewer keys than are live gives those that expire first, in that order.
+    #[test]
+    fn a_list_gives_the_keys_that_expire_first() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        for (symbol, ttl) in [("A", 50), ("B", 10), ("C", 40), ("D", 20), ("E", 30)] {
+            let mut req = request(&trade_key(symbol));
+            req.ttl = Duration::from_secs(ttl);
+            assert!(matches!(
+                ask(&mut o, |tx| Command::Reserve(req, tx)),
+                Decision::Proceed(_)
+            ));
+        }
+        let listed = |o: &mut Owner, limit| -> Vec<String> {
+            let list = ask(o, |tx| Command::List(limit, tx)).unwrap();
+            list.iter().map(|e| e.key.as_str().to_string()).collect()
+        };
+        let names = |s: &[&str]| -> Vec<String> {
+            s.iter()
+                .map(|s| trade_key(s).as_str().to_string())
+                .collect()
+        };
+        assert_eq!(listed(&mut o, 2), names(&["B", "D"]));
+        assert_eq!(listed(&mut o, 9), names(&["B", "D", "E", "C", "A"]));
     }
 
     /// `latest` holds a family only while its key is in the index: released, expired and
