@@ -32,9 +32,9 @@ const DURATION_BOUNDS: [f64; 15] = [
     0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0, 2.5, 5.0, 10.0, 30.0,
 ];
 
-/// Every reason a trade is refused with 503: the mutex's `Unavailable::reason()` labels
-/// and the operator's kill switch.
-pub const REFUSED_REASONS: [&str; 7] = [
+/// Every reason a trade is refused with 503: the mutex's `Unavailable::reason()` labels,
+/// the operator's kill switch, and an order that could outlast the drain at SIGTERM.
+pub const REFUSED_REASONS: [&str; 8] = [
     "not_open",
     "commit_failed",
     "timeout",
@@ -42,6 +42,7 @@ pub const REFUSED_REASONS: [&str; 7] = [
     "capacity",
     "stopped",
     "kill_switch",
+    "stopping",
 ];
 
 /// Every executor outcome label.
@@ -108,7 +109,7 @@ impl Metrics {
         );
         registry.register(
             "refused",
-            "Trades refused with 503, by reason (mutex unavailable, or kill_switch)",
+            "Trades refused with 503, by reason (mutex unavailable, kill_switch, or stopping)",
             refused.clone(),
         );
         registry.register(
@@ -168,7 +169,7 @@ impl Metrics {
         self.request_duration.observe(elapsed.as_secs_f64());
     }
 
-    /// A 503: an `Unavailable::reason()` label, or `"kill_switch"`.
+    /// A 503: an `Unavailable::reason()` label, `"kill_switch"` or `"stopping"`.
     pub fn refused(&self, reason: &'static str) {
         self.refused.get_or_create(&ReasonLabels { reason }).inc();
     }

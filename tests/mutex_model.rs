@@ -3,7 +3,8 @@
 //! Commits and releases settle a grant picked from those not yet settled, stale ones
 //! included (their key released by the operator, or expired, and perhaps reserved again),
 //! so the model also checks that a grant acts only on the entry it made. A signed request
-//! turned away takes its guard all the same, settled with the trade that turned it away.
+//! turned away as a duplicate takes its guard all the same, settled with the trade that
+//! turned it away.
 
 mod mutex_support;
 
@@ -117,12 +118,11 @@ impl Model {
         guard: Option<(usize, u64)>,
     ) -> Expect {
         if let Some(e) = self.live(k) {
-            let (d, by) = if e.hash != hash {
-                (Decision::Mismatch, None)
-            } else {
-                (self.dup(keys, k, e), Some((e.state, e.grant)))
-            };
-            return self.turned_away(d, by, guard);
+            if e.hash != hash {
+                return Expect::Answer(Decision::Mismatch);
+            }
+            let by = (e.state, e.grant);
+            return self.turned_away(self.dup(keys, k, e), by, guard);
         }
         // The trade keys are one trade's minutes: another reserved less than a minute ago
         // holds them all.
@@ -130,7 +130,7 @@ impl Model {
             .filter_map(|s| self.live(s).map(|e| (s, e)))
             .find(|(_, e)| self.now - e.stored_at < BUCKET_MS)
         {
-            let by = Some((e.state, e.grant));
+            let by = (e.state, e.grant);
             return self.turned_away(self.dup(keys, s, e), by, guard);
         }
         if let Some((g, _)) = guard
@@ -156,21 +156,21 @@ impl Model {
         Expect::Grant(self.grants)
     }
 
-    /// A signed request turned away (`d`) by a trade's entry (`by`: its state and grant;
-    /// `None` for a mismatch) still takes its guard, unless the guard is live: following
-    /// a pending trade's grant, or committed at once.
+    /// A signed request turned away as a duplicate (`d`) of a trade's entry (`by`: its
+    /// state and grant) still takes its guard, unless the guard is live: following a
+    /// pending trade's grant, or committed at once.
     fn turned_away(
         &mut self,
         d: Decision,
-        by: Option<(State, u64)>,
+        by: (State, u64),
         guard: Option<(usize, u64)>,
     ) -> Expect {
         if let Some((g, ttl_s)) = guard
             && self.live(KEYS + g).is_none()
         {
             let follows = match by {
-                Some((State::Pending, grant)) => Some(grant),
-                _ => None,
+                (State::Pending, grant) => Some(grant),
+                (State::Committed, _) => None,
             };
             self.grants += 1;
             let e = ModelEntry {

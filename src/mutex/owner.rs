@@ -657,12 +657,13 @@ impl Owner {
             return Ok(Decision::Halted);
         }
         if let Some(live) = self.live(&req.key, now) {
+            // A mismatch takes no guard: its trade was refused, never taken, and the
+            // request may run once the key is free (as the first delivery of its trade).
+            if live.payload_hash != req.payload_hash {
+                return Ok(Decision::Mismatch);
+            }
             let holder = (live.seq, live.state);
-            let d = if live.payload_hash != req.payload_hash {
-                Decision::Mismatch
-            } else {
-                Decision::Duplicate(duplicate(&req.key, live, now))
-            };
+            let d = Decision::Duplicate(duplicate(&req.key, live, now));
             return self.turned_away(req, d, holder, w, now, durable);
         }
         // A fingerprint reserved less than a minute ago is a duplicate whatever its bucket
@@ -716,18 +717,18 @@ impl Owner {
         }))
     }
 
-    /// A signed request turned away by a live trade, as its duplicate or its mismatch (`d`),
-    /// still reserves its signature's guard. Its sender was told the trade is taken (409)
-    /// or refused (422). Without the guard, that same signed request replayed inside its
-    /// signature's window, once the trade's key had moved on (a fingerprint a minute old, a
-    /// client key past its TTL), would be a new trade and be sent.
+    /// A signed request turned away as a live trade's duplicate (`d`) still reserves its
+    /// signature's guard. Its sender was told the trade is taken (409). Without the guard,
+    /// that same signed request replayed inside its signature's window, once the trade's
+    /// key had moved on (a fingerprint a minute old, a client key past its TTL), would be
+    /// a new trade and be sent.
     ///
     /// Behind a pending trade (`holder`: its entry's number and state) the guard follows
     /// it: committed with it, released with it, since a trade that failed is the sender's
-    /// to retry, this request included. Behind a committed trade, or as a mismatch, the
-    /// request will never run: its guard is committed at once. Either way it is written
-    /// with the batch and synced before the answer, as a trade's own entry is. A resend of
-    /// the same signed request finds its guard and writes nothing.
+    /// to retry, this request included. Behind a committed trade the request will never
+    /// run: its guard is committed at once. Either way it is written with the batch and
+    /// synced before the answer, as a trade's own entry is. A resend of the same signed
+    /// request finds its guard and writes nothing.
     fn turned_away(
         &mut self,
         req: &Reserve,
@@ -743,10 +744,10 @@ impl Owner {
         if self.live(&g.key, now).is_some() {
             return Ok(d);
         }
-        // Like any reserve, the guard needs a place; without one the request is refused
-        // rather than answered with a guarantee the mutex cannot keep.
+        // The guard needs a place. Without one the 409 still goes out, unguarded: a 503
+        // would invite the sender to retry this very request until it ran.
         if !self.index.contains_key(g.key.as_str()) && self.index.len() >= self.config.capacity {
-            return Ok(Decision::Unavailable(Unavailable::Capacity));
+            return Ok(d);
         }
         *durable = true;
         let guard = Grant {
@@ -754,7 +755,7 @@ impl Owner {
             key: g.key.clone(),
             guard: None,
         };
-        if state == State::Pending && !matches!(d, Decision::Mismatch) {
+        if state == State::Pending {
             self.followers.entry(holder).or_default().push(guard);
         } else {
             self.commit(&guard, None, w, now)?;
@@ -874,8 +875,12 @@ impl Owner {
         if let Some(g) = &grant.guard {
             self.release(g, w, now)?;
         }
+        // Each is its own release, carried like its trade's: a failed write hands it to
+        // `void`, to be made again at the reopen (`fail`), as the trade's grant is.
         for f in self.followers.remove(&grant.seq).unwrap_or_default() {
-            self.release(&f, w, now)?;
+            if self.release(&f, w, now)? {
+                self.released.push(f);
+            }
         }
         if self
             .index
@@ -1688,25 +1693,61 @@ mod tests {
         assert!(o.followers.is_empty());
     }
 
-    /// A signed request refused as a mismatch (422) will never run: its guard is committed
-    /// at once, and outlives the trade that turned it away.
+    /// A signed request refused as a mismatch (422) takes no guard: its trade was never
+    /// taken, and once the key is free it runs, the first delivery of that trade. (Had it
+    /// kept a guard, it would then be told its trade was "already accepted".)
     #[test]
-    fn a_mismatched_signed_request_keeps_its_guard_whatever_the_trade_does() {
+    fn a_mismatched_signed_request_takes_no_guard() {
         let dir = tempfile::tempdir().unwrap();
         let mut o = owner(dir.path());
         let k = trade_key("BTC");
         let grant = granted(&mut o, signed(&k, 1, 1));
+        let before = syncs(&o);
         assert_eq!(
             ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 9), tx)),
             Decision::Mismatch
         );
-        let sig = Key::signature("psk", &[2; 32]);
-        assert_eq!(state_of(&o, &sig), Some(State::Committed));
+        assert_eq!(state_of(&o, &Key::signature("psk", &[2; 32])), None);
+        assert_eq!(syncs(&o), before, "a 422 writes nothing");
         o.turn(&mut vec![Command::Release(Box::new(grant))]);
-        match ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 9), tx)) {
-            Decision::Duplicate(d) => assert_eq!(d.key, sig),
-            d => panic!("the refused request ran: {d:?}"),
+        granted(&mut o, signed(&k, 2, 9));
+    }
+
+    /// With no place left for the guard, the duplicate is still a 409, unguarded: a 503
+    /// would have its sender retry this very request until it ran.
+    #[test]
+    fn a_duplicate_with_no_place_for_its_guard_is_still_a_duplicate() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        o.config.capacity = 2;
+        let k = trade_key("BTC");
+        granted(&mut o, signed(&k, 1, 1));
+        match ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 1), tx)) {
+            Decision::Duplicate(d) => assert_eq!(d.key, k),
+            d => panic!("{d:?}"),
         }
+        assert_eq!(o.index.len(), 2, "no guard over capacity");
+    }
+
+    /// A follower's release lost with a failed write is made at the reopen, as its
+    /// trade's is: else the turned-away request, resent as it was, would meet its guard
+    /// (409 "already accepted") for a trade that failed.
+    #[test]
+    fn a_followers_release_a_failed_write_dropped_is_made_at_the_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let k = trade_key("BTC");
+        let grant = granted(&mut o, signed(&k, 1, 1));
+        assert!(matches!(
+            ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 1), tx)),
+            Decision::Duplicate(_)
+        ));
+        // The release is carried, not written, when the write after it fails.
+        o.turn(&mut vec![Command::Release(Box::new(grant))]);
+        o.fail(Unavailable::CommitFailed("a fault".into()));
+        o.reopen();
+        assert!(o.store.is_some(), "{:?}", o.failure);
+        granted(&mut o, signed(&k, 2, 1));
     }
 
     /// A list of fewer keys than are live gives those that expire first, in that order.
