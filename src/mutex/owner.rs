@@ -1257,15 +1257,19 @@ impl Owner {
         }
     }
 
-    /// Forgets the followers whose guards are all gone from the index (expired, released by
-    /// an operator, or lost with a failed write), so that a grant that never settles
-    /// holds no memory for long.
+    /// Forgets the followers whose guards are gone from the index (expired, released by an
+    /// operator, or lost with a failed write), so that a grant that never settles, and the
+    /// retries it turns away meanwhile, hold no more memory than their live guards.
     fn prune_followers(&mut self) {
+        // While failing closed the index is empty, not the disk: the guards are still
+        // there, and their trades' grants may yet settle them.
+        if self.store.is_none() {
+            return;
+        }
         let index = &self.index;
         self.followers.retain(|_, guards| {
-            guards
-                .iter()
-                .any(|g| index.get(g.key.as_str()).is_some_and(|l| l.seq == g.seq))
+            guards.retain(|g| index.get(g.key.as_str()).is_some_and(|l| l.seq == g.seq));
+            !guards.is_empty()
         });
     }
 
@@ -1691,6 +1695,41 @@ mod tests {
         );
         o.checkpoint();
         assert!(o.followers.is_empty());
+    }
+
+    /// Followers outlive a failure: a checkpoint while failing closed (an empty index, not
+    /// an empty disk) forgets none, and the trade's release after the reopen frees its
+    /// turned-away retry. Among one trade's followers, only those gone are forgotten.
+    #[test]
+    fn followers_are_pruned_by_their_own_guards_and_not_while_failing() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let k = trade_key("BTC");
+        let grant = granted(&mut o, signed(&k, 1, 1));
+        for sig in [2, 3] {
+            assert!(matches!(
+                ask(&mut o, |tx| Command::Reserve(signed(&k, sig, 1), tx)),
+                Decision::Duplicate(_)
+            ));
+        }
+        let gone = Box::new(Key::signature("psk", &[3; 32]));
+        assert_eq!(
+            ask(&mut o, |tx| Command::ForceRelease(gone, None, tx)),
+            Ok(Released::Yes)
+        );
+        o.checkpoint();
+        let kept: Vec<usize> = o.followers.values().map(Vec::len).collect();
+        assert_eq!(
+            kept,
+            [1],
+            "the released guard is forgotten, the live one kept"
+        );
+        o.fail(Unavailable::CommitFailed("a fault".into()));
+        o.checkpoint();
+        o.reopen();
+        assert!(o.store.is_some(), "{:?}", o.failure);
+        o.turn(&mut vec![Command::Release(Box::new(grant))]);
+        granted(&mut o, signed(&k, 2, 1));
     }
 
     /// A signed request refused as a mismatch (422) takes no guard: its trade was never
