@@ -510,7 +510,16 @@ mod tests {
             t.await.unwrap();
         }
         assert!(busy > 0, "no ping met a full queue");
-        m.stall(Duration::from_secs(4)).await.unwrap();
+        // Reserves that timed out may still fill the queue of two: retry until the stall
+        // is taken (it is dropped, unanswered, when the queue is full).
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        while m.stall(Duration::from_secs(4)).await.is_err() {
+            assert!(
+                std::time::Instant::now() < until,
+                "the stall was never taken"
+            );
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
         assert_eq!(ping(&m).await.map(drop), Err((Unavailable::Timeout, false)));
         owner.stop();
     }

@@ -492,3 +492,107 @@ async fn a_bare_secrets_file_name_is_read_from_the_systemd_credentials() {
     // The config folder's own secrets file is not what was read.
     assert_eq!(gw.post(&trade("ETHUSDT"), &[]).await.status, 401);
 }
+
+/// One journal record as the native protocol sends it: `NAME=value\n`, or, for a value
+/// that may hold a newline, `NAME\n`, its length as 8 bytes little-endian, the value, `\n`.
+fn journal_fields(mut d: &[u8]) -> std::collections::HashMap<String, String> {
+    let mut fields = std::collections::HashMap::new();
+    while !d.is_empty() {
+        let end = d.iter().position(|&b| b == b'\n').expect("a field ends");
+        let line = &d[..end];
+        if let Some(eq) = line.iter().position(|&b| b == b'=') {
+            let name = String::from_utf8_lossy(&line[..eq]).into_owned();
+            fields.insert(name, String::from_utf8_lossy(&line[eq + 1..]).into_owned());
+            d = &d[end + 1..];
+        } else {
+            let name = String::from_utf8_lossy(line).into_owned();
+            let rest = &d[end + 1..];
+            let len = u64::from_le_bytes(rest[..8].try_into().unwrap()) as usize;
+            let value = String::from_utf8_lossy(&rest[8..8 + len]).into_owned();
+            fields.insert(name, value);
+            d = &rest[8 + len + 1..];
+        }
+    }
+    fields
+}
+
+/// Under journald (stderr is the journal stream, as `$JOURNAL_STREAM` says) the gateway
+/// logs to the journal natively: each record a datagram to `/run/systemd/journal/socket`,
+/// with its priority and each field its own journal field (`KEY=`, `OUTCOME=`, ...), which
+/// is what `journalctl -u hoox-edge OUTCOME=committed` filters on; none on stderr, and no
+/// secret anywhere. The journal's socket is ours: the child runs in a mount namespace of
+/// its own (`unshare -m`) where our folder is bound over `/run/systemd/journal`, and its
+/// `JOURNAL_STREAM` is its stderr pipe's device and inode, as systemd sets it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn under_journald_records_go_to_the_journal_with_their_fields() {
+    let setup = Setup::new(None);
+    let journal = setup.dir.path().join("journal");
+    std::fs::create_dir(&journal).unwrap();
+    let sock = UnixDatagram::bind(journal.join("socket")).unwrap();
+    // The mount point, in the host's namespace; the bind is made in the child's alone.
+    std::fs::create_dir_all("/run/systemd/journal").unwrap();
+    let inner = setup.command();
+    let mut cmd = std::process::Command::new("unshare");
+    cmd.args(["-m", "sh", "-c"])
+        .arg(
+            "mount --bind \"$1\" /run/systemd/journal && shift && \
+             JOURNAL_STREAM=$(stat -L -c %d:%i /proc/self/fd/2) && export JOURNAL_STREAM && \
+             exec \"$@\"",
+        )
+        .arg("sh")
+        .arg(&journal)
+        .arg(inner.get_program())
+        .args(inner.get_args())
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .env_remove("NOTIFY_SOCKET")
+        .env_remove("WATCHDOG_USEC");
+    let gw = support::gateway::Gateway::spawn(cmd, &setup.pki.ca_cert);
+    gw.wait_ready().await;
+    let mut t = trade("BTCUSDT");
+    t["idempotencyKey"] = serde_json::json!("journal-1");
+    assert_eq!(gw.post(&t, &[]).await.status, 200);
+
+    let mut records = Vec::new();
+    let mut buf = vec![0u8; 64 * 1024];
+    sock.set_read_timeout(Some(Duration::from_millis(200)))
+        .unwrap();
+    let deadline = Instant::now() + Duration::from_secs(20);
+    let webhook = loop {
+        assert!(
+            Instant::now() < deadline,
+            "no webhook record in the journal: {records:?}; stderr:\n{}",
+            gw.stderr()
+        );
+        let Ok(n) = sock.recv(&mut buf) else { continue };
+        assert!(
+            !String::from_utf8_lossy(&buf[..n]).contains(support::gateway::SECRET),
+            "a secret reached the journal"
+        );
+        let fields = journal_fields(&buf[..n]);
+        records.push(fields.clone());
+        if fields.get("MESSAGE").map(String::as_str) == Some("webhook") {
+            break fields;
+        }
+    };
+    let field = |name: &str| webhook.get(name).map(String::as_str);
+    // systemd-journal-logger maps info to notice (5); `journalctl -p info` shows it.
+    assert_eq!(field("PRIORITY"), Some("5"), "{webhook:?}");
+    assert_eq!(field("STATUS"), Some("200"), "{webhook:?}");
+    assert_eq!(
+        field("KEY"),
+        Some("client:psk:live:journal-1"),
+        "{webhook:?}"
+    );
+    assert_eq!(field("OUTCOME"), Some("committed"), "{webhook:?}");
+    assert_eq!(field("CLIENT"), Some("psk"), "{webhook:?}");
+    assert!(field("LATENCY_US").is_some_and(|v| v.parse::<u64>().is_ok()));
+    // The start-up lines went there too, the executor's among them, and nothing to stderr.
+    assert!(
+        records.iter().any(|r| r
+            .get("MESSAGE")
+            .is_some_and(|m| m.starts_with("executor: paper"))),
+        "{records:?}"
+    );
+    assert!(!gw.stderr().contains("webhook"), "{}", gw.stderr());
+}
