@@ -1114,7 +1114,6 @@ impl Owner {
                     self.track(seq, Rc::from(e.key.as_str()), &e, (now_wall, now_mono), due);
                 }
                 self.dues.clear();
-                self.prune_followers();
                 // Never backwards: a grant from before the failure may still be settled,
                 // and must not match a newer entry that reused its number (the table's
                 // numbers restart after its highest, which may have been released).
@@ -1144,6 +1143,9 @@ impl Owner {
                     log::info!("mutex: database reopened, {} live keys", self.index.len());
                 }
                 self.store = Some(store);
+                // Against the index rebuilt from the disk: a guard a failed write lost is
+                // gone from it.
+                self.prune_followers();
                 self.failure = None;
                 // The backoff is reset by the first record written (`Owner::wrote`), not
                 // here.
@@ -1730,6 +1732,30 @@ mod tests {
         assert!(o.store.is_some(), "{:?}", o.failure);
         o.turn(&mut vec![Command::Release(Box::new(grant))]);
         granted(&mut o, signed(&k, 2, 1));
+    }
+
+    /// The reopen forgets the followers whose guards are not on the disk it reads (here,
+    /// one released before the failure), without waiting for a checkpoint.
+    #[test]
+    fn the_reopen_prunes_followers_against_the_disk() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let k = trade_key("BTC");
+        granted(&mut o, signed(&k, 1, 1));
+        assert!(matches!(
+            ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 1), tx)),
+            Decision::Duplicate(_)
+        ));
+        let gone = Box::new(Key::signature("psk", &[2; 32]));
+        assert_eq!(
+            ask(&mut o, |tx| Command::ForceRelease(gone, None, tx)),
+            Ok(Released::Yes)
+        );
+        assert_eq!(o.followers.len(), 1);
+        o.fail(Unavailable::CommitFailed("a fault".into()));
+        o.reopen();
+        assert!(o.store.is_some(), "{:?}", o.failure);
+        assert!(o.followers.is_empty());
     }
 
     /// A signed request refused as a mismatch (422) takes no guard: its trade was never
