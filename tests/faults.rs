@@ -298,7 +298,12 @@ async fn assert_refused_until_restored<T>(
     held: &str,
 ) -> T {
     wait_logged(gw, why, 1).await;
-    wait_unready_detail(gw, |d| d.contains(why) && d.contains("restore it")).await;
+    gw.wait_unready_until(why, |b| {
+        b["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains(why) && d.contains("restore it"))
+    })
+    .await;
     assert_fails_closed(gw, exec, &format!("{held}-missing")).await;
     assert!(!db.exists(), "an empty database was made");
     let restored = restore();
@@ -321,7 +326,12 @@ async fn full_disk_at_the_first_start() {
     assert_eq!(full.raw_os_error(), Some(libc::ENOSPC));
     let gw = setup.start();
     assert_fails_closed(&gw, &exec, "full-1").await;
-    wait_unready_detail(&gw, |d| d.contains("No space left")).await;
+    gw.wait_unready_until("No space left", |b| {
+        b["detail"]
+            .as_str()
+            .is_some_and(|d| d.contains("No space left"))
+    })
+    .await;
     // Each failed attempt removes its draft: after three, at most the one a retry may be
     // making at this moment is there, and the database's path stays empty.
     wait_logged(&gw, "mutex: cannot open", 3).await;
@@ -456,25 +466,6 @@ async fn wait_logged(gw: &Gateway, needle: &str, times: usize) {
         "never logged {needle:?} {times} times; stderr:\n{}",
         gw.stderr()
     );
-}
-
-/// Waits (20 s at most) until `/readyz` is 503 with a detail that `ok` accepts: the owner
-/// publishes why it fails closed a little after it logs it, and an earlier reason (the
-/// open in progress) may show meanwhile.
-async fn wait_unready_detail(gw: &Gateway, ok: impl Fn(&str) -> bool) {
-    let deadline = std::time::Instant::now() + Duration::from_secs(20);
-    loop {
-        let (status, body) = gw.admin("GET", "/readyz").await;
-        if status == 503 && ok(body["detail"].as_str().unwrap_or_default()) {
-            return;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "/readyz never gave the expected detail: {status} {body}; stderr:\n{}",
-            gw.stderr()
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
 }
 
 /// A disk that starts failing: every write and sync returns EIO. Then one whose writes land

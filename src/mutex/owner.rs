@@ -1572,6 +1572,23 @@ mod tests {
         }
     }
 
+    /// Asserts that `k` turns away the request signed `sig` as a duplicate.
+    fn turned_away(o: &mut Owner, k: &Key, sig: u8) {
+        match ask(o, |tx| Command::Reserve(signed(k, sig, 1), tx)) {
+            Decision::Duplicate(_) => {}
+            d => panic!("not a duplicate: {d:?}"),
+        }
+    }
+
+    /// The operator's release of signature `sig`'s guard, which was live.
+    fn release_guard(o: &mut Owner, sig: u8) {
+        let key = Box::new(Key::signature("psk", &[sig; 32]));
+        assert_eq!(
+            ask(o, |tx| Command::ForceRelease(key, None, tx)),
+            Ok(Released::Yes)
+        );
+    }
+
     fn syncs(o: &Owner) -> u64 {
         o.shared.stats.fsync_seconds.snapshot().2
     }
@@ -1672,33 +1689,6 @@ mod tests {
         }
     }
 
-    /// A follower whose guard is gone (here an operator released it) is forgotten at the
-    /// next checkpoint, though its trade's grant never settles: no memory kept for it.
-    #[test]
-    fn a_follower_whose_guard_is_gone_is_forgotten_at_a_checkpoint() {
-        let dir = tempfile::tempdir().unwrap();
-        let mut o = owner(dir.path());
-        let k = trade_key("BTC");
-        assert!(matches!(
-            ask(&mut o, |tx| Command::Reserve(signed(&k, 1, 1), tx)),
-            Decision::Proceed(_)
-        ));
-        assert!(matches!(
-            ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 1), tx)),
-            Decision::Duplicate(_)
-        ));
-        assert_eq!(o.followers.len(), 1);
-        o.checkpoint();
-        assert_eq!(o.followers.len(), 1, "its guard is held");
-        let sig = Box::new(Key::signature("psk", &[2; 32]));
-        assert_eq!(
-            ask(&mut o, |tx| Command::ForceRelease(sig, None, tx)),
-            Ok(Released::Yes)
-        );
-        o.checkpoint();
-        assert!(o.followers.is_empty());
-    }
-
     /// Followers outlive a failure: a checkpoint while failing closed (an empty index, not
     /// an empty disk) forgets none, and the trade's release after the reopen frees its
     /// turned-away retry. Among one trade's followers, only those gone are forgotten.
@@ -1708,17 +1698,9 @@ mod tests {
         let mut o = owner(dir.path());
         let k = trade_key("BTC");
         let grant = granted(&mut o, signed(&k, 1, 1));
-        for sig in [2, 3] {
-            assert!(matches!(
-                ask(&mut o, |tx| Command::Reserve(signed(&k, sig, 1), tx)),
-                Decision::Duplicate(_)
-            ));
-        }
-        let gone = Box::new(Key::signature("psk", &[3; 32]));
-        assert_eq!(
-            ask(&mut o, |tx| Command::ForceRelease(gone, None, tx)),
-            Ok(Released::Yes)
-        );
+        turned_away(&mut o, &k, 2);
+        turned_away(&mut o, &k, 3);
+        release_guard(&mut o, 3);
         o.checkpoint();
         let kept: Vec<usize> = o.followers.values().map(Vec::len).collect();
         assert_eq!(
@@ -1742,15 +1724,8 @@ mod tests {
         let mut o = owner(dir.path());
         let k = trade_key("BTC");
         granted(&mut o, signed(&k, 1, 1));
-        assert!(matches!(
-            ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 1), tx)),
-            Decision::Duplicate(_)
-        ));
-        let gone = Box::new(Key::signature("psk", &[2; 32]));
-        assert_eq!(
-            ask(&mut o, |tx| Command::ForceRelease(gone, None, tx)),
-            Ok(Released::Yes)
-        );
+        turned_away(&mut o, &k, 2);
+        release_guard(&mut o, 2);
         assert_eq!(o.followers.len(), 1);
         o.fail(Unavailable::CommitFailed("a fault".into()));
         o.reopen();
@@ -1803,10 +1778,7 @@ mod tests {
         let mut o = owner(dir.path());
         let k = trade_key("BTC");
         let grant = granted(&mut o, signed(&k, 1, 1));
-        assert!(matches!(
-            ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 1), tx)),
-            Decision::Duplicate(_)
-        ));
+        turned_away(&mut o, &k, 2);
         // The release is carried, not written, when the write after it fails.
         o.turn(&mut vec![Command::Release(Box::new(grant))]);
         o.fail(Unavailable::CommitFailed("a fault".into()));

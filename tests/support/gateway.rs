@@ -261,15 +261,23 @@ impl Gateway {
 
     /// Waits until `/readyz` is 503 for `reason` (e.g. "halted", "not_open"), for at most 20 s.
     pub async fn wait_unready_because(&self, reason: &str) {
+        self.wait_unready_until(reason, |body| body["reason"] == reason)
+            .await
+    }
+
+    /// Waits (20 s at most) until `/readyz` is 503 with a body that `ok` accepts (`what`
+    /// names it if it never comes): the owner publishes why it fails closed a little after
+    /// it logs it, and an earlier reason (the open in progress) may show meanwhile.
+    pub async fn wait_unready_until(&self, what: &str, ok: impl Fn(&serde_json::Value) -> bool) {
         let deadline = Instant::now() + Duration::from_secs(20);
         loop {
             let (s, body) = self.admin("GET", "/readyz").await;
-            if s == 503 && body["reason"] == reason {
+            if s == 503 && ok(&body) {
                 return;
             }
             assert!(
                 Instant::now() < deadline,
-                "/readyz never said {reason}: {s} {body}; stderr:\n{}",
+                "/readyz never said {what}: {s} {body}; stderr:\n{}",
                 self.stderr()
             );
             tokio::time::sleep(Duration::from_millis(50)).await;
