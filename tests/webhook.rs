@@ -1157,6 +1157,52 @@ async fn mtls_requires_a_client_certificate_and_namespaces_by_it() {
     assert_eq!(exec.calls(), clients.len());
 }
 
+/// A signature is its secret's, not the certificate's it came with: a signed request
+/// captured from one mTLS client and replayed byte for byte under another client's
+/// certificate is the same signed request, and meets its guard. Keyed by the replayer's
+/// certificate, its client key and its guard were both new to that client, and the trade
+/// was placed twice.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_request_replayed_under_another_certificate_is_refused() {
+    let (exec, setup, gw) = with_mock_configured(|setup| {
+        setup.set(
+            "server",
+            "client_ca",
+            setup.pki.ca_cert.display().to_string(),
+        );
+        setup.set("auth", "require", vec!["hmac", "mtls"]);
+    })
+    .await;
+    let desk =
+        |name: &str| TlsClient::with(&setup.pki.ca_cert, Alpn::Any, Some(&setup.pki.client(name)));
+    let (a, b) = (desk("desk-a"), desk("desk-b"));
+    let mut t = trade("BTCUSDT");
+    t.as_object_mut().unwrap().remove("apiKey");
+    t["idempotencyKey"] = json!("order-7");
+    let body = t.to_string();
+    let ts = unix_now_s();
+    let r = post_signed_by(&a, &gw, &body, ts, &[]).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    let key = r.header("idempotency-key");
+    assert_eq!(key, Some("client:cert.desk-a:live:order-7"));
+
+    let r = post_signed_by(&b, &gw, &body, ts, &[]).await;
+    let v = r.json();
+    assert_eq!(
+        r.status, 409,
+        "the replay under another certificate ran: {v}"
+    );
+    assert!(v["key"].as_str().unwrap().starts_with("sig:"), "{v}");
+    assert_eq!(exec.calls(), 1);
+
+    // Desk B's own trade, the same order id in its namespace, signed itself: placed.
+    let r = post_signed_by(&b, &gw, &body, ts + 1, &[]).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    let key = r.header("idempotency-key");
+    assert_eq!(key, Some("client:cert.desk-b:live:order-7"));
+    assert_eq!(exec.calls(), 2);
+}
+
 #[test]
 fn config_errors_exit_78_naming_key_and_file() {
     let mut setup = Setup::new(None);
@@ -1907,6 +1953,17 @@ async fn post_signed(
     ts: u64,
     extra: &[(&str, &str)],
 ) -> support::client::Reply {
+    post_signed_by(&gw.client, gw, body, ts, extra).await
+}
+
+/// As [`post_signed`], from `client` (with its own certificate, say).
+async fn post_signed_by(
+    client: &TlsClient,
+    gw: &support::gateway::Gateway,
+    body: &str,
+    ts: u64,
+    extra: &[(&str, &str)],
+) -> support::client::Reply {
     let sig = hoox_edge::gateway::auth::sign(SECRET.as_bytes(), ts as i64, body.as_bytes());
     let ts = ts.to_string();
     let mut h = vec![
@@ -1914,7 +1971,7 @@ async fn post_signed(
         ("x-hoox-signature", sig.as_str()),
     ];
     h.extend_from_slice(extra);
-    gw.client
+    client
         .request(hyper::Method::POST, &gw.url(), &h, body.to_string())
         .await
 }
@@ -1997,6 +2054,9 @@ async fn a_signed_request_replayed_after_its_trade_key_is_refused() {
     assert_eq!(code(&v), "DUPLICATE");
     assert!(v["key"].as_str().unwrap().starts_with("sig:"), "{v}");
     assert_eq!(v["state"], "committed");
+    // The answer's header names the key that blocked, as its body does, not the trade key
+    // this request would have taken, which nothing holds.
+    assert_eq!(r.header("idempotency-key"), v["key"].as_str());
     assert_eq!(exec.calls(), 1);
 
     let r = post_signed(&gw, &body, unix_now_s(), &[]).await;
@@ -2058,6 +2118,7 @@ async fn a_signed_request_replayed_under_a_new_header_key_is_refused() {
     let r = post_signed(&gw, &body, ts, &[("idempotency-key", "header-2")]).await;
     assert_eq!(r.status, 409, "the replay went through: {:?}", r.json());
     assert!(r.json()["key"].as_str().unwrap().starts_with("sig:"));
+    assert_eq!(r.header("idempotency-key"), r.json()["key"].as_str());
     assert_eq!(exec.calls(), 1);
 
     for k in ["body-1", "body-2"] {

@@ -291,10 +291,14 @@ pub struct Authenticated {
 /// A verified HMAC signature. Unlike a static secret it names one request, and it keeps
 /// authenticating that request, and only that one, until its timestamp leaves the window:
 /// the gateway holds a key of its own until then (`mutex::Guard`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Signature {
     pub timestamp: i64,
     pub mac: [u8; 32],
+    /// The client its secret names (`psk` or `psk.{name}`), which namespaces its guard,
+    /// whatever certificate the request came with: a signed request replayed under
+    /// another client certificate is the same signed request, and must meet its guard.
+    pub signer: Identity,
 }
 
 impl Signature {
@@ -450,7 +454,7 @@ impl Authenticator {
                 Some(cn) => Identity::cert(cn),
                 None => Identity::psk_of(client),
             },
-            signature: verified.iter().find_map(|v| v.signature),
+            signature: verified.iter().find_map(|v| v.signature.clone()),
         })
     }
 
@@ -508,6 +512,7 @@ impl Authenticator {
             signature: Some(Signature {
                 timestamp: ts,
                 mac: sig,
+                signer: Identity::psk_of(s.client()),
             }),
             ..Verified::shared(s)
         })
@@ -753,12 +758,19 @@ mod tests {
         let genuine = Some(Signature {
             timestamp: NOW,
             mac: parse_signature_header(&sign(b"s1", NOW, BODY)).unwrap(),
+            signer: Identity::psk(),
         });
         let signature = |a: &Authenticator, r: Req| r.authenticated(a).map(|ok| ok.signature);
         let any = auth(&[], &["s1"], &["tok"], false, &[]);
         let bearer = || Req::new().header("authorization", "Bearer tok");
-        assert_eq!(signature(&any, Req::new().signed("s1", NOW)), Ok(genuine));
-        assert_eq!(signature(&any, bearer().signed("s1", NOW)), Ok(genuine));
+        assert_eq!(
+            signature(&any, Req::new().signed("s1", NOW)),
+            Ok(genuine.clone())
+        );
+        assert_eq!(
+            signature(&any, bearer().signed("s1", NOW)),
+            Ok(genuine.clone())
+        );
         assert_eq!(signature(&any, bearer()), Ok(None));
         assert_eq!(signature(&any, bearer().signed("s9", NOW)), Ok(None));
         let only_bearer = auth(&[], &["s1"], &["tok"], false, &[Method::Bearer]);
@@ -981,6 +993,14 @@ mod tests {
         assert_eq!(id(&r), Err(AuthError::Invalid));
         let r = Req::new().signed("hmac-b", NOW);
         assert_eq!(id(&r).as_deref(), Ok("psk.desk-b"));
+        // A signature is its secret's: its signer (which keys its guard) is the secret's
+        // client, whatever certificate the request came with.
+        let mut r = Req::new().signed("hmac-b", NOW);
+        r.cn = Some("engine");
+        let ok = r.authenticated(&a).unwrap();
+        assert_eq!(ok.identity.as_str(), "cert.engine");
+        let signer = ok.signature.map(|s| s.signer.to_string());
+        assert_eq!(signer.as_deref(), Some("psk.desk-b"));
         let r = Req::new().header("authorization", "Bearer tok-b");
         assert_eq!(id(&r).as_deref(), Ok("psk.desk-b"));
         // One client on two methods is that client; two clients are refused.

@@ -157,6 +157,13 @@ impl Trade {
             None | Some(Value::Null) | Some(Value::String(_)) => {}
             Some(_) => return Err(field("apiKey", "must be a string")),
         }
+        if let Some(known) = obj.keys().find_map(|name| case_variant(name)) {
+            return Err(field(
+                known,
+                "must be spelled exactly so: another spelling in other letter case \
+                 is refused, since an executor may read it as this field",
+            ));
+        }
         let exchange = required_str(&obj, "exchange")?;
         if !(1..=MAX_EXCHANGE).contains(&exchange.len())
             || !exchange.bytes().all(|b| b.is_ascii_graphic())
@@ -314,6 +321,27 @@ const KNOWN: &[&str] = &[
     "idempotencyKey",
     "apiKey",
 ];
+
+/// The known field a member's name spells in other letter case (`Quantity`, `TEST`, or
+/// with the Kelvin sign or long s, which Unicode case folding takes to `k` and `s`).
+/// Executors written in Go (`encoding/json`) or .NET match names regardless of case, so
+/// such a member, passed through unchecked here, could be the field there: `"Test": true`
+/// keyed live and placed as a test order, or a `Quantity` placed instead of the
+/// `quantity` keyed, once per spelling, since each spelling is another trade here.
+fn case_variant(name: &str) -> Option<&'static str> {
+    let fold = |c: char| match c {
+        '\u{212A}' => 'k',
+        '\u{17F}' => 's',
+        c => c.to_ascii_lowercase(),
+    };
+    KNOWN.iter().copied().find(|known| {
+        *known != name
+            && name
+                .chars()
+                .map(fold)
+                .eq(known.chars().map(|c| c.to_ascii_lowercase()))
+    })
+}
 
 fn required_str<'a>(
     obj: &'a Map<String, Value>,
@@ -601,6 +629,32 @@ mod tests {
     }
 
     #[test]
+    fn a_known_field_in_other_letter_case_is_refused() {
+        for (name, known) in [
+            ("Quantity", "quantity"),
+            ("TEST", "test"),
+            ("Test", "test"),
+            ("SYMBOL", "symbol"),
+            ("\u{17F}ymbol", "symbol"),
+            ("api\u{212A}ey", "apiKey"),
+            ("IdempotencyKey", "idempotencyKey"),
+            ("APIKEY", "apiKey"),
+            ("Price", "price"),
+        ] {
+            // Beside the exact spelling, and alone.
+            assert_eq!(err_field(with(name, json!(5))), known, "{name}");
+            let mut b = obj(base());
+            b.remove(known);
+            b.insert(name.to_string(), json!(5));
+            assert_eq!(err_field(Trade::from_object(b)), known, "{name} alone");
+        }
+        // Names that merely resemble a field pass through, as any other extra field.
+        for name in ["quantity2", "qty", "tests", "\u{212A}", "strategy"] {
+            assert!(with(name, json!(5)).is_ok(), "{name}");
+        }
+    }
+
+    #[test]
     fn forward_body_drops_only_the_credential() {
         let t = Trade::from_object(obj(json!({
             "exchange": "Binance", "symbol": "BTCUSDT", "action": "long", "quantity": 2,
@@ -689,9 +743,10 @@ mod tests {
         let p = h(br#"{"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,"meta":{"a":1,"b":[2,{"c":3,"d":4}]}}"#);
         assert_ne!(a, p);
         assert_eq!(p, h(br#"{"meta":{"b":[2,{"d":4,"c":3}],"a":1},"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1}"#));
-        // A pass-through field cannot impersonate a known one.
+        // A pass-through field cannot impersonate a known one (one spelled like it in
+        // other letter case is refused: `a_known_field_in_other_letter_case_is_refused`).
         assert_ne!(
-            h(br#"{"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,"Test":true}"#),
+            h(br#"{"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,"test_":true}"#),
             a
         );
     }

@@ -267,7 +267,7 @@ async fn pipeline(
     // can outlast the trade's key (a fingerprint matches for a minute).
     reserve.guard = authenticated
         .signature
-        .map(|sig| guard(&client, &sig, now, gw.mutex.deadline()));
+        .map(|sig| guard(&sig, now, gw.mutex.deadline()));
     let key = reserve.key.clone();
     let keyed = |p: Problem, settled: Option<Settled>| {
         let mut a = fail(p);
@@ -298,6 +298,9 @@ async fn pipeline(
     let grant = match gw.mutex.reserve(reserve).await {
         Decision::Proceed(grant) => grant,
         Decision::Halted => return Err(halted()),
+        // The answer names the key that blocked, as its body does: for a retry caught in
+        // another minute (by its family) or by its signature's guard, that is not the key
+        // this request would have taken, which nothing holds and the executor never saw.
         Decision::Duplicate(d) => {
             gw.metrics.duplicate();
             if gw.duplicate_response == DuplicateResponse::Replay
@@ -309,13 +312,15 @@ async fn pipeline(
                     .insert("idempotent-replayed", HeaderValue::from_static("true"));
                 return Ok(Answer {
                     response,
-                    key: Some(key),
+                    key: Some(d.key),
                     settled: Some(Settled::Committed),
                     client: Some(client),
                     code: None,
                 });
             }
-            return Err(keyed(Problem::from(&d), None));
+            let mut a = keyed(Problem::from(&d), None);
+            a.key = Some(d.key);
+            return Err(a);
         }
         Decision::Mismatch => return Err(keyed(Problem::KeyReused, None)),
         Decision::Unavailable(u) => {
@@ -504,12 +509,12 @@ fn splitmix64(seed: u64, n: u64) -> u64 {
 /// authenticating by this clock (from the second after the window's last), and then for
 /// the mutex's deadline, the longest a reserve that authenticated just in time can take
 /// to reach the owner (one answered later is released unanswered).
-fn guard(identity: &str, sig: &Signature, now_ms: u64, deadline: Duration) -> Guard {
+fn guard(sig: &Signature, now_ms: u64, deadline: Duration) -> Guard {
     let until_ms = u64::try_from(sig.valid_until().saturating_add(1))
         .unwrap_or(0)
         .saturating_mul(1000);
     Guard {
-        key: Key::signature(identity, &sig.mac),
+        key: Key::signature(&sig.signer.to_string(), &sig.mac),
         ttl: Duration::from_millis(until_ms.saturating_sub(now_ms)) + deadline,
     }
 }
@@ -539,21 +544,22 @@ mod tests {
         let sig = Signature {
             timestamp: 1_800_000_000,
             mac: [3; 32],
+            signer: crate::gateway::auth::Identity::psk(),
         };
         let deadline = Duration::from_secs(2);
         let ts_ms = 1_800_000_000_000;
-        let g = guard("psk", &sig, ts_ms + 250, deadline);
+        let g = guard(&sig, ts_ms + 250, deadline);
         assert_eq!(g.key, Key::signature("psk", &[3; 32]));
         assert_eq!(g.ttl, Duration::from_millis(301_000 - 250) + deadline);
         // Signed 300 s ahead of us: it authenticates until 600 s from now.
-        let g = guard("psk", &sig, ts_ms - 300_000, deadline);
+        let g = guard(&sig, ts_ms - 300_000, deadline);
         assert_eq!(g.ttl, Duration::from_millis(601_000) + deadline);
         // The last instant it authenticates.
         let last = ts_ms + 300_999;
         let input_s = (last / 1000) as i64;
         assert!(input_s.abs_diff(sig.timestamp) <= crate::gateway::auth::HMAC_WINDOW_S);
         assert_eq!(
-            guard("psk", &sig, last, deadline).ttl,
+            guard(&sig, last, deadline).ttl,
             Duration::from_millis(1) + deadline
         );
     }
