@@ -103,11 +103,25 @@ impl Terminate {
     }
 }
 
+/// A write past RLIMIT_FSIZE (`LimitFSIZE=`, a shell's `ulimit -f`) raises SIGXFSZ, whose
+/// default action kills the process: mid-checkpoint, then again at each restart's replay,
+/// until systemd stops restarting it, and it stays down after the limit is lifted. Ignored,
+/// the write fails with EFBIG instead, which the mutex answers by failing closed, and it
+/// resumes by itself once the limit is lifted (docs/DESIGN.md, "Failure rules").
+fn ignore_file_size_signal() {
+    // SAFETY: installs no handler, only the disposition SIG_IGN, which is valid for this
+    // signal at any time; nothing else in the process handles SIGXFSZ.
+    if unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) } == libc::SIG_ERR {
+        log::warn!("cannot ignore SIGXFSZ: a file-size limit would kill the process");
+    }
+}
+
 /// Binds everything and starts the owner. Errors here are start-up errors, and come before
 /// the owner starts: a failed start leaves the database as it was.
 pub async fn start(config: Config) -> Result<Started, RunError> {
     let hangup = signal(SignalKind::hangup());
     let terminate = Terminate::listen();
+    ignore_file_size_signal();
     let tls_cfg = config.tls.load()?;
     let executor = match &config.executor {
         ExecutorKind::Paper => Executor::Paper(executor::paper::Paper::new()),

@@ -63,14 +63,14 @@ async fn assert_recovers(gw: &Gateway, exec: &MockExecutor, k: &str) {
     assert_eq!(exec.calls(), calls + 1);
 }
 
-/// The gateway, with SIGXFSZ ignored: it would kill the process, and ignored, a write
-/// past the file-size limit fails with EFBIG instead, which is the fault we want the
-/// gateway to see. The disposition survives exec.
-fn spawn_with_sigxfsz_ignored(setup: &Setup) -> Gateway {
+/// The gateway as a service manager starts it: SIGXFSZ at its default action (which kills
+/// the process), so that the gateway must ignore it itself for a write past the file-size
+/// limit to fail with EFBIG, the fault it fails closed on, rather than end it.
+fn spawn_with_default_signals(setup: &Setup) -> Gateway {
     let mut cmd = setup.command();
     unsafe {
         cmd.pre_exec(|| {
-            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            libc::signal(libc::SIGXFSZ, libc::SIG_DFL);
             Ok(())
         });
     }
@@ -238,7 +238,7 @@ async fn a_release_refused_while_failing_closed_is_reported_held() {
     setup
         .set("executor", "on_unknown_outcome", "release")
         .set("executor", "timeout", "2s");
-    let gw = spawn_with_sigxfsz_ignored(&setup);
+    let gw = spawn_with_default_signals(&setup);
     gw.wait_ready().await;
     exec.set_mode(Mode::Hang);
     let trade = keyed("held-1");
@@ -413,7 +413,7 @@ async fn owner_stalled() {
 async fn file_size_limit_mid_run() {
     let exec = MockExecutor::start().await;
     let setup = Setup::new(Some(&exec.url()));
-    let gw = spawn_with_sigxfsz_ignored(&setup);
+    let gw = spawn_with_default_signals(&setup);
     gw.wait_ready().await;
     assert_eq!(gw.post(&keyed("fsize-0"), &[]).await.status, 200);
 

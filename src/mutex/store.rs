@@ -223,7 +223,10 @@ pub(super) enum LoadError {
     Shortened { path: PathBuf, found: u64, was: u64 },
     /// A value of the database's own bookkeeping is not what any version wrote: the file
     /// was damaged or edited, and reading it as absent could drop the journal.
-    #[error("the database's {key:?} holds {len} bytes, not 8: the database is damaged")]
+    #[error(
+        "the database's {key:?} holds a value no version writes ({len} bytes): the database \
+         is damaged"
+    )]
     Meta { key: &'static str, len: usize },
 }
 
@@ -394,7 +397,7 @@ pub(super) fn open(
             meta.insert(JOURNAL_LEN, len.to_le_bytes().as_slice())?;
             unrecorded = None;
         }
-        let halted = meta.get(HALTED)?.is_some_and(|v| v.value() == [1]);
+        let halted = read_halted(&meta)?;
         (file, id, checkpoint, records.len(), halted, unrecorded)
     };
     // Live by the boot clock: written in this boot, and not yet due on its clock.
@@ -566,6 +569,22 @@ fn read_u64(meta: &Table<&str, &[u8]>, key: &'static str) -> Result<Option<u64>,
         len: v.value().len(),
     })?;
     Ok(Some(u64::from_le_bytes(bytes)))
+}
+
+/// The kill switch as persisted: `[0]` or `[1]`, absent when never set. Any other value is
+/// damage, refused like a malformed number: read as "resumed", it would turn a halt off.
+fn read_halted(meta: &Table<&str, &[u8]>) -> Result<bool, LoadError> {
+    let Some(v) = meta.get(HALTED).map_err(redb::Error::from)? else {
+        return Ok(false);
+    };
+    match v.value() {
+        [0] => Ok(false),
+        [1] => Ok(true),
+        other => Err(LoadError::Meta {
+            key: HALTED,
+            len: other.len(),
+        }),
+    }
 }
 
 /// Applies one journal record's operations to the tables, in order: the one way redb is
@@ -874,6 +893,25 @@ mod tests {
             let (_store, loaded) = open().expect("restored");
             assert_eq!(loaded.live.len(), 1, "{key}");
         }
+        // The kill switch: a value no version writes is damage too, not "resumed".
+        let put_halted = |value: &[u8]| {
+            let db = Database::open(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(META).unwrap().insert(HALTED, value).unwrap();
+            txn.commit().unwrap();
+        };
+        put_halted(&[1]);
+        assert!(open().expect("halted").1.halted);
+        for bad in [&[2u8][..], &[1, 0], &[]] {
+            put_halted(bad);
+            match open() {
+                Err(LoadError::Meta { key, len }) => assert_eq!((key, len), (HALTED, bad.len())),
+                Err(e) => panic!("{bad:?}: refused for another reason: {e}"),
+                Ok(_) => panic!("{bad:?}: opened"),
+            }
+        }
+        put_halted(&[0]);
+        assert!(!open().expect("resumed").1.halted);
     }
 
     /// The journal's length is recorded only by an open that writes anyway (a first open,
