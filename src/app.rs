@@ -270,9 +270,17 @@ impl Started {
             };
             tokio::spawn(admin::serve(b, state, stopped()))
         });
-        let supervisor = tokio::spawn(supervise(mutex.clone(), ready.clone(), stopped()));
         // What systemd was last told, READY=1 or STOPPING=1: one at a time.
         let told = Arc::new(std::sync::Mutex::new(()));
+        let supervisor = tokio::spawn(supervise(
+            mutex.clone(),
+            Announce {
+                ready: ready.clone(),
+                stopping: stopping.clone(),
+                told: told.clone(),
+            },
+            stopped(),
+        ));
         let reloader = tokio::spawn(reload_on_hangup(
             hangup,
             ready.clone(),
@@ -325,7 +333,8 @@ impl Started {
 /// period: about 8 s of the packaged 10. At the half-period pace, a stall of 2 s that
 /// began just before a ping left 12 s between two WATCHDOG=1, and got the service killed.
 /// A ping costs the owner a read, and at most one unsynced record: nothing, once a second.
-async fn supervise(mutex: Mutex, ready: Arc<AtomicBool>, stopped: impl Future<Output = ()>) {
+async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output = ()>) {
+    let ready = &announce.ready;
     let watchdog = notify::watchdog_interval();
     let tick = watchdog.map_or(Duration::from_secs(5), |w| w.min(Duration::from_secs(1)));
     let fast = Duration::from_millis(100);
@@ -334,9 +343,8 @@ async fn supervise(mutex: Mutex, ready: Arc<AtomicBool>, stopped: impl Future<Ou
     loop {
         let status = match ping(&mutex).await {
             Ok(s) => {
-                if s.fail_closed.is_none() && !ready.swap(true, Ordering::Relaxed) {
-                    notify::ready();
-                    log::info!("ready: database open, {} live keys", s.live_keys);
+                if s.fail_closed.is_none() && !ready.load(Ordering::Relaxed) {
+                    announce.ready(s.live_keys);
                 }
                 // The owner answered in time: tell the watchdog we are alive.
                 if watchdog.is_some() {
@@ -375,6 +383,26 @@ async fn supervise(mutex: Mutex, ready: Arc<AtomicBool>, stopped: impl Future<Ou
         tokio::select! {
             _ = tokio::time::sleep(wait) => {}
             _ = &mut stopped => return,
+        }
+    }
+}
+
+/// What the supervisor needs to tell systemd READY=1 once, and never after STOPPING=1.
+struct Announce {
+    ready: Arc<AtomicBool>,
+    stopping: Arc<AtomicBool>,
+    told: Arc<std::sync::Mutex<()>>,
+}
+
+impl Announce {
+    /// The first open succeeded. A SIGTERM that came while it ran (a slow replay, a
+    /// reopen's backoff) has sent STOPPING=1: READY=1 after it would tell systemd a unit
+    /// that is stopping is running. Checked under `told`, as the reload's READY=1 is.
+    fn ready(&self, live_keys: usize) {
+        let _told = lock(&self.told);
+        if !self.ready.swap(true, Ordering::Relaxed) && !self.stopping.load(Ordering::Acquire) {
+            notify::ready();
+            log::info!("ready: database open, {live_keys} live keys");
         }
     }
 }

@@ -120,10 +120,14 @@ enum KeysOp {
     /// order is at the executor (`in_flight` in `keys show`), unless forced.
     Release {
         key: String,
-        /// Release even a key whose order is at the executor now: only when you know that
-        /// order cannot fill.
+        /// Release even a pending key whose order is at the executor now: only when you
+        /// know that order cannot fill.
         #[arg(long)]
         force: bool,
+        /// The `entry` that `keys show` gave: release that entry only, not one that took
+        /// the key since (a retry's new order).
+        #[arg(long, value_name = "N")]
+        entry: Option<u64>,
     },
 }
 
@@ -171,14 +175,22 @@ pub fn main() -> ExitCode {
                 KeysOp::Show { key } => {
                     ("GET", format!("/keys/{}", admin::client::encode_key(key)))
                 }
-                KeysOp::Release { key, force } => (
-                    "POST",
-                    format!(
-                        "/keys/{}/release{}",
-                        admin::client::encode_key(key),
-                        if *force { "?force=1" } else { "" }
-                    ),
-                ),
+                KeysOp::Release { key, force, entry } => {
+                    let query: Vec<String> = [
+                        force.then(|| "force=1".to_string()),
+                        entry.map(|n| format!("entry={n}")),
+                    ]
+                    .into_iter()
+                    .flatten()
+                    .collect();
+                    let query = if query.is_empty() {
+                        String::new()
+                    } else {
+                        format!("?{}", query.join("&"))
+                    };
+                    let path = format!("/keys/{}/release", admin::client::encode_key(key));
+                    ("POST", format!("{path}{query}"))
+                }
             };
             operator(&admin, method, &path)
         }

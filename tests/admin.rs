@@ -211,6 +211,24 @@ async fn bad_requests_are_refused_before_the_mutex_is_asked() {
         ("GET", "/keys?limit=ten", 400, "INVALID_REQUEST"),
         ("GET", "/keys?limit=10001", 400, "INVALID_REQUEST"),
         ("GET", "/keys?offset=3", 400, "INVALID_REQUEST"),
+        (
+            "POST",
+            "/keys/client:a:live:b/release?force=2",
+            400,
+            "INVALID_REQUEST",
+        ),
+        (
+            "POST",
+            "/keys/client:a:live:b/release?entry=x",
+            400,
+            "INVALID_REQUEST",
+        ),
+        (
+            "POST",
+            "/keys/client:a:live:b/release?force=1&force=1",
+            400,
+            "INVALID_REQUEST",
+        ),
     ] {
         let (s, v) = a.call(method, path).await;
         assert_eq!(
@@ -453,6 +471,20 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
 
     let a = Admin::start(&Listen::Unix(dir.path().join("admin.sock")), st).await;
     let release = format!("/keys/{encoded}/release");
+    // Pinned to the entry the operator saw: another one (a retry's, that took the key
+    // since) is left alone.
+    let (_, shown) = a.call("GET", &format!("/keys/{encoded}")).await;
+    let entry = shown["entry"].as_u64().expect("keys show gives the entry");
+    let (s, v) = a
+        .call("POST", &format!("{release}?entry={}", entry + 1))
+        .await;
+    assert_eq!((s, v["code"].as_str()), (409, Some("KEY_CHANGED")), "{v}");
+    let (s, v) = a.call("POST", &format!("{release}?entry={entry}")).await;
+    assert_eq!((s, v["released"].as_bool()), (200, Some(true)), "{v}");
+    assert!(matches!(
+        m.reserve(reserve(&key)).await,
+        Decision::Proceed(_)
+    ));
     let (s, v) = a.call("POST", &release).await;
     assert_eq!((s, v["released"].as_bool()), (200, Some(true)), "{v}");
     assert_eq!(v["key"], key.as_str());

@@ -214,6 +214,10 @@ async fn a_key_whose_order_is_out_is_released_only_by_force() {
         (show["state"].as_str(), show["in_flight"].as_bool()),
         (Some("committed"), Some(false))
     );
+    // Force is for a pending key whose order is out: this one's filled.
+    let o = cli(&[&["keys", "release", key, "--force"][..], &admin].concat());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("KEY_CHANGED"));
     let rel = json_out(&cli(&[&["keys", "release", key][..], &admin].concat()));
     assert_eq!(rel["released"], true);
 
@@ -222,9 +226,22 @@ async fn a_key_whose_order_is_out_is_released_only_by_force() {
     let key = "client:psk:live:out-2";
     let list = json_out(&cli(&[&["keys", "list"][..], &admin].concat()));
     assert_eq!(list["keys"][0]["in_flight"], true, "{list}");
-    let rel = json_out(&cli(
-        &[&["keys", "release", key, "--force"][..], &admin].concat()
-    ));
+    // Pinned to the entry looked at: another is not released, that one is.
+    let entry = list["keys"][0]["entry"].as_u64().unwrap();
+    let other = (entry + 1).to_string();
+    let o = cli(&[
+        &["keys", "release", key, "--force", "--entry", &other][..],
+        &admin,
+    ]
+    .concat());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("KEY_CHANGED"));
+    let entry = entry.to_string();
+    let rel = json_out(&cli(&[
+        &["keys", "release", key, "--force", "--entry", &entry][..],
+        &admin,
+    ]
+    .concat()));
     assert_eq!(rel["released"], true);
     assert_eq!(second.await.unwrap().status, 200);
 }

@@ -6,8 +6,11 @@ mod support;
 use std::os::unix::net::UnixDatagram;
 use std::time::{Duration, Instant};
 
+use support::client::{Alpn, TlsClient};
 use support::executor::{MockExecutor, Mode};
 use support::gateway::{Setup, trade};
+use support::stream::h1_post_head;
+use tokio::io::AsyncWriteExt;
 
 /// Collects notify datagrams until `pred` holds for one of them or `within` passes.
 fn wait_for(
@@ -244,6 +247,53 @@ async fn a_reload_before_the_database_opens_does_not_say_ready() {
             .any(|m| m.lines().any(|l| l.starts_with("STATUS=fail-closed"))),
         "READY=1 while still fail-closed: {seen:?}"
     );
+    assert!(gw.terminate().success());
+}
+
+/// A database that first opens while the gateway drains at SIGTERM (a slow first open, a
+/// reopen's backoff) says nothing to systemd: READY=1 after STOPPING=1 would tell it a
+/// stopping unit is running.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_open_while_stopping_does_not_say_ready() {
+    let mut setup = Setup::new(None);
+    setup
+        .set("store", "path", "later/mutex.redb")
+        .set("server", "header_timeout", "30s");
+    let (sock, mut gw) = start_notified(&setup, &[]);
+    let mut seen = Vec::new();
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l
+            .starts_with("STATUS=fail-closed"))
+        .is_some(),
+        "no fail-closed STATUS; got {seen:?}"
+    );
+    // A request whose body is still coming holds the drain open.
+    let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Http1, None);
+    let mut raw = c.connect_raw(&gw.url()).await.unwrap();
+    let head = h1_post_head(&gw.url(), &[("Content-Length", "100")]);
+    raw.write_all(format!("{head}{{\"a\"").as_bytes())
+        .await
+        .unwrap();
+    raw.flush().await.unwrap();
+    unsafe { libc::kill(gw.child.id() as i32, libc::SIGTERM) };
+    let stopping = wait_for(&sock, &mut seen, Duration::from_secs(10), |l| {
+        l == "STOPPING=1"
+    });
+    assert!(stopping.is_some(), "no STOPPING=1; got {seen:?}");
+    let stopped_at = seen.len() - 1;
+    std::fs::create_dir(setup.dir.path().join("later")).unwrap();
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l
+            .starts_with("STATUS=serving"))
+        .is_some(),
+        "the database did not open while draining; got {seen:?}"
+    );
+    let after: Vec<_> = seen[stopped_at..]
+        .iter()
+        .filter(|m| m.lines().any(|l| l == "READY=1"))
+        .collect();
+    assert!(after.is_empty(), "READY=1 after STOPPING=1: {seen:?}");
+    drop(raw);
     assert!(gw.terminate().success());
 }
 

@@ -1588,15 +1588,17 @@ async fn sigterm_lets_in_flight_orders_commit_then_closes_cleanly() {
     exec.wait_for_calls(1).await;
     unsafe { libc::kill(gw.child.id() as i32, libc::SIGTERM) };
     // While it drains, readiness says so, so that a balancer stops sending new trades.
+    // `status` agrees: not ready while it drains.
     let mut drain = None;
     while !inflight.is_finished() && drain.is_none() {
         let (s, v) = gw.admin("GET", "/readyz").await;
         if s == 503 {
-            drain = Some(v["reason"].clone());
+            let (_, status) = gw.admin("GET", "/status").await;
+            drain = Some((v["reason"].clone(), status["ready"].clone()));
         }
         tokio::time::sleep(Duration::from_millis(20)).await;
     }
-    assert_eq!(drain, Some(json!("stopping")));
+    assert_eq!(drain, Some((json!("stopping"), json!(false))));
     let r = inflight.await.unwrap();
     assert_eq!(r.status, 200, "the in-flight order was cut off");
     assert_eq!(r.header("hoox-idempotency-outcome"), Some("committed"));

@@ -12,7 +12,7 @@
 //! | `GET /status`              | `{live_keys, halted, serving, fail_closed, detail, version}`|
 //! | `GET /keys?limit=N`        | `{keys: [entry], truncated}`, by wall clock expiry, oldest first |
 //! | `GET /keys/{key}`          | one entry, 404 if no live entry                             |
-//! | `POST /keys/{key}/release` | operator release; 404 no live entry; 409 `ORDER_IN_FLIGHT` (`?force=1` overrides) or `KEY_CHANGED` (taken again meanwhile) |
+//! | `POST /keys/{key}/release` | operator release; 404 no live entry; 409 `ORDER_IN_FLIGHT` (`?force=1` overrides, for a pending key) or `KEY_CHANGED` (taken again, or settled, meanwhile; `?entry=N` pins the entry `keys show` gave) |
 //! | `POST /halt`, `/resume`    | the kill switch, persisted by the mutex                     |
 //!
 //! `{key}` is the stored key, percent-encoded as [`client::encode_key`] does.
@@ -45,7 +45,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::executor::Outstanding;
 use crate::metrics::{self, Metrics};
-use crate::mutex::{EntryInfo, Key, Mutex, Released, Unavailable};
+use crate::mutex::{EntryInfo, Key, Mutex, Released, Seen, State as EntryState, Unavailable};
 
 /// Connections served at once; more wait in the kernel's backlog. An operator's tools
 /// need a handful; the bound keeps a runaway script from starving the gateway.
@@ -464,7 +464,11 @@ async fn status(state: &State) -> Answer {
         "serving": fail_closed.is_none(),
         "fail_closed": fail_closed.as_ref().map(Unavailable::reason),
         "detail": fail_closed.as_ref().map(Unavailable::to_string),
-        "ready": state.ready.load(Ordering::Acquire) && fail_closed.is_none() && !halted,
+        // As `/readyz` says it: a draining gateway takes no new trades.
+        "ready": state.ready.load(Ordering::Acquire)
+            && !state.stopping.load(Ordering::Acquire)
+            && fail_closed.is_none()
+            && !halted,
         "version": env!("CARGO_PKG_VERSION"),
     }))
 }
@@ -519,53 +523,94 @@ async fn show(state: &State, raw: &str) -> Answer {
 /// released without `force`: its outcome is not known yet, and a retry let through now
 /// could fill beside it (`executor::outstanding`).
 async fn release(state: &State, raw: &str, query: &str) -> Answer {
-    let force = match query {
-        "" => false,
-        "force=1" => true,
-        q => {
-            let detail = format!("unknown query {q:?}: the one parameter is force=1");
-            return problem(StatusCode::BAD_REQUEST, "INVALID_REQUEST", detail);
-        }
+    let (force, entry) = match release_query(query) {
+        Ok(q) => q,
+        Err(detail) => return problem(StatusCode::BAD_REQUEST, "INVALID_REQUEST", detail),
     };
     let key = match parse_key(raw) {
         Ok(k) => k,
         Err(a) => return *a,
     };
-    // Unforced, the release names the entry looked at here: the owner removes that entry
-    // only. An order is marked outstanding before its reserve is sent and until its
-    // settling is queued, so an entry that is live now and unmarked after the look has no
-    // order out, and an order marked later cannot hold it (a reserve makes a new entry).
-    let only = if force {
-        None
-    } else {
-        match state.mutex.get(key.clone()).await {
-            Ok(Some(_)) if state.outstanding.contains(&key) => {
-                return problem(
-                    StatusCode::CONFLICT,
-                    "ORDER_IN_FLIGHT",
-                    "this key's order is at the executor now and may still fill: wait for \
-                     its outcome (keys show), or release with force if you know it cannot",
-                );
-            }
-            Ok(Some(e)) => Some(e.seq),
-            Ok(None) => return not_found(),
-            Err(u) => return unavailable(&u),
-        }
+    // The release names the entry looked at here, in the state it is in: the owner
+    // removes that entry only, and only if it has not settled since. An order is marked
+    // outstanding before its reserve is sent and until its settling is queued, so an
+    // entry that is live now and unmarked after the look has no order out, and an order
+    // marked later cannot hold it (a reserve makes a new entry). `entry` pins the look
+    // further back, to the operator's own (`keys show`): a key freed and taken again
+    // since is not the one they judged.
+    let seen = match state.mutex.get(key.clone()).await {
+        Ok(Some(e)) => e,
+        Ok(None) => return not_found(),
+        Err(u) => return unavailable(&u),
     };
-    match state.mutex.force_release(key.clone(), only).await {
+    if entry.is_some_and(|n| n != seen.seq) {
+        return key_changed();
+    }
+    if force && seen.state != EntryState::Pending {
+        // Force overrides the in-flight check, and an order out is a pending entry's: a
+        // settled one has no order out to override, and one that settled after the
+        // operator looked has filled, or been released, since.
+        return problem(
+            StatusCode::CONFLICT,
+            "KEY_CHANGED",
+            format!(
+                "the key's order has settled ({}): force releases only a pending key whose \
+                 order is out; look again (keys show), and release without force",
+                seen.state.as_str()
+            ),
+        );
+    }
+    if !force && state.outstanding.contains(&key) {
+        return problem(
+            StatusCode::CONFLICT,
+            "ORDER_IN_FLIGHT",
+            "this key's order is at the executor now and may still fill: wait for its \
+             outcome (keys show), or release with force if you know it cannot",
+        );
+    }
+    match state
+        .mutex
+        .force_release(key.clone(), Some(Seen::from(&seen)))
+        .await
+    {
         Ok(Released::Yes) => {
             log::warn!("operator released key {key}");
             ok(json!({"key": key.as_str(), "released": true}))
         }
         Ok(Released::NotFound) => not_found(),
-        Ok(Released::Changed) => problem(
-            StatusCode::CONFLICT,
-            "KEY_CHANGED",
-            "the key was freed and taken again by a new order while it was being released: \
-             look again (keys show)",
-        ),
+        Ok(Released::Changed) => key_changed(),
         Err(u) => unavailable(&u),
     }
+}
+
+/// `force=1` and `entry=N`, each at most once, in any order.
+fn release_query(query: &str) -> Result<(bool, Option<u64>), String> {
+    let (mut force, mut entry) = (false, None);
+    for part in query.split('&').filter(|p| !p.is_empty()) {
+        match part.split_once('=') {
+            Some(("force", "1")) if !force => force = true,
+            Some(("entry", n)) if entry.is_none() => match n.parse() {
+                Ok(n) => entry = Some(n),
+                Err(_) => return Err(format!("entry {n:?} is not an entry number")),
+            },
+            _ => {
+                return Err(format!(
+                    "unknown query {query:?}: the parameters are force=1 and entry=N, once each"
+                ));
+            }
+        }
+    }
+    Ok((force, entry))
+}
+
+fn key_changed() -> Answer {
+    problem(
+        StatusCode::CONFLICT,
+        "KEY_CHANGED",
+        "the key changed while it was being released: freed and taken again by a new \
+         order, or its order settled (a pending trade that filled is committed now): look \
+         again (keys show)",
+    )
 }
 
 fn not_found() -> Answer {
@@ -596,6 +641,8 @@ fn parse_key(raw: &str) -> Result<Key, Box<Answer>> {
 fn entry_json(state: &State, e: &EntryInfo) -> Value {
     json!({
         "key": e.key.as_str(),
+        // Which entry this is, for `keys release --entry`: unique while the process runs.
+        "entry": e.seq,
         "in_flight": state.outstanding.contains(&e.key),
         "state": e.state.as_str(),
         "stored_at": e.stored_at,

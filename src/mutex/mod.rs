@@ -226,6 +226,22 @@ pub struct EntryInfo {
     pub seq: u64,
 }
 
+/// An entry as an operator looked at it ([`Mutex::force_release`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Seen {
+    pub seq: u64,
+    pub state: State,
+}
+
+impl From<&EntryInfo> for Seen {
+    fn from(e: &EntryInfo) -> Self {
+        Seen {
+            seq: e.seq,
+            state: e.state,
+        }
+    }
+}
+
 /// What an operator release did.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum Released {
@@ -268,10 +284,10 @@ pub(crate) enum Command {
     List(usize, oneshot::Sender<Result<Vec<EntryInfo>, Unavailable>>),
     /// Operator release: like `Release`, but durable before it answers, and says whether
     /// a live entry was removed.
-    /// With an entry's `seq`, only while the key still holds that entry.
+    /// Given the entry as seen, only while the key still holds that entry in that state.
     ForceRelease(
         Box<Key>,
-        Option<u64>,
+        Option<Seen>,
         oneshot::Sender<Result<Released, Unavailable>>,
     ),
     /// Kill switch, persisted durably.
@@ -433,14 +449,15 @@ impl Mutex {
         self.call(|tx| Command::List(limit, tx)).await?
     }
 
-    /// Operator release of a held key. Given `only`, an [`EntryInfo::seq`] the operator
-    /// looked at, it removes that entry only: between a look and a release, the key may
-    /// be freed and taken again by a new order, which an operator who judged the old one
-    /// must not release.
+    /// Operator release of a held key. Given `only`, the entry as the operator looked at
+    /// it, it removes that entry only, and only in the state it was seen in: between a
+    /// look and a release, the key may be freed and taken again by a new order, or its
+    /// order may settle (a pending trade that filled), and an operator who judged the
+    /// entry as it was must not release what it has become.
     pub async fn force_release(
         &self,
         key: Key,
-        only: Option<u64>,
+        only: Option<Seen>,
     ) -> Result<Released, Unavailable> {
         self.call(|tx| Command::ForceRelease(Box::new(key), only, tx))
             .await?

@@ -594,8 +594,11 @@ impl Owner {
             // failed (503): applying it now would do what they were told did not happen.
             Command::ForceRelease(_, _, tx) if tx.is_closed() => Ok(None),
             Command::SetHalted(_, tx) if tx.is_closed() => Ok(None),
-            Command::ForceRelease(key, Some(seq), tx)
-                if self.index.get(key.as_str()).is_some_and(|l| l.seq != seq) =>
+            Command::ForceRelease(key, Some(seen), tx)
+                if self
+                    .index
+                    .get(key.as_str())
+                    .is_some_and(|l| l.seq != seen.seq || l.state != seen.state) =>
             {
                 Ok(Some(Reply::Released(tx, Released::Changed)))
             }
@@ -1376,6 +1379,7 @@ fn info(key: &Key, l: &Live, now: (u64, u64)) -> EntryInfo {
 
 #[cfg(test)]
 mod tests {
+    use super::super::Seen;
     use super::*;
 
     /// An owner driven turn by turn on this thread, on a fresh database.
@@ -2132,7 +2136,7 @@ mod tests {
         };
         let seen = |o: &mut Owner| {
             let e = ask(o, |tx| Command::Get(Box::new(k.clone()), tx));
-            e.unwrap().expect("the key is live").seq
+            Seen::from(&e.unwrap().expect("the key is live"))
         };
         let old = seen(&mut o);
         o.turn(&mut vec![Command::Release(Box::new(first))]);
@@ -2147,11 +2151,24 @@ mod tests {
             Command::ForceRelease(Box::new(k.clone()), Some(new), tx)
         });
         assert_eq!(r, Ok(Released::Yes));
-        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+        let Decision::Proceed(grant) = reserve(&mut o, &k) else {
+            panic!("a released key is granted")
+        };
         let gone = ask(&mut o, |tx| {
             Command::ForceRelease(Box::new(trade_key("ETH")), Some(new), tx)
         });
         assert_eq!(gone, Ok(Released::NotFound));
+
+        // Seen pending, its order out; the order fills (its commit is queued, so the
+        // mark is gone) before the release arrives: the filled trade is left held.
+        let pending = seen(&mut o);
+        assert_eq!(pending.state, State::Pending);
+        o.turn(&mut vec![Command::Commit(Box::new(grant), None)]);
+        let r = ask(&mut o, |tx| {
+            Command::ForceRelease(Box::new(k.clone()), Some(pending), tx)
+        });
+        assert_eq!(r, Ok(Released::Changed));
+        assert!(matches!(reserve(&mut o, &k), Decision::Duplicate(_)));
     }
 
     /// An operator write whose caller gave up was reported to the operator as failed,
