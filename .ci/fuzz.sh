@@ -24,7 +24,11 @@ targets="${FUZZ_TARGETS:-webhook_body idem_header key_fingerprint hmac_header en
 # What it needs, installed if missing: a nightly toolchain (cargo fuzz builds with
 # sanitizer flags only nightly takes), a C++ compiler (libfuzzer-sys builds libFuzzer), and
 # cargo-fuzz itself (--debug: it only drives cargo and libFuzzer, so its own speed does not
-# matter; its build does).
+# matter; its build does). Pinned, so that a new release cannot break CI by needing a newer
+# Rust than the stable toolchain it is built with (cargo install builds with the default
+# toolchain, not nightly); a machine that has another version gets this one (--force: also
+# over a cargo-fuzz cargo did not install).
+cargo_fuzz_version=0.13.2
 if ! rustup run nightly rustc --version >/dev/null 2>&1; then
     rustup toolchain install nightly --profile minimal
 fi
@@ -32,8 +36,8 @@ if ! command -v c++ >/dev/null; then
     { apt-get update -qq && apt-get install -y -qq g++ >/dev/null; } ||
         { echo "fuzz: no C++ compiler, and g++ could not be installed (root, apt)" >&2; exit 1; }
 fi
-if ! cargo +nightly fuzz --version >/dev/null 2>&1; then
-    cargo install cargo-fuzz --locked --debug
+if [[ " $(cargo +nightly fuzz --version 2>/dev/null || true) " != *" $cargo_fuzz_version "* ]]; then
+    cargo install "cargo-fuzz@$cargo_fuzz_version" --locked --debug --force
 fi
 
 dir_args=()

@@ -25,14 +25,19 @@ export CARGO_PROFILE_RELEASE_LTO=false CARGO_PROFILE_RELEASE_CODEGEN_UNITS=256 \
     CARGO_PROFILE_RELEASE_OPT_LEVEL=0
 bash -c "exec $cmd" > "$log/out" 2> "$log/err" &
 pid=$!   # cargo, then (cargo run execs it) the gateway itself
+# SIGTERM, and its exit status once it is gone: 40 s at most (stop_within, in order.sh), then
+# SIGKILL and a failure, where a bare `wait` would hang CI on a gateway that does not stop.
+# Reaped either way, so fail() no longer signals that PID, which may be another's by then.
 stop() {
-    kill -TERM "$pid" 2> /dev/null || true
-    wait "$pid"
+    local rc=0
+    stop_within "$pid" || rc=$?
+    pid=
+    return "$rc"
 }
 fail() {
     echo "readme.sh: $*"
     echo "--- stdout"; cat "$log/out"; echo "--- stderr"; tail -40 "$log/err"
-    kill -KILL "$pid" 2> /dev/null || true
+    [[ -z $pid ]] || kill -KILL "$pid" 2> /dev/null || true
     exit 1
 }
 
@@ -57,6 +62,6 @@ rm -f body.json sig.headers
 [[ $answer == *'"code":"DUPLICATE"'* ]] || fail "the signed trade answered: $answer"
 echo "readme.sh: the signing example answered: $answer"
 
-stop || fail "the gateway did not exit cleanly on SIGTERM"
+stop || fail "the gateway did not exit cleanly on SIGTERM (status $?; 124: killed after 40 s)"
 rm -rf "$state" "$log"
 echo "readme.sh: the README's run command serves"

@@ -56,6 +56,21 @@ done
 
 work_in "${MEM_DIR:-$(mktemp -d /var/tmp/hoox-memstart.XXXXXX)}"
 
+# A Ctrl-C (or SIGTERM) while start_ready waits: timeout puts the launcher in a process group
+# of its own, which the terminal's SIGINT does not reach, and bash runs the trap only once the
+# launcher is done, then exits before start_ready adds the gateway it started to PIDS. So the
+# trap takes the gateway's PID from gw.pid, which the launcher writes as soon as it has
+# started it, and which start_ready removes once that PID is in PIDS: never a PID that
+# stop_gateway already stopped (and that another process may have by now).
+adopt_launched() {
+    local pid p
+    [ -s "$WORK/gw.pid" ] || return 0
+    pid=$(cat "$WORK/gw.pid")
+    for p in ${PIDS[@]+"${PIDS[@]}"}; do [ "$p" != "$pid" ] || return 0; done
+    PIDS+=("$pid")
+}
+trap 'adopt_launched; exit 130' INT TERM
+
 # start_ready NAME: exec the gateway with NOTIFY_SOCKET set to a datagram socket we bind,
 # and wait (60 s at most) for READY=1. Sets GW_PID and READY_MS (exec to READY=1). The
 # gateway polls its owner every 100 ms until ready, so READY_MS is at most 100 ms late.
@@ -89,7 +104,7 @@ while time.monotonic() - t0 < 60:
 sys.exit("no READY=1 within 60 s")
 EOF
     ); then
-        [ -s "$WORK/gw.pid" ] && PIDS+=("$(cat "$WORK/gw.pid")")
+        adopt_launched
         echo "memstart.sh: gateway did not get ready:" >&2
         tail -n 20 "$WORK/$1.log" >&2
         exit 1
@@ -97,6 +112,7 @@ EOF
     GW_PID=${out% *}
     READY_MS=${out#* }
     PIDS+=("$GW_PID")
+    rm -f "$WORK/gw.pid"
 }
 
 # stop_gateway: SIGTERM, and wait (30 s at most) until it is gone. It is not our child (the
