@@ -121,13 +121,13 @@ enum KeysOp {
     Release {
         key: String,
         /// Release even a pending key whose order is at the executor now: only when you
-        /// know that order cannot fill.
-        #[arg(long)]
+        /// know that order cannot fill. Needs --entry.
+        #[arg(long, requires = "entry")]
         force: bool,
-        /// The `entry` that `keys show` gave: release that entry only, not one that took
-        /// the key since (a retry's new order).
-        #[arg(long, value_name = "N")]
-        entry: Option<u64>,
+        /// The `entry` that `keys show` gave: release that entry only, and only in the
+        /// state you saw, not one that settled since or a retry's that took the key.
+        #[arg(long, value_name = "TAG")]
+        entry: Option<String>,
     },
 }
 
@@ -178,7 +178,9 @@ pub fn main() -> ExitCode {
                 KeysOp::Release { key, force, entry } => {
                     let query: Vec<String> = [
                         force.then(|| "force=1".to_string()),
-                        entry.map(|n| format!("entry={n}")),
+                        entry
+                            .as_ref()
+                            .map(|tag| format!("entry={}", admin::client::encode_key(tag))),
                     ]
                     .into_iter()
                     .flatten()

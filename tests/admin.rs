@@ -219,13 +219,19 @@ async fn bad_requests_are_refused_before_the_mutex_is_asked() {
         ),
         (
             "POST",
-            "/keys/client:a:live:b/release?entry=x",
+            "/keys/client:a:live:b/release?entry=X",
             400,
             "INVALID_REQUEST",
         ),
         (
             "POST",
-            "/keys/client:a:live:b/release?force=1&force=1",
+            "/keys/client:a:live:b/release?force=1",
+            400,
+            "INVALID_REQUEST",
+        ),
+        (
+            "POST",
+            "/keys/client:a:live:b/release?force=1&force=1&entry=1.2.pending",
             400,
             "INVALID_REQUEST",
         ),
@@ -469,23 +475,66 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
         a.stop().await;
     }
 
+    let marks = st.outstanding.clone();
     let a = Admin::start(&Listen::Unix(dir.path().join("admin.sock")), st).await;
     let release = format!("/keys/{encoded}/release");
+    let show = format!("/keys/{encoded}");
+    let entry = |v: &serde_json::Value| v["entry"].as_str().expect("an entry tag").to_string();
     // Pinned to the entry the operator saw: another one (a retry's, that took the key
     // since) is left alone.
-    let (_, shown) = a.call("GET", &format!("/keys/{encoded}")).await;
-    let entry = shown["entry"].as_u64().expect("keys show gives the entry");
+    let (_, shown) = a.call("GET", &show).await;
+    let seen = entry(&shown);
     let (s, v) = a
-        .call("POST", &format!("{release}?entry={}", entry + 1))
+        .call("POST", &format!("{release}?entry=1.2.pending"))
         .await;
     assert_eq!((s, v["code"].as_str()), (409, Some("KEY_CHANGED")), "{v}");
-    let (s, v) = a.call("POST", &format!("{release}?entry={entry}")).await;
-    assert_eq!((s, v["released"].as_bool()), (200, Some(true)), "{v}");
-    assert!(matches!(
-        m.reserve(reserve(&key)).await,
-        Decision::Proceed(_)
-    ));
+    // Its order out (the key marked): refused unforced; force needs the entry.
+    let out = marks.begin(&key);
+    let (_, shown) = a.call("GET", &show).await;
+    assert_eq!(shown["in_flight"], true);
     let (s, v) = a.call("POST", &release).await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (409, Some("ORDER_IN_FLIGHT")),
+        "{v}"
+    );
+    let (s, v) = a.call("POST", &format!("{release}?force=1")).await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (400, Some("INVALID_REQUEST")),
+        "{v}"
+    );
+    let (s, v) = a
+        .call("POST", &format!("{release}?force=1&entry={seen}"))
+        .await;
+    assert_eq!((s, v["released"].as_bool()), (200, Some(true)), "{v}");
+    drop(out);
+    // A committed entry has no order out: a mark on its key is a duplicate's reserve, and
+    // neither shows it in flight nor holds its release.
+    let Decision::Proceed(grant) = m.reserve(reserve(&key)).await else {
+        panic!("a released key is granted")
+    };
+    let (_, pending) = a.call("GET", &show).await;
+    m.commit(grant, None).unwrap();
+    let committed = loop {
+        let (_, v) = a.call("GET", &show).await;
+        if v["state"] == "committed" {
+            break v;
+        }
+        tokio::time::sleep(Duration::from_millis(10)).await;
+    };
+    assert_ne!(entry(&committed), seen, "another entry, another tag");
+    // Seen pending, filled since: the operator's look no longer holds.
+    let (s, v) = a
+        .call("POST", &format!("{release}?entry={}", entry(&pending)))
+        .await;
+    assert_eq!((s, v["code"].as_str()), (409, Some("KEY_CHANGED")), "{v}");
+    let _dup = marks.begin(&key);
+    let (_, shown) = a.call("GET", &show).await;
+    assert_eq!(shown["in_flight"], false, "{shown}");
+    let (s, v) = a
+        .call("POST", &format!("{release}?entry={}", entry(&committed)))
+        .await;
     assert_eq!((s, v["released"].as_bool()), (200, Some(true)), "{v}");
     assert_eq!(v["key"], key.as_str());
     let (s, v) = a.call("GET", &format!("/keys/{encoded}")).await;

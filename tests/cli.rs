@@ -214,8 +214,17 @@ async fn a_key_whose_order_is_out_is_released_only_by_force() {
         (show["state"].as_str(), show["in_flight"].as_bool()),
         (Some("committed"), Some(false))
     );
-    // Force is for a pending key whose order is out: this one's filled.
+    // Force names the entry it overrides, and is for a pending key whose order is out:
+    // this one's filled.
     let o = cli(&[&["keys", "release", key, "--force"][..], &admin].concat());
+    assert_eq!(
+        o.status.code(),
+        Some(2),
+        "--force without --entry is a usage error"
+    );
+    let tag = show["entry"].as_str().unwrap();
+    let force = ["keys", "release", key, "--force", "--entry", tag];
+    let o = cli(&[&force[..], &admin].concat());
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("KEY_CHANGED"));
     let rel = json_out(&cli(&[&["keys", "release", key][..], &admin].concat()));
@@ -227,22 +236,18 @@ async fn a_key_whose_order_is_out_is_released_only_by_force() {
     let list = json_out(&cli(&[&["keys", "list"][..], &admin].concat()));
     assert_eq!(list["keys"][0]["in_flight"], true, "{list}");
     // Pinned to the entry looked at: another is not released, that one is.
-    let entry = list["keys"][0]["entry"].as_u64().unwrap();
-    let other = (entry + 1).to_string();
-    let o = cli(&[
-        &["keys", "release", key, "--force", "--entry", &other][..],
-        &admin,
-    ]
-    .concat());
+    let entry = list["keys"][0]["entry"].as_str().unwrap();
+    let force = |tag: &str| {
+        cli(&[
+            &["keys", "release", key, "--force", "--entry", tag][..],
+            &admin,
+        ]
+        .concat())
+    };
+    let o = force("1.2.pending");
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("KEY_CHANGED"));
-    let entry = entry.to_string();
-    let rel = json_out(&cli(&[
-        &["keys", "release", key, "--force", "--entry", &entry][..],
-        &admin,
-    ]
-    .concat()));
-    assert_eq!(rel["released"], true);
+    assert_eq!(json_out(&force(entry))["released"], true);
     assert_eq!(second.await.unwrap().status, 200);
 }
 

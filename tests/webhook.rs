@@ -1856,8 +1856,9 @@ async fn connection_cap_holds_new_connections_until_one_closes() {
     );
 }
 
-/// The operator releases a key while its trade is at the executor (`keys release --force`:
-/// without it, such a key is not released), and the sender's retry goes through. The first trade then fails, and the gateway releases
+/// The operator releases a key while its trade is at the executor (`keys release --force
+/// --entry`: without force, such a key is not released), and the sender's retry goes
+/// through. The first trade then fails, and the gateway releases
 /// its grant: that must not free the retry's reservation, whose trade is still at the
 /// executor. A third copy sent meanwhile is refused, and the executor sees two orders.
 /// Then the same with a first trade that succeeds: its late commit must not mark the
@@ -1881,7 +1882,10 @@ async fn a_late_settle_leaves_the_retry_the_operator_let_through_alone() {
         exec.set_mode(first);
         let first = send(t);
         exec.wait_for_calls(orders + 1).await;
-        let forced = format!("{}?force=1", release_path(key));
+        let shown = format!("/keys/{}", hoox_edge::admin::client::encode_key(key));
+        let (_, entry) = gw.admin("GET", &shown).await;
+        let tag = entry["entry"].as_str().expect("keys show names the entry");
+        let forced = format!("{}?force=1&entry={tag}", release_path(key));
         assert_eq!(gw.admin("POST", &forced).await.0, 200);
         exec.set_mode(Mode::Slow(Duration::from_millis(5000)));
         let second = send(t);

@@ -12,7 +12,7 @@
 //! | `GET /status`              | `{live_keys, halted, serving, fail_closed, detail, version}`|
 //! | `GET /keys?limit=N`        | `{keys: [entry], truncated}`, by wall clock expiry, oldest first |
 //! | `GET /keys/{key}`          | one entry, 404 if no live entry                             |
-//! | `POST /keys/{key}/release` | operator release; 404 no live entry; 409 `ORDER_IN_FLIGHT` (`?force=1` overrides, for a pending key) or `KEY_CHANGED` (taken again, or settled, meanwhile; `?entry=N` pins the entry `keys show` gave) |
+//! | `POST /keys/{key}/release` | operator release; `?entry=TAG` (from `keys show`) pins it to that entry in that state; 404 no live entry; 409 `ORDER_IN_FLIGHT` (`?force=1&entry=TAG` overrides, for a pending key) or `KEY_CHANGED` (settled, or taken again, meanwhile) |
 //! | `POST /halt`, `/resume`    | the kill switch, persisted by the mutex                     |
 //!
 //! `{key}` is the stored key, percent-encoded as [`client::encode_key`] does.
@@ -536,36 +536,35 @@ async fn release(state: &State, raw: &str, query: &str) -> Answer {
     // outstanding before its reserve is sent and until its settling is queued, so an
     // entry that is live now and unmarked after the look has no order out, and an order
     // marked later cannot hold it (a reserve makes a new entry). `entry` pins the look
-    // further back, to the operator's own (`keys show`): a key freed and taken again
-    // since is not the one they judged.
+    // further back, to the operator's own (`keys show`): an entry that settled since, or
+    // a key freed and taken again, is not the one they judged.
     let seen = match state.mutex.get(key.clone()).await {
         Ok(Some(e)) => e,
         Ok(None) => return not_found(),
         Err(u) => return unavailable(&u),
     };
-    if entry.is_some_and(|n| n != seen.seq) {
+    if entry.is_some_and(|tag| tag != entry_tag(&seen)) {
         return key_changed();
     }
     if force && seen.state != EntryState::Pending {
-        // Force overrides the in-flight check, and an order out is a pending entry's: a
-        // settled one has no order out to override, and one that settled after the
-        // operator looked has filled, or been released, since.
+        // Force overrides the in-flight check, and an order out is a pending entry's.
         return problem(
             StatusCode::CONFLICT,
             "KEY_CHANGED",
             format!(
                 "the key's order has settled ({}): force releases only a pending key whose \
-                 order is out; look again (keys show), and release without force",
+                 order is out; release without force",
                 seen.state.as_str()
             ),
         );
     }
-    if !force && state.outstanding.contains(&key) {
+    if !force && in_flight(state, &seen) {
         return problem(
             StatusCode::CONFLICT,
             "ORDER_IN_FLIGHT",
             "this key's order is at the executor now and may still fill: wait for its \
-             outcome (keys show), or release with force if you know it cannot",
+             outcome (keys show), or, if you know it cannot fill, release with force and \
+             the entry keys show gives",
         );
     }
     match state
@@ -583,24 +582,54 @@ async fn release(state: &State, raw: &str, query: &str) -> Answer {
     }
 }
 
-/// `force=1` and `entry=N`, each at most once, in any order.
-fn release_query(query: &str) -> Result<(bool, Option<u64>), String> {
+/// `force=1` and `entry=TAG`, each at most once, in any order; force only with an entry,
+/// since a forced release of whatever holds the key now could free a retry's new order
+/// that took it after the operator looked.
+fn release_query(query: &str) -> Result<(bool, Option<&str>), String> {
     let (mut force, mut entry) = (false, None);
     for part in query.split('&').filter(|p| !p.is_empty()) {
         match part.split_once('=') {
             Some(("force", "1")) if !force => force = true,
-            Some(("entry", n)) if entry.is_none() => match n.parse() {
-                Ok(n) => entry = Some(n),
-                Err(_) => return Err(format!("entry {n:?} is not an entry number")),
-            },
+            Some(("entry", tag)) if entry.is_none() => {
+                let fits = |c: char| c.is_ascii_digit() || c.is_ascii_lowercase() || c == '.';
+                if tag.is_empty() || tag.len() > 64 || !tag.chars().all(fits) {
+                    return Err(format!(
+                        "entry {tag:?} is not an entry that keys show gives"
+                    ));
+                }
+                entry = Some(tag);
+            }
             _ => {
                 return Err(format!(
-                    "unknown query {query:?}: the parameters are force=1 and entry=N, once each"
+                    "unknown query {query:?}: the parameters are force=1 and entry=TAG, \
+                     once each"
                 ));
             }
         }
     }
+    if force && entry.is_none() {
+        return Err(
+            "force=1 needs entry=TAG, the entry keys show gave: a forced release \
+                    names the entry the operator judged"
+                .into(),
+        );
+    }
     Ok((force, entry))
+}
+
+/// An entry as `keys show` names it: its number, when it was stored and its state. Any of
+/// them moving makes it another entry to an operator: a commit changes the state, and a
+/// retry that took the key anew has another time (and, after a restart, which may hand
+/// out a released entry's number again, the number alone would not tell).
+fn entry_tag(e: &EntryInfo) -> String {
+    format!("{}.{}.{}", e.seq, e.stored_at, e.state.as_str())
+}
+
+/// A pending entry whose key is marked: its order is out. The mark is taken before every
+/// reserve, a duplicate's too; on a committed entry it is such a duplicate's, never an
+/// order's, since no order starts on a key its entry holds.
+fn in_flight(state: &State, e: &EntryInfo) -> bool {
+    e.state == EntryState::Pending && state.outstanding.contains(&e.key)
 }
 
 fn key_changed() -> Answer {
@@ -641,9 +670,9 @@ fn parse_key(raw: &str) -> Result<Key, Box<Answer>> {
 fn entry_json(state: &State, e: &EntryInfo) -> Value {
     json!({
         "key": e.key.as_str(),
-        // Which entry this is, for `keys release --entry`: unique while the process runs.
-        "entry": e.seq,
-        "in_flight": state.outstanding.contains(&e.key),
+        // Which entry this is, in which state, for `keys release --entry`.
+        "entry": entry_tag(e),
+        "in_flight": in_flight(state, e),
         "state": e.state.as_str(),
         "stored_at": e.stored_at,
         "expires_at": e.expires_at,
