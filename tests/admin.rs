@@ -165,8 +165,11 @@ async fn failing_closed_is_not_ready_and_says_why() {
     owner.stop();
 }
 
+/// Until the supervisor has seen the first open (`ready` unset), `/readyz` says "starting"
+/// when the owner reports no failure. The whole path, a folder missing then made, runs
+/// against the binary in `tests/faults.rs` (`missing_state_directory`).
 #[tokio::test]
-async fn not_ready_until_the_database_has_opened() {
+async fn readyz_says_starting_until_the_first_open_is_seen() {
     let dir = tempfile::tempdir().unwrap();
     let (m, owner) = start_mutex(&dir.path().join("mutex.redb"));
     let st = state(&m, false);

@@ -10,7 +10,7 @@ use support::client::{Alpn, TlsClient};
 use support::executor::{MockExecutor, Mode};
 use support::gateway::{Setup, trade};
 use support::stream::h1_post_head;
-use tokio::io::AsyncWriteExt;
+use tokio::io::{AsyncReadExt, AsyncWriteExt};
 
 /// Collects notify datagrams until `pred` holds for one of them or `within` passes.
 fn wait_for(
@@ -267,13 +267,30 @@ async fn a_first_open_while_stopping_does_not_say_ready() {
         .is_some(),
         "no fail-closed STATUS; got {seen:?}"
     );
-    // A request whose body is still coming holds the drain open.
+    // A request whose body is still coming holds the drain open. Its handler asking for
+    // the body (hyper's `100 Continue`) says the request is inside the server, so that the
+    // stop cannot take it for an idle connection and end the drain at once.
     let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Http1, None);
     let mut raw = c.connect_raw(&gw.url()).await.unwrap();
-    let head = h1_post_head(&gw.url(), &[("Content-Length", "100")]);
-    raw.write_all(format!("{head}{{\"a\"").as_bytes())
+    let head = h1_post_head(
+        &gw.url(),
+        &[("Content-Length", "100"), ("Expect", "100-continue")],
+    );
+    raw.write_all(head.as_bytes()).await.unwrap();
+    let mut got = Vec::new();
+    let asked = async {
+        let mut chunk = [0u8; 256];
+        while !String::from_utf8_lossy(&got).contains("100 Continue") {
+            match raw.read(&mut chunk).await {
+                Ok(n) if n > 0 => got.extend_from_slice(&chunk[..n]),
+                other => panic!("no 100 Continue: {other:?}, {got:?}"),
+            }
+        }
+    };
+    tokio::time::timeout(Duration::from_secs(10), asked)
         .await
-        .unwrap();
+        .expect("the handler never asked for the body");
+    raw.write_all(b"{\"a\"").await.unwrap();
     raw.flush().await.unwrap();
     unsafe { libc::kill(gw.child.id() as i32, libc::SIGTERM) };
     let stopping = wait_for(&sock, &mut seen, Duration::from_secs(10), |l| {
