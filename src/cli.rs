@@ -120,8 +120,8 @@ enum KeysOp {
     /// order is at the executor (`in_flight` in `keys show`), unless forced.
     Release {
         key: String,
-        /// Release even a pending key whose order is at the executor now: only when you
-        /// know that order cannot fill. Needs --entry.
+        /// Release even a key whose order is at the executor now: only when you know that
+        /// order cannot fill. Needs --entry.
         #[arg(long, requires = "entry")]
         force: bool,
         /// The `entry` that `keys show` gave: release that entry only, and only in the

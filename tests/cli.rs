@@ -205,6 +205,7 @@ async fn a_key_whose_order_is_out_is_released_only_by_force() {
         (show["state"].as_str(), show["in_flight"].as_bool()),
         (Some("pending"), Some(true))
     );
+    let pending_tag = show["entry"].as_str().unwrap().to_string();
     let o = cli(&[&["keys", "release", key][..], &admin].concat());
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("ORDER_IN_FLIGHT"));
@@ -214,16 +215,15 @@ async fn a_key_whose_order_is_out_is_released_only_by_force() {
         (show["state"].as_str(), show["in_flight"].as_bool()),
         (Some("committed"), Some(false))
     );
-    // Force names the entry it overrides, and is for a pending key whose order is out:
-    // this one's filled.
+    // Force names the entry it overrides, as it was seen: this one was pending when looked
+    // at, and has filled since.
     let o = cli(&[&["keys", "release", key, "--force"][..], &admin].concat());
     assert_eq!(
         o.status.code(),
         Some(2),
         "--force without --entry is a usage error"
     );
-    let tag = show["entry"].as_str().unwrap();
-    let force = ["keys", "release", key, "--force", "--entry", tag];
+    let force = ["keys", "release", key, "--force", "--entry", &pending_tag];
     let o = cli(&[&force[..], &admin].concat());
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("KEY_CHANGED"));

@@ -12,7 +12,7 @@
 //! | `GET /status`              | `{live_keys, halted, serving, fail_closed, detail, version}`|
 //! | `GET /keys?limit=N`        | `{keys: [entry], truncated}`, by wall clock expiry, oldest first |
 //! | `GET /keys/{key}`          | one entry, 404 if no live entry                             |
-//! | `POST /keys/{key}/release` | operator release; `?entry=TAG` (from `keys show`) pins it to that entry in that state; 404 no live entry; 409 `ORDER_IN_FLIGHT` (`?force=1&entry=TAG` overrides, for a pending key) or `KEY_CHANGED` (settled, or taken again, meanwhile) |
+//! | `POST /keys/{key}/release` | operator release; `?entry=TAG` (from `keys show`) pins it to that entry as seen; 404 no live entry; 409 `ORDER_IN_FLIGHT` (`?force=1&entry=TAG` overrides) or `KEY_CHANGED` (settled, taken again, or reloaded, meanwhile) |
 //! | `POST /halt`, `/resume`    | the kill switch, persisted by the mutex                     |
 //!
 //! `{key}` is the stored key, percent-encoded as [`client::encode_key`] does.
@@ -45,7 +45,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::executor::Outstanding;
 use crate::metrics::{self, Metrics};
-use crate::mutex::{EntryInfo, Key, Mutex, Released, Seen, State as EntryState, Unavailable};
+use crate::mutex::{EntryInfo, Key, Mutex, Released, Seen, Unavailable};
 
 /// Connections served at once; more wait in the kernel's backlog. An operator's tools
 /// need a handful; the bound keeps a runaway script from starving the gateway.
@@ -519,7 +519,7 @@ async fn show(state: &State, raw: &str) -> Answer {
     }
 }
 
-/// `POST /keys/{key}/release[?force=1]`. A key whose order is at the executor now is not
+/// `POST /keys/{key}/release[?entry=TAG[&force=1]]`. A key whose order is at the executor now is not
 /// released without `force`: its outcome is not known yet, and a retry let through now
 /// could fill beside it (`executor::outstanding`).
 async fn release(state: &State, raw: &str, query: &str) -> Answer {
@@ -546,19 +546,7 @@ async fn release(state: &State, raw: &str, query: &str) -> Answer {
     if entry.is_some_and(|tag| tag != entry_tag(&seen)) {
         return key_changed();
     }
-    if force && seen.state != EntryState::Pending {
-        // Force overrides the in-flight check, and an order out is a pending entry's.
-        return problem(
-            StatusCode::CONFLICT,
-            "KEY_CHANGED",
-            format!(
-                "the key's order has settled ({}): force releases only a pending key whose \
-                 order is out; release without force",
-                seen.state.as_str()
-            ),
-        );
-    }
-    if !force && in_flight(state, &seen) {
+    if !force && state.outstanding.contains(&key) {
         return problem(
             StatusCode::CONFLICT,
             "ORDER_IN_FLIGHT",
@@ -617,27 +605,28 @@ fn release_query(query: &str) -> Result<(bool, Option<&str>), String> {
     Ok((force, entry))
 }
 
-/// An entry as `keys show` names it: its number, when it was stored and its state. Any of
-/// them moving makes it another entry to an operator: a commit changes the state, and a
-/// retry that took the key anew has another time (and, after a restart, which may hand
-/// out a released entry's number again, the number alone would not tell).
+/// An entry as `keys show` names it: its number, when it was stored, its state, and the
+/// load of the index it was seen in. Any of them moving makes it another entry to an
+/// operator: a commit changes the state; a retry that took the key anew has another time
+/// (after a restart, which may hand out a released entry's number again, the number alone
+/// would not tell); and a reopen or a restart may have lost a commit that was carried in
+/// memory, so that a filled trade reads pending again as the operator once saw it.
 fn entry_tag(e: &EntryInfo) -> String {
-    format!("{}.{}.{}", e.seq, e.stored_at, e.state.as_str())
-}
-
-/// A pending entry whose key is marked: its order is out. The mark is taken before every
-/// reserve, a duplicate's too; on a committed entry it is such a duplicate's, never an
-/// order's, since no order starts on a key its entry holds.
-fn in_flight(state: &State, e: &EntryInfo) -> bool {
-    e.state == EntryState::Pending && state.outstanding.contains(&e.key)
+    format!(
+        "{}.{}.{}.{:08x}",
+        e.seq,
+        e.stored_at,
+        e.state.as_str(),
+        e.load
+    )
 }
 
 fn key_changed() -> Answer {
     problem(
         StatusCode::CONFLICT,
         "KEY_CHANGED",
-        "the key changed while it was being released: freed and taken again by a new \
-         order, or its order settled (a pending trade that filled is committed now): look \
+        "the key changed since it was looked at: its order settled (a pending trade that \
+         filled is committed now), a new order took it, or the database was reopened: look \
          again (keys show)",
     )
 }
@@ -672,7 +661,7 @@ fn entry_json(state: &State, e: &EntryInfo) -> Value {
         "key": e.key.as_str(),
         // Which entry this is, in which state, for `keys release --entry`.
         "entry": entry_tag(e),
-        "in_flight": in_flight(state, e),
+        "in_flight": state.outstanding.contains(&e.key),
         "state": e.state.as_str(),
         "stored_at": e.stored_at,
         "expires_at": e.expires_at,

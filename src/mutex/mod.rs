@@ -224,6 +224,9 @@ pub struct EntryInfo {
     /// Which entry this is: unique for the life of the process. An operator release given
     /// it removes this entry only, not one that took the key since ([`Mutex::force_release`]).
     pub seq: u64,
+    /// Which load of the index from the disk it was seen in: another after every open (a
+    /// reopen, a restart), which may have lost a commit that was carried in memory.
+    pub load: u32,
 }
 
 /// An entry as an operator looked at it ([`Mutex::force_release`]).
@@ -231,6 +234,7 @@ pub struct EntryInfo {
 pub struct Seen {
     pub seq: u64,
     pub state: State,
+    pub load: u32,
 }
 
 impl From<&EntryInfo> for Seen {
@@ -238,6 +242,7 @@ impl From<&EntryInfo> for Seen {
         Seen {
             seq: e.seq,
             state: e.state,
+            load: e.load,
         }
     }
 }

@@ -254,6 +254,11 @@ struct Owner {
     /// Whether the database has been open in this process: from then on a file that is
     /// gone was lost (an unmounted disk, say), never new, and is not created again.
     opened: bool,
+    /// Which load of the index from the disk this is: drawn at random at each open. An
+    /// operator's look names it (`EntryInfo::load`), so that a look from before a reopen or
+    /// a restart, either of which may have lost a commit carried in memory (its entry
+    /// pending again), never matches after it.
+    load: u32,
 }
 
 impl Owner {
@@ -281,6 +286,7 @@ impl Owner {
             backoff: Duration::ZERO,
             retry_at: Instant::now(),
             opened: false,
+            load: 0,
         }
     }
 
@@ -598,7 +604,8 @@ impl Owner {
                 if self
                     .index
                     .get(key.as_str())
-                    .is_some_and(|l| l.seq != seen.seq || l.state != seen.state) =>
+                    .is_some_and(|l| l.seq != seen.seq || l.state != seen.state)
+                    || self.load != seen.load =>
             {
                 Ok(Some(Reply::Released(tx, Released::Changed)))
             }
@@ -910,7 +917,7 @@ impl Owner {
     fn read_only(&mut self, cmd: Command, now: (u64, u64)) -> Option<Reply> {
         match cmd {
             Command::Get(key, tx) => {
-                let info = self.live(&key, now).map(|l| info(&key, l, now));
+                let info = self.live(&key, now).map(|l| info(&key, l, now, self.load));
                 Some(Reply::Entry(tx, info))
             }
             Command::List(limit, tx) => {
@@ -931,7 +938,11 @@ impl Owner {
                     .take(limit)
                     // Keys in the index were built from a `Key` or checked by
                     // `Key::from_stored` at load, so this never drops one.
-                    .filter_map(|(k, l)| Key::from_stored(k).ok().map(|k| info(&k, l, now)))
+                    .filter_map(|(k, l)| {
+                        Key::from_stored(k)
+                            .ok()
+                            .map(|k| info(&k, l, now, self.load))
+                    })
                     .collect();
                 Some(Reply::List(tx, list))
             }
@@ -1093,6 +1104,9 @@ impl Owner {
             Ok((store, loaded)) => {
                 let first = !self.opened;
                 self.opened = true;
+                // Without randomness, still another number in this process.
+                self.load =
+                    getrandom::u32().unwrap_or((now_wall as u32) ^ self.load.wrapping_add(1));
                 self.index.clear();
                 self.latest.clear();
                 self.wheel = Wheel::new(now_mono);
@@ -1364,8 +1378,9 @@ fn entry_gone(what: &str, grant: &Grant) {
     log::warn!(key = grant.key.as_str(); "mutex: {what} found its entry gone (released by an operator, or expired); nothing done");
 }
 
-fn info(key: &Key, l: &Live, now: (u64, u64)) -> EntryInfo {
+fn info(key: &Key, l: &Live, now: (u64, u64), load: u32) -> EntryInfo {
     EntryInfo {
+        load,
         key: key.clone(),
         state: l.state,
         stored_at: l.stored_at,
@@ -2163,6 +2178,15 @@ mod tests {
         // mark is gone) before the release arrives: the filled trade is left held.
         let pending = seen(&mut o);
         assert_eq!(pending.state, State::Pending);
+        // Seen in another load of the index (before a reopen): not this entry's look.
+        let other_load = Seen {
+            load: pending.load.wrapping_add(1),
+            ..pending
+        };
+        let r = ask(&mut o, |tx| {
+            Command::ForceRelease(Box::new(k.clone()), Some(other_load), tx)
+        });
+        assert_eq!(r, Ok(Released::Changed));
         o.turn(&mut vec![Command::Commit(Box::new(grant), None)]);
         let r = ask(&mut o, |tx| {
             Command::ForceRelease(Box::new(k.clone()), Some(pending), tx)
