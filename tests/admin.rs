@@ -495,6 +495,8 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
     let out = marks.begin(&key);
     let (_, shown) = a.call("GET", &show).await;
     assert_eq!(shown["in_flight"], true);
+    let out_tag = entry(&shown);
+    assert!(out_tag.contains(".out."), "{out_tag}");
     let (s, v) = a.call("POST", &release).await;
     assert_eq!(
         (s, v["code"].as_str()),
@@ -507,11 +509,34 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
         (400, Some("INVALID_REQUEST")),
         "{v}"
     );
+    // Seen before its order went out: not the entry the operator judged.
     let (s, v) = a
         .call("POST", &format!("{release}?force=1&entry={seen}"))
         .await;
+    assert_eq!((s, v["code"].as_str()), (409, Some("KEY_CHANGED")), "{v}");
+    // Seen out, and out still: the force the operator meant.
+    let (s, v) = a
+        .call("POST", &format!("{release}?force=1&entry={out_tag}"))
+        .await;
     assert_eq!((s, v["released"].as_bool()), (200, Some(true)), "{v}");
     drop(out);
+    // Seen out; the order ends, its commit lost (dropped with the queue full): the entry
+    // is pending and unmarked, a filled trade as far as anyone knows, and a release with
+    // the look from while it was out is refused.
+    let Decision::Proceed(_lost) = m.reserve(reserve(&key)).await else {
+        panic!("a released key is granted")
+    };
+    let out = marks.begin(&key);
+    let (_, shown) = a.call("GET", &show).await;
+    let out_tag = entry(&shown);
+    drop(out);
+    let (s, v) = a.call("POST", &format!("{release}?entry={out_tag}")).await;
+    assert_eq!((s, v["code"].as_str()), (409, Some("KEY_CHANGED")), "{v}");
+    let (_, shown) = a.call("GET", &show).await;
+    let (s, v) = a
+        .call("POST", &format!("{release}?entry={}", entry(&shown)))
+        .await;
+    assert_eq!((s, v["released"].as_bool()), (200, Some(true)), "{v}");
     // An entry seen pending and committed since is not the entry the operator judged.
     let Decision::Proceed(grant) = m.reserve(reserve(&key)).await else {
         panic!("a released key is granted")

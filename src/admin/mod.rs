@@ -45,7 +45,7 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::executor::Outstanding;
 use crate::metrics::{self, Metrics};
-use crate::mutex::{EntryInfo, Key, Mutex, Released, Seen, Unavailable};
+use crate::mutex::{EntryInfo, Key, Mutex, Released, Seen, State as EntryState, Unavailable};
 
 /// Connections served at once; more wait in the kernel's backlog. An operator's tools
 /// need a handful; the bound keeps a runaway script from starving the gateway.
@@ -543,7 +543,7 @@ async fn release(state: &State, raw: &str, query: &str) -> Answer {
         Ok(None) => return not_found(),
         Err(u) => return unavailable(&u),
     };
-    if entry.is_some_and(|tag| tag != entry_tag(&seen)) {
+    if entry.is_some_and(|tag| tag != entry_tag(state, &seen)) {
         return key_changed();
     }
     if !force && state.outstanding.contains(&key) {
@@ -605,20 +605,21 @@ fn release_query(query: &str) -> Result<(bool, Option<&str>), String> {
     Ok((force, entry))
 }
 
-/// An entry as `keys show` names it: its number, when it was stored, its state, and the
-/// load of the index it was seen in. Any of them moving makes it another entry to an
-/// operator: a commit changes the state; a retry that took the key anew has another time
-/// (after a restart, which may hand out a released entry's number again, the number alone
-/// would not tell); and a reopen or a restart may have lost a commit that was carried in
-/// memory, so that a filled trade reads pending again as the operator once saw it.
-fn entry_tag(e: &EntryInfo) -> String {
-    format!(
-        "{}.{}.{}.{:08x}",
-        e.seq,
-        e.stored_at,
-        e.state.as_str(),
-        e.load
-    )
+/// An entry as `keys show` names it: its number, when it was stored, its state (`out` for
+/// a pending entry whose order is at the executor), and the load of the index it was seen
+/// in. Any of them moving makes it another entry to an operator: a commit changes the
+/// state; so does the end of an order whose commit was lost (dropped with the queue full,
+/// or by a failed write), which leaves a filled trade pending where the operator saw it
+/// out; a retry that took the key anew has another time (after a restart, which may hand
+/// out a released entry's number again, the number alone would not tell); and a reopen or
+/// a restart may have lost a commit carried in memory, so that a filled trade reads as the
+/// operator once saw it, but in another load.
+fn entry_tag(state: &State, e: &EntryInfo) -> String {
+    let word = match e.state {
+        EntryState::Pending if state.outstanding.contains(&e.key) => "out",
+        s => s.as_str(),
+    };
+    format!("{}.{}.{word}.{:08x}", e.seq, e.stored_at, e.load)
 }
 
 fn key_changed() -> Answer {
@@ -660,7 +661,7 @@ fn entry_json(state: &State, e: &EntryInfo) -> Value {
     json!({
         "key": e.key.as_str(),
         // Which entry this is, in which state, for `keys release --entry`.
-        "entry": entry_tag(e),
+        "entry": entry_tag(state, e),
         "in_flight": state.outstanding.contains(&e.key),
         "state": e.state.as_str(),
         "stored_at": e.stored_at,
