@@ -270,22 +270,15 @@ impl Started {
             };
             tokio::spawn(admin::serve(b, state, stopped()))
         });
-        // What systemd was last told, READY=1 or STOPPING=1: one at a time.
-        let told = Arc::new(std::sync::Mutex::new(()));
-        let supervisor = tokio::spawn(supervise(
-            mutex.clone(),
-            Announce {
-                ready: ready.clone(),
-                stopping: stopping.clone(),
-                told: told.clone(),
-            },
-            stopped(),
-        ));
+        let announce = Announce {
+            ready: ready.clone(),
+            stopping,
+            told: Arc::default(),
+        };
+        let supervisor = tokio::spawn(supervise(mutex.clone(), announce.clone(), stopped()));
         let reloader = tokio::spawn(reload_on_hangup(
             hangup,
-            ready.clone(),
-            stopping.clone(),
-            told.clone(),
+            announce.clone(),
             config.clone(),
             tls.clone(),
             gw.clone(),
@@ -302,9 +295,7 @@ impl Started {
         };
         gateway::serve(listener, tls, gw, limits, async {
             shutdown.await;
-            let _told = lock(&told);
-            stopping.store(true, Ordering::Release);
-            notify::stopping();
+            announce.stopping();
             log::info!("stopping: draining in-flight requests");
         })
         .await;
@@ -343,8 +334,12 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
     loop {
         let status = match ping(&mutex).await {
             Ok(s) => {
-                if s.fail_closed.is_none() && !ready.load(Ordering::Relaxed) {
-                    announce.ready(s.live_keys);
+                // The first open: READY=1, unless a SIGTERM during it said STOPPING=1.
+                if s.fail_closed.is_none()
+                    && !ready.swap(true, Ordering::Relaxed)
+                    && announce.ready()
+                {
+                    log::info!("ready: database open, {} live keys", s.live_keys);
                 }
                 // The owner answered in time: tell the watchdog we are alive.
                 if watchdog.is_some() {
@@ -387,23 +382,34 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
     }
 }
 
-/// What the supervisor needs to tell systemd READY=1 once, and never after STOPPING=1.
+/// What systemd is told, READY=1 or STOPPING=1, one at a time (under `told`): READY=1,
+/// from the first open or after a reload, never follows STOPPING=1, which would tell
+/// systemd a unit that is stopping runs again.
+#[derive(Clone)]
 struct Announce {
+    /// The first open has been announced.
     ready: Arc<AtomicBool>,
+    /// STOPPING=1 has been said.
     stopping: Arc<AtomicBool>,
     told: Arc<std::sync::Mutex<()>>,
 }
 
 impl Announce {
-    /// The first open succeeded. A SIGTERM that came while it ran (a slow replay, a
-    /// reopen's backoff) has sent STOPPING=1: READY=1 after it would tell systemd a unit
-    /// that is stopping is running. Checked under `told`, as the reload's READY=1 is.
-    fn ready(&self, live_keys: usize) {
+    /// READY=1, unless STOPPING=1 came first (a SIGTERM during the first open or a
+    /// reload). Whether it was said.
+    fn ready(&self) -> bool {
         let _told = lock(&self.told);
-        if !self.ready.swap(true, Ordering::Relaxed) && !self.stopping.load(Ordering::Acquire) {
+        let said = !self.stopping.load(Ordering::Acquire);
+        if said {
             notify::ready();
-            log::info!("ready: database open, {live_keys} live keys");
         }
+        said
+    }
+
+    fn stopping(&self) {
+        let _told = lock(&self.told);
+        self.stopping.store(true, Ordering::Release);
+        notify::stopping();
     }
 }
 
@@ -439,9 +445,7 @@ async fn ping(mutex: &Mutex) -> Result<mutex::Status, (Unavailable, bool)> {
 /// database is open when it is not.
 async fn reload_on_hangup(
     hangup: std::io::Result<Signal>,
-    ready: Arc<AtomicBool>,
-    stopping: Arc<AtomicBool>,
-    told: Arc<std::sync::Mutex<()>>,
+    announce: Announce,
     config: Config,
     tls: TlsConfig,
     gw: Arc<Gateway>,
@@ -454,11 +458,11 @@ async fn reload_on_hangup(
     while hup.recv().await.is_some() {
         // Stopping: STOPPING=1 was said, and a READY=1 after it would tell systemd the
         // service runs again. Nothing new is served anyway.
-        if stopping.load(Ordering::Acquire) {
+        if announce.stopping.load(Ordering::Acquire) {
             log::info!("SIGHUP while stopping: not reloaded");
             continue;
         }
-        let announced = ready.load(Ordering::Relaxed);
+        let announced = announce.ready.load(Ordering::Relaxed);
         if announced {
             notify::reloading();
         }
@@ -483,11 +487,8 @@ async fn reload_on_hangup(
             Err(e) => log::error!("secret reload failed, keeping the current ones: {e}"),
         }
         // A SIGTERM that came during the reload: READY=1 must not follow its STOPPING=1.
-        // Under `told`, which STOPPING=1 is sent under too, so neither slips between the
-        // other's check and its message.
-        let _told = lock(&told);
-        if announced && !stopping.load(Ordering::Acquire) {
-            notify::ready();
+        if announced {
+            announce.ready();
         }
     }
 }

@@ -176,22 +176,15 @@ pub fn main() -> ExitCode {
                     ("GET", format!("/keys/{}", admin::client::encode_key(key)))
                 }
                 KeysOp::Release { key, force, entry } => {
-                    let query: Vec<String> = [
-                        force.then(|| "force=1".to_string()),
-                        entry
-                            .as_ref()
-                            .map(|tag| format!("entry={}", admin::client::encode_key(tag))),
-                    ]
-                    .into_iter()
-                    .flatten()
-                    .collect();
-                    let query = if query.is_empty() {
-                        String::new()
-                    } else {
-                        format!("?{}", query.join("&"))
-                    };
-                    let path = format!("/keys/{}/release", admin::client::encode_key(key));
-                    ("POST", format!("{path}{query}"))
+                    let mut path = format!("/keys/{}/release", admin::client::encode_key(key));
+                    // `--force` requires `--entry` (clap), so it only ever follows one.
+                    if let Some(tag) = entry {
+                        path += &format!("?entry={}", admin::client::encode_key(tag));
+                        if *force {
+                            path += "&force=1";
+                        }
+                    }
+                    ("POST", path)
                 }
             };
             operator(&admin, method, &path)

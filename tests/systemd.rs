@@ -45,6 +45,15 @@ fn drain(sock: &UnixDatagram, seen: &mut Vec<String>) {
     sock.set_nonblocking(false).unwrap();
 }
 
+/// Waits (20 s at most) for a STATUS= that starts with `what` (`fail-closed`, `serving`).
+fn wait_status(sock: &UnixDatagram, seen: &mut Vec<String>, what: &str) {
+    let status = format!("STATUS={what}");
+    let got = wait_for(sock, seen, Duration::from_secs(20), |l| {
+        l.starts_with(&status)
+    });
+    assert!(got.is_some(), "no {status}; got {seen:?}");
+}
+
 /// Waits (20 s at most) for READY=1.
 fn wait_ready(sock: &UnixDatagram, seen: &mut Vec<String>) {
     let ready = wait_for(sock, seen, Duration::from_secs(20), |l| l == "READY=1");
@@ -207,12 +216,7 @@ async fn a_reload_before_the_database_opens_does_not_say_ready() {
     let (sock, mut gw) = start_notified(&setup, &[]);
     let mut seen = Vec::new();
     let is_ready = |m: &String| m.lines().any(|l| l == "READY=1");
-    assert!(
-        wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l
-            .starts_with("STATUS=fail-closed"))
-        .is_some(),
-        "no fail-closed STATUS; got {seen:?}"
-    );
+    wait_status(&sock, &mut seen, "fail-closed");
     // Bound and listening, the database not open: nothing so far may have said READY=1.
     assert!(
         !seen.iter().any(is_ready),
@@ -227,12 +231,7 @@ async fn a_reload_before_the_database_opens_does_not_say_ready() {
     // said READY=1 early would have been caught above).
     let opened_at = seen.len();
     std::fs::create_dir(setup.dir.path().join("later")).unwrap();
-    assert!(
-        wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l
-            .starts_with("STATUS=serving"))
-        .is_some(),
-        "no serving STATUS once the database opened; got {seen:?}"
-    );
+    wait_status(&sock, &mut seen, "serving");
     // READY=1 came once, after the database could open, and it announced the state the
     // first serving status reports: no fail-closed status between it and that one.
     let ready: Vec<usize> = (0..seen.len()).filter(|&i| is_ready(&seen[i])).collect();
@@ -261,12 +260,7 @@ async fn a_first_open_while_stopping_does_not_say_ready() {
         .set("server", "header_timeout", "30s");
     let (sock, mut gw) = start_notified(&setup, &[]);
     let mut seen = Vec::new();
-    assert!(
-        wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l
-            .starts_with("STATUS=fail-closed"))
-        .is_some(),
-        "no fail-closed STATUS; got {seen:?}"
-    );
+    wait_status(&sock, &mut seen, "fail-closed");
     // A request whose body is still coming holds the drain open. Its handler asking for
     // the body (hyper's `100 Continue`) says the request is inside the server, so that the
     // stop cannot take it for an idle connection and end the drain at once.
@@ -299,12 +293,7 @@ async fn a_first_open_while_stopping_does_not_say_ready() {
     assert!(stopping.is_some(), "no STOPPING=1; got {seen:?}");
     let stopped_at = seen.len() - 1;
     std::fs::create_dir(setup.dir.path().join("later")).unwrap();
-    assert!(
-        wait_for(&sock, &mut seen, Duration::from_secs(20), |l| l
-            .starts_with("STATUS=serving"))
-        .is_some(),
-        "the database did not open while draining; got {seen:?}"
-    );
+    wait_status(&sock, &mut seen, "serving");
     let after: Vec<_> = seen[stopped_at..]
         .iter()
         .filter(|m| m.lines().any(|l| l == "READY=1"))

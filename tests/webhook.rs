@@ -1097,15 +1097,8 @@ async fn http1_http2_plaintext_and_slow_clients() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn mtls_requires_a_client_certificate_and_namespaces_by_it() {
-    let (exec, setup, gw) = with_mock_configured(|setup| {
-        setup.set(
-            "server",
-            "client_ca",
-            setup.pki.ca_cert.display().to_string(),
-        );
-        setup.set("auth", "require", vec!["mtls"]);
-    })
-    .await;
+    let (exec, setup, gw) =
+        with_mock_configured(|setup| require_client_certificates(setup, vec!["mtls"])).await;
     // Without a certificate: the handshake or the request fails, nothing is sent.
     let anon = TlsClient::new(&setup.pki.ca_cert);
     let failed = match anon.connect(&gw.url()).await {
@@ -1168,15 +1161,9 @@ async fn mtls_requires_a_client_certificate_and_namespaces_by_it() {
 /// was placed twice.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signed_request_replayed_under_another_certificate_is_refused() {
-    let (exec, setup, gw) = with_mock_configured(|setup| {
-        setup.set(
-            "server",
-            "client_ca",
-            setup.pki.ca_cert.display().to_string(),
-        );
-        setup.set("auth", "require", vec!["hmac", "mtls"]);
-    })
-    .await;
+    let (exec, setup, gw) =
+        with_mock_configured(|setup| require_client_certificates(setup, vec!["hmac", "mtls"]))
+            .await;
     let desk =
         |name: &str| TlsClient::with(&setup.pki.ca_cert, Alpn::Any, Some(&setup.pki.client(name)));
     let (a, b) = (desk("desk-a"), desk("desk-b"));
@@ -1944,6 +1931,14 @@ async fn a_late_settle_leaves_the_retry_the_operator_let_through_alone() {
     assert_eq!(second.await.unwrap().status, 200);
     assert_eq!(key_state(&gw, key).await, "committed");
     assert_eq!(exec.calls(), 4);
+}
+
+/// Client certificates from the test CA required, and `methods` (`mtls` among them).
+fn require_client_certificates(setup: &mut Setup, methods: Vec<&str>) {
+    let ca = setup.pki.ca_cert.display().to_string();
+    setup
+        .set("server", "client_ca", ca)
+        .set("auth", "require", methods);
 }
 
 /// A trade without its `apiKey`, so that only a signature authenticates it, and its body.

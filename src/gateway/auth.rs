@@ -454,7 +454,7 @@ impl Authenticator {
                 Some(cn) => Identity::cert(cn),
                 None => Identity::psk_of(client),
             },
-            signature: verified.iter().find_map(|v| v.signature.clone()),
+            signature: verified.into_iter().find_map(|v| v.signature),
         })
     }
 

@@ -318,7 +318,7 @@ async fn pipeline(
                     code: None,
                 });
             }
-            let mut a = keyed(Problem::from(&d), None);
+            let mut a = fail(Problem::from(&d));
             a.key = Some(d.key);
             return Err(a);
         }
@@ -514,7 +514,7 @@ fn guard(sig: &Signature, now_ms: u64, deadline: Duration) -> Guard {
         .unwrap_or(0)
         .saturating_mul(1000);
     Guard {
-        key: Key::signature(&sig.signer.to_string(), &sig.mac),
+        key: Key::signature(sig.signer.as_str(), &sig.mac),
         ttl: Duration::from_millis(until_ms.saturating_sub(now_ms)) + deadline,
     }
 }
