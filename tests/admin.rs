@@ -412,6 +412,18 @@ async fn an_owner_that_does_not_answer_is_not_ready() {
     owner.stop();
 }
 
+/// What a release at `path` answered: its status, and its problem's `code`, or
+/// `released` for a release made (the body, for anything else).
+async fn release_answer(a: &Admin, path: &str) -> (u16, String) {
+    let (s, v) = a.call("POST", path).await;
+    let what = match (v["code"].as_str(), v["released"].as_bool()) {
+        (Some(code), _) => code.to_string(),
+        (None, Some(true)) => "released".to_string(),
+        _ => v.to_string(),
+    };
+    (s, what)
+}
+
 #[tokio::test]
 async fn keys_are_listed_shown_and_released_by_the_operator() {
     let dir = tempfile::tempdir().unwrap();
@@ -483,46 +495,39 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
     let release = format!("/keys/{encoded}/release");
     let show = format!("/keys/{encoded}");
     let entry = |v: &serde_json::Value| v["entry"].as_str().expect("an entry tag").to_string();
+    let answer = async |path: String| release_answer(&a, &path).await;
+    let changed = (409, "KEY_CHANGED".to_string());
+    let in_flight = (409, "ORDER_IN_FLIGHT".to_string());
+    let released = (200, "released".to_string());
     // Pinned to the entry the operator saw: another one (a retry's, that took the key
     // since) is left alone.
     let (_, shown) = a.call("GET", &show).await;
     let seen = entry(&shown);
-    let (s, v) = a
-        .call("POST", &format!("{release}?entry=1.2.pending"))
-        .await;
-    assert_eq!((s, v["code"].as_str()), (409, Some("KEY_CHANGED")), "{v}");
+    assert_eq!(
+        answer(format!("{release}?entry=1.2.pending")).await,
+        changed
+    );
     // Its order out (the key marked): refused unforced; force needs the entry.
     let out = marks.begin(&key);
     let (_, shown) = a.call("GET", &show).await;
     assert_eq!(shown["in_flight"], true);
     let out_tag = entry(&shown);
     assert!(out_tag.contains(".out."), "{out_tag}");
-    let (s, v) = a.call("POST", &release).await;
+    assert_eq!(answer(release.clone()).await, in_flight);
     assert_eq!(
-        (s, v["code"].as_str()),
-        (409, Some("ORDER_IN_FLIGHT")),
-        "{v}"
-    );
-    let (s, v) = a.call("POST", &format!("{release}?force=1")).await;
-    assert_eq!(
-        (s, v["code"].as_str()),
-        (400, Some("INVALID_REQUEST")),
-        "{v}"
+        answer(format!("{release}?force=1")).await,
+        (400, "INVALID_REQUEST".to_string())
     );
     // Seen before its order went out: not the entry the operator judged.
-    let (s, v) = a
-        .call("POST", &format!("{release}?force=1&entry={seen}"))
-        .await;
-    assert_eq!((s, v["code"].as_str()), (409, Some("KEY_CHANGED")), "{v}");
+    let forced = |tag: &str| format!("{release}?force=1&entry={tag}");
+    assert_eq!(answer(forced(&seen)).await, changed);
     // Seen out, and out still: the force the operator meant.
-    let (s, v) = a
-        .call("POST", &format!("{release}?force=1&entry={out_tag}"))
-        .await;
-    assert_eq!((s, v["released"].as_bool()), (200, Some(true)), "{v}");
+    assert_eq!(answer(forced(&out_tag)).await, released);
     drop(out);
     // Seen out; the order ends, its commit lost (dropped with the queue full): the entry
     // is pending and unmarked, a filled trade as far as anyone knows, and a release with
     // the look from while it was out is refused.
+    let pinned = |tag: &str| format!("{release}?entry={tag}");
     let Decision::Proceed(_lost) = m.reserve(reserve(&key)).await else {
         panic!("a released key is granted")
     };
@@ -530,13 +535,9 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
     let (_, shown) = a.call("GET", &show).await;
     let out_tag = entry(&shown);
     drop(out);
-    let (s, v) = a.call("POST", &format!("{release}?entry={out_tag}")).await;
-    assert_eq!((s, v["code"].as_str()), (409, Some("KEY_CHANGED")), "{v}");
+    assert_eq!(answer(pinned(&out_tag)).await, changed);
     let (_, shown) = a.call("GET", &show).await;
-    let (s, v) = a
-        .call("POST", &format!("{release}?entry={}", entry(&shown)))
-        .await;
-    assert_eq!((s, v["released"].as_bool()), (200, Some(true)), "{v}");
+    assert_eq!(answer(pinned(&entry(&shown))).await, released);
     // An entry seen pending and committed since is not the entry the operator judged.
     let Decision::Proceed(grant) = m.reserve(reserve(&key)).await else {
         panic!("a released key is granted")
@@ -552,21 +553,12 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
     };
     assert_ne!(entry(&committed), seen, "another entry, another tag");
     // Seen pending, filled since: the operator's look no longer holds.
-    let (s, v) = a
-        .call("POST", &format!("{release}?entry={}", entry(&pending)))
-        .await;
-    assert_eq!((s, v["code"].as_str()), (409, Some("KEY_CHANGED")), "{v}");
+    assert_eq!(answer(pinned(&entry(&pending))).await, changed);
     // Marked (a retry's reserve, or an order the operator forced past), a committed key
     // is released by force with the tag of the committed entry.
     let _mark = marks.begin(&key);
-    let committed = format!("{release}?entry={}", entry(&committed));
-    let (s, v) = a.call("POST", &committed).await;
-    assert_eq!(
-        (s, v["code"].as_str()),
-        (409, Some("ORDER_IN_FLIGHT")),
-        "{v}"
-    );
-    let (s, v) = a.call("POST", &format!("{committed}&force=1")).await;
+    assert_eq!(answer(pinned(&entry(&committed))).await, in_flight);
+    let (s, v) = a.call("POST", &forced(&entry(&committed))).await;
     assert_eq!((s, v["released"].as_bool()), (200, Some(true)), "{v}");
     assert_eq!(v["key"], key.as_str());
     let (s, v) = a.call("GET", &format!("/keys/{encoded}")).await;
@@ -599,15 +591,12 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
         entry(&before),
         "the same entry, another load"
     );
-    let release_other = format!("/keys/{}/release", other.as_str());
-    let (s, v) = a
-        .call("POST", &format!("{release_other}?entry={}", entry(&before)))
-        .await;
-    assert_eq!((s, v["code"].as_str()), (409, Some("KEY_CHANGED")), "{v}");
-    let (s, v) = a
-        .call("POST", &format!("{release_other}?entry={}", entry(&after)))
-        .await;
-    assert_eq!((s, v["released"].as_bool()), (200, Some(true)), "{v}");
+    let release_other =
+        |v: &serde_json::Value| format!("/keys/{}/release?entry={}", other.as_str(), entry(v));
+    let changed = (409, "KEY_CHANGED".to_string());
+    assert_eq!(release_answer(&a, &release_other(&before)).await, changed);
+    let released = (200, "released".to_string());
+    assert_eq!(release_answer(&a, &release_other(&after)).await, released);
     a.stop().await;
     owner.stop();
 }
