@@ -12,6 +12,35 @@ use mutex_support::*;
 
 const T0: u64 = 1_800_000_000_000;
 
+/// The log lines of this test binary, every test's: a test looks for its own.
+mod logs {
+    use std::sync::Mutex;
+
+    static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+    struct Capture;
+
+    impl log::Log for Capture {
+        fn enabled(&self, _: &log::Metadata) -> bool {
+            true
+        }
+        fn log(&self, record: &log::Record) {
+            LINES.lock().unwrap().push(record.args().to_string());
+        }
+        fn flush(&self) {}
+    }
+
+    pub fn capture() {
+        // Set once per binary; a second test's call finds it set.
+        let _ = log::set_logger(&Capture);
+        log::set_max_level(log::LevelFilter::Info);
+    }
+
+    pub fn lines() -> Vec<String> {
+        LINES.lock().unwrap().clone()
+    }
+}
+
 #[test]
 fn reserve_commit_release_and_duplicates() {
     let dir = tempfile::tempdir().unwrap();
@@ -494,6 +523,68 @@ fn a_full_queue_is_busy_and_loses_nothing_queued() {
     owner.stop();
 }
 
+/// A full queue refuses new reserves, but not the end of trades already granted nor an
+/// operator's write: a release refused `Busy` held a failed trade's key to its TTL, and a
+/// kill switch refused `Busy` did not work under the flood it was thrown for. They go
+/// ahead of the backlog, so the reserves queued before the switch was thrown are halted.
+#[test]
+fn a_full_queue_still_takes_settles_and_operator_writes() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, owner) = start_stallable(&dir.path().join("m.redb"), |c| {
+        c.queue_depth = 4;
+        c.deadline = Duration::from_secs(10);
+    });
+    rt().block_on(async {
+        let (filled, failed, held) = (key("filled"), key("failed"), key("held"));
+        let g_filled = granted(m.reserve(reserve(&filled, 60_000, 1)).await);
+        let g_failed = granted(m.reserve(reserve(&failed, 60_000, 1)).await);
+        granted(m.reserve(reserve(&held, 60_000, 1)).await);
+        m.stall(Duration::from_millis(1_000)).await.unwrap();
+        let mut backlog = Vec::new();
+        for i in 0..4 {
+            let mut call = Box::pin(m.reserve(reserve(&key(&format!("q{i}")), 60_000, 1)));
+            queue(call.as_mut());
+            backlog.push(call);
+        }
+        let mut refused = Box::pin(m.reserve(reserve(&key("q4"), 60_000, 1)));
+        assert_eq!(
+            poll_once(refused.as_mut()),
+            std::task::Poll::Ready(Decision::Unavailable(Unavailable::Busy)),
+            "the queue is full"
+        );
+        let snap = Snapshot {
+            status: 200,
+            body: b"{\"success\":true}".to_vec(),
+        };
+        assert_eq!(m.commit(g_filled, Some(snap.clone())), Ok(()));
+        assert_eq!(m.release(g_failed), Ok(()));
+        let mut halt = Box::pin(m.set_halted(true));
+        queue(halt.as_mut());
+        let mut release = Box::pin(m.force_release(held.clone(), None));
+        queue(release.as_mut());
+        assert_eq!(halt.await, Ok(()));
+        assert_eq!(release.await, Ok(Released::Yes));
+        for call in backlog {
+            assert_eq!(
+                call.await,
+                Decision::Halted,
+                "queued before the switch, applied after"
+            );
+        }
+        assert!(m.is_halted());
+        let info = m.get(filled.clone()).await.unwrap().unwrap();
+        assert_eq!((info.state, info.has_response), (State::Committed, true));
+        assert_eq!(m.get(failed.clone()).await.unwrap(), None);
+        assert_eq!(m.get(held.clone()).await.unwrap(), None);
+        assert_eq!(m.shared().stats.release_failures.load(Ordering::Relaxed), 0);
+        assert_eq!(m.set_halted(false).await, Ok(()));
+        granted(m.reserve(reserve(&failed, 60_000, 1)).await);
+        let d = duplicate(m.reserve(reserve(&filled, 60_000, 1)).await);
+        assert_eq!(d.response, Some(snap));
+    });
+    owner.stop();
+}
+
 /// A grant the owner delivered, but its caller never took (the request went away between
 /// the owner's answer and its next poll), is released: nobody sent that trade, and its
 /// retry must not find the key held for the whole TTL.
@@ -545,6 +636,43 @@ fn an_operator_write_nobody_waits_for_is_not_applied() {
             m.get(k).await.unwrap().is_some(),
             "a release reported as failed took effect"
         );
+    });
+    owner.stop();
+}
+
+/// One taken in time, whose sync then outlasts its caller's deadline, is made all the
+/// same (the owner cannot unmake a write in a batch it is syncing): the operator, told it
+/// failed, learns from the log that it was made.
+#[test]
+fn an_operator_write_made_after_its_caller_gave_up_is_logged() {
+    logs::capture();
+    let dir = tempfile::tempdir().unwrap();
+    let (m, owner) = start_stallable(&dir.path().join("m.redb"), |c| {
+        c.deadline = Duration::from_millis(1_500)
+    });
+    rt().block_on(async {
+        let k = key("late-release");
+        granted(m.reserve(reserve(&k, 60_000, 1)).await);
+        m.stall(Duration::from_millis(1_000)).await.unwrap();
+        let mut halt = Box::pin(m.set_halted(true));
+        queue(halt.as_mut());
+        let mut release = Box::pin(m.force_release(k.clone(), None));
+        queue(release.as_mut());
+        // Taken in the same batch as the two writes, after them: their sync waits for it.
+        let slow_sync = m.stall(Duration::from_millis(3_000));
+        assert_eq!(halt.await, Err(Unavailable::Timeout));
+        assert_eq!(release.await, Err(Unavailable::Timeout));
+        slow_sync.await.unwrap();
+        assert!(eventually(Duration::from_secs(20), async || m.ping().await.is_ok()).await);
+        assert!(m.ping().await.unwrap().halted);
+        assert_eq!(m.get(k.clone()).await.unwrap(), None);
+        let logged = |what: &str| logs::lines().iter().any(|l| l.contains(what));
+        assert!(logged(
+            "operator set the kill switch, though the caller had given up"
+        ));
+        assert!(logged(&format!(
+            "operator released key {k}, though the caller had given up"
+        )));
     });
     owner.stop();
 }

@@ -608,8 +608,8 @@ fn release_query(query: &str) -> Result<(bool, Option<&str>), String> {
 /// An entry as `keys show` names it: its number, when it was stored, its state (`out` for
 /// a pending entry whose order is at the executor), and the load of the index it was seen
 /// in. Any of them moving makes it another entry to an operator: a commit changes the
-/// state; so does the end of an order whose commit was lost (dropped with the queue full,
-/// or by a failed write), which leaves a filled trade pending where the operator saw it
+/// state; so does the end of an order whose commit was lost (refused while failing
+/// closed, or by a failed write), which leaves a filled trade pending where the operator saw it
 /// out; a retry that took the key anew has another time (after a restart, which may hand
 /// out a released entry's number again, the number alone would not tell); and a reopen or
 /// a restart may have lost a commit carried in memory, so that a filled trade reads as the

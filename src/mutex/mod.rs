@@ -7,6 +7,11 @@
 //! reply; a commit or a release is queued and not answered. No lock guards the
 //! state: the owner's order is the order of truth.
 //!
+//! A full channel refuses new work (`Busy`), but never the end of work already begun (a
+//! commit, a release) nor an operator's write (the kill switch, a release by hand): those
+//! go to an unbounded overflow lane instead, which the owner takes ahead of the channel
+//! (`Command::spills`).
+//!
 //! This module knows nothing of HTTP.
 
 pub mod clock;
@@ -19,7 +24,7 @@ mod wheel;
 
 use std::path::PathBuf;
 use std::sync::Arc;
-use std::sync::mpsc::{SyncSender, TrySendError};
+use std::sync::mpsc::{Sender, SyncSender, TrySendError};
 use std::time::Duration;
 
 use tokio::sync::oneshot;
@@ -306,10 +311,32 @@ pub(crate) enum Command {
     Shutdown,
 }
 
+impl Command {
+    /// Whether a full channel sends it to the overflow lane rather than refusing it.
+    ///
+    /// A commit or a release refused `Busy` was lost: a trade that failed held its key to
+    /// the TTL, refusing the retry that should have placed it. An operator's write refused
+    /// `Busy` was a kill switch that did not work under the flood it was thrown for. Each
+    /// is bounded without the channel's help: a grant is settled once, and an operator's
+    /// write waits for its answer. Reserves and reads stay refusable: they are what a flood
+    /// is made of, and a retry is their remedy.
+    fn spills(&self) -> bool {
+        matches!(
+            self,
+            Command::Commit(..)
+                | Command::Release(..)
+                | Command::ForceRelease(..)
+                | Command::SetHalted(..)
+        )
+    }
+}
+
 /// The handle every caller holds. Cloning it is cheap.
 #[derive(Clone)]
 pub struct Mutex {
     tx: SyncSender<Command>,
+    /// The overflow lane (`Command::spills`).
+    spill: Sender<Command>,
     deadline: Duration,
     shared: Arc<Shared>,
 }
@@ -358,12 +385,14 @@ pub fn start(config: Config, clock: Clock) -> (Mutex, Owner) {
 /// As [`start`], with the test-only stall hook enabled when `stall_hook` is true.
 pub fn start_with(config: Config, clock: Clock, stall_hook: bool) -> (Mutex, Owner) {
     let (tx, rx) = std::sync::mpsc::sync_channel(config.queue_depth);
+    let (spill, spilled) = std::sync::mpsc::channel();
     let shared = Arc::new(Shared::default());
     let deadline = config.deadline;
-    let thread = owner::spawn(config, clock, rx, shared.clone(), stall_hook);
+    let thread = owner::spawn(config, clock, rx, spilled, shared.clone(), stall_hook);
     (
         Mutex {
             tx: tx.clone(),
+            spill,
             deadline,
             shared,
         },
@@ -516,6 +545,11 @@ impl Mutex {
     fn enqueue(&self, cmd: Command) -> Result<(), Unavailable> {
         match self.tx.try_send(cmd) {
             Ok(()) => Ok(()),
+            // No wake-up is needed: a full channel is a busy owner, which takes the lane
+            // before it next sleeps on the channel.
+            Err(TrySendError::Full(cmd)) if cmd.spills() => {
+                self.spill.send(cmd).map_err(|_| Unavailable::Stopped)
+            }
             Err(TrySendError::Full(_)) => Err(Unavailable::Busy),
             Err(TrySendError::Disconnected(_)) => Err(Unavailable::Stopped),
         }

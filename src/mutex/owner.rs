@@ -52,12 +52,13 @@ pub(super) fn spawn(
     config: Config,
     clock: Clock,
     rx: Receiver<Command>,
+    spilled: Receiver<Command>,
     shared: Arc<Shared>,
     stall_hook: bool,
 ) -> std::thread::JoinHandle<()> {
     std::thread::Builder::new()
         .name("hoox-mutex".into())
-        .spawn(move || Owner::new(config, clock, shared, stall_hook).run(rx))
+        .spawn(move || Owner::new(config, clock, shared, stall_hook).run(rx, spilled))
         // Spawning fails only when the OS cannot create a thread at all, at start-up, where
         // there is nothing to fail closed *for* yet; `std::thread::spawn` would panic too.
         .expect("cannot spawn the mutex owner thread")
@@ -140,7 +141,8 @@ enum Reply {
     /// A Proceed, kept apart in case nobody is left to take it.
     Granted(oneshot::Sender<Decision>, Grant),
     Decision(oneshot::Sender<Decision>, Decision),
-    Unit(oneshot::Sender<Result<(), Unavailable>>),
+    /// The kill switch, as set.
+    Halted(oneshot::Sender<Result<(), Unavailable>>, bool),
     Entry(
         oneshot::Sender<Result<Option<EntryInfo>, Unavailable>>,
         Option<EntryInfo>,
@@ -149,9 +151,18 @@ enum Reply {
         oneshot::Sender<Result<Vec<EntryInfo>, Unavailable>>,
         Vec<EntryInfo>,
     ),
-    Released(oneshot::Sender<Result<Released, Unavailable>>, Released),
+    Released(
+        oneshot::Sender<Result<Released, Unavailable>>,
+        Released,
+        Box<Key>,
+    ),
     Status(oneshot::Sender<Status>, Status),
 }
+
+/// How an operator's write that outlasted its caller's deadline is logged: made, though
+/// the caller was told otherwise.
+const LATE: &str =
+    "(it was answered 503: the write was taken in time, but its sync outlasted the deadline)";
 
 impl Reply {
     /// Returns the grant of a Proceed whose caller had already given up (its deadline
@@ -167,10 +178,22 @@ impl Reply {
                 };
             }
             Reply::Decision(tx, d) => tx.send(d).map_err(drop),
-            Reply::Unit(tx) => tx.send(Ok(())).map_err(drop),
+            // An operator's write, made though its caller gave up (taken in time, but its
+            // sync outlasted the deadline): the operator was told it failed, so the log
+            // is where they learn it was made.
+            Reply::Halted(tx, on) => tx.send(Ok(())).map_err(drop).inspect_err(|()| {
+                let did = if on { "set" } else { "lifted" };
+                log::warn!("operator {did} the kill switch, though the caller had given up {LATE}");
+            }),
             Reply::Entry(tx, e) => tx.send(Ok(e)).map_err(drop),
             Reply::List(tx, l) => tx.send(Ok(l)).map_err(drop),
-            Reply::Released(tx, r) => tx.send(Ok(r)).map_err(drop),
+            Reply::Released(tx, r, key) => tx.send(Ok(r)).map_err(drop).inspect_err(|()| {
+                if r == Released::Yes {
+                    log::warn!(
+                        "operator released key {key}, though the caller had given up {LATE}"
+                    );
+                }
+            }),
             Reply::Status(tx, s) => tx.send(s).map_err(drop),
         };
         None
@@ -185,10 +208,10 @@ impl Reply {
                 return Some(grant);
             }
             Reply::Decision(tx, _) => tx.send(Decision::Unavailable(u.clone())).map_err(drop),
-            Reply::Unit(tx) => tx.send(Err(u.clone())).map_err(drop),
+            Reply::Halted(tx, _) => tx.send(Err(u.clone())).map_err(drop),
             Reply::Entry(tx, _) => tx.send(Err(u.clone())).map_err(drop),
             Reply::List(tx, _) => tx.send(Err(u.clone())).map_err(drop),
-            Reply::Released(tx, _) => tx.send(Err(u.clone())).map_err(drop),
+            Reply::Released(tx, ..) => tx.send(Err(u.clone())).map_err(drop),
             Reply::Status(tx, mut s) => {
                 s.fail_closed = Some(u.clone());
                 tx.send(s).map_err(drop)
@@ -290,24 +313,31 @@ impl Owner {
         }
     }
 
-    fn run(mut self, rx: Receiver<Command>) {
+    fn run(mut self, rx: Receiver<Command>, spilled: Receiver<Command>) {
         self.reopen();
         let limit = self.config.batch_limit.max(1);
         let mut batch = Vec::with_capacity(limit);
+        let mut early = Vec::new();
         loop {
+            // What overflowed a full channel does not wait for a turn of its own, and the
+            // owner does not sleep while any is left. (A command overflows only while the
+            // channel is full, so it can never wait on a sleeping owner: see below.)
+            early.extend(spilled.try_iter());
+            let overflowed = !early.is_empty();
             // Nothing queued and a checkpoint's worth of records kept: take it now, while
             // idle, rather than when the journal is full, in front of some caller.
             let mut first = Err(RecvTimeoutError::Timeout);
-            if self.store.as_ref().is_some_and(Store::checkpoint_due) {
+            if overflowed || self.store.as_ref().is_some_and(Store::checkpoint_due) {
                 first = rx.try_recv().map_err(|e| match e {
                     TryRecvError::Empty => RecvTimeoutError::Timeout,
                     TryRecvError::Disconnected => RecvTimeoutError::Disconnected,
                 });
-                if matches!(first, Err(RecvTimeoutError::Timeout)) {
+                if !overflowed && matches!(first, Err(RecvTimeoutError::Timeout)) {
                     self.checkpoint();
                 }
             }
-            if matches!(first, Err(RecvTimeoutError::Timeout)) && !self.carry.record().is_empty() {
+            let idle = !overflowed && matches!(first, Err(RecvTimeoutError::Timeout));
+            if idle && !self.carry.record().is_empty() {
                 // Idle with operations carried: wait a little for a record to carry them
                 // in, then write them on their own, unsynced, so that a crash of this
                 // process (the page cache survives it) keeps them. The loop comes back
@@ -320,7 +350,7 @@ impl Owner {
                         o.write_record(store, w, false, &mut Vec::new())
                     });
                 }
-            } else if matches!(first, Err(RecvTimeoutError::Timeout)) {
+            } else if idle {
                 first = match self.next_wake() {
                     None => rx.recv().map_err(|_| RecvTimeoutError::Disconnected),
                     Some(t) => rx.recv_timeout(t),
@@ -329,14 +359,23 @@ impl Owner {
             match first {
                 Ok(cmd) => batch.push(cmd),
                 Err(RecvTimeoutError::Timeout) => {}
-                // Every handle is gone: nobody can ask anything again.
-                Err(RecvTimeoutError::Disconnected) => break,
+                // Every handle is gone: nobody can ask anything again, once what
+                // overflowed is applied.
+                Err(RecvTimeoutError::Disconnected) if early.is_empty() => break,
+                Err(RecvTimeoutError::Disconnected) => {}
             }
             while batch.len() < limit && !matches!(batch.last(), Some(Command::Shutdown)) {
                 match rx.try_recv() {
                     Ok(cmd) => batch.push(cmd),
                     Err(TryRecvError::Empty | TryRecvError::Disconnected) => break,
                 }
+            }
+            // Taken again, after the channel and applied before it: a command that
+            // overflowed before one in this batch was sent is in this batch, ahead of it,
+            // as the channel would have kept them. The channel's own order is kept.
+            early.extend(spilled.try_iter());
+            if !early.is_empty() {
+                batch.splice(0..0, early.drain(..));
             }
             if self.store.is_none() && Instant::now() >= self.retry_at {
                 self.reopen();
@@ -607,7 +646,7 @@ impl Owner {
                     .is_some_and(|l| l.seq != seen.seq || l.state != seen.state)
                     || self.load != seen.load =>
             {
-                Ok(Some(Reply::Released(tx, Released::Changed)))
+                Ok(Some(Reply::Released(tx, Released::Changed, key)))
             }
             Command::ForceRelease(key, only, tx) => {
                 match self.remove(&key, w, (now_wall, now_mono)) {
@@ -618,7 +657,7 @@ impl Owner {
                         } else {
                             Released::NotFound
                         };
-                        Ok(Some(Reply::Released(tx, r)))
+                        Ok(Some(Reply::Released(tx, r, key)))
                     }
                     Err(e) => Err(Box::new((e, Some(Command::ForceRelease(key, only, tx))))),
                 }
@@ -627,7 +666,7 @@ impl Owner {
                 Ok(()) => {
                     *durable = true;
                     self.halted = halted;
-                    Ok(Some(Reply::Unit(tx)))
+                    Ok(Some(Reply::Halted(tx, halted)))
                 }
                 Err(e) => Err(Box::new((e, Some(Command::SetHalted(halted, tx))))),
             },
