@@ -115,6 +115,50 @@ async fn stalled_tls_handshake_is_not_sent() {
     holder.abort();
 }
 
+/// A connection that closes before the order is written to it (a proxy accepting for a
+/// backend that is down) gives the order back unwritten: nothing was sent, and the key may
+/// go to a retry, as SPEC §4 says of a refused connect. Several times, each on a new
+/// connection (hyper-util itself retries only on a reused one).
+#[tokio::test]
+async fn a_connection_closed_before_the_order_was_written_is_not_sent() {
+    let mock = MockExecutor::start().await;
+    mock.set_mode(Mode::CloseAtOnce);
+    let exec = http(&mock.url(), Duration::from_secs(5));
+    for i in 0..10 {
+        let outcome = exec.execute(&order(&format!("closed-{i}"))).await;
+        match outcome {
+            Outcome::NotSent(why) => assert!(why.contains("Canceled"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(mock.connections(), 10);
+    assert_eq!(mock.calls(), 0);
+}
+
+/// An HTTP/2 stream the executor resets with `REFUSED_STREAM` was not processed (RFC 9113
+/// §8.7): not sent, released, like a refused connect.
+#[tokio::test]
+async fn a_stream_the_executor_refused_is_not_sent() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "refuse");
+    let mock = MockExecutor::start_tls(&pki.server).await;
+    mock.set_mode(Mode::RefuseStreams);
+    let exec = HttpExecutor::new(HttpConfig {
+        url: mock.url().parse().unwrap(),
+        timeout: Duration::from_secs(5),
+        ca_file: Some(pki.ca_cert.clone()),
+    })
+    .unwrap();
+    for i in 0..3 {
+        let outcome = exec.execute(&order(&format!("refused-{i}"))).await;
+        match outcome {
+            Outcome::NotSent(why) => assert!(why.contains("refused stream"), "{why}"),
+            other => panic!("{other:?}"),
+        }
+    }
+    assert_eq!(mock.calls(), 0);
+}
+
 #[tokio::test]
 async fn hang_is_unknown_after_the_timeout() {
     let mock = MockExecutor::start().await;

@@ -2,8 +2,10 @@
 //!
 //! Every failure is sorted by one question: could the request have left? Errors raised while
 //! connecting (DNS, refused, connect timeout, TLS handshake) mean no byte of the order was
-//! written, so the key may be released. Anything later — a reset, a timeout while waiting for the
-//! answer, a body cut short — may follow a fill, so it is `Unknown` and the key is held.
+//! written, so the key may be released; so do a connection that closed before the order was
+//! written to it, and an HTTP/2 stream the executor refused unprocessed (`not_sent`). Anything
+//! later — a reset, a timeout while waiting for the answer, a body cut short — may follow a
+//! fill, so it is `Unknown` and the key is held.
 
 use std::fmt;
 use std::future::Future;
@@ -140,7 +142,7 @@ impl HttpExecutor {
         let late = || format!("no answer within {:?}", self.cfg.timeout);
         let response = match tokio::time::timeout_at(deadline, self.client.request(request)).await {
             Ok(Ok(response)) => response,
-            Ok(Err(e)) if e.is_connect() => return Outcome::NotSent(chain(&e)),
+            Ok(Err(e)) if not_sent(&e) => return Outcome::NotSent(chain(&e)),
             Ok(Err(e)) => return Outcome::Unknown(chain(&e)),
             Err(_) => return Outcome::Unknown(late()),
         };
@@ -233,6 +235,34 @@ fn load_roots(path: &Path) -> Result<rustls::RootCertStore, ExecutorError> {
         return Err(bad("no certificate found".into()));
     }
     Ok(roots)
+}
+
+/// Whether a failed request surely never reached the executor's application:
+///
+/// - an error while connecting (DNS, TCP, TLS handshake, the connect bound);
+/// - hyper-util's `Canceled`: the connection gave the request back unwritten (it closed
+///   before hyper took the request to write it: an executor's proxy that accepts and
+///   closes while its backend is down). hyper-util retries that itself on a reused
+///   connection, not on a new one. The kind is private; its `Display` is the one way to
+///   tell it, pinned by tests/executor.rs: were it to change, the test fails, and until
+///   then such an order is only held (`Unknown`), never released wrongly;
+/// - an HTTP/2 stream the executor reset with `REFUSED_STREAM`, which RFC 9113 §8.7
+///   reserves for a stream closed before any processing. Only a reset of this stream by
+///   the peer counts: a connection-wide GOAWAY may follow streams it did process.
+fn not_sent(e: &hyper_util::client::legacy::Error) -> bool {
+    if e.is_connect() || e.to_string() == "client error (Canceled)" {
+        return true;
+    }
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if let Some(h2) = c.downcast_ref::<h2::Error>() {
+            return h2.is_reset()
+                && h2.is_remote()
+                && h2.reason() == Some(h2::Reason::REFUSED_STREAM);
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// The error and its causes on one line: hyper's top-level messages alone ("client error

@@ -77,7 +77,11 @@ pub fn classify(status: u16, body: Bytes) -> Outcome {
     struct Verdict {
         success: Option<serde_json::Value>,
     }
-    match serde_json::from_slice::<Verdict>(&body) {
+    // A byte order mark before the JSON is one RFC 8259 lets a parser ignore, and some
+    // frameworks write one (.NET's UTF-8 encoder): read as unparsable, a fill behind it would
+    // be released, and its retry placed again.
+    let json = body.strip_prefix("\u{feff}".as_bytes()).unwrap_or(&body);
+    match serde_json::from_slice::<Verdict>(json) {
         Ok(Verdict {
             success: Some(serde_json::Value::Bool(true)),
         }) => Outcome::Success { status, body },
@@ -140,6 +144,9 @@ mod tests {
             (200, r#"{"data":{"success":true}}"#, "soft_fail"),
             (200, r#"[{"success":true}]"#, "soft_fail"),
             (200, "not json", "soft_fail"),
+            (200, "\u{feff}{\"success\":true}", "success"),
+            (200, "\u{feff}{\"success\":false}", "soft_fail"),
+            (200, "\u{feff}\u{feff}{\"success\":true}", "soft_fail"),
             (204, "", "soft_fail"),
             (199, r#"{"success":true}"#, "failed"),
             (300, r#"{"success":true}"#, "failed"),
