@@ -189,6 +189,32 @@ fn a_fingerprint_younger_than_a_minute_is_a_duplicate_whatever_its_bucket() {
 /// A wall clock stepped forward (NTP, an operator, a VM resumed) does not free a key
 /// early: the monotonic clock still says it lives, and a key lives while either clock says
 /// so.
+/// The minute is measured from when the retry was asked, not from when a busy owner got
+/// to it: a retry 59 s after its trade, behind a slow sync, is still a duplicate.
+#[test]
+fn a_fingerprint_retry_is_aged_from_when_it_was_asked() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, time) = Clock::manual(T0);
+    let (m, owner) = start_stallable_on(&dir.path().join("m.redb"), clock, |c| {
+        c.deadline = Duration::from_secs(10)
+    });
+    rt().block_on(async {
+        let old = Key::from_stored("trade:x:BTC:LONG:1:live:100").unwrap();
+        let new = Key::from_stored("trade:x:BTC:LONG:1:live:101").unwrap();
+        granted(m.reserve(reserve(&old, 300_000, 1)).await);
+        time.advance_ms(BUCKET_MS - 1_000);
+        m.stall(Duration::from_millis(500)).await.unwrap();
+        let mut retry = Box::pin(m.reserve(reserve(&new, 300_000, 1)));
+        queue(retry.as_mut());
+        // The owner takes it 2 s later: 61 s after the trade.
+        time.advance_ms(2_000);
+        assert_eq!(duplicate(retry.await).key, old);
+        // Asked now, it is a new trade.
+        granted(m.reserve(reserve(&new, 300_000, 1)).await);
+    });
+    owner.stop();
+}
+
 #[test]
 fn a_wall_clock_stepped_forward_frees_no_key() {
     let dir = tempfile::tempdir().unwrap();

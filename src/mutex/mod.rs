@@ -281,7 +281,9 @@ pub struct Status {
 /// So the key-bearing payloads travel boxed, one small allocation per command, and a slot
 /// is a few dozen bytes.
 pub(crate) enum Command {
-    Reserve(Box<Reserve>, oneshot::Sender<Decision>),
+    /// With when it was asked, on the owner's monotonic clock: a fingerprint's minute is
+    /// measured from there, not from when a busy owner got to it.
+    Reserve(Box<Reserve>, oneshot::Sender<Decision>, u64),
     /// Commit and release are not answered: the channel keeps their order, so every later
     /// command sees them, and no answer could promise more (they are never made durable
     /// on their own; see `owner.rs`).
@@ -337,6 +339,8 @@ pub struct Mutex {
     tx: SyncSender<Command>,
     /// The overflow lane (`Command::spills`).
     spill: Sender<Command>,
+    /// The owner's clock, to tell it when a reserve was asked.
+    clock: Clock,
     deadline: Duration,
     shared: Arc<Shared>,
 }
@@ -388,11 +392,19 @@ pub fn start_with(config: Config, clock: Clock, stall_hook: bool) -> (Mutex, Own
     let (spill, spilled) = std::sync::mpsc::channel();
     let shared = Arc::new(Shared::default());
     let deadline = config.deadline;
-    let thread = owner::spawn(config, clock, rx, spilled, shared.clone(), stall_hook);
+    let thread = owner::spawn(
+        config,
+        clock.clone(),
+        rx,
+        spilled,
+        shared.clone(),
+        stall_hook,
+    );
     (
         Mutex {
             tx: tx.clone(),
             spill,
+            clock,
             deadline,
             shared,
         },
@@ -415,7 +427,10 @@ impl Mutex {
             }
         };
         let d = match self
-            .call_settling(|tx| Command::Reserve(Box::new(req), tx), unclaimed)
+            .call_settling(
+                |tx| Command::Reserve(Box::new(req), tx, self.clock.mono_ms()),
+                unclaimed,
+            )
             .await
         {
             Ok(d) => d,
@@ -437,8 +452,8 @@ impl Mutex {
     /// `Ok` means every later command to the mutex, from any caller, sees the key
     /// committed, unless the key no longer holds this grant's entry (it was released by
     /// an operator, or expired), in which case nothing changes. It rides in the next
-    /// journal record, so a crash can undo it; the key is then pending until its TTL,
-    /// which blocks a retry just as well.
+    /// journal record, so a crash, or a failed write before that record, can undo it; the
+    /// key is then pending until its TTL, which blocks a retry just as well.
     pub fn commit(&self, grant: Grant, response: Option<Snapshot>) -> Result<(), Unavailable> {
         self.send(Command::Commit(Box::new(grant), response))
     }

@@ -48,6 +48,10 @@ const CARRY_MAX: usize = 16 * 1024;
 /// (strace); a process crash within the wait loses only what a crash always could.
 const CARRY_IDLE: Duration = Duration::from_millis(2);
 
+/// How many more alarms than live keys the wheel may hold before the stale ones are swept
+/// (`Owner::sweep_stale_alarms`).
+const STALE_ALARMS: usize = 4096;
+
 pub(super) fn spawn(
     config: Config,
     clock: Clock,
@@ -458,6 +462,7 @@ impl Owner {
                     self.abandoned.extend(r.send());
                 }
                 self.release_abandoned((now_wall, now_mono));
+                self.sweep_stale_alarms();
             }
             Err(e) => {
                 log::error!("mutex: write failed, failing closed until reopened: {e}");
@@ -600,13 +605,14 @@ impl Owner {
             // would refuse, as a duplicate, the retry that comes in the same batch, though
             // this trade was never sent. (One that gives up after this point is released
             // at the end of the turn: `Owner::release_abandoned`.)
-            Command::Reserve(_, tx) if tx.is_closed() => Ok(None),
-            Command::Reserve(req, tx) => match self.reserve(&req, w, (now_wall, now_mono), durable)
-            {
-                Ok(Decision::Proceed(grant)) => Ok(Some(Reply::Granted(tx, grant))),
-                Ok(d) => Ok(Some(Reply::Decision(tx, d))),
-                Err(e) => Err(Box::new((e, Some(Command::Reserve(req, tx))))),
-            },
+            Command::Reserve(_, tx, _) if tx.is_closed() => Ok(None),
+            Command::Reserve(req, tx, asked) => {
+                match self.reserve(&req, asked, w, (now_wall, now_mono), durable) {
+                    Ok(Decision::Proceed(grant)) => Ok(Some(Reply::Granted(tx, grant))),
+                    Ok(d) => Ok(Some(Reply::Decision(tx, d))),
+                    Err(e) => Err(Box::new((e, Some(Command::Reserve(req, tx, asked))))),
+                }
+            }
             Command::Commit(grant, response) => {
                 let now = (now_wall, now_mono);
                 let committed = self.commit(&grant, response, w, now);
@@ -631,6 +637,9 @@ impl Owner {
                 }
                 Ok(false) => {
                     entry_gone("release", &grant);
+                    // Its guard's and followers' releases may still be in the carry, which
+                    // a failed write drops: kept like a made release, to redo (`fail`).
+                    self.released.push(*grant);
                     Ok(None)
                 }
                 Err(e) => Err(Box::new((e, None))),
@@ -698,6 +707,7 @@ impl Owner {
     fn reserve(
         &mut self,
         req: &Reserve,
+        asked: u64,
         w: &mut Batch,
         now: (u64, u64),
         durable: &mut bool,
@@ -720,11 +730,12 @@ impl Owner {
         // before a boundary but reached the owner after one that read it after; or one
         // whose minute a wall clock stepped between the two moved further. Only the
         // family's latest key can be that young: a later one is granted only once the one
-        // before it is a minute old.
+        // before it is a minute old. "Ago" is from when the caller asked, not when the
+        // owner got to it: a retry 59 s after its trade, behind a slow sync, is still one.
         if let Some(latest) = key::family(req.key.as_str()).and_then(|f| self.latest.get(f))
             && let Some(live) = self.index.get(&latest.0)
             && live.live(now)
-            && live.age_ms(now.1) < BUCKET_MS
+            && live.age_ms(asked.min(now.1)) < BUCKET_MS
         {
             // Every key in the index parses: `Key::from_stored` at load, a `Key` since.
             // Were one not to, the answer names the request's own key, still a duplicate.
@@ -898,7 +909,8 @@ impl Owner {
             // Only that grant's own entry: later in the same turn an operator may have
             // released the key, and another caller reserved it again.
             match self.release(&grant, &mut w, now) {
-                Ok(false) => {}
+                // As in `apply`: its guard's release may be in the carry.
+                Ok(false) => self.released.push(grant),
                 Ok(true) => {
                     inc(&self.shared.stats.releases);
                     log::warn!(key = key; "mutex: reserve granted after its caller gave up; released");
@@ -1010,7 +1022,7 @@ impl Owner {
     /// Answers a command while failing closed.
     fn refuse(&mut self, cmd: Command, u: &Unavailable) {
         let _ = match cmd {
-            Command::Reserve(_, tx) => tx.send(Decision::Unavailable(u.clone())).map_err(drop),
+            Command::Reserve(_, tx, _) => tx.send(Decision::Unavailable(u.clone())).map_err(drop),
             // Not answered: the handle said so when it queued them (`Mutex::send`). A
             // release queued before the failure was published was taken as made: it is
             // made at the reopen instead, like those a failed write dropped.
@@ -1059,6 +1071,22 @@ impl Owner {
             }
         }
         expired
+    }
+
+    /// An alarm is not taken out when its key goes early (a release, an operator's, an
+    /// expired key replaced): it is dropped when it comes due and finds the key gone. Until
+    /// then a stream of reserves released at once (rate-limited, failed, unreachable)
+    /// would leave one per release for a whole TTL, up to 24 h of them: memory bounded by
+    /// the reserve rate, not by `capacity`. So once they outnumber the live keys they are
+    /// swept, one pass over the wheel per `STALE_ALARMS` + live keys released: about one
+    /// alarm looked at per alarm added.
+    fn sweep_stale_alarms(&mut self) {
+        if self.wheel.len() <= 2 * self.index.len() + STALE_ALARMS {
+            return;
+        }
+        let index = &self.index;
+        self.wheel
+            .retain(|(key, at)| index.get(key).is_some_and(|l| l.expires_at == *at));
     }
 
     /// Takes a key out of the index, and out of `latest` if it is its family's.
@@ -1436,6 +1464,9 @@ mod tests {
     use super::super::Seen;
     use super::*;
 
+    /// A reserve asked as the owner takes it (`Command::Reserve`'s time).
+    const NOW: u64 = u64::MAX;
+
     /// An owner driven turn by turn on this thread, on a fresh database.
     fn owner(dir: &std::path::Path) -> Owner {
         owner_with_clock(dir).0
@@ -1521,8 +1552,8 @@ mod tests {
         let k = trade_key("BTC");
         let (tx, mut rx) = oneshot::channel();
         o.turn(&mut vec![
-            Command::Reserve(request(&k), abandoned()),
-            Command::Reserve(request(&k), tx),
+            Command::Reserve(request(&k), abandoned(), NOW),
+            Command::Reserve(request(&k), tx, NOW),
         ]);
         assert!(matches!(rx.try_recv(), Ok(Decision::Proceed(_))));
         assert_eq!(o.shared.stats.releases.load(Ordering::Relaxed), 0);
@@ -1543,9 +1574,9 @@ mod tests {
         turn_giving_up(
             &mut o,
             vec![
-                Command::Reserve(request(&k), first),
+                Command::Reserve(request(&k), first, NOW),
                 Command::ForceRelease(Box::new(k.clone()), None, op),
-                Command::Reserve(request(&k), second),
+                Command::Reserve(request(&k), second, NOW),
             ],
             vec![gone],
         );
@@ -1577,7 +1608,7 @@ mod tests {
     }
 
     fn reserve(o: &mut Owner, key: &Key) -> Decision {
-        ask(o, |tx| Command::Reserve(request(key), tx))
+        ask(o, |tx| Command::Reserve(request(key), tx, NOW))
     }
 
     /// A grant nobody takes is released at the end of its turn, with its guard: the
@@ -1600,7 +1631,7 @@ mod tests {
         };
         turn_giving_up(
             &mut o,
-            vec![Command::Reserve(Box::new(req), tx)],
+            vec![Command::Reserve(Box::new(req), tx, NOW)],
             vec![gone],
         );
         assert_eq!(o.shared.stats.releases.load(Ordering::Relaxed), 1);
@@ -1624,7 +1655,7 @@ mod tests {
     }
 
     fn granted(o: &mut Owner, req: Box<Reserve>) -> Grant {
-        match ask(o, |tx| Command::Reserve(req, tx)) {
+        match ask(o, |tx| Command::Reserve(req, tx, NOW)) {
             Decision::Proceed(grant) => grant,
             d => panic!("not granted: {d:?}"),
         }
@@ -1632,7 +1663,7 @@ mod tests {
 
     /// Asserts that `k` turns away the request signed `sig` as a duplicate.
     fn turned_away(o: &mut Owner, k: &Key, sig: u8) {
-        match ask(o, |tx| Command::Reserve(signed(k, sig, 1), tx)) {
+        match ask(o, |tx| Command::Reserve(signed(k, sig, 1), tx, NOW)) {
             Decision::Duplicate(_) => {}
             d => panic!("not a duplicate: {d:?}"),
         }
@@ -1667,20 +1698,22 @@ mod tests {
         let grant = granted(&mut o, signed(&k, 1, 1));
         o.turn(&mut vec![Command::Commit(Box::new(grant), None)]);
         let before = syncs(&o);
-        match ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 1), tx)) {
+        match ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 1), tx, NOW)) {
             Decision::Duplicate(d) => assert_eq!(d.key, k, "the trade's own 409"),
             d => panic!("{d:?}"),
         }
         let sig = Key::signature("psk", &[2; 32]);
         assert_eq!(state_of(&o, &sig), Some(State::Committed));
         assert_eq!(syncs(&o), before + 1, "the guard is synced before the 409");
-        match ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 1), tx)) {
+        match ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 1), tx, NOW)) {
             Decision::Duplicate(d) => assert_eq!(d.key, k),
             d => panic!("{d:?}"),
         }
         assert_eq!(syncs(&o), before + 1, "a resend writes nothing");
         let elsewhere = trade_key("ETH");
-        match ask(&mut o, |tx| Command::Reserve(signed(&elsewhere, 2, 1), tx)) {
+        match ask(&mut o, |tx| {
+            Command::Reserve(signed(&elsewhere, 2, 1), tx, NOW)
+        }) {
             Decision::Duplicate(d) => assert_eq!(d.key, sig, "the replay is caught"),
             d => panic!("the replay was {d:?}"),
         }
@@ -1689,7 +1722,11 @@ mod tests {
         let mut o = owner(dir.path());
         assert_eq!(state_of(&o, &sig), Some(State::Committed));
         assert!(matches!(
-            ask(&mut o, |tx| Command::Reserve(signed(&elsewhere, 2, 1), tx)),
+            ask(&mut o, |tx| Command::Reserve(
+                signed(&elsewhere, 2, 1),
+                tx,
+                NOW
+            )),
             Decision::Duplicate(_)
         ));
     }
@@ -1707,8 +1744,8 @@ mod tests {
             let (tx, gone) = oneshot::channel();
             let (retry, mut retry_rx) = oneshot::channel();
             let batch = vec![
-                Command::Reserve(signed(&k, 1, 1), tx),
-                Command::Reserve(signed(&k, 2, 1), retry),
+                Command::Reserve(signed(&k, 1, 1), tx, NOW),
+                Command::Reserve(signed(&k, 2, 1), retry, NOW),
             ];
             let grant = if how == "abandon" {
                 turn_giving_up(&mut o, batch, vec![gone]);
@@ -1740,7 +1777,7 @@ mod tests {
             } else {
                 assert_eq!(state_of(&o, &sig), None, "{how}: the guard is held");
                 assert!(matches!(
-                    ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 1), tx)),
+                    ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 1), tx, NOW)),
                     Decision::Proceed(_)
                 ));
             }
@@ -1802,7 +1839,7 @@ mod tests {
         let grant = granted(&mut o, signed(&k, 1, 1));
         let before = syncs(&o);
         assert_eq!(
-            ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 9), tx)),
+            ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 9), tx, NOW)),
             Decision::Mismatch
         );
         assert_eq!(state_of(&o, &Key::signature("psk", &[2; 32])), None);
@@ -1820,7 +1857,7 @@ mod tests {
         o.config.capacity = 2;
         let k = trade_key("BTC");
         granted(&mut o, signed(&k, 1, 1));
-        match ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 1), tx)) {
+        match ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 1), tx, NOW)) {
             Decision::Duplicate(d) => assert_eq!(d.key, k),
             d => panic!("{d:?}"),
         }
@@ -1854,7 +1891,7 @@ mod tests {
             let mut req = request(&trade_key(symbol));
             req.ttl = Duration::from_secs(ttl);
             assert!(matches!(
-                ask(&mut o, |tx| Command::Reserve(req, tx)),
+                ask(&mut o, |tx| Command::Reserve(req, tx, NOW)),
                 Decision::Proceed(_)
             ));
         }
@@ -2081,7 +2118,7 @@ mod tests {
         let (tx, _rx) = oneshot::channel();
         let (ping, _p) = oneshot::channel();
         o.turn(&mut vec![
-            Command::Reserve(request(&trade_key("XRP")), tx),
+            Command::Reserve(request(&trade_key("XRP")), tx, NOW),
             Command::Ping(ping),
         ]);
         o.turn(&mut Vec::new());
@@ -2159,7 +2196,7 @@ mod tests {
         let (mut batch, mut answers) = (Vec::new(), Vec::new());
         for k in &keys {
             let (tx, rx) = oneshot::channel();
-            batch.push(Command::Reserve(request(k), tx));
+            batch.push(Command::Reserve(request(k), tx, NOW));
             answers.push(rx);
         }
         let before = checkpoints(&o);
@@ -2276,7 +2313,11 @@ mod tests {
         };
         // A grant nobody takes: written with its reserve, released into `carry`.
         let (tx, gone) = oneshot::channel();
-        turn_giving_up(&mut o, vec![Command::Reserve(request(&b), tx)], vec![gone]);
+        turn_giving_up(
+            &mut o,
+            vec![Command::Reserve(request(&b), tx, NOW)],
+            vec![gone],
+        );
         // The gateway's release, in a turn of its own: carried too, nothing written.
         o.turn(&mut vec![Command::Release(Box::new(ga))]);
         assert_eq!(
@@ -2292,6 +2333,29 @@ mod tests {
                 matches!(reserve(&mut o, k), Decision::Proceed(_)),
                 "{k} stayed held after its release was lost"
             );
+        }
+    }
+
+    /// The same for a signed trade's guard, when the trade's own entry was gone before its
+    /// release (an operator released the key): the guard's release is carried all the
+    /// same, and a failed write must not leave the signature held for its window.
+    #[test]
+    fn a_guard_release_a_failed_write_dropped_is_made_at_the_reopen() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let k = trade_key("BTC");
+        let grant = granted(&mut o, signed(&k, 1, 1));
+        let freed = ask(&mut o, |tx| {
+            Command::ForceRelease(Box::new(k.clone()), None, tx)
+        });
+        assert_eq!(freed, Ok(Released::Yes));
+        o.turn(&mut vec![Command::Release(Box::new(grant))]);
+        o.fail(Unavailable::CommitFailed("a fault".into()));
+        o.reopen();
+        assert!(o.store.is_some(), "{:?}", o.failure);
+        match ask(&mut o, |tx| Command::Reserve(signed(&k, 1, 1), tx, NOW)) {
+            Decision::Proceed(_) => {}
+            d => panic!("the guard stayed held: {d:?}"),
         }
     }
 
@@ -2343,5 +2407,43 @@ mod tests {
         );
         o.turn(&mut vec![Command::Release(Box::new(new))]);
         assert!(matches!(reserve(&mut o, &key), Decision::Proceed(_)));
+    }
+
+    /// A stream of reserves released at once leaves one stale alarm each; swept once they
+    /// outnumber the live keys, the wheel stays bounded by `capacity`, not by the rate.
+    #[test]
+    fn released_keys_leave_no_unbounded_alarms() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut o, time) = owner_with_clock(dir.path());
+        let kept = Key::from_stored("client:psk:live:kept").unwrap();
+        assert!(matches!(reserve(&mut o, &kept), Decision::Proceed(_)));
+        for round in 0..6 {
+            let mut batch = Vec::new();
+            let mut answers = Vec::new();
+            for i in 0..1_000 {
+                let k = Key::from_stored(&format!("client:psk:live:r{round}-{i}")).unwrap();
+                let (tx, rx) = oneshot::channel();
+                batch.push(Command::Reserve(request(&k), tx, NOW));
+                answers.push(rx);
+            }
+            o.turn(&mut batch);
+            let mut releases: Vec<_> = answers
+                .into_iter()
+                .map(|mut rx| match rx.try_recv() {
+                    Ok(Decision::Proceed(g)) => Command::Release(Box::new(g)),
+                    other => panic!("{other:?}"),
+                })
+                .collect();
+            o.turn(&mut releases);
+        }
+        assert_eq!(o.index.len(), 1);
+        assert!(o.wheel.len() <= 2 + STALE_ALARMS, "{}", o.wheel.len());
+        // The live key's alarm survived the sweep: it still fires.
+        time.advance_ms(301_000);
+        let now = (o.clock.wall_ms(), o.clock.mono_ms());
+        assert_eq!(
+            o.due_expiries(now.0, now.1),
+            vec![Rc::from("client:psk:live:kept")]
+        );
     }
 }

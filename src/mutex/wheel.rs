@@ -52,6 +52,25 @@ impl<T> Wheel<T> {
         self.len == 0
     }
 
+    /// How many alarms it holds, stale ones included.
+    pub fn len(&self) -> usize {
+        self.len
+    }
+
+    /// Keeps only the alarms `keep` says yes to: one pass over every bucket.
+    pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
+        self.len = 0;
+        for (slot, bucket) in self.slots.iter_mut().enumerate() {
+            bucket.retain(|(_, item)| keep(item));
+            if bucket.is_empty() {
+                self.occupied[slot / 64] &= !(1 << (slot % 64));
+                // A flood's worth of stale alarms must not stay allocated either.
+                bucket.shrink_to(0);
+            }
+            self.len += bucket.len();
+        }
+    }
+
     /// Schedules `item` to fire once the clock reaches `due_ms`. Rounded up to a tick, so
     /// an alarm never fires early; one already due fires at the next tick.
     pub fn insert(&mut self, due_ms: u64, item: T) {
@@ -143,6 +162,20 @@ mod tests {
         w.poll(now, usize::MAX, &mut out);
         out.sort();
         out
+    }
+
+    #[test]
+    fn retain_drops_alarms_and_keeps_the_rest_due() {
+        let mut w = Wheel::with_geometry(0, 10, 64);
+        for i in 0..10u32 {
+            w.insert(10 + u64::from(i) * 100, i);
+        }
+        w.retain(|i| i % 3 == 0);
+        assert_eq!(w.len(), 4);
+        assert_eq!(w.next_due_ms(), Some(10));
+        assert_eq!(drain(&mut w, 10_000), vec![0, 3, 6, 9]);
+        assert!(w.is_empty());
+        assert_eq!(w.next_due_ms(), None);
     }
 
     #[test]

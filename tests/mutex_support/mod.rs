@@ -77,9 +77,18 @@ pub fn start_stallable(
     path: &Path,
     tune: impl FnOnce(&mut Config),
 ) -> (mutex::Mutex, mutex::Owner) {
+    start_stallable_on(path, Clock::system(), tune)
+}
+
+/// As [`start_stallable`], on `clock`.
+pub fn start_stallable_on(
+    path: &Path,
+    clock: Clock,
+    tune: impl FnOnce(&mut Config),
+) -> (mutex::Mutex, mutex::Owner) {
     let mut cfg = config(path);
     tune(&mut cfg);
-    mutex::start_with(cfg, Clock::system(), true)
+    mutex::start_with(cfg, clock, true)
 }
 
 pub fn rt() -> tokio::runtime::Runtime {
