@@ -466,25 +466,27 @@ async fn reload_on_hangup(
         if announced {
             notify::reloading();
         }
-        match config.tls.load() {
-            Ok(new) => {
-                tls.replace(new);
-                log::info!("reloaded TLS certificate");
-            }
-            Err(e) => log::error!("TLS reload failed, keeping the current certificate: {e}"),
-        }
-        match config.auth.reload() {
-            Ok(auth) => {
+        // Both, or neither: a client CA and the secrets that go with it (or a certificate
+        // deployed with a rotation) must not run half old, half new because one file of the
+        // two was bad.
+        let loaded = match config.tls.load() {
+            Err(e) => Err(format!("TLS reload failed: {e}")),
+            Ok(new_tls) => config
+                .auth
+                .reload()
+                .map_err(|e| e.to_string())
+                .and_then(|auth| Ok((auth.authenticator().map_err(|e| e.to_string())?, auth)))
+                .map_err(|e| format!("secret reload failed: {e}"))
+                .map(|(authenticator, auth)| (new_tls, authenticator, auth)),
+        };
+        match loaded {
+            Ok((new_tls, authenticator, auth)) => {
+                tls.replace(new_tls);
+                gw.auth.replace(Arc::new(authenticator));
                 config.auth = auth;
-                match authenticator(&config) {
-                    Ok(a) => {
-                        gw.auth.replace(Arc::new(a));
-                        log::info!("reloaded secrets");
-                    }
-                    Err(e) => log::error!("secret reload failed, keeping the current ones: {e}"),
-                }
+                log::info!("reloaded the TLS certificate and the secrets");
             }
-            Err(e) => log::error!("secret reload failed, keeping the current ones: {e}"),
+            Err(e) => log::error!("{e}; keeping the current certificate and secrets"),
         }
         // A SIGTERM that came during the reload: READY=1 must not follow its STOPPING=1.
         if announced {

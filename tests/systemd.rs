@@ -423,17 +423,27 @@ async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
         assert_eq!(r.status, want, "{key}");
     }
 
-    // A broken file (world-readable) is refused: the current secrets stay.
+    // A broken file (world-readable) is refused: the current secrets stay, and so does the
+    // current certificate, though a good new one was put beside it: a reload is whole or
+    // nothing.
     let path = setup.dir.path().join("secrets/bearer");
     std::fs::write(&path, "leaked-token\n").unwrap();
     std::fs::set_permissions(&path, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
+    let second = support::pki::Pki::new(setup.dir.path(), "second");
+    std::fs::copy(&second.server.cert, &setup.pki.server.cert).unwrap();
+    std::fs::copy(&second.server.key, &setup.pki.server.key).unwrap();
     unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
     assert!(
         wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l
             == "READY=1")
         .is_some()
     );
-    assert_eq!(post("hup-3", new.clone()).await, 200);
+    assert_eq!(
+        post("hup-3", new.clone()).await,
+        200,
+        "the certificate changed"
+    );
+    assert!(gw.stderr().contains("secret reload failed"));
     assert_eq!(post("hup-4", bearer("leaked-token")).await, 401);
     assert!(
         !gw.stderr().contains("leaked-token"),

@@ -1154,6 +1154,69 @@ async fn mtls_requires_a_client_certificate_and_namespaces_by_it() {
     assert_eq!(exec.calls(), clients.len());
 }
 
+/// A reload that takes a client's CA out of `server.client_ca` cuts that client off on the
+/// connections it already holds, not only on new ones: a revoked desk must not keep
+/// placing orders over a kept-alive connection. HTTP/1.1 and HTTP/2 alike.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_ca_removed_by_a_reload_cuts_off_open_connections() {
+    let (exec, setup, gw) = with_mock_configured(|setup| {
+        let client_ca = setup.dir.path().join("client-ca.pem");
+        std::fs::copy(&setup.pki.ca_cert, &client_ca).unwrap();
+        setup
+            .set("server", "client_ca", client_ca.display().to_string())
+            .set("auth", "require", vec!["mtls"])
+            .set("server", "header_timeout", "30s");
+    })
+    .await;
+    let desk = setup.pki.client("desk-a");
+    let order = |k: &str| {
+        json!({"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,"idempotencyKey":k})
+            .to_string()
+    };
+    let mut kept = Vec::new();
+    for alpn in [Alpn::Http1, Alpn::Http2] {
+        let c = TlsClient::with(&setup.pki.ca_cert, alpn, Some(&desk));
+        let mut conn = c.connect(&gw.url()).await.unwrap();
+        let r = conn
+            .post(&gw.url(), &[], order(&format!("before-{alpn:?}")))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{alpn:?}: {:?}", r.json());
+        kept.push((alpn, conn));
+    }
+    // Another CA in its place, and a reload.
+    let other = support::pki::Pki::new(setup.dir.path(), "other");
+    std::fs::copy(&other.ca_cert, setup.dir.path().join("client-ca.pem")).unwrap();
+    unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
+    // In force once a new connection with the desk's certificate is refused.
+    let fresh = TlsClient::with(&setup.pki.ca_cert, Alpn::Http1, Some(&desk));
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let refused = match fresh.connect(&gw.url()).await {
+            Err(_) => true,
+            Ok(mut c) => c.post(&gw.url(), &[], order("probe")).await.is_err(),
+        };
+        if refused {
+            break;
+        }
+        assert!(
+            std::time::Instant::now() < end,
+            "the reload did not take the CA out"
+        );
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    for (alpn, conn) in &mut kept {
+        let r = conn
+            .post(&gw.url(), &[], order(&format!("after-{alpn:?}")))
+            .await
+            .expect("the reload dropped an open connection");
+        assert_eq!(r.status, 401, "{alpn:?}: {:?}", r.json());
+        assert_eq!(code(&r.json()), "AUTH_FAILED");
+    }
+    assert_eq!(exec.calls(), 2, "only the orders from before the reload");
+    assert!(gw.stderr().contains("no longer verifies after a reload"));
+}
+
 /// A signature is its secret's, not the certificate's it came with: a signed request
 /// captured from one mTLS client and replayed byte for byte under another client's
 /// certificate is the same signed request, and meets its guard. Keyed by the replayer's

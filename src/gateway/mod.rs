@@ -19,7 +19,7 @@ use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
 use hyper_util::server::graceful::GracefulShutdown;
-use rustls::ServerConfig;
+use rustls::pki_types::CertificateDer;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
@@ -63,8 +63,9 @@ pub struct ConnLimits {
 }
 
 /// The TLS configuration in force. SIGHUP swaps it; each new connection takes the current one,
-/// and connections already open keep theirs.
-pub type TlsConfig = Arc<Reloadable<ServerConfig>>;
+/// and connections already open keep theirs, except that their client certificates are
+/// checked again under the new one ([`ClientCheck`]).
+pub type TlsConfig = Arc<Reloadable<tls::Tls>>;
 
 /// A value SIGHUP replaces whole (the TLS configuration, the authenticator): each user takes
 /// the current one and keeps it for as long as it needs it.
@@ -89,6 +90,63 @@ impl<T> Reloadable<T> {
         match self.0.write() {
             Ok(mut v) => *v = value,
             Err(p) => *p.into_inner() = value,
+        }
+    }
+}
+
+/// A connection's client certificate, checked again under each TLS configuration a reload
+/// brings: a client whose CA the operator took out of `server.client_ca` must not keep
+/// placing orders over a connection it opened before. Untrusted now, its requests go on as
+/// from a client without a certificate (with mTLS required: 401). Checked once per
+/// configuration, not per request.
+struct ClientCheck {
+    chain: Vec<CertificateDer<'static>>,
+    /// The configuration last checked under, and whether the chain verified in it.
+    last: std::sync::Mutex<(Arc<tls::Tls>, bool)>,
+    /// The peer as it is once untrusted: the same, without its certificate's name. Its
+    /// own turns at reading bodies: a connection cut off between two requests may briefly
+    /// read twice `BODIES_AT_ONCE`, once.
+    untrusted: Arc<Peer>,
+}
+
+impl ClientCheck {
+    fn new(
+        chain: Vec<CertificateDer<'static>>,
+        verified_under: Arc<tls::Tls>,
+        ip: std::net::IpAddr,
+    ) -> Self {
+        ClientCheck {
+            chain,
+            last: std::sync::Mutex::new((verified_under, true)),
+            untrusted: Arc::new(Peer {
+                ip,
+                client_name: None,
+                bodies: Semaphore::new(webhook::BODIES_AT_ONCE),
+            }),
+        }
+    }
+
+    /// The peer a request comes from under the configuration in force now.
+    fn peer(&self, tls: &TlsConfig, verified: &Arc<Peer>) -> Arc<Peer> {
+        let current = tls.current();
+        // A poisoned lock holds a whole pair (assigned in one store): still the truth.
+        let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
+        if !Arc::ptr_eq(&last.0, &current) {
+            let trusted = current.still_trusts(&self.chain);
+            if last.1 && !trusted {
+                log::warn!(
+                    "client certificate {} from {} no longer verifies after a reload: its \
+                     connection's requests go on without it",
+                    verified.client_name.as_deref().unwrap_or("?"),
+                    verified.ip
+                );
+            }
+            *last = (current, trusted);
+        }
+        if last.1 {
+            verified.clone()
+        } else {
+            self.untrusted.clone()
         }
     }
 }
@@ -166,7 +224,9 @@ pub async fn serve(
             continue;
         };
         let _ = tcp.set_nodelay(true);
-        let acceptor = TlsAcceptor::from(tls.current());
+        let accepted_under = tls.current();
+        let acceptor = TlsAcceptor::from(accepted_under.config.clone());
+        let tls = tls.clone();
         let gw = gw.clone();
         let builder = builder.clone();
         let watcher = graceful.watcher();
@@ -183,14 +243,17 @@ pub async fn serve(
                     }
                     Err(_) => return,
                 };
-            let client_name = stream
-                .get_ref()
-                .1
-                .peer_certificates()
-                .and_then(|c| c.first())
-                .and_then(tls::client_name);
+            let chain = stream.get_ref().1.peer_certificates();
+            let client_name = chain.and_then(|c| c.first()).and_then(tls::client_name);
+            let ip = addr.ip().to_canonical();
+            let check = match (&client_name, chain) {
+                (Some(_), Some(chain)) => {
+                    Some(ClientCheck::new(chain.to_vec(), accepted_under, ip))
+                }
+                _ => None,
+            };
             let peer = Arc::new(Peer {
-                ip: addr.ip().to_canonical(),
+                ip,
                 client_name,
                 bodies: Semaphore::new(webhook::BODIES_AT_ONCE),
             });
@@ -199,7 +262,11 @@ pub async fn serve(
             let svc = service_fn(move |req| {
                 let request = busy.begin();
                 let in_flight = gw.in_flight.token();
-                let answer = webhook::handle(gw.clone(), peer.clone(), req);
+                let peer = match &check {
+                    Some(check) => check.peer(&tls, &peer),
+                    None => peer.clone(),
+                };
+                let answer = webhook::handle(gw.clone(), peer, req);
                 async move {
                     let r = answer.await;
                     drop((request, in_flight));

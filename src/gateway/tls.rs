@@ -6,8 +6,9 @@ use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 use rustls::pki_types::pem::PemObject;
-use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use rustls::server::WebPkiClientVerifier;
+use rustls::server::danger::ClientCertVerifier;
 use rustls::{RootCertStore, ServerConfig};
 
 #[derive(Debug, thiserror::Error)]
@@ -44,8 +45,30 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
 }
 
+/// A loaded TLS configuration, with its client verifier (mTLS) kept beside it: rustls does
+/// not hand it back, and a reload checks the clients of connections already open against
+/// the new one ([`Tls::still_trusts`]).
+pub struct Tls {
+    pub config: Arc<ServerConfig>,
+    clients: Option<Arc<dyn ClientCertVerifier>>,
+}
+
+impl Tls {
+    /// Whether a client certificate chain (end entity first), verified at a handshake under
+    /// an earlier configuration, verifies under this one. False when this one verifies no
+    /// client at all.
+    pub fn still_trusts(&self, chain: &[CertificateDer<'static>]) -> bool {
+        match (&self.clients, chain.split_first()) {
+            (Some(v), Some((end, intermediates))) => v
+                .verify_client_cert(end, intermediates, UnixTime::now())
+                .is_ok(),
+            _ => false,
+        }
+    }
+}
+
 impl TlsFiles {
-    pub fn load(&self) -> Result<Arc<ServerConfig>, TlsError> {
+    pub fn load(&self) -> Result<Arc<Tls>, TlsError> {
         // Here, so that a reload refuses a key made world-readable since the start.
         super::auth::refuse_world_readable(&self.key)?;
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&self.cert)
@@ -59,8 +82,8 @@ impl TlsFiles {
         let builder = ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .map_err(|e| TlsError::Config(e.to_string()))?;
-        let builder = match &self.client_ca {
-            None => builder.with_no_client_auth(),
+        let (builder, clients) = match &self.client_ca {
+            None => (builder.with_no_client_auth(), None),
             Some(ca) => {
                 let mut roots = RootCertStore::empty();
                 for c in CertificateDer::pem_file_iter(ca).map_err(|e| file_err(ca, e))? {
@@ -72,14 +95,20 @@ impl TlsFiles {
                     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
                         .build()
                         .map_err(|e| file_err(ca, e))?;
-                builder.with_client_cert_verifier(verifier)
+                (
+                    builder.with_client_cert_verifier(verifier.clone()),
+                    Some(verifier),
+                )
             }
         };
         let mut cfg = builder
             .with_single_cert(chain, key)
             .map_err(|e| file_err(&self.key, e))?;
         cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-        Ok(Arc::new(cfg))
+        Ok(Arc::new(Tls {
+            config: Arc::new(cfg),
+            clients,
+        }))
     }
 }
 
@@ -189,14 +218,14 @@ mod tests {
             client_ca: None,
         };
         let cfg = files.load().unwrap();
-        assert_eq!(cfg.alpn_protocols[0], b"h2");
+        assert_eq!(cfg.config.alpn_protocols[0], b"h2");
         // A client CA that is not a certificate is refused, naming the file.
         std::fs::write(dir.path().join("ca.pem"), "nope").unwrap();
         let bad = TlsFiles {
             client_ca: Some(dir.path().join("ca.pem")),
             ..files
         };
-        let e = bad.load().unwrap_err().to_string();
+        let e = bad.load().err().expect("refused").to_string();
         assert!(e.contains("ca.pem"), "{e}");
     }
 }
