@@ -724,18 +724,30 @@ async fn a_signed_trade_is_dated_by_its_arrival() {
 async fn ip_allowlist_forbids_others() {
     let mut setup = Setup::new(None);
     setup.set("limits", "allow_ips", vec!["10.0.0.0/8"]);
+    setup.set("server", "header_timeout", "30s");
     let gw = setup.start();
     gw.wait_ready().await;
-    let r = gw.post(&trade("BTCUSDT"), &[]).await;
+    // One connection from an address outside the list, kept for every request below.
+    let mut conn = gw.client.connect(&gw.url()).await.unwrap();
+    let r = conn
+        .post(&gw.url(), &[], trade("BTCUSDT").to_string())
+        .await
+        .unwrap();
     assert_eq!((r.status.as_u16(), code(&r.json())), (403, "IP_FORBIDDEN"));
+    // It is that address's one connection: a second is closed before its handshake, so
+    // that addresses the list leaves out cannot take the connections of those it names.
+    assert!(
+        gw.client.connect(&gw.url()).await.is_err(),
+        "a second connection from a forbidden address was served"
+    );
     // The allowlist comes before size, JSON and credentials (SPEC §3): a forbidden address
     // learns nothing about its body, not even that it is too large or not JSON...
     let big = trade_of_len("ip-big", 70 * 1024);
     for body in ["{not json".to_string(), big] {
-        let r = gw
-            .client
+        let r = conn
             .request(hyper::Method::POST, &gw.url(), &[], body.clone())
-            .await;
+            .await
+            .unwrap();
         assert_eq!(
             (r.status.as_u16(), code(&r.json())),
             (403, "IP_FORBIDDEN"),
@@ -744,20 +756,20 @@ async fn ip_allowlist_forbids_others() {
         );
     }
     // ...but route and method come first: an unknown route is 404, a GET 405, from anywhere.
-    let r = gw
-        .client
+    let r = conn
         .request(
             hyper::Method::POST,
             &gw.url().replace("/webhook", "/nope"),
             &[],
             trade("BTCUSDT").to_string(),
         )
-        .await;
+        .await
+        .unwrap();
     assert_eq!((r.status.as_u16(), code(&r.json())), (404, "NOT_FOUND"));
-    let r = gw
-        .client
+    let r = conn
         .request(hyper::Method::GET, &gw.url(), &[], "")
-        .await;
+        .await
+        .unwrap();
     assert_eq!(
         (r.status.as_u16(), code(&r.json())),
         (405, "METHOD_NOT_ALLOWED")

@@ -143,13 +143,16 @@ impl PerIp {
         })
     }
 
-    /// A place for one more connection from `ip`, or `None` when it holds `max` already.
-    pub fn acquire(self: &Arc<Self>, ip: IpAddr) -> Option<IpSlot> {
+    /// A place for one more connection from `ip`, or `None` when it holds `max` already,
+    /// or, for an address the allowlist leaves out (`allowed` false), one already: it is
+    /// answered 403 whatever it sends, and a quarter of the connections each would let a
+    /// handful of them take every place from the addresses the list names.
+    pub fn acquire(self: &Arc<Self>, ip: IpAddr, allowed: bool) -> Option<IpSlot> {
         // Nothing below can panic while the lock is held, and a count is changed in one
         // step: a poisoned lock (from elsewhere) still guards a whole map.
         let mut held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
         let n = held.entry(ip).or_insert(0);
-        if *n >= self.max {
+        if *n >= if allowed { self.max } else { 1 } {
             return None;
         }
         *n += 1;
@@ -212,16 +215,16 @@ mod tests {
         let a: IpAddr = "10.0.0.1".parse().unwrap();
         let b: IpAddr = "10.0.0.2".parse().unwrap();
         let per_ip = PerIp::new(2);
-        let first = per_ip.acquire(a).unwrap();
-        let _second = per_ip.acquire(a).unwrap();
-        assert!(per_ip.acquire(a).is_none());
+        let first = per_ip.acquire(a, true).unwrap();
+        let _second = per_ip.acquire(a, true).unwrap();
+        assert!(per_ip.acquire(a, true).is_none());
         // Another address is not held back by the first one's count.
-        let other = per_ip.acquire(b).unwrap();
+        let other = per_ip.acquire(b, true).unwrap();
         assert_eq!(per_ip.tracked(), 2);
         // A closed connection gives its place back.
         drop(first);
-        let _third = per_ip.acquire(a).unwrap();
-        assert!(per_ip.acquire(a).is_none());
+        let _third = per_ip.acquire(a, true).unwrap();
+        assert!(per_ip.acquire(a, true).is_none());
         // An address with nothing open is forgotten.
         drop(other);
         assert_eq!(per_ip.tracked(), 1);

@@ -209,7 +209,8 @@ pub async fn serve(
             _ = &mut shutdown => break,
         };
         // Over its share: closed before the handshake, and its permit goes back.
-        let Some(ip_slot) = per_ip.acquire(addr.ip().to_canonical()) else {
+        let ip = addr.ip().to_canonical();
+        let Some(ip_slot) = per_ip.acquire(ip, gw.allowlist.allows(ip)) else {
             gw.metrics.connection_refused();
             refusals.1 += 1;
             if refusals.0.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
@@ -245,7 +246,6 @@ pub async fn serve(
                 };
             let chain = stream.get_ref().1.peer_certificates();
             let client_name = chain.and_then(|c| c.first()).and_then(tls::client_name);
-            let ip = addr.ip().to_canonical();
             let check = match (&client_name, chain) {
                 (Some(_), Some(chain)) => {
                     Some(ClientCheck::new(chain.to_vec(), accepted_under, ip))
