@@ -216,19 +216,96 @@ fn config_error(e: &crate::config::ConfigError) -> ExitCode {
     ExitCode::from(EX_CONFIG as u8)
 }
 
+/// The environment variable that sets the number of runtime workers (tokio's own name).
+const WORKERS_ENV: &str = "TOKIO_WORKER_THREADS";
+
+/// The most workers `TOKIO_WORKER_THREADS` may ask for: far more than any machine the
+/// gateway runs on has cores, and few enough that the runtime can start them all (tokio
+/// panics when the OS refuses it a thread).
+const MAX_WORKERS: usize = 1024;
+
 /// The runtime: one worker per core but one, the core left to the mutex's owner thread, which
 /// is busy whenever webhooks are (it syncs every batch and answers every reserve). On 2 cores
 /// one worker served 10-20% more webhooks than two, at less CPU each, with the tail at 1k
 /// req/s unchanged beyond the noise (docs/BENCHMARKS.md): two workers and the owner on two
 /// cores mostly traded the CPU among themselves. `TOKIO_WORKER_THREADS` (tokio's own
 /// setting) overrides it.
-fn runtime() -> std::io::Result<tokio::runtime::Runtime> {
-    let mut builder = tokio::runtime::Builder::new_multi_thread();
-    if std::env::var_os("TOKIO_WORKER_THREADS").is_none() {
-        let cores = std::thread::available_parallelism().map_or(1, std::num::NonZero::get);
-        builder.worker_threads(cores.saturating_sub(1).max(1));
+///
+/// On failure it has said why on stderr, and gives the exit code: EX_CONFIG for a bad
+/// `TOKIO_WORKER_THREADS`.
+fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
+    // Read here, not by tokio: tokio panics on a value it cannot use (0, `auto`), which in
+    // a release build (panic = abort) is a SIGABRT that systemd restarts, again and again.
+    // It reads the variable only when `worker_threads` is not called, and it always is.
+    let workers = match worker_threads(std::env::var_os(WORKERS_ENV).as_deref()) {
+        Ok(Some(n)) => n,
+        Ok(None) => std::thread::available_parallelism()
+            .map_or(1, std::num::NonZero::get)
+            .saturating_sub(1)
+            .max(1),
+        Err(e) => {
+            eprintln!("hoox-edge: config error: {e}");
+            return Err(ExitCode::from(EX_CONFIG as u8));
+        }
+    };
+    tokio::runtime::Builder::new_multi_thread()
+        .worker_threads(workers)
+        .enable_all()
+        .build()
+        .map_err(|e| {
+            eprintln!("hoox-edge: cannot start the runtime: {e}");
+            ExitCode::FAILURE
+        })
+}
+
+/// The workers `TOKIO_WORKER_THREADS` (its value `value`) asks for, none if it is unset, or
+/// why it is not a number of workers.
+fn worker_threads(value: Option<&std::ffi::OsStr>) -> Result<Option<usize>, String> {
+    let Some(value) = value else { return Ok(None) };
+    match value.to_str().map(|v| v.trim().parse::<usize>()) {
+        Some(Ok(n)) if (1..=MAX_WORKERS).contains(&n) => Ok(Some(n)),
+        _ => Err(format!(
+            "{WORKERS_ENV}={}: not a number of worker threads from 1 to {MAX_WORKERS} \
+             (unset it for one per core but one)",
+            value
+                .to_str()
+                .map_or_else(|| "(not UTF-8)".into(), |v| format!("{v:?}"))
+        )),
     }
-    builder.enable_all().build()
+}
+
+/// Raises the open-file limit to the hard limit, and warns if `max_connections` still do
+/// not fit under it: past it, accepts fail, and so do the executor's connections and the
+/// database's reopen, long before the connection cap is reached.
+fn raise_open_file_limit(max_connections: usize) {
+    use crate::platform::nofile;
+    let soft = match nofile::raise_to_hard() {
+        Ok(r) => {
+            if r.after > r.before {
+                log::info!(
+                    "open-file limit (RLIMIT_NOFILE) raised from {} to {}",
+                    r.before,
+                    r.after
+                );
+            }
+            Some(r.after)
+        }
+        Err(e) => {
+            log::warn!("cannot raise the open-file limit (RLIMIT_NOFILE): {e}");
+            nofile::soft_limit().ok()
+        }
+    };
+    if let Some(soft) = soft
+        && let Some(needed) = nofile::shortfall(max_connections, soft)
+    {
+        log::warn!(
+            "server.max_connections = {max_connections} needs about {needed} open files \
+             ({} besides the connections), over the open-file limit of {soft}: \
+             connections will fail before the cap; raise the limit (LimitNOFILE= in the \
+             unit, or ulimit -n) or lower server.max_connections",
+            nofile::RESERVE,
+        );
+    }
 }
 
 fn serve(
@@ -260,11 +337,10 @@ fn serve(
     }
     let rt = match runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("hoox-edge: cannot start the runtime: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
+    // Before anything is bound or opened: the limit is the process's, for all of it.
+    raise_open_file_limit(config.max_connections);
     rt.block_on(async move {
         let started = match crate::app::start(config).await {
             Ok(s) => s,
@@ -427,10 +503,7 @@ fn operator(args: &AdminArgs, method: &str, path: &str) -> ExitCode {
     };
     let rt = match runtime() {
         Ok(rt) => rt,
-        Err(e) => {
-            eprintln!("hoox-edge: {e}");
-            return ExitCode::FAILURE;
-        }
+        Err(code) => return code,
     };
     // The answer goes to stdout only when it is the data asked for; a refusal (its
     // problem document) goes to stderr, so `keys show K | jq` never parses an error.
@@ -475,6 +548,25 @@ mod tests {
             assert!(e.ends_with("logging at info"), "{e}");
         }
         let e = log_level(Some(OsStr::from_bytes(b"\xff"))).unwrap_err();
+        assert!(e.contains("(not UTF-8)"), "{e}");
+    }
+
+    #[test]
+    fn the_worker_threads_are_a_positive_number_or_unset() {
+        let workers = |v: &str| worker_threads(Some(OsStr::new(v)));
+        assert_eq!(worker_threads(None), Ok(None));
+        assert_eq!(workers("1"), Ok(Some(1)));
+        assert_eq!(workers("3"), Ok(Some(3)));
+        assert_eq!(workers(" 2\n"), Ok(Some(2)));
+        assert_eq!(workers("1024"), Ok(Some(1024)));
+        for bad in ["0", "auto", "", "-1", "1.5", "1025", "99999999999999999999"] {
+            let e = workers(bad).unwrap_err();
+            assert!(
+                e.starts_with(&format!("TOKIO_WORKER_THREADS={bad:?}: ")),
+                "{e}"
+            );
+        }
+        let e = worker_threads(Some(OsStr::from_bytes(b"\xff"))).unwrap_err();
         assert!(e.contains("(not UTF-8)"), "{e}");
     }
 

@@ -722,3 +722,203 @@ fn an_unknown_log_level_is_said_and_read_as_info() {
         assert_eq!(err.matches(&warned).count(), usize::from(said), "{err}");
     }
 }
+
+/// Runs `cmd` to its end, for at most 30 s (killed then, and the test fails): the output.
+fn output_within(mut cmd: Command) -> Output {
+    let mut child = cmd
+        .stdout(std::process::Stdio::piped())
+        .stderr(std::process::Stdio::piped())
+        .spawn()
+        .unwrap();
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(30);
+    while child.try_wait().unwrap().is_none() {
+        if std::time::Instant::now() >= deadline {
+            let _ = child.kill();
+            let o = child.wait_with_output().unwrap();
+            panic!(
+                "{cmd:?} still running after 30 s; stderr:\n{}",
+                String::from_utf8_lossy(&o.stderr)
+            );
+        }
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+    child.wait_with_output().unwrap()
+}
+
+/// `TOKIO_WORKER_THREADS` that is not a number of threads (`auto` in a systemd drop-in, or
+/// 0) is a config error naming it, exit 78, from `serve` and from the operator commands
+/// that build a runtime too; not tokio's panic, which a release build turns into SIGABRT
+/// and systemd into a restart loop.
+#[test]
+fn a_bad_worker_thread_count_is_a_config_error() {
+    let setup = Setup::new(None);
+    let status = |value: &str| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["status", "--admin", "127.0.0.1:1"])
+            .env("TOKIO_WORKER_THREADS", value);
+        output_within(cmd)
+    };
+    for value in ["0", "auto"] {
+        let mut serve = setup.command();
+        serve.env("TOKIO_WORKER_THREADS", value);
+        for (what, o) in [("serve", output_within(serve)), ("status", status(value))] {
+            let err = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(78), "{what}, {value}: {err}");
+            assert!(
+                err.contains(&format!("TOKIO_WORKER_THREADS={value:?}")),
+                "{what}, {value}: {err}"
+            );
+        }
+    }
+    // A number is taken: the runtime starts, and the command gets as far as finding that
+    // nobody listens there.
+    let o = status("2");
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(69), "{err}");
+    assert!(!err.contains("TOKIO_WORKER_THREADS"), "{err}");
+}
+
+/// The soft and hard "Max open files" of a running process (`/proc/PID/limits`).
+fn open_file_limits(pid: u32) -> (u64, u64) {
+    let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
+    let line = limits
+        .lines()
+        .find(|l| l.starts_with("Max open files"))
+        .unwrap_or_else(|| panic!("no open-file limit in {limits}"));
+    let n: Vec<u64> = line
+        .split_whitespace()
+        .filter_map(|w| w.parse().ok())
+        .collect();
+    (n[0], n[1])
+}
+
+/// Waits (20 s at most) until the gateway's log holds `what`, and gives the log: what it
+/// logged before that line is in it too, as one stream writes them all.
+fn wait_logged(gw: &Gateway, what: &str) -> String {
+    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+    loop {
+        let log = gw.stderr();
+        if log.contains(what) {
+            return log;
+        }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "{what:?} never logged:\n{log}"
+        );
+        std::thread::sleep(std::time::Duration::from_millis(20));
+    }
+}
+
+/// Started with a soft open-file limit of 256 (a shell's `ulimit -n`), `serve` takes its
+/// hard limit, and says so; and if `server.max_connections` still does not fit under it,
+/// it warns, naming the setting and the remedy, and serves anyway.
+#[test]
+fn serve_raises_its_open_file_limit_to_the_hard_limit() {
+    use std::os::unix::process::CommandExt;
+    let mut ours = libc::rlimit {
+        rlim_cur: 0,
+        rlim_max: 0,
+    };
+    assert_eq!(
+        unsafe { libc::getrlimit(libc::RLIMIT_NOFILE, &mut ours) },
+        0
+    );
+    // No higher than ours: only root may raise a hard limit.
+    let hard = ours.rlim_max.min(4096);
+    assert!(
+        hard > 512,
+        "this test needs a hard open-file limit above 512"
+    );
+    let mut setup = Setup::new(None);
+    let start = |setup: &Setup| {
+        let mut cmd = setup.command();
+        let lim = libc::rlimit {
+            rlim_cur: 256,
+            rlim_max: hard,
+        };
+        // SAFETY: between fork and exec only setrlimit runs, which is async-signal-safe.
+        unsafe {
+            cmd.pre_exec(move || {
+                if libc::setrlimit(libc::RLIMIT_NOFILE, &lim) == 0 {
+                    Ok(())
+                } else {
+                    Err(std::io::Error::last_os_error())
+                }
+            });
+        }
+        Gateway::spawn(cmd, &setup.pki.ca_cert)
+    };
+
+    let gw = start(&setup);
+    // Raised before it binds: once it listens, the limit is the one it took.
+    let log = wait_logged(&gw, "listening on https://");
+    assert_eq!(open_file_limits(gw.child.id()), (hard, hard));
+    assert!(
+        log.contains(&format!(
+            "INFO  hoox_edge::cli: open-file limit (RLIMIT_NOFILE) raised from 256 to {hard}"
+        )),
+        "{log}"
+    );
+    assert!(!log.contains("server.max_connections"), "{log}");
+    drop(gw); // killed, by its PID, and waited for
+
+    // More connections than the hard limit allows: said, and served anyway.
+    setup.set("server", "max_connections", hard as i64);
+    let gw = start(&setup);
+    let log = wait_logged(&gw, "listening on https://");
+    let warning = log
+        .lines()
+        .find(|l| l.contains("WARN  hoox_edge::cli: server.max_connections = "))
+        .unwrap_or_else(|| panic!("no warning:\n{log}"));
+    for said in [
+        format!("over the open-file limit of {hard}"),
+        "LimitNOFILE=".to_string(),
+        "ulimit -n".to_string(),
+    ] {
+        assert!(warning.contains(&said), "{said:?} not in {warning}");
+    }
+    drop(gw);
+}
+
+/// Requests refused before they authenticate are anyone's to send: at the default level
+/// they make no line each, only a warning a minute that counts them (here the first, which
+/// comes at once), while an authenticated request still has its line, the audit trail.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn unauthenticated_refusals_are_summarised_not_logged_each() {
+    let setup = Setup::new(None);
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let mut wrong = trade("BTCUSDT");
+    wrong["apiKey"] = json!("wrong-key-4d1e");
+    for _ in 0..3 {
+        assert_eq!(gw.post(&wrong, &[]).await.status, 401);
+    }
+    let elsewhere = format!("https://localhost:{}/elsewhere", gw.addr.port());
+    let r = gw
+        .client
+        .request(hyper::Method::POST, &elsewhere, &[], "{}")
+        .await;
+    assert_eq!(r.status, 404);
+    let r = gw.post(&trade("BTCUSDT"), &[]).await;
+    assert_eq!(r.status, 200);
+    // Its line is written before its answer, so it is there once the reader has it.
+    let log = wait_logged(&gw, ": webhook status=200 ");
+    assert_eq!(
+        log.matches(" INFO  hoox_edge::gateway::webhook: webhook status=200 ")
+            .count(),
+        1,
+        "{log}"
+    );
+    for refused in ["status=401", "status=404", "auth refused"] {
+        assert!(!log.contains(refused), "{refused}:\n{log}");
+    }
+    let summaries: Vec<&str> = log
+        .lines()
+        .filter(|l| l.contains("WARN  hoox_edge::gateway::webhook: refused "))
+        .collect();
+    assert_eq!(summaries.len(), 1, "{log}");
+    assert!(
+        summaries[0].contains("refused 1 unauthenticated request(s) since the start: 401"),
+        "{log}"
+    );
+}

@@ -7,6 +7,7 @@
 
 use std::convert::Infallible;
 use std::net::IpAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
@@ -159,8 +160,21 @@ pub async fn handle(
     }
     let elapsed = started.elapsed();
     gw.metrics.request(status, answer.code, elapsed);
+    // A request refused before it authenticated (the only answers without a client) is
+    // anyone's to send, as fast as they like: a line each at info would let a flood push
+    // the audit trail out of journald's rate limit. Those lines are at debug, and a summary
+    // at most once a minute says that they happen.
+    let level = if answer.client.is_none() {
+        if let Some(summary) = UNAUTHENTICATED.refused(status, peer.ip, monotonic_ms()) {
+            log::warn!("{summary}");
+        }
+        log::Level::Debug
+    } else {
+        log::Level::Info
+    };
     // Structured: under journald each field is its own journal field (KEY=, OUTCOME=, ...).
-    log::info!(
+    log::log!(
+        level,
         status = status,
         code = answer.code.unwrap_or("-"),
         key = answer.key.as_ref().map(Key::as_str).unwrap_or("-"),
@@ -234,7 +248,8 @@ async fn pipeline(
             now_unix_s: (crate::mutex::clock::unix_ms() / 1000) as i64,
         })
         .map_err(|e| {
-            log::warn!(
+            // At debug, as the request's own line: see `UNAUTHENTICATED`.
+            log::debug!(
                 "webhook auth refused: {e} ip={} request_id={request_id}",
                 peer.ip
             );
@@ -380,6 +395,115 @@ async fn pipeline(
         client: Some(client),
         code,
     })
+}
+
+/// The refusals before authentication of this process, summarised (`handle`). One for the
+/// process rather than a field of [`Gateway`]: a summary says what the listener saw.
+static UNAUTHENTICATED: Refusals = Refusals::new();
+
+/// Milliseconds on the monotonic clock since the first call: a wall clock set back would
+/// hold the next summary back by as much.
+fn monotonic_ms() -> u64 {
+    static BASE: OnceLock<Instant> = OnceLock::new();
+    let base = *BASE.get_or_init(Instant::now);
+    u64::try_from(base.elapsed().as_millis()).unwrap_or(u64::MAX)
+}
+
+/// Counts requests refused before authentication, by status, and says so at most once a
+/// [`Refusals::EVERY_MS`]. Lock-free: an increment per refusal, and a compare-and-swap
+/// of the time of the next summary when one may be due, which one refusal wins.
+struct Refusals {
+    /// One counter per status of [`Refusals::STATUSES`], and a last one for any other.
+    counts: [AtomicU64; Refusals::STATUSES.len() + 1],
+    /// When the next summary is due (`monotonic_ms`); 0 until the first, which is due at
+    /// once, so that a flood is said when it starts and not a minute later.
+    next_ms: AtomicU64,
+}
+
+/// What a summary says: how many refusals by status since the last one, over how long,
+/// and the address of the latest (the one that brought the summary).
+#[derive(Debug, PartialEq, Eq)]
+struct Summary {
+    counts: Vec<(Option<u16>, u64)>,
+    /// Since the last summary; none for the first, which counts from the start.
+    since_ms: Option<u64>,
+    latest: IpAddr,
+}
+
+impl Refusals {
+    /// The statuses of the refusals before authentication (`pipeline`).
+    const STATUSES: [u16; 7] = [400, 401, 403, 404, 405, 413, 415];
+    /// A summary at most this often.
+    const EVERY_MS: u64 = 60_000;
+
+    const fn new() -> Refusals {
+        Refusals {
+            counts: [const { AtomicU64::new(0) }; Refusals::STATUSES.len() + 1],
+            next_ms: AtomicU64::new(0),
+        }
+    }
+
+    /// Counts one refusal (`status`, from `ip`) at `now_ms`, and gives the summary if one
+    /// is due: the counts since the last one, this refusal included.
+    fn refused(&self, status: u16, ip: IpAddr, now_ms: u64) -> Option<Summary> {
+        let slot = Self::STATUSES
+            .iter()
+            .position(|&s| s == status)
+            .unwrap_or(Self::STATUSES.len());
+        self.counts[slot].fetch_add(1, Ordering::Relaxed);
+        let due = self.next_ms.load(Ordering::Relaxed);
+        if now_ms < due {
+            return None;
+        }
+        // One refusal of those that find a summary due wins it; the rest count on.
+        self.next_ms
+            .compare_exchange(
+                due,
+                now_ms.saturating_add(Self::EVERY_MS),
+                Ordering::Relaxed,
+                Ordering::Relaxed,
+            )
+            .ok()?;
+        // Refusals counted meanwhile land in this summary or the next: never lost, since
+        // each counter is taken by one swap.
+        let counts: Vec<(Option<u16>, u64)> = self
+            .counts
+            .iter()
+            .enumerate()
+            .map(|(i, c)| (Self::STATUSES.get(i).copied(), c.swap(0, Ordering::Relaxed)))
+            .filter(|&(_, n)| n > 0)
+            .collect();
+        // The last summary was at `due - EVERY_MS`, if there was one.
+        Some(Summary {
+            counts,
+            since_ms: (due > 0).then(|| now_ms.saturating_sub(due - Self::EVERY_MS)),
+            latest: ip,
+        })
+    }
+}
+
+impl std::fmt::Display for Summary {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let total: u64 = self.counts.iter().map(|&(_, n)| n).sum();
+        write!(f, "refused {total} unauthenticated request(s)")?;
+        match self.since_ms {
+            // Whole seconds, rounded up: never a shorter time than the summary covers.
+            Some(ms) => write!(f, " in the last {} s:", ms.div_ceil(1000))?,
+            None => write!(f, " since the start:")?,
+        }
+        for (i, (status, n)) in self.counts.iter().enumerate() {
+            let sep = if i == 0 { " " } else { ", " };
+            match status {
+                Some(s) => write!(f, "{sep}{s}\u{d7}{n}")?,
+                None => write!(f, "{sep}other\u{d7}{n}")?,
+            }
+        }
+        write!(
+            f,
+            "; the latest from {} (each is logged at debug)",
+            self.latest
+        )
+    }
 }
 
 /// Sends the order, then commits or releases its key; `_out` marks it as out until then.
@@ -580,6 +704,87 @@ mod tests {
         )
         .unwrap();
         assert_eq!(r.key, Key::fingerprint(&fp, 7).unwrap());
+    }
+
+    /// A flood of refusals before authentication makes one summary a minute: the first
+    /// refusal's at once, then nothing until a minute later, when the next refusal's
+    /// summary counts every refusal since the first's, by status.
+    #[test]
+    fn refusals_are_summarised_once_a_minute() {
+        let r = Refusals::new();
+        let ip: IpAddr = "192.0.2.7".parse().unwrap();
+        let other: IpAddr = "198.51.100.1".parse().unwrap();
+        let t0 = 5_000;
+        let first = r
+            .refused(401, other, t0)
+            .expect("the first refusal is said");
+        assert_eq!(first.counts, [(Some(401), 1)]);
+        assert_eq!(first.latest, other);
+        assert_eq!(
+            first.to_string(),
+            "refused 1 unauthenticated request(s) since the start: 401\u{d7}1; \
+             the latest from 198.51.100.1 (each is logged at debug)"
+        );
+        // 1,000 more within the minute: counted, not said.
+        let mut said = 0;
+        for i in 0..1000u64 {
+            let status = if i % 10 == 0 { 404 } else { 401 };
+            said += usize::from(r.refused(status, other, t0 + i * 59).is_some());
+        }
+        assert_eq!(said, 0, "a summary inside the minute");
+        // One refusal, any status, in the next minute: the summary, with all of them.
+        let next = r
+            .refused(418, ip, t0 + Refusals::EVERY_MS)
+            .expect("the next minute's first refusal is said");
+        assert_eq!(
+            next,
+            Summary {
+                counts: vec![(Some(401), 900), (Some(404), 100), (None, 1)],
+                since_ms: Some(Refusals::EVERY_MS),
+                latest: ip,
+            }
+        );
+        assert_eq!(
+            next.to_string(),
+            "refused 1001 unauthenticated request(s) in the last 60 s: \
+             401\u{d7}900, 404\u{d7}100, other\u{d7}1; the latest from 192.0.2.7 \
+             (each is logged at debug)"
+        );
+        assert!(r.refused(401, ip, t0 + Refusals::EVERY_MS + 1).is_none());
+        // After a quiet hour, the time said is the time since the last summary.
+        let later = r.refused(413, ip, t0 + 3_600_000).expect("due");
+        assert_eq!(later.counts, [(Some(401), 1), (Some(413), 1)]);
+        assert_eq!(later.since_ms, Some(3_600_000 - Refusals::EVERY_MS));
+    }
+
+    /// Refusals from many threads at once: one of them wins the summary that is due, and
+    /// every refusal is counted in some summary, none twice.
+    #[test]
+    fn concurrent_refusals_are_each_counted_once() {
+        let r = Refusals::new();
+        let ip: IpAddr = "192.0.2.7".parse().unwrap();
+        let summaries = std::sync::Mutex::new(Vec::new());
+        std::thread::scope(|s| {
+            for t in 0..4u64 {
+                let (r, summaries) = (&r, &summaries);
+                s.spawn(move || {
+                    for i in 0..10_000u64 {
+                        // Four minutes of refusals, the threads' clocks interleaved.
+                        let now = i * 24 + t;
+                        if let Some(sum) = r.refused(401, ip, now) {
+                            summaries.lock().unwrap().push(sum);
+                        }
+                    }
+                });
+            }
+        });
+        let mut summaries = summaries.into_inner().unwrap();
+        // What the last summary left is said by the next refusal after a minute.
+        summaries.extend(r.refused(401, ip, u64::MAX / 2));
+        let total: u64 = summaries.iter().flat_map(|s| &s.counts).map(|c| c.1).sum();
+        assert_eq!(total, 40_001);
+        // At most one a minute: 0, 1, 2 and 3 minutes in, and the last.
+        assert!(summaries.len() <= 5, "{}", summaries.len());
     }
 
     #[test]
