@@ -8,9 +8,8 @@
 //! state: the owner's order is the order of truth.
 //!
 //! A full channel refuses new work (`Busy`), but never the end of work already begun (a
-//! commit, a release) nor an operator's write (the kill switch, a release by hand): those
-//! go to an unbounded overflow lane instead, which the owner takes ahead of the channel
-//! (`Command::spills`).
+//! commit, a release) nor the kill switch: those go to an unbounded overflow lane instead,
+//! which the owner takes ahead of the channel (`Command::spills`).
 //!
 //! This module knows nothing of HTTP.
 
@@ -311,24 +310,29 @@ pub(crate) enum Command {
     Stall(Duration, oneshot::Sender<()>),
     /// Flush, close the database cleanly, and end the thread.
     Shutdown,
+    /// Nothing: wakes an owner asleep on the channel for what overflowed (`Mutex::enqueue`).
+    Wake,
 }
 
 impl Command {
     /// Whether a full channel sends it to the overflow lane rather than refusing it.
     ///
     /// A commit or a release refused `Busy` was lost: a trade that failed held its key to
-    /// the TTL, refusing the retry that should have placed it. An operator's write refused
-    /// `Busy` was a kill switch that did not work under the flood it was thrown for. Each
-    /// is bounded without the channel's help: a grant is settled once, and an operator's
-    /// write waits for its answer. Reserves and reads stay refusable: they are what a flood
-    /// is made of, and a retry is their remedy.
+    /// the TTL, refusing the retry that should have placed it. A kill switch refused `Busy`
+    /// did not work under the flood it was thrown for. Each is bounded without the
+    /// channel's help: a grant is settled once, and an operator's write waits for its
+    /// answer. Reserves and reads stay refusable: they are what a flood is made of, and a
+    /// retry is their remedy.
+    ///
+    /// Overflowed commands are applied ahead of what the channel held when they were sent,
+    /// which each of these may be: a commit or a release settles its own grant's entry only,
+    /// and the switch is meant to go ahead of the backlog. Not an operator's release: ahead
+    /// of a commit queued before it (a trade that filled as the operator looked), it would
+    /// free a filled trade's key. It stays `Busy`, and the operator runs it again.
     fn spills(&self) -> bool {
         matches!(
             self,
-            Command::Commit(..)
-                | Command::Release(..)
-                | Command::ForceRelease(..)
-                | Command::SetHalted(..)
+            Command::Commit(..) | Command::Release(..) | Command::SetHalted(..)
         )
     }
 }
@@ -560,10 +564,16 @@ impl Mutex {
     fn enqueue(&self, cmd: Command) -> Result<(), Unavailable> {
         match self.tx.try_send(cmd) {
             Ok(()) => Ok(()),
-            // No wake-up is needed: a full channel is a busy owner, which takes the lane
-            // before it next sleeps on the channel.
             Err(TrySendError::Full(cmd)) if cmd.spills() => {
-                self.spill.send(cmd).map_err(|_| Unavailable::Stopped)
+                self.spill.send(cmd).map_err(|_| Unavailable::Stopped)?;
+                // The channel was full a moment ago, but this thread may have been
+                // preempted since, and the owner may have drained it all and gone to sleep
+                // before the lane held this. A wake that finds the channel full again is
+                // not needed: the owner takes the lane after each drain of the channel.
+                match self.tx.try_send(Command::Wake) {
+                    Ok(()) | Err(TrySendError::Full(_)) => Ok(()),
+                    Err(TrySendError::Disconnected(_)) => Err(Unavailable::Stopped),
+                }
             }
             Err(TrySendError::Full(_)) => Err(Unavailable::Busy),
             Err(TrySendError::Disconnected(_)) => Err(Unavailable::Stopped),

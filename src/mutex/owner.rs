@@ -324,8 +324,8 @@ impl Owner {
         let mut early = Vec::new();
         loop {
             // What overflowed a full channel does not wait for a turn of its own, and the
-            // owner does not sleep while any is left. (A command overflows only while the
-            // channel is full, so it can never wait on a sleeping owner: see below.)
+            // owner does not sleep while any is left. (One that overflows while it sleeps
+            // is followed by a `Wake` on the channel: `Mutex::enqueue`.)
             early.extend(spilled.try_iter());
             let overflowed = !early.is_empty();
             // Nothing queued and a checkpoint's worth of records kept: take it now, while
@@ -364,9 +364,13 @@ impl Owner {
                 Ok(cmd) => batch.push(cmd),
                 Err(RecvTimeoutError::Timeout) => {}
                 // Every handle is gone: nobody can ask anything again, once what
-                // overflowed is applied.
-                Err(RecvTimeoutError::Disconnected) if early.is_empty() => break,
-                Err(RecvTimeoutError::Disconnected) => {}
+                // overflowed (up to the last handle's drop) is applied.
+                Err(RecvTimeoutError::Disconnected) => {
+                    early.extend(spilled.try_iter());
+                    if early.is_empty() {
+                        break;
+                    }
+                }
             }
             while batch.len() < limit && !matches!(batch.last(), Some(Command::Shutdown)) {
                 match rx.try_recv() {
@@ -1002,7 +1006,7 @@ impl Owner {
                 self.stall(d, taken);
                 None
             }
-            Command::Shutdown => None,
+            Command::Shutdown | Command::Wake => None,
             // Writes never reach here: `turn` routes them to `write_batch`.
             cmd => {
                 self.refuse(cmd, &Unavailable::Stopped);
@@ -1044,7 +1048,7 @@ impl Owner {
                 self.stall(d, taken);
                 Ok(())
             }
-            Command::Shutdown => Ok(()),
+            Command::Shutdown | Command::Wake => Ok(()),
         };
     }
 
@@ -1420,7 +1424,7 @@ impl Holds {
                 }
                 Command::Commit(..) | Command::Release(..) => h.writes = true,
                 Command::Get(..) | Command::List(..) | Command::Ping(..) => h.reads = true,
-                Command::Stall(..) => {}
+                Command::Stall(..) | Command::Wake => {}
                 Command::Shutdown => h.stop = true,
             }
         }
