@@ -301,6 +301,7 @@ impl Started {
         .await;
 
         ready.store(false, Ordering::Relaxed);
+        gateway::webhook::summarise_refusals(true);
         let _ = stop_tx.send(true);
         reloader.abort();
         let _ = supervisor.await;
@@ -332,6 +333,7 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
     let mut last_status = String::new();
     tokio::pin!(stopped);
     loop {
+        gateway::webhook::summarise_refusals(false);
         let status = match ping(&mutex).await {
             Ok(s) => {
                 // The first open: READY=1, unless a SIGTERM during it said STOPPING=1.

@@ -401,6 +401,16 @@ async fn pipeline(
 /// process rather than a field of [`Gateway`]: a summary says what the listener saw.
 static UNAUTHENTICATED: Refusals = Refusals::new();
 
+/// Says the refusals counted since the last summary, if a summary is due, or whatever the
+/// time when `stopping`. A summary is otherwise said only by a refusal that finds one due:
+/// the tail of a flood that ended within the minute would wait for the next refusal, a
+/// day later, or forever. The supervisor calls it every few seconds, and once at the stop.
+pub fn summarise_refusals(stopping: bool) {
+    if let Some(summary) = UNAUTHENTICATED.flush(monotonic_ms(), stopping) {
+        log::warn!("{summary}");
+    }
+}
+
 /// Milliseconds on the monotonic clock since the first call: a wall clock set back would
 /// hold the next summary back by as much.
 fn monotonic_ms() -> u64 {
@@ -427,7 +437,8 @@ struct Summary {
     counts: Vec<(Option<u16>, u64)>,
     /// Since the last summary; none for the first, which counts from the start.
     since_ms: Option<u64>,
-    latest: IpAddr,
+    /// The address of the refusal that brought it; none for one the supervisor said.
+    latest: Option<IpAddr>,
 }
 
 impl Refusals {
@@ -451,11 +462,24 @@ impl Refusals {
             .position(|&s| s == status)
             .unwrap_or(Self::STATUSES.len());
         self.counts[slot].fetch_add(1, Ordering::Relaxed);
-        let due = self.next_ms.load(Ordering::Relaxed);
-        if now_ms < due {
+        self.summary(now_ms, Some(ip), false)
+    }
+
+    /// The summary of what was counted and not yet said, if any was and a summary is due
+    /// (or `now`, whatever the time).
+    fn flush(&self, now_ms: u64, now: bool) -> Option<Summary> {
+        if self.counts.iter().all(|c| c.load(Ordering::Relaxed) == 0) {
             return None;
         }
-        // One refusal of those that find a summary due wins it; the rest count on.
+        self.summary(now_ms, None, now)
+    }
+
+    fn summary(&self, now_ms: u64, latest: Option<IpAddr>, now: bool) -> Option<Summary> {
+        let due = self.next_ms.load(Ordering::Relaxed);
+        if now_ms < due && !now {
+            return None;
+        }
+        // One caller of those that find a summary due wins it; the rest count on.
         self.next_ms
             .compare_exchange(
                 due,
@@ -477,7 +501,7 @@ impl Refusals {
         Some(Summary {
             counts,
             since_ms: (due > 0).then(|| now_ms.saturating_sub(due - Self::EVERY_MS)),
-            latest: ip,
+            latest,
         })
     }
 }
@@ -498,11 +522,10 @@ impl std::fmt::Display for Summary {
                 None => write!(f, "{sep}other\u{d7}{n}")?,
             }
         }
-        write!(
-            f,
-            "; the latest from {} (each is logged at debug)",
-            self.latest
-        )
+        if let Some(ip) = self.latest {
+            write!(f, "; the latest from {ip}")?;
+        }
+        write!(f, " (each is logged at debug)")
     }
 }
 
@@ -719,7 +742,7 @@ mod tests {
             .refused(401, other, t0)
             .expect("the first refusal is said");
         assert_eq!(first.counts, [(Some(401), 1)]);
-        assert_eq!(first.latest, other);
+        assert_eq!(first.latest, Some(other));
         assert_eq!(
             first.to_string(),
             "refused 1 unauthenticated request(s) since the start: 401\u{d7}1; \
@@ -741,7 +764,7 @@ mod tests {
             Summary {
                 counts: vec![(Some(401), 900), (Some(404), 100), (None, 1)],
                 since_ms: Some(Refusals::EVERY_MS),
-                latest: ip,
+                latest: Some(ip),
             }
         );
         assert_eq!(
@@ -755,6 +778,33 @@ mod tests {
         let later = r.refused(413, ip, t0 + 3_600_000).expect("due");
         assert_eq!(later.counts, [(Some(401), 1), (Some(413), 1)]);
         assert_eq!(later.since_ms, Some(3_600_000 - Refusals::EVERY_MS));
+    }
+
+    /// The tail of a flood that ends within the minute is said when the minute is up, by
+    /// the supervisor's call, not by a refusal that may never come; and at the stop,
+    /// whatever the time.
+    #[test]
+    fn the_tail_of_a_flood_is_said_without_another_refusal() {
+        let r = Refusals::new();
+        let ip: IpAddr = "192.0.2.7".parse().unwrap();
+        assert!(r.flush(0, false).is_none(), "nothing counted, nothing said");
+        assert!(r.refused(401, ip, 1_000).is_some());
+        for i in 0..99 {
+            assert!(r.refused(401, ip, 2_000 + i).is_none());
+        }
+        assert!(r.flush(30_000, false).is_none(), "not due yet");
+        let tail = r.flush(61_000, false).expect("due");
+        assert_eq!(tail.counts, [(Some(401), 99)]);
+        assert_eq!(tail.since_ms, Some(60_000));
+        assert_eq!(tail.latest, None);
+        assert!(
+            tail.to_string()
+                .ends_with("401\u{d7}99 (each is logged at debug)")
+        );
+        assert!(r.flush(200_000, false).is_none(), "all of it was said");
+        assert!(r.refused(404, ip, 62_000).is_none());
+        let last = r.flush(63_000, true).expect("said at the stop");
+        assert_eq!(last.counts, [(Some(404), 1)]);
     }
 
     /// Refusals from many threads at once: one of them wins the summary that is due, and

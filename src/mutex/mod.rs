@@ -392,7 +392,9 @@ pub fn start(config: Config, clock: Clock) -> (Mutex, Owner) {
 
 /// As [`start`], with the test-only stall hook enabled when `stall_hook` is true.
 pub fn start_with(config: Config, clock: Clock, stall_hook: bool) -> (Mutex, Owner) {
-    let (tx, rx) = std::sync::mpsc::sync_channel(config.queue_depth);
+    // At least one place: a rendezvous channel (0) takes nothing while the owner is busy,
+    // not even the `Wake` that follows an overflow (`Mutex::enqueue`).
+    let (tx, rx) = std::sync::mpsc::sync_channel(config.queue_depth.max(1));
     let (spill, spilled) = std::sync::mpsc::channel();
     let shared = Arc::new(Shared::default());
     let deadline = config.deadline;

@@ -432,7 +432,8 @@ impl Owner {
         let expired = self.due_expiries(now_wall, now_mono);
         // A read is answered only once every earlier write is in the journal.
         let writes = writes || !expired.is_empty() || (reads && !self.carry.record().is_empty());
-        let size = batch.len();
+        // What callers asked: a `Wake` asks nothing.
+        let size = batch.iter().filter(|c| !matches!(c, Command::Wake)).count();
         let mut replies = Vec::with_capacity(size);
         let outcome = if writes {
             self.write_batch(
