@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::admin;
-use crate::config::{Config, ExecutorKind};
+use crate::config::{AuthConfig, Config, ExecutorKind};
 use crate::executor::{self, Executor};
 use crate::gateway::auth::Authenticator;
 use crate::gateway::limits::{Allowlist, RateLimiter};
@@ -441,6 +441,18 @@ async fn ping(mutex: &Mutex) -> Result<mutex::Status, (Unavailable, bool)> {
     })
 }
 
+/// The certificate and the secrets as the files now are, or why not.
+fn reload(config: &Config) -> Result<(Arc<gateway::tls::Tls>, Authenticator, AuthConfig), String> {
+    let tls = config
+        .tls
+        .load()
+        .map_err(|e| format!("TLS reload failed: {e}"))?;
+    let secrets = |e: String| format!("secret reload failed: {e}");
+    let auth = config.auth.reload().map_err(|e| secrets(e.to_string()))?;
+    let authenticator = auth.authenticator().map_err(|e| secrets(e.to_string()))?;
+    Ok((tls, authenticator, auth))
+}
+
 /// SIGHUP: reload certificates and secrets without dropping connections. A bad new file
 /// keeps the old configuration and says why. RELOADING=1 and READY=1 frame the reload
 /// only once the supervisor has said READY=1: before that, READY=1 would tell systemd the
@@ -471,17 +483,7 @@ async fn reload_on_hangup(
         // Both, or neither: a client CA and the secrets that go with it (or a certificate
         // deployed with a rotation) must not run half old, half new because one file of the
         // two was bad.
-        let loaded = match config.tls.load() {
-            Err(e) => Err(format!("TLS reload failed: {e}")),
-            Ok(new_tls) => config
-                .auth
-                .reload()
-                .map_err(|e| e.to_string())
-                .and_then(|auth| Ok((auth.authenticator().map_err(|e| e.to_string())?, auth)))
-                .map_err(|e| format!("secret reload failed: {e}"))
-                .map(|(authenticator, auth)| (new_tls, authenticator, auth)),
-        };
-        match loaded {
+        match reload(&config) {
             Ok((new_tls, authenticator, auth)) => {
                 tls.replace(new_tls);
                 gw.auth.replace(Arc::new(authenticator));

@@ -124,13 +124,7 @@ async fn a_connection_closed_before_the_order_was_written_is_not_sent() {
     let mock = MockExecutor::start().await;
     mock.set_mode(Mode::CloseAtOnce);
     let exec = http(&mock.url(), Duration::from_secs(5));
-    for i in 0..10 {
-        let outcome = exec.execute(&order(&format!("closed-{i}"))).await;
-        match outcome {
-            Outcome::NotSent(why) => assert!(why.contains("Canceled"), "{why}"),
-            other => panic!("{other:?}"),
-        }
-    }
+    each_not_sent(&exec, 10, "Canceled").await;
     assert_eq!(mock.connections(), 10);
     assert_eq!(mock.calls(), 0);
 }
@@ -143,20 +137,27 @@ async fn a_stream_the_executor_refused_is_not_sent() {
     let pki = Pki::new(dir.path(), "refuse");
     let mock = MockExecutor::start_tls(&pki.server).await;
     mock.set_mode(Mode::RefuseStreams);
-    let exec = HttpExecutor::new(HttpConfig {
-        url: mock.url().parse().unwrap(),
-        timeout: Duration::from_secs(5),
-        ca_file: Some(pki.ca_cert.clone()),
-    })
-    .unwrap();
-    for i in 0..3 {
-        let outcome = exec.execute(&order(&format!("refused-{i}"))).await;
-        match outcome {
-            Outcome::NotSent(why) => assert!(why.contains("refused stream"), "{why}"),
+    let exec = Executor::Http(
+        HttpExecutor::new(HttpConfig {
+            url: mock.url().parse().unwrap(),
+            timeout: Duration::from_secs(5),
+            ca_file: Some(pki.ca_cert.clone()),
+        })
+        .unwrap(),
+    );
+    each_not_sent(&exec, 3, "refused stream").await;
+    assert_eq!(mock.calls(), 0);
+}
+
+/// Sends `n` orders, one after another: each must be not sent, for a reason that says
+/// `why`.
+async fn each_not_sent(exec: &Executor, n: usize, why: &str) {
+    for i in 0..n {
+        match exec.execute(&order(&format!("not-sent-{i}"))).await {
+            Outcome::NotSent(said) => assert!(said.contains(why), "{said}"),
             other => panic!("{other:?}"),
         }
     }
-    assert_eq!(mock.calls(), 0);
 }
 
 #[tokio::test]
