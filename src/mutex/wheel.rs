@@ -27,6 +27,9 @@ pub struct Wheel<T> {
     /// The next tick not yet processed.
     cursor: u64,
     len: usize,
+    /// Where `sweep` goes on from, and how many buckets it has looked at in this pass.
+    sweep_slot: usize,
+    swept: usize,
 }
 
 impl<T> Wheel<T> {
@@ -44,6 +47,8 @@ impl<T> Wheel<T> {
             occupied: vec![0; slots / 64],
             cursor: now_ms / tick_ms.max(1),
             len: 0,
+            sweep_slot: 0,
+            swept: 0,
         }
     }
 
@@ -57,18 +62,37 @@ impl<T> Wheel<T> {
         self.len
     }
 
-    /// Keeps only the alarms `keep` says yes to: one pass over every bucket.
-    pub fn retain(&mut self, mut keep: impl FnMut(&T) -> bool) {
-        self.len = 0;
-        for (slot, bucket) in self.slots.iter_mut().enumerate() {
+    /// Keeps only the alarms `keep` says yes to, going on over the buckets from where the
+    /// last call stopped until it has looked at `budget` alarms or more (a bucket counts one
+    /// besides its alarms, so empty ones are not free), or has ended a pass over every
+    /// bucket. In steps, so that a wheel of millions is swept without holding up its owner
+    /// for the whole of it; `usize::MAX` ends the pass in one call.
+    pub fn sweep(&mut self, budget: usize, mut keep: impl FnMut(&T) -> bool) {
+        let mut looked = 0usize;
+        while looked < budget {
+            let slot = self.sweep_slot;
+            let bucket = &mut self.slots[slot];
+            let before = bucket.len();
+            looked = looked.saturating_add(1 + before);
             bucket.retain(|(_, item)| keep(item));
+            self.len -= before - bucket.len();
             if bucket.is_empty() {
                 self.occupied[slot / 64] &= !(1 << (slot % 64));
                 // A flood's worth of stale alarms must not stay allocated either.
                 bucket.shrink_to(0);
             }
-            self.len += bucket.len();
+            self.sweep_slot = (slot + 1) % self.slots.len();
+            self.swept += 1;
+            if self.swept == self.slots.len() {
+                self.swept = 0;
+                return;
+            }
         }
+    }
+
+    /// Whether a pass of `sweep` is under way: begun, and not yet over every bucket.
+    pub fn sweeping(&self) -> bool {
+        self.swept > 0
     }
 
     /// Schedules `item` to fire once the clock reaches `due_ms`. Rounded up to a tick, so
@@ -165,17 +189,53 @@ mod tests {
     }
 
     #[test]
-    fn retain_drops_alarms_and_keeps_the_rest_due() {
+    fn a_sweep_drops_alarms_and_keeps_the_rest_due() {
         let mut w = Wheel::with_geometry(0, 10, 64);
         for i in 0..10u32 {
             w.insert(10 + u64::from(i) * 100, i);
         }
-        w.retain(|i| i % 3 == 0);
+        w.sweep(usize::MAX, |i| i % 3 == 0);
+        assert!(!w.sweeping());
         assert_eq!(w.len(), 4);
         assert_eq!(w.next_due_ms(), Some(10));
         assert_eq!(drain(&mut w, 10_000), vec![0, 3, 6, 9]);
         assert!(w.is_empty());
         assert_eq!(w.next_due_ms(), None);
+    }
+
+    #[test]
+    fn a_sweep_goes_in_steps_of_its_budget() {
+        // 64 buckets of 10 alarms: 704 to look at in a pass, counting each bucket one.
+        let mut w = Wheel::with_geometry(0, 10, 64);
+        for i in 0..640u32 {
+            w.insert(u64::from(i % 64) * 10, i);
+        }
+        let mut steps = 0;
+        loop {
+            let before = w.len();
+            steps += 1;
+            w.sweep(50, |i| i % 10 == 0);
+            // A step ends in the bucket that takes it to its budget: at most 50 + 10.
+            assert!(
+                before - w.len() <= 60,
+                "step {steps} dropped {}",
+                before - w.len()
+            );
+            if !w.sweeping() {
+                break;
+            }
+            assert!(steps < 64, "a pass never ended");
+        }
+        assert_eq!(steps, 13); // 5 buckets a step: 55 looked at
+
+        assert_eq!(w.len(), 64);
+        // The next pass starts where this one ended, and looks at every bucket again.
+        w.sweep(usize::MAX, |i| i % 20 == 0);
+        assert_eq!(w.len(), 32);
+        assert_eq!(
+            drain(&mut w, 10_000),
+            (0..640).filter(|i| i % 20 == 0).collect::<Vec<_>>()
+        );
     }
 
     #[test]
