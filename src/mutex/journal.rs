@@ -347,28 +347,18 @@ pub fn scan(bytes: &[u8], id: u64, checkpoint: u64) -> Result<Scan<'_>, JournalE
     let mut torn: Option<u64> = None;
     // The lowest lsn of a torn record marked durable: any intact record after it is damage.
     let mut damaged: Option<u64> = None;
-    for pos in (0..bytes.len()).step_by(PAGE) {
-        let h = &bytes[pos..bytes.len().min(pos + HEADER)];
-        if h.len() < HEADER || h[..4] != MAGIC {
-            continue;
-        }
-        let word = |at: usize| u64::from_le_bytes(h[at..at + 8].try_into().unwrap_or([0; 8]));
-        let half = |at: usize| u32::from_le_bytes(h[at..at + 4].try_into().unwrap_or([0; 4]));
-        let (rec_id, lsn, flags, len, crc) = (word(4), word(12), half(20), half(24), half(28));
+    for slot in slots(bytes) {
+        let Slot {
+            id: rec_id,
+            lsn,
+            flags,
+            ..
+        } = slot;
         if rec_id != id || lsn <= checkpoint {
             continue;
         }
-        let payload = (pos + HEADER)
-            .checked_add(len as usize)
-            .and_then(|end| bytes.get(pos + HEADER..end));
-        let intact = payload.is_some_and(|p| {
-            let mut c = crc32fast::Hasher::new();
-            c.update(&h[4..28]);
-            c.update(p);
-            c.finalize() == crc
-        });
-        match payload {
-            Some(p) if intact => {
+        match slot.intact() {
+            Some(p) => {
                 records.push((lsn, p));
                 let back = u64::from(flags >> ANCHOR_SHIFT);
                 if back > 0 {
@@ -377,8 +367,8 @@ pub fn scan(bytes: &[u8], id: u64, checkpoint: u64) -> Result<Scan<'_>, JournalE
             }
             // Only a damaged header can carry such an lsn; moving the checkpoint there
             // would leave too few lsns to count on.
-            _ if lsn > MAX_LSN => {}
-            _ => {
+            None if lsn > MAX_LSN => {}
+            None => {
                 torn = torn.max(Some(lsn));
                 if flags & DURABLE != 0 {
                     damaged = Some(damaged.map_or(lsn, |d| d.min(lsn)));
@@ -397,6 +387,54 @@ pub fn scan(bytes: &[u8], id: u64, checkpoint: u64) -> Result<Scan<'_>, JournalE
         return Err(JournalError::Damaged { lsn });
     }
     Ok(Scan { records, torn })
+}
+
+/// Whether the journal holds an intact record of any journal: a database that never had
+/// one (`store::open`) must find only zeros, or another database's records would be skipped
+/// as not its own, and their keys forgotten.
+pub fn holds_records(bytes: &[u8]) -> bool {
+    slots(bytes).any(|slot| slot.intact().is_some())
+}
+
+/// A slot that begins with a record's magic: its header, and the bytes after it.
+struct Slot<'a> {
+    id: u64,
+    lsn: u64,
+    flags: u32,
+    header: &'a [u8],
+    rest: &'a [u8],
+}
+
+impl<'a> Slot<'a> {
+    /// The payload, if the header's length fits the file and the checksum holds.
+    fn intact(&self) -> Option<&'a [u8]> {
+        let h = self.header;
+        let half = |at: usize| u32::from_le_bytes(h[at..at + 4].try_into().unwrap_or([0; 4]));
+        let payload = self.rest.get(..half(24) as usize)?;
+        let mut c = crc32fast::Hasher::new();
+        c.update(&h[4..28]);
+        c.update(payload);
+        (c.finalize() == half(28)).then_some(payload)
+    }
+}
+
+/// Every 4 KiB slot of `bytes` that begins with a record's magic.
+fn slots(bytes: &[u8]) -> impl Iterator<Item = Slot<'_>> {
+    (0..bytes.len()).step_by(PAGE).filter_map(move |pos| {
+        let header = bytes.get(pos..pos + HEADER)?;
+        if header[..4] != MAGIC {
+            return None;
+        }
+        let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap_or([0; 8]));
+        let flags = u32::from_le_bytes(header[20..24].try_into().unwrap_or([0; 4]));
+        Some(Slot {
+            id: word(4),
+            lsn: word(12),
+            flags,
+            header,
+            rest: &bytes[pos + HEADER..],
+        })
+    })
 }
 
 /// The operations of one record's payload, in order.

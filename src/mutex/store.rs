@@ -361,8 +361,16 @@ pub(super) fn open(
         let file = Journal::open_file(&journal_path, journal_bytes, known.is_none())
             .map_err(JournalError::from)?;
         let len = file.metadata().map_err(JournalError::from)?.len();
+        let bytes = Journal::read_all(&file).map_err(JournalError::from)?;
         let id = match known {
             Some(id) => id,
+            // A database that never had a journal put in place of the one that wrote it
+            // (a blank file, the wrong one restored): its records would be skipped as
+            // another journal's, and the keys they reserved forgotten.
+            None if journal::holds_records(&bytes) => {
+                let why = "its journal holds records";
+                return Err(LoadError::missing(path, why, Some(&journal_path)));
+            }
             None => {
                 let id = getrandom::u64()
                     .map_err(|e| JournalError::Io(std::io::Error::other(e.to_string())))?;
@@ -371,7 +379,6 @@ pub(super) fn open(
             }
         };
         let stored = read_u64(&meta, CHECKPOINT)?.unwrap_or(0);
-        let bytes = Journal::read_all(&file).map_err(JournalError::from)?;
         let journal::Scan { records, torn } = journal::scan(&bytes, id, stored)?;
         for (lsn, payload) in &records {
             apply_ops(&mut entries, &mut meta, *lsn, payload)?;
@@ -1040,6 +1047,25 @@ mod tests {
         assert_eq!(refused(open(true)), (journal.clone(), used));
         std::fs::rename(aside(&journal), &journal).unwrap();
         drop(open(false).expect("restored"));
+
+        // A blank database in the place of the one whose journal holds a reserve.
+        let (mut store, _) = open(false).unwrap();
+        let mut batch = Batch::default();
+        let e = Entry {
+            state: State::Pending,
+            expires_at: NOW + 300_000,
+            ..sample()
+        };
+        batch.put(0, &e).unwrap();
+        store.journal.append(batch.record(), true).unwrap();
+        drop(store);
+        std::fs::rename(&path, aside(&path)).unwrap();
+        drop(Database::create(&path).unwrap());
+        let journaled = "its journal holds records";
+        assert_eq!(refused(open(false)), (path.clone(), journaled));
+        std::fs::rename(aside(&path), &path).unwrap();
+        let (_store, loaded) = open(false).expect("restored");
+        assert_eq!(loaded.live.len(), 1, "the journal's reserve");
         let err = LoadError::missing(&journal, used, Some(&path)).to_string();
         assert!(
             err.contains("remove") && err.contains("m.redb too"),
