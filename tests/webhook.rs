@@ -2062,6 +2062,9 @@ async fn post_signed_by(
         .await
 }
 
+/// A client key, for the tests whose trade key must go before its signature's.
+const KEYED: &[(&str, &str)] = &[("idempotency-key", "signed-1")];
+
 fn unix_now_s() -> u64 {
     std::time::SystemTime::now()
         .duration_since(std::time::UNIX_EPOCH)
@@ -2086,8 +2089,8 @@ async fn wait_gone(gw: &support::gateway::Gateway, key: &str) {
 }
 
 /// A signed retry that the trade's key turned away (409), replayed once that key no longer
-/// blocks (here its 4 s TTL; a fingerprint's minute, likewise) but while its signature
-/// still authenticates, is refused by its own signature's key: it was told the trade was
+/// blocks (here a client key's 4 s TTL; a fingerprint's minute, likewise) but while its
+/// signature still authenticates, is refused by its own signature's key: it was told the trade was
 /// taken, and must not become a second order. Before, only the signature that placed the
 /// trade held a key, and this replay was sent.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -2098,15 +2101,15 @@ async fn a_signed_retry_turned_away_cannot_run_later() {
     .await;
     let (_, body) = without_api_key("ADAUSDT");
     let signed_at = unix_now_s();
-    let r = post_signed(&gw, &body, signed_at, &[]).await;
+    let r = post_signed(&gw, &body, signed_at, KEYED).await;
     assert_eq!(r.status, 200, "{:?}", r.json());
     let trade_key = r.header("idempotency-key").unwrap().to_string();
     // The sender's retry, signed afresh (another second, another signature).
-    let r = post_signed(&gw, &body, signed_at + 1, &[]).await;
+    let r = post_signed(&gw, &body, signed_at + 1, KEYED).await;
     assert_eq!(r.status, 409, "{:?}", r.json());
     assert_eq!(r.json()["key"], json!(trade_key));
     wait_gone(&gw, &trade_key).await;
-    let r = post_signed(&gw, &body, signed_at + 1, &[]).await;
+    let r = post_signed(&gw, &body, signed_at + 1, KEYED).await;
     assert_eq!(r.status, 409, "the turned-away retry ran: {:?}", r.json());
     let v = r.json();
     assert_eq!(code(&v), "DUPLICATE");
@@ -2114,9 +2117,9 @@ async fn a_signed_retry_turned_away_cannot_run_later() {
     assert_eq!(exec.calls(), 1);
 }
 
-/// A captured signed request, replayed once its trade's key no longer blocks (a fingerprint
-/// blocks for its minute, or its TTL, here 4 s) but while its signature still
-/// authenticates, is refused: the signature holds a key of its own. The same trade signed
+/// A captured signed request, replayed once its trade's key no longer blocks (a client key
+/// for its TTL, here 4 s; a fingerprint for its minute, or its TTL if longer) but while its
+/// signature still authenticates, is refused: the signature holds a key of its own. The same trade signed
 /// afresh is a new trade, as any trade after its key has gone is (SPEC §2).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_signed_request_replayed_after_its_trade_key_is_refused() {
@@ -2128,13 +2131,13 @@ async fn a_signed_request_replayed_after_its_trade_key_is_refused() {
     .await;
     let (_, body) = without_api_key("SOLUSDT");
     let signed_at = unix_now_s();
-    let r = post_signed(&gw, &body, signed_at, &[]).await;
+    let r = post_signed(&gw, &body, signed_at, KEYED).await;
     assert_eq!(r.status, 200, "{:?}", r.json());
     let trade_key = r.header("idempotency-key").unwrap().to_string();
-    assert!(trade_key.starts_with("trade:"), "{trade_key}");
+    assert!(trade_key.starts_with("client:"), "{trade_key}");
 
     wait_gone(&gw, &trade_key).await;
-    let r = post_signed(&gw, &body, signed_at, &[]).await;
+    let r = post_signed(&gw, &body, signed_at, KEYED).await;
     assert_eq!(r.status, 409, "the replay went through: {:?}", r.json());
     let v = r.json();
     assert_eq!(code(&v), "DUPLICATE");
@@ -2145,9 +2148,36 @@ async fn a_signed_request_replayed_after_its_trade_key_is_refused() {
     assert_eq!(r.header("idempotency-key"), v["key"].as_str());
     assert_eq!(exec.calls(), 1);
 
-    let r = post_signed(&gw, &body, unix_now_s(), &[]).await;
+    let r = post_signed(&gw, &body, unix_now_s(), KEYED).await;
     assert_eq!(r.status, 200, "{:?}", r.json());
     assert_eq!(exec.calls(), 2);
+}
+
+/// A fingerprint lives its minute whatever `store.ttl`: identical trades are duplicates
+/// inside the minute (SPEC §2). With the TTL taken for it, the same trade 5 s later was a
+/// second order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_fingerprint_blocks_for_its_minute_under_a_shorter_ttl() {
+    let (exec, _setup, gw) = with_mock_configured(|setup| {
+        setup.set("store", "ttl", "4s");
+    })
+    .await;
+    let r = gw.post(&trade("XRPUSDT"), &[]).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    let fingerprint = r.header("idempotency-key").unwrap().to_string();
+    assert!(fingerprint.starts_with("trade:"), "{fingerprint}");
+    let path = format!(
+        "/keys/{}",
+        hoox_edge::admin::client::encode_key(&fingerprint)
+    );
+    let (_, entry) = gw.admin("GET", &path).await;
+    let left = entry["expires_in_ms"].as_u64().unwrap();
+    assert!(left > 55_000, "{entry}");
+    tokio::time::sleep(Duration::from_secs(5)).await;
+    let r = gw.post(&trade("XRPUSDT"), &[]).await;
+    assert_eq!(r.status, 409, "a second order: {:?}", r.json());
+    assert_eq!(r.json()["key"], json!(fingerprint));
+    assert_eq!(exec.calls(), 1);
 }
 
 /// A signature's key is settled with its trade's: a request whose order failed may be

@@ -668,11 +668,13 @@ fn guard(sig: &Signature, now_ms: u64, deadline: Duration) -> Guard {
 
 /// The reserve of a trade without a client key: its fingerprint in the minute bucket of
 /// `now_ms`. The owner also finds the same trade reserved in another minute less than a
-/// minute ago (`key::family`).
+/// minute ago (`key::family`). It lives a minute at least, whatever `store.ttl`: identical
+/// trades are duplicates inside the minute (SPEC §2), and a TTL of a few seconds would
+/// let the same trade through twice in it.
 fn fingerprinted(fp: &Fingerprint, now_ms: u64, ttl: Duration) -> Result<Reserve, KeyError> {
     Ok(Reserve {
         key: Key::fingerprint(fp, bucket_of(now_ms))?,
-        ttl,
+        ttl: ttl.max(Duration::from_millis(crate::mutex::key::BUCKET_MS)),
         // A fingerprint is its own payload: the hash would only tell apart fields the seed
         // deliberately ignores (price, extras), so all fingerprints hash alike.
         payload_hash: [0; 32],
