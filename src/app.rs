@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::admin;
-use crate::config::{AuthConfig, Config, ExecutorKind};
+use crate::config::{Config, ExecutorKind};
 use crate::executor::{self, Executor};
 use crate::gateway::auth::Authenticator;
 use crate::gateway::limits::{Allowlist, RateLimiter};
@@ -441,16 +441,21 @@ async fn ping(mutex: &Mutex) -> Result<mutex::Status, (Unavailable, bool)> {
     })
 }
 
-/// The certificate and the secrets as the files now are, or why not.
-fn reload(config: &Config) -> Result<(Arc<gateway::tls::Tls>, Authenticator, AuthConfig), String> {
-    let tls = config
+/// The configuration, the certificate and the secrets as the files now are, or why not.
+fn reload(config: &Config) -> Result<(Arc<gateway::tls::Tls>, Authenticator, Config), String> {
+    let next = config
+        .reload()
+        .map_err(|e| format!("config reload failed: {e}"))?;
+    let tls = next
         .tls
         .load()
         .map_err(|e| format!("TLS reload failed: {e}"))?;
     let secrets = |e: String| format!("secret reload failed: {e}");
-    let auth = config.auth.reload().map_err(|e| secrets(e.to_string()))?;
-    let authenticator = auth.authenticator().map_err(|e| secrets(e.to_string()))?;
-    Ok((tls, authenticator, auth))
+    let authenticator = next
+        .auth
+        .authenticator()
+        .map_err(|e| secrets(e.to_string()))?;
+    Ok((tls, authenticator, next))
 }
 
 /// SIGHUP: reload certificates and secrets without dropping connections. A bad new file
@@ -484,10 +489,10 @@ async fn reload_on_hangup(
         // deployed with a rotation) must not run half old, half new because one file of the
         // two was bad.
         match reload(&config) {
-            Ok((new_tls, authenticator, auth)) => {
+            Ok((new_tls, authenticator, next)) => {
                 tls.replace(new_tls);
                 gw.auth.replace(Arc::new(authenticator));
-                config.auth = auth;
+                config = next;
                 log::info!("reloaded the TLS certificate and the secrets");
             }
             Err(e) => log::error!("{e}; keeping the current certificate and secrets"),

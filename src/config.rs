@@ -98,6 +98,10 @@ pub struct Config {
     pub burst: u32,
     pub allow_ips: Vec<String>,
     pub require_client_key: bool,
+    /// The file's settings that only a restart applies (all but the certificate, its key,
+    /// the client CA and `[auth]`), as read: what a reload compares (`Config::reload`).
+    /// Empty for the embedded defaults.
+    restart_only: toml::Table,
 }
 
 /// Where the secrets live, and the secrets themselves (loaded, so that a bad file is a
@@ -295,7 +299,10 @@ impl Config {
             .parent()
             .map(Path::to_path_buf)
             .unwrap_or_else(|| PathBuf::from("."));
-        Self::from_raw(raw, path, &base)
+        Ok(Config {
+            restart_only: restart_only(&text),
+            ..Self::from_raw(raw, path, &base)?
+        })
     }
 
     fn from_raw(raw: RawFile, file: &Path, base: &Path) -> Result<Config, ConfigError> {
@@ -613,7 +620,33 @@ impl Config {
             burst,
             allow_ips,
             require_client_key: raw.keys.require_client_key.unwrap_or(false),
+            restart_only: toml::Table::new(),
         })
+    }
+
+    /// The configuration a reload (SIGHUP) applies: the file read and checked again, as
+    /// `check-config` (the unit's `ExecReload=`) has just done. A reload applies its
+    /// certificate, key, client CA and `[auth]`: the secrets files, and which there are. A
+    /// change to anything else takes a restart, and fails the reload naming the keys, so
+    /// that no reload says it succeeded while the gateway runs on what the file no longer
+    /// says (a credential kind taken out, say). The embedded defaults: their secret read
+    /// again.
+    pub fn reload(&self) -> Result<Config, ConfigError> {
+        let Some(path) = &self.source else {
+            return Ok(Config {
+                auth: self.auth.reload()?,
+                ..self.clone()
+            });
+        };
+        let next = Config::load(path)?;
+        let changed = changed_keys(&self.restart_only, &next.restart_only);
+        if !changed.is_empty() {
+            let keys = changed.join(", ");
+            let why = "changed, which only a restart applies (systemctl restart hoox-edge); \
+                       nothing was reloaded";
+            return Err(ConfigError::new(path, &keys, why));
+        }
+        Ok(next)
     }
 
     /// The embedded defaults (`hoox-edge serve` with no config): state in `state_dir`, a
@@ -652,6 +685,40 @@ impl Config {
         c.source = None;
         Ok(c)
     }
+}
+
+/// `text`'s settings but the ones a reload applies (`Config::reload`). It has parsed as a
+/// config file already, so it parses as a table; were it not, nothing would compare equal
+/// to the empty table but another such.
+fn restart_only(text: &str) -> toml::Table {
+    let mut t: toml::Table = toml::from_str(text).unwrap_or_default();
+    t.remove("auth");
+    if let Some(server) = t.get_mut("server").and_then(toml::Value::as_table_mut) {
+        for reloaded in ["cert", "key", "client_ca"] {
+            server.remove(reloaded);
+        }
+    }
+    t
+}
+
+/// The `section.key`s whose values differ between two config tables, in order. A section
+/// absent is as one empty.
+fn changed_keys(a: &toml::Table, b: &toml::Table) -> Vec<String> {
+    let empty = toml::Value::Table(toml::Table::new());
+    let names: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
+    let mut changed = Vec::new();
+    for name in names {
+        match (a.get(name).unwrap_or(&empty), b.get(name).unwrap_or(&empty)) {
+            (toml::Value::Table(x), toml::Value::Table(y)) => {
+                let keys: std::collections::BTreeSet<&String> = x.keys().chain(y.keys()).collect();
+                let differ = keys.into_iter().filter(|k| x.get(*k) != y.get(*k));
+                changed.extend(differ.map(|k| format!("{name}.{k}")));
+            }
+            (x, y) if x != y => changed.push(name.clone()),
+            _ => {}
+        }
+    }
+    changed
 }
 
 /// The embedded defaults, as a config file relative to the state folder.
@@ -764,6 +831,50 @@ mod tests {
     fn one_address_gets_a_quarter_of_the_slots_and_at_least_sixteen() {
         let shares: Vec<_> = [1024, 128, 40, 8, 2].map(default_per_ip).into();
         assert_eq!(shares, [256, 32, 16, 8, 2]);
+    }
+
+    /// A reload applies the file's `[auth]` and certificate paths, and refuses, by name,
+    /// any other change: one it could not apply would run on what the file no longer says.
+    #[test]
+    fn a_reload_applies_auth_and_refuses_what_takes_a_restart() {
+        let dir = state();
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, EMBEDDED).unwrap();
+        let running = Config::load(&path).unwrap();
+        assert_eq!(running.auth.bearer_tokens.len(), 1);
+
+        // A credential kind taken out: applied.
+        let edited = EMBEDDED.replace("bearer_tokens_file = \"secrets/secret\"\n", "");
+        std::fs::write(&path, &edited).unwrap();
+        let next = running.reload().unwrap();
+        assert!(next.auth.bearer_tokens.is_empty());
+        assert_eq!(next.auth.api_keys.len(), 1);
+
+        // The TTL and the executor: refused, each named, and the file named.
+        let edited = edited.replace("ttl = \"300s\"", "ttl = \"30s\"").replace(
+            "[executor]\nkind = \"paper\"",
+            "[executor]\nkind = \"paper\"\n[limits]\nrate_per_s = 5.0",
+        );
+        std::fs::write(&path, &edited).unwrap();
+        let e = next.reload().unwrap_err();
+        assert_eq!(e.key, "limits.rate_per_s, store.ttl", "{e}");
+        assert!(
+            e.to_string().contains("config.toml") && e.to_string().contains("restart"),
+            "{e}"
+        );
+
+        // The embedded defaults have no file to read again: their secret is.
+        let embedded = Config::embedded(dir.path()).unwrap();
+        assert_eq!(embedded.reload().unwrap().auth.api_keys.len(), 1);
+    }
+
+    #[test]
+    fn changed_keys_name_each_key_and_take_an_absent_section_as_empty() {
+        let t = |s: &str| -> toml::Table { toml::from_str(s).unwrap() };
+        let a = t("top = 1\n[s]\nx = 1\ny = 2\n[e]\n");
+        let b = t("top = 2\n[s]\nx = 1\ny = 3\nz = 0\n");
+        assert_eq!(changed_keys(&a, &b), ["s.y", "s.z", "top"]);
+        assert!(changed_keys(&a, &a).is_empty());
     }
 
     /// A state folder as the embedded defaults leave it: a certificate, its key, a secret.

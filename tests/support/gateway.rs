@@ -239,6 +239,22 @@ impl Gateway {
         self.stderr.lock().unwrap().clone()
     }
 
+    /// Its stderr once it holds `what` (20 s at most): lines reach it from a reading thread.
+    pub fn wait_logged(&self, what: &str) -> String {
+        let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
+        loop {
+            let log = self.stderr();
+            if log.contains(what) {
+                return log;
+            }
+            assert!(
+                std::time::Instant::now() < deadline,
+                "{what:?} never logged:\n{log}"
+            );
+            std::thread::sleep(std::time::Duration::from_millis(20));
+        }
+    }
+
     fn admin_listen(&self) -> &Listen {
         self.admin
             .as_ref()
