@@ -235,7 +235,7 @@ fn mutex_registry(shared: &Shared) -> Registry {
         |b: &std::sync::atomic::AtomicBool| ConstGauge::new(b.load(Ordering::Relaxed) as i64);
     r.register(
         "live_keys",
-        "Live keys held",
+        "Live keys held (while failing closed: those held when it failed)",
         ConstGauge::new(shared.live_keys.load(Ordering::Relaxed) as i64),
     );
     r.register(

@@ -444,6 +444,11 @@ async fn file_size_limit_mid_run() {
     }
     // Exactly the accepted trades were forwarded: nothing refused reached the executor.
     assert_eq!(exec.calls(), accepted.len());
+    // The keys it held are still counted (by the index it had, or, once a reopen has read
+    // the database again, by that): a gateway failing closed that said it held none would
+    // invite the removal of its state files.
+    let (_, status) = gw.admin("GET", "/status").await;
+    assert_eq!(status["live_keys"], accepted.len(), "{status}");
 
     // The limit is lifted: service resumes by itself, and every accepted key is still
     // held: by the running process, and on disk, read back after a SIGKILL.

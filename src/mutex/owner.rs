@@ -1162,7 +1162,7 @@ impl Owner {
 
     fn status(&self) -> Status {
         Status {
-            live_keys: self.index.len(),
+            live_keys: self.live_keys(),
             halted: self.halted,
             fail_closed: self.failure.clone(),
         }
@@ -1337,7 +1337,19 @@ impl Owner {
         self.shared.halted.store(self.halted, Ordering::Relaxed);
         self.shared
             .live_keys
-            .store(self.index.len(), Ordering::Relaxed);
+            .store(self.live_keys(), Ordering::Relaxed);
+    }
+
+    /// The keys held: the index's, or while failing closed, whose index is gone with the
+    /// database, those it held when it failed (`dues`; some may have expired since). Read
+    /// as none, a gateway failing closed would invite the removal of its state files,
+    /// which README allows only once no key is live. (A database never opened in this
+    /// process is not counted: 0, beside `fail_closed`.)
+    fn live_keys(&self) -> usize {
+        match self.failure {
+            Some(_) => self.dues.len(),
+            None => self.index.len(),
+        }
     }
 
     /// Hands everything kept since the last checkpoint, and what is carried, to redb.
