@@ -217,6 +217,9 @@ async fn timeout_after_send_holds_the_key() {
         // It was sent: the executor has it, so its outcome is unknown, not "not sent".
         assert_eq!(exec.calls(), before + 1, "{mode:?}");
         assert_eq!(code(&r.json()), "EXECUTION_OUTCOME_UNKNOWN");
+        // A reset is not called a timeout.
+        let detail = r.json()["detail"].as_str().unwrap().to_string();
+        assert!(detail.contains("after the order was sent"), "{detail}");
         assert_eq!(r.header("hoox-idempotency-outcome"), Some("held"));
         assert_eq!(
             key_state(&gw, &format!("client:psk:live:{k}")).await,

@@ -157,7 +157,11 @@ impl Problem {
             KillSwitch => "trading is halted by the operator".into(),
             OutcomeUnknown => {
                 // Held or released by `on_unknown_outcome`: Hoox-Idempotency-Outcome says which.
-                "the executor did not answer in time; the trade may have been placed".into()
+                // Whatever cut it (a timeout, a reset, an answer that could not be read),
+                // the order had left: the log line says which.
+                "no answer came back from the executor after the order was sent (a timeout, \
+                 a reset, or an answer that could not be read); the trade may have been placed"
+                    .into()
             }
         }
     }

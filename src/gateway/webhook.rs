@@ -231,7 +231,12 @@ async fn pipeline(
         Ok(Err(_)) => return Err(Problem::InvalidRequest("body could not be read".into()).into()),
         Err(_) => {
             let s = gw.body_timeout.as_secs_f64();
-            return Err(Problem::InvalidRequest(format!("body not received within {s} s")).into());
+            // Its time also runs while the connection's other bodies are read ahead of it.
+            let why = format!(
+                "body not read within {s} s (sent too slowly, or behind this connection's \
+                 other requests)"
+            );
+            return Err(Problem::InvalidRequest(why).into());
         }
     };
     // JSON: anything but an object is refused before any credential is looked at.
