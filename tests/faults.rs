@@ -367,6 +367,28 @@ async fn a_lost_database_is_not_made_again_empty() {
     assert_refused_until_restored(&gw, &exec, (&db, why), restore, "lost").await;
 }
 
+/// The journal removed while the gateway runs (`rm`, a cleanup script): the process could
+/// write on, to a file no restart would find. It fails closed within a second or so, says
+/// the journal is missing, and serves again once the file is back (here its hard link,
+/// the same file), with the key it held still held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_removed_while_running_fails_closed() {
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let gw = setup.start();
+    gw.wait_ready().await;
+    assert_eq!(gw.post(&keyed("unlinked"), &[]).await.status, 200);
+    let journal = setup.dir.path().join("state/mutex.redb-journal");
+    let aside = setup.dir.path().join("journal.aside");
+    std::fs::hard_link(&journal, &aside).unwrap();
+    std::fs::remove_file(&journal).unwrap();
+
+    let why = "is missing or empty, but the database has used it";
+    let restore = || std::fs::hard_link(&aside, &journal).unwrap();
+    assert_refused_until_restored(&gw, &exec, (&journal, why), restore, "unlinked").await;
+    assert!(gw.stderr().contains("went while open"), "{}", gw.stderr());
+}
+
 /// The state directory's disk fails and goes while the gateway runs (a USB disk on a Pi,
 /// unplugged), leaving the empty mount point. Both files are gone, as at a first start, but
 /// this process had them open: no empty database on the wrong disk.

@@ -52,6 +52,10 @@ const CARRY_IDLE: Duration = Duration::from_millis(2);
 /// (`Owner::sweep_stale_alarms`).
 const STALE_ALARMS: usize = 4096;
 
+/// How often the owner looks that its files are still the ones it opened
+/// (`Owner::check_files`): two `stat`s.
+const FILES_CHECK: Duration = Duration::from_secs(1);
+
 /// How many alarms a turn's step of that sweep looks at, at least (a step takes whole
 /// buckets). With a million live keys a bucket holds ~1,000 alarms: a step of one took
 /// 0.11 ms (p50) where the whole pass at once held the owner 300–350 ms.
@@ -283,6 +287,8 @@ struct Owner {
     backoff: Duration,
     /// Real time, not the injected clock: the disk comes back in the real world.
     retry_at: Instant,
+    /// When the files were last found in place (`Owner::check_files`).
+    files_checked: Instant,
     /// Whether the database has been open in this process: from then on a file that is
     /// gone was lost (an unmounted disk, say), never new, and is not created again.
     opened: bool,
@@ -317,6 +323,7 @@ impl Owner {
             failure: Some(Unavailable::NotOpen("not opened yet".into())),
             backoff: Duration::ZERO,
             retry_at: Instant::now(),
+            files_checked: Instant::now(),
             opened: false,
             load: 0,
         }
@@ -392,6 +399,8 @@ impl Owner {
             }
             if self.store.is_none() && Instant::now() >= self.retry_at {
                 self.reopen();
+            } else if self.files_checked.elapsed() >= FILES_CHECK {
+                self.check_files();
             }
             let stop = self.turn(&mut batch);
             self.shared.turns.fetch_add(1, Ordering::Relaxed);
@@ -1165,6 +1174,18 @@ impl Owner {
             live_keys: self.live_keys(),
             halted: self.halted,
             fail_closed: self.failure.clone(),
+        }
+    }
+
+    /// A file of the database removed or replaced while open (`Store::files_in_place`)
+    /// fails closed here, at the first turn a second or more after the last look, before
+    /// that turn is written to a file no restart would find. The reopen then reads what is
+    /// there, and refuses a file that is missing as at any open.
+    fn check_files(&mut self) {
+        self.files_checked = Instant::now();
+        if let Some(Err(e)) = self.store.as_ref().map(Store::files_in_place) {
+            log::error!("mutex: {e}; failing closed until reopened");
+            self.fail(Unavailable::NotOpen(e));
         }
     }
 

@@ -163,6 +163,8 @@ pub(super) struct Store {
     /// The journal's length, when the open did not record it (`journal_len`, for a
     /// database from before it was kept): the next checkpoint, which writes anyway, does.
     unrecorded_len: Option<u64>,
+    /// The database's file and the journal's, as opened: path, device, inode.
+    files: [(PathBuf, u64, u64); 2],
 }
 
 /// Records kept before an idle owner takes a checkpoint. A checkpoint's cost is mostly
@@ -172,6 +174,22 @@ pub(super) struct Store {
 const IDLE_CHECKPOINT_RECORDS: usize = 128;
 
 impl Store {
+    /// Whether both files are still the ones opened. One removed or replaced while open
+    /// (`rm`, a copy restored over it) takes with it all that is written from then on:
+    /// the process writes on, to a file no restart will find. A path that cannot be looked
+    /// at now counts as moved: the owner fails closed on it, and its reopen says why.
+    pub fn files_in_place(&self) -> Result<(), String> {
+        use std::os::unix::fs::MetadataExt;
+        for (path, dev, ino) in &self.files {
+            match std::fs::metadata(path) {
+                Ok(m) if (m.dev(), m.ino()) == (*dev, *ino) => {}
+                Ok(_) => return Err(format!("{} was replaced while open", path.display())),
+                Err(e) => return Err(format!("{} went while open: {e}", path.display())),
+            }
+        }
+        Ok(())
+    }
+
     /// Whether an idle owner should take a checkpoint now.
     pub fn checkpoint_due(&self) -> bool {
         self.pending_records >= IDLE_CHECKPOINT_RECORDS.min(self.journal.slots() / 2).max(1)
@@ -434,6 +452,16 @@ pub(super) fn open(
         }
     }
     txn.commit()?;
+    let identity = |m: std::fs::Metadata| {
+        use std::os::unix::fs::MetadataExt;
+        (m.dev(), m.ino())
+    };
+    let (db_dev, db_ino) = std::fs::metadata(path).map(identity).map_err(io)?;
+    let (j_dev, j_ino) = file.metadata().map(identity).map_err(io)?;
+    let files = [
+        (path.to_path_buf(), db_dev, db_ino),
+        (journal_path.clone(), j_dev, j_ino),
+    ];
     let journal = Journal::new(file, &journal_path, id, journal_bytes, checkpoint);
     let loaded = Loaded {
         live,
@@ -449,6 +477,7 @@ pub(super) fn open(
         pending_responses: HashMap::new(),
         pending_records: 0,
         unrecorded_len,
+        files,
     };
     Ok((store, loaded))
 }
