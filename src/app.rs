@@ -37,8 +37,11 @@ fn stall_hook() -> bool {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    #[error("cannot listen on {addr}: {source}")]
+    /// Named as a config error is, by file and key: the address is the operator's.
+    #[error("{file}: {key}: cannot listen on {addr}: {source}")]
     Bind {
+        file: String,
+        key: &'static str,
         addr: String,
         source: std::io::Error,
     },
@@ -137,6 +140,8 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
         gateway::bind(config.listen)
             .await
             .map_err(|source| RunError::Bind {
+                file: config_file(&config),
+                key: "server.listen",
                 addr: config.listen.to_string(),
                 source,
             })?;
@@ -150,7 +155,9 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
         }
         Some(l) => {
             let b = admin::bind(l).await.map_err(|source| RunError::Bind {
-                addr: format!("{l:?}"),
+                file: config_file(&config),
+                key: "admin.listen",
+                addr: l.to_string(),
                 source,
             })?;
             // A port-0 TCP listener reports its real port; a Unix socket its path.
@@ -439,6 +446,14 @@ async fn ping(mutex: &Mutex) -> Result<mutex::Status, (Unavailable, bool)> {
         let moved = matches!(u, Unavailable::Busy | Unavailable::Timeout) && turns() != before;
         (u, moved)
     })
+}
+
+/// Where `config` came from, as an error names it.
+fn config_file(config: &Config) -> String {
+    config.source.as_ref().map_or_else(
+        || "the embedded defaults".into(),
+        |p| p.display().to_string(),
+    )
 }
 
 /// The configuration, the certificate and the secrets as the files now are, or why not.

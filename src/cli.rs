@@ -31,8 +31,9 @@ pub const LOG_ENV: &str = "HOOX_EDGE_LOG";
     after_help = "Operator commands (keys, halt, resume, status) print the answer's JSON on \
                   stdout and exit 0; a refusal's problem JSON goes to stderr, exit 1 \
                   (not found, in flight, bad key); exit 69 when the gateway cannot be \
-                  reached or cannot answer now (503: failing closed); exit 78 on a config \
-                  error."
+                  reached or cannot answer now (503: failing closed), and from status, \
+                  its JSON still on stdout, while the gateway fails closed (\"serving\": \
+                  false); exit 78 on a config error."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -100,7 +101,8 @@ enum Cmd {
         #[command(flatten)]
         admin: AdminArgs,
     },
-    /// Live keys, kill switch, and whether the gateway is failing closed.
+    /// Live keys, kill switch, and whether the gateway is failing closed (then exit 69,
+    /// the JSON still on stdout).
     Status {
         #[command(flatten)]
         admin: AdminArgs,
@@ -156,13 +158,7 @@ pub fn main() -> ExitCode {
             listen,
             admin,
         } => serve(config, &state_dir, listen, admin),
-        Cmd::CheckConfig { config } => match Config::load(&config) {
-            Ok(_) => {
-                println!("{}: ok", config.display());
-                ExitCode::SUCCESS
-            }
-            Err(e) => config_error(&e),
-        },
+        Cmd::CheckConfig { config } => check_config(&config),
         Cmd::GenCert { out, names, force } => gen_cert(&out, &names, force),
         Cmd::Sign {
             secret_file,
@@ -191,8 +187,31 @@ pub fn main() -> ExitCode {
         }
         Cmd::Halt { admin } => operator(&admin, "POST", "/halt"),
         Cmd::Resume { admin } => operator(&admin, "POST", "/resume"),
-        Cmd::Status { admin } => operator(&admin, "GET", "/status"),
+        // A gateway failing closed answers `/status` (200: it says why), but it takes no
+        // trade: exit 69, as for one that cannot answer, so that `status || alert` alerts.
+        Cmd::Status { admin } => operator_judged(&admin, "GET", "/status", not_serving),
     }
+}
+
+/// `check-config`: what `serve` would refuse before it serves, without serving. That is the
+/// config file (and the certificate and secrets it names) and `TOKIO_WORKER_THREADS`, which
+/// `serve` reads too: a check that passed a value `serve` then refuses (exit 78, which
+/// systemd does not restart) would let a reload or an upgrade's check wave through a
+/// gateway that stays down. Each error is said, so one run shows all there is to fix.
+fn check_config(config: &Path) -> ExitCode {
+    let loaded = Config::load(config);
+    if let Err(e) = &loaded {
+        eprintln!("hoox-edge: config error: {e}");
+    }
+    let workers = workers_from_env();
+    if let Err(e) = &workers {
+        eprintln!("hoox-edge: config error: {e}");
+    }
+    if loaded.is_err() || workers.is_err() {
+        return ExitCode::from(EX_CONFIG as u8);
+    }
+    println!("{}: ok", config.display());
+    ExitCode::SUCCESS
 }
 
 /// The level `HOOX_EDGE_LOG` names, or why it names none. The caller then logs at info and
@@ -237,7 +256,7 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     // Read here, not by tokio: tokio panics on a value it cannot use (0, `auto`), which in
     // a release build (panic = abort) is a SIGABRT that systemd restarts, again and again.
     // It reads the variable only when `worker_threads` is not called, and it always is.
-    let workers = match worker_threads(std::env::var_os(WORKERS_ENV).as_deref()) {
+    let workers = match workers_from_env() {
         Ok(Some(n)) => n,
         Ok(None) => std::thread::available_parallelism()
             .map_or(1, std::num::NonZero::get)
@@ -256,6 +275,12 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
             eprintln!("hoox-edge: cannot start the runtime: {e}");
             ExitCode::FAILURE
         })
+}
+
+/// The workers this process's `TOKIO_WORKER_THREADS` asks for: the one reading that `serve`,
+/// the operator commands and `check-config` share, so that the check refuses what they do.
+fn workers_from_env() -> Result<Option<usize>, String> {
+    worker_threads(std::env::var_os(WORKERS_ENV).as_deref())
 }
 
 /// The workers `TOKIO_WORKER_THREADS` (its value `value`) asks for, none if it is unset, or
@@ -494,6 +519,38 @@ fn admin_listen(args: &AdminArgs, default_config: &Path) -> Result<Listen, Strin
 }
 
 fn operator(args: &AdminArgs, method: &str, path: &str) -> ExitCode {
+    operator_judged(args, method, path, |_| None)
+}
+
+/// Why a `/status` answer (its body) says the gateway takes no trades now, if it does.
+/// Anything but `"serving": true` counts: an answer this command cannot read is no proof
+/// that the gateway serves, and a script that alerts on the exit code must not be told so.
+fn not_serving(body: &str) -> Option<String> {
+    let status: serde_json::Value = match serde_json::from_str(body) {
+        Ok(v) => v,
+        Err(e) => return Some(format!("its status is not JSON ({e})")),
+    };
+    if status.get("serving").and_then(serde_json::Value::as_bool) == Some(true) {
+        return None;
+    }
+    // `detail` is the whole reason ("database not open: ..."), `fail_closed` its short name.
+    let reason = ["detail", "fail_closed"]
+        .iter()
+        .find_map(|k| status.get(*k).and_then(serde_json::Value::as_str));
+    Some(match reason {
+        Some(r) => format!("failing closed: {r}"),
+        None => "it says it is not serving".into(),
+    })
+}
+
+/// An operator command. A 2xx answer goes to stdout; `judge` may still find in it that the
+/// gateway cannot take trades (its reason): that exits 69, after the answer is printed.
+fn operator_judged(
+    args: &AdminArgs,
+    method: &str,
+    path: &str,
+    judge: fn(&str) -> Option<String>,
+) -> ExitCode {
     let listen = match admin_listen(args, Path::new(DEFAULT_CONFIG)) {
         Ok(l) => l,
         Err(e) => {
@@ -510,7 +567,13 @@ fn operator(args: &AdminArgs, method: &str, path: &str) -> ExitCode {
     match rt.block_on(admin::client::request(&listen, method, path)) {
         Ok((status, body)) if (200..300).contains(&status) => {
             println!("{body}");
-            ExitCode::SUCCESS
+            match judge(&body) {
+                None => ExitCode::SUCCESS,
+                Some(why) => {
+                    eprintln!("hoox-edge: the gateway takes no trades now: {why}");
+                    ExitCode::from(EX_UNAVAILABLE)
+                }
+            }
         }
         Ok((status, body)) => {
             eprintln!("{body}");
@@ -568,6 +631,24 @@ mod tests {
         }
         let e = worker_threads(Some(OsStr::from_bytes(b"\xff"))).unwrap_err();
         assert!(e.contains("(not UTF-8)"), "{e}");
+    }
+
+    /// `status` exits 0 only on an answer that says `"serving": true`: failing closed, or an
+    /// answer it cannot read, is a reason (for exit 69), never a silent success.
+    #[test]
+    fn status_succeeds_only_on_an_answer_that_says_it_serves() {
+        assert_eq!(not_serving(r#"{"serving":true,"halted":true}"#), None);
+        let why = not_serving(
+            r#"{"serving":false,"fail_closed":"not_open","detail":"database not open: locked"}"#,
+        );
+        assert_eq!(
+            why.as_deref(),
+            Some("failing closed: database not open: locked")
+        );
+        let why = not_serving(r#"{"serving":false,"fail_closed":"timeout"}"#);
+        assert_eq!(why.as_deref(), Some("failing closed: timeout"));
+        assert!(not_serving(r#"{"live_keys":0}"#).is_some());
+        assert!(not_serving("<html>").unwrap().contains("not JSON"));
     }
 
     /// The words a POSIX shell makes of the curl line, `curl` left out: as curl would get

@@ -123,12 +123,47 @@ fn a_failed_start_leaves_the_state_directory_untouched() {
     let o = setup.command().output().unwrap();
     let err = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(1), "{err}");
-    assert!(err.contains("cannot listen on 127.0.0.1:"), "{err}");
+    assert!(
+        err.contains("server.listen: cannot listen on 127.0.0.1:"),
+        "{err}"
+    );
+    assert!(
+        err.contains(&setup.config_path().display().to_string()),
+        "{err}"
+    );
     let left: Vec<_> = std::fs::read_dir(setup.dir.path().join("state"))
         .unwrap()
         .map(|e| e.unwrap().file_name())
         .collect();
     assert!(left.is_empty(), "a failed start left {left:?}");
+}
+
+/// A listener that cannot be made is named as a config error is, by its file and its key:
+/// the reason alone ("No such file or directory") named neither.
+#[test]
+fn an_admin_socket_that_cannot_be_made_names_its_key_and_file() {
+    let mut setup = Setup::new(None);
+    let sock = "unix:/nonexistent-hoox-edge-dir/admin.sock";
+    setup.set("admin", "listen", sock);
+    let o = setup.command().output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(1), "{err}");
+    let file = setup.config_path().display().to_string();
+    let said = format!("{file}: admin.listen: cannot listen on {sock}: ");
+    assert!(err.contains(&said), "{err}");
+}
+
+/// A gateway on the database `holder`'s gateway holds (another process's lock), so failing
+/// closed, with its admin on a socket in its own folder.
+async fn failing_closed_beside(holder: &Setup) -> (Setup, Gateway) {
+    let mut setup = Setup::new(None);
+    let held = holder.dir.path().join("state/mutex.redb");
+    setup.set("store", "path", held.display().to_string());
+    let sock = setup.dir.path().join("admin.sock");
+    setup.set("admin", "listen", format!("unix:{}", sock.display()));
+    let gw = setup.start();
+    gw.wait_ready_is(503).await;
+    (setup, gw)
 }
 
 /// A gateway that cannot answer (its database is held by another process, so it fails
@@ -139,13 +174,7 @@ async fn an_operator_command_the_gateway_cannot_answer_exits_69() {
     let holder_setup = Setup::new(None);
     let holder = holder_setup.start();
     holder.wait_ready().await;
-    let mut setup = Setup::new(None);
-    let held = holder_setup.dir.path().join("state/mutex.redb");
-    setup.set("store", "path", held.display().to_string());
-    let sock = setup.dir.path().join("admin.sock");
-    setup.set("admin", "listen", format!("unix:{}", sock.display()));
-    let gw = setup.start();
-    gw.wait_ready_is(503).await;
+    let (setup, _gw) = failing_closed_beside(&holder_setup).await;
     let config = setup.config_path();
     let o = cli(&[
         "keys",
@@ -163,6 +192,37 @@ async fn an_operator_command_the_gateway_cannot_answer_exits_69() {
     assert!(o.stdout.is_empty());
     let err: Value = serde_json::from_slice(&o.stderr).unwrap();
     assert_eq!(err["code"], "IDEMPOTENCY_UNAVAILABLE");
+    drop(holder);
+}
+
+/// `status` on a gateway that fails closed (its database is held by another process) still
+/// prints its answer on stdout, which says why, but exits 69: a `status || alert` alerts on
+/// a gateway that takes no trades. The same command on a serving gateway exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn status_exits_69_while_the_gateway_fails_closed() {
+    let mut holder_setup = Setup::new(None);
+    let holder_sock = holder_setup.dir.path().join("admin.sock");
+    holder_setup.set("admin", "listen", format!("unix:{}", holder_sock.display()));
+    let holder = holder_setup.start();
+    holder.wait_ready().await;
+    let holder_config = holder_setup.config_path();
+    let serving = cli(&["status", "--config", holder_config.to_str().unwrap()]);
+    assert_eq!(json_out(&serving)["serving"], true);
+
+    let (setup, gw) = failing_closed_beside(&holder_setup).await;
+    let config = setup.config_path();
+    let o = cli(&["status", "--config", config.to_str().unwrap()]);
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(69), "{err}");
+    let status: Value = serde_json::from_slice(&o.stdout).unwrap();
+    assert_eq!(status["serving"], false, "{status}");
+    let reason = status["fail_closed"].as_str().unwrap();
+    assert!(!reason.is_empty(), "{status}");
+    assert!(
+        err.contains("takes no trades now: failing closed: "),
+        "{err}"
+    );
+    drop(gw);
     drop(holder);
 }
 
@@ -778,6 +838,78 @@ fn a_bad_worker_thread_count_is_a_config_error() {
     assert!(!err.contains("TOKIO_WORKER_THREADS"), "{err}");
 }
 
+/// `check-config` refuses the `TOKIO_WORKER_THREADS` that `serve` refuses (exit 78, naming
+/// it), and takes the ones `serve` takes: a reload's or an upgrade's check that passed a
+/// value the start then refuses would leave the service down (systemd does not restart an
+/// exit 78).
+#[test]
+fn check_config_refuses_the_worker_thread_counts_serve_refuses() {
+    let setup = Setup::new(None);
+    let config = setup.write_config();
+    let check = |value: &str| {
+        let mut cmd = Command::new(BIN);
+        cmd.args(["check-config", "--config"])
+            .arg(&config)
+            .env("TOKIO_WORKER_THREADS", value);
+        output_within(cmd)
+    };
+    for value in ["0", "auto", "1025", " "] {
+        let o = check(value);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(78), "{value:?}: {err}");
+        assert!(
+            err.contains(&format!("config error: TOKIO_WORKER_THREADS={value:?}")),
+            "{value:?}: {err}"
+        );
+        // serve, the same value, the same refusal.
+        let mut serve = setup.command();
+        serve.env("TOKIO_WORKER_THREADS", value);
+        let o = output_within(serve);
+        assert_eq!(o.status.code(), Some(78), "serve, {value:?}");
+    }
+    for value in ["1", "1024"] {
+        let o = check(value);
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(0), "{value:?}: {err}");
+    }
+    // A bad config and a bad value: both said, in one run.
+    let mut broken = Setup::new(None);
+    broken.set("store", "ttl", "forever");
+    let o = Command::new(BIN)
+        .args(["check-config", "--config"])
+        .arg(broken.write_config())
+        .env("TOKIO_WORKER_THREADS", "0")
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(78), "{err}");
+    assert!(
+        err.contains("store.ttl") && err.contains("TOKIO_WORKER_THREADS=\"0\""),
+        "{err}"
+    );
+}
+
+/// A secrets file anyone may write (0602) is a config error naming the key and the file:
+/// any user of the machine could otherwise add a secret of their own.
+#[test]
+fn a_world_writable_secrets_file_is_a_config_error() {
+    use std::os::unix::fs::PermissionsExt;
+    let setup = Setup::new(None);
+    let config = setup.write_config();
+    let hmac = setup.dir.path().join("secrets/hmac");
+    std::fs::set_permissions(&hmac, std::fs::Permissions::from_mode(0o602)).unwrap();
+    let (code, err) = check_config(&config);
+    assert_eq!(code, Some(78), "{err}");
+    assert!(
+        err.contains("auth.hmac_secrets_file")
+            && err.contains(&hmac.display().to_string())
+            && err.contains("writable by everyone"),
+        "{err}"
+    );
+    std::fs::set_permissions(&hmac, std::fs::Permissions::from_mode(0o600)).unwrap();
+    assert_eq!(check_config(&config).0, Some(0));
+}
+
 /// The soft and hard "Max open files" of a running process (`/proc/PID/limits`).
 fn open_file_limits(pid: u32) -> (u64, u64) {
     let limits = std::fs::read_to_string(format!("/proc/{pid}/limits")).unwrap();
@@ -790,23 +922,6 @@ fn open_file_limits(pid: u32) -> (u64, u64) {
         .filter_map(|w| w.parse().ok())
         .collect();
     (n[0], n[1])
-}
-
-/// Waits (20 s at most) until the gateway's log holds `what`, and gives the log: what it
-/// logged before that line is in it too, as one stream writes them all.
-fn wait_logged(gw: &Gateway, what: &str) -> String {
-    let deadline = std::time::Instant::now() + std::time::Duration::from_secs(20);
-    loop {
-        let log = gw.stderr();
-        if log.contains(what) {
-            return log;
-        }
-        assert!(
-            std::time::Instant::now() < deadline,
-            "{what:?} never logged:\n{log}"
-        );
-        std::thread::sleep(std::time::Duration::from_millis(20));
-    }
 }
 
 /// Started with a soft open-file limit of 256 (a shell's `ulimit -n`), `serve` takes its
@@ -853,7 +968,7 @@ fn serve_raises_its_open_file_limit_to_the_hard_limit() {
 
     let gw = start(&setup);
     // Raised before it binds: once it listens, the limit is the one it took.
-    let log = wait_logged(&gw, "listening on https://");
+    let log = gw.wait_logged("listening on https://");
     assert_eq!(open_file_limits(gw.child.id()), (hard, hard));
     assert!(
         log.contains(&format!(
@@ -867,7 +982,7 @@ fn serve_raises_its_open_file_limit_to_the_hard_limit() {
     // More connections than the hard limit allows: said, and served anyway.
     setup.set("server", "max_connections", hard as i64);
     let gw = start(&setup);
-    let log = wait_logged(&gw, "listening on https://");
+    let log = gw.wait_logged("listening on https://");
     let warning = log
         .lines()
         .find(|l| l.contains("WARN  hoox_edge::cli: server.max_connections = "))
@@ -904,7 +1019,7 @@ async fn unauthenticated_refusals_are_summarised_not_logged_each() {
     let r = gw.post(&trade("BTCUSDT"), &[]).await;
     assert_eq!(r.status, 200);
     // Its line is written before its answer, so it is there once the reader has it.
-    let log = wait_logged(&gw, ": webhook status=200 ");
+    let log = gw.wait_logged(": webhook status=200 ");
     assert_eq!(
         log.matches(" INFO  hoox_edge::gateway::webhook: webhook status=200 ")
             .count(),

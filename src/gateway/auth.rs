@@ -101,6 +101,8 @@ pub enum SecretError {
     },
     #[error("secrets file {} is readable by everyone (mode {mode:o}); run chmod o-rwx on it", .path.display())]
     WorldReadable { path: PathBuf, mode: u32 },
+    #[error("secrets file {} is writable by everyone (mode {mode:o}): any user of this machine could add a secret of their own; run chmod o-rwx on it", .path.display())]
+    WorldWritable { path: PathBuf, mode: u32 },
     #[error("secrets file {} holds no secret", .path.display())]
     Empty { path: PathBuf },
     #[error("secrets file {} is larger than 1 MiB", .path.display())]
@@ -164,7 +166,7 @@ pub fn load_secrets(path: &Path) -> Result<Vec<Secret>, SecretError> {
     Ok(secrets)
 }
 
-/// Refuses a secret file (a secrets list, a TLS key) that everyone may read.
+/// Refuses a secret file (a secrets list, a TLS key) that everyone may read, or write.
 pub fn refuse_world_readable(path: &Path) -> Result<(), SecretError> {
     let meta = std::fs::metadata(path).map_err(|source| SecretError::Io {
         path: path.to_owned(),
@@ -173,13 +175,17 @@ pub fn refuse_world_readable(path: &Path) -> Result<(), SecretError> {
     private(path, &meta)
 }
 
+/// A file others may read gives its secrets away; one others may write lets anyone on the
+/// machine append a secret (or swap a key) of their own, read at the next start or reload.
+/// Group bits are the operator's choice: the service's group may need to read.
 fn private(path: &Path, meta: &std::fs::Metadata) -> Result<(), SecretError> {
     let mode = meta.permissions().mode();
+    let (path, shown) = (path.to_owned(), mode & 0o7777);
     if mode & 0o004 != 0 {
-        return Err(SecretError::WorldReadable {
-            path: path.to_owned(),
-            mode: mode & 0o7777,
-        });
+        return Err(SecretError::WorldReadable { path, mode: shown });
+    }
+    if mode & 0o002 != 0 {
+        return Err(SecretError::WorldWritable { path, mode: shown });
     }
     Ok(())
 }
@@ -1117,6 +1123,42 @@ mod tests {
 
         // Group-readable is the operator's choice (a service group may read it).
         let p = write(d.path(), "group", "s\n", 0o640);
+        assert!(load_secrets(&p).is_ok());
+    }
+
+    /// A file anyone may write is anyone's to add a secret to: refused, named, with the
+    /// remedy, whether or not others may also read it; the TLS key's check refuses it too.
+    #[test]
+    fn load_secrets_refuses_a_world_writable_file() {
+        let d = tempfile::tempdir().unwrap();
+        for mode in [0o602, 0o622, 0o642] {
+            let p = write(d.path(), "open", "topsecret\n", mode);
+            let e = load_secrets(&p).unwrap_err();
+            assert!(
+                matches!(&e, SecretError::WorldWritable { mode: m, .. } if *m == mode),
+                "{mode:o}: {e:?}"
+            );
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&p.display().to_string())
+                    && msg.contains("writable by everyone")
+                    && msg.contains("chmod o-rwx")
+                    && !msg.contains("topsecret"),
+                "{msg}"
+            );
+            assert!(matches!(
+                refuse_world_readable(&p),
+                Err(SecretError::WorldWritable { .. })
+            ));
+        }
+        // Both at once: the first of the two is said; chmod o-rwx mends both.
+        let p = write(d.path(), "both", "s\n", 0o606);
+        assert!(matches!(
+            load_secrets(&p),
+            Err(SecretError::WorldReadable { .. })
+        ));
+        // The group may write (an operator's choice, as reading is).
+        let p = write(d.path(), "group", "s\n", 0o660);
         assert!(load_secrets(&p).is_ok());
     }
 
