@@ -456,21 +456,23 @@ fn config_file(config: &Config) -> String {
     )
 }
 
-/// The configuration, the certificate and the secrets as the files now are, or why not.
-fn reload(config: &Config) -> Result<(Arc<gateway::tls::Tls>, Authenticator, Config), String> {
-    let next = config
+/// What a reload applies: the certificate and the secrets as the files now are (and the
+/// config with them), and the keys changed that only a restart applies; or why not.
+type Reloaded = (Arc<gateway::tls::Tls>, Authenticator, Config, Vec<String>);
+
+fn reload(config: &Config) -> Result<Reloaded, String> {
+    let (next, pending) = config
         .reload()
         .map_err(|e| format!("config reload failed: {e}"))?;
     let tls = next
         .tls
         .load()
         .map_err(|e| format!("TLS reload failed: {e}"))?;
-    let secrets = |e: String| format!("secret reload failed: {e}");
     let authenticator = next
         .auth
         .authenticator()
-        .map_err(|e| secrets(e.to_string()))?;
-    Ok((tls, authenticator, next))
+        .map_err(|e| format!("secret reload failed: {e}"))?;
+    Ok((tls, authenticator, next, pending))
 }
 
 /// SIGHUP: reload certificates and secrets without dropping connections. A bad new file
@@ -504,11 +506,19 @@ async fn reload_on_hangup(
         // deployed with a rotation) must not run half old, half new because one file of the
         // two was bad.
         match reload(&config) {
-            Ok((new_tls, authenticator, next)) => {
+            Ok((new_tls, authenticator, next, pending)) => {
                 tls.replace(new_tls);
                 gw.auth.replace(Arc::new(authenticator));
                 config = next;
                 log::info!("reloaded the TLS certificate and the secrets");
+                if !pending.is_empty() {
+                    log::warn!(
+                        "{}: {}: changed since the start, which only a restart applies \
+                         (systemctl restart hoox-edge): not applied",
+                        config_file(&config),
+                        pending.join(", ")
+                    );
+                }
             }
             Err(e) => log::error!("{e}; keeping the current certificate and secrets"),
         }

@@ -101,7 +101,7 @@ pub struct Config {
     /// The file's settings that only a restart applies (all but the certificate, its key,
     /// the client CA and `[auth]`), as read: what a reload compares (`Config::reload`).
     /// Empty for the embedded defaults.
-    restart_only: toml::Table,
+    restart_only: RestartOnly,
 }
 
 /// Where the secrets live, and the secrets themselves (loaded, so that a bad file is a
@@ -300,7 +300,7 @@ impl Config {
             .map(Path::to_path_buf)
             .unwrap_or_else(|| PathBuf::from("."));
         Ok(Config {
-            restart_only: restart_only(&text),
+            restart_only: RestartOnly::of(&text),
             ..Self::from_raw(raw, path, &base)?
         })
     }
@@ -620,33 +620,37 @@ impl Config {
             burst,
             allow_ips,
             require_client_key: raw.keys.require_client_key.unwrap_or(false),
-            restart_only: toml::Table::new(),
+            restart_only: RestartOnly::default(),
         })
     }
 
-    /// The configuration a reload (SIGHUP) applies: the file read and checked again, as
-    /// `check-config` (the unit's `ExecReload=`) has just done. A reload applies its
-    /// certificate, key, client CA and `[auth]`: the secrets files, and which there are. A
-    /// change to anything else takes a restart, and fails the reload naming the keys, so
-    /// that no reload says it succeeded while the gateway runs on what the file no longer
-    /// says (a credential kind taken out, say). The embedded defaults: their secret read
-    /// again.
-    pub fn reload(&self) -> Result<Config, ConfigError> {
+    /// The configuration a reload (SIGHUP) applies, and the keys it does not: the file
+    /// read and checked again, as `check-config` (the unit's `ExecReload=`) has just done.
+    /// It applies the certificate, key, client CA and `[auth]` (the secrets files, and
+    /// which there are: a credential kind taken out stops authenticating). The rest stays
+    /// as the gateway started; the keys the file now sets otherwise are returned, for the
+    /// caller to say that a restart applies them. Refusing the whole reload for them would
+    /// keep a revoked secret or an expiring certificate in use until a restart. The
+    /// embedded defaults: their secret read again.
+    pub fn reload(&self) -> Result<(Config, Vec<String>), ConfigError> {
         let Some(path) = &self.source else {
-            return Ok(Config {
-                auth: self.auth.reload()?,
-                ..self.clone()
-            });
+            let auth = self.auth.reload()?;
+            return Ok((
+                Config {
+                    auth,
+                    ..self.clone()
+                },
+                Vec::new(),
+            ));
         };
         let next = Config::load(path)?;
-        let changed = changed_keys(&self.restart_only, &next.restart_only);
-        if !changed.is_empty() {
-            let keys = changed.join(", ");
-            let why = "changed, which only a restart applies (systemctl restart hoox-edge); \
-                       nothing was reloaded";
-            return Err(ConfigError::new(path, &keys, why));
-        }
-        Ok(next)
+        let pending = self.restart_only.changed(&next.restart_only);
+        let applied = Config {
+            tls: next.tls,
+            auth: next.auth,
+            ..self.clone()
+        };
+        Ok((applied, pending))
     }
 
     /// The embedded defaults (`hoox-edge serve` with no config): state in `state_dir`, a
@@ -687,22 +691,38 @@ impl Config {
     }
 }
 
-/// `text`'s settings but the ones a reload applies (`Config::reload`). It has parsed as a
-/// config file already, so it parses as a table; were it not, nothing would compare equal
-/// to the empty table but another such.
-fn restart_only(text: &str) -> toml::Table {
-    let mut t: toml::Table = toml::from_str(text).unwrap_or_default();
-    t.remove("auth");
-    if let Some(server) = t.get_mut("server").and_then(toml::Value::as_table_mut) {
-        for reloaded in ["cert", "key", "client_ca"] {
-            server.remove(reloaded);
-        }
+/// A config file's settings but the ones a reload applies (`Config::reload`), as written.
+/// Its Debug shows none of them: `executor.url` may carry credentials.
+#[derive(Clone, Default, PartialEq)]
+struct RestartOnly(toml::Table);
+
+impl std::fmt::Debug for RestartOnly {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str("RestartOnly(..)")
     }
-    t
 }
 
-/// The `section.key`s whose values differ between two config tables, in order. A section
-/// absent is as one empty.
+impl RestartOnly {
+    /// `text` has parsed as a config file already, so it parses as a table; were it not,
+    /// nothing would compare equal to the empty table but another such.
+    fn of(text: &str) -> Self {
+        let mut t: toml::Table = toml::from_str(text).unwrap_or_default();
+        t.remove("auth");
+        if let Some(server) = t.get_mut("server").and_then(toml::Value::as_table_mut) {
+            for reloaded in ["cert", "key", "client_ca"] {
+                server.remove(reloaded);
+            }
+        }
+        RestartOnly(t)
+    }
+
+    /// The `section.key`s written otherwise in `next`, in order (as written: `"300s"` and
+    /// `"5m"` differ). A section absent is as one empty.
+    fn changed(&self, next: &RestartOnly) -> Vec<String> {
+        changed_keys(&self.0, &next.0)
+    }
+}
+
 fn changed_keys(a: &toml::Table, b: &toml::Table) -> Vec<String> {
     let empty = toml::Value::Table(toml::Table::new());
     let names: std::collections::BTreeSet<&String> = a.keys().chain(b.keys()).collect();
@@ -833,39 +853,45 @@ mod tests {
         assert_eq!(shares, [256, 32, 16, 8, 2]);
     }
 
-    /// A reload applies the file's `[auth]` and certificate paths, and refuses, by name,
-    /// any other change: one it could not apply would run on what the file no longer says.
+    /// A reload applies the file's `[auth]` and certificate paths, and names any other
+    /// change, which it leaves to a restart. The settings kept for that comparison show no
+    /// value in a Debug: the executor's URL may carry credentials.
     #[test]
-    fn a_reload_applies_auth_and_refuses_what_takes_a_restart() {
+    fn a_reload_applies_auth_and_names_what_takes_a_restart() {
         let dir = state();
         let path = dir.path().join("config.toml");
-        std::fs::write(&path, EMBEDDED).unwrap();
+        let with_url = EMBEDDED.replace(
+            "[executor]\nkind = \"paper\"",
+            "[executor]\nkind = \"http\"\nurl = \"http://user:s3cret@127.0.0.1:9/o\"",
+        );
+        std::fs::write(&path, &with_url).unwrap();
         let running = Config::load(&path).unwrap();
         assert_eq!(running.auth.bearer_tokens.len(), 1);
+        assert!(!format!("{running:?}").contains("s3cret"), "{running:?}");
 
-        // A credential kind taken out: applied.
-        let edited = EMBEDDED.replace("bearer_tokens_file = \"secrets/secret\"\n", "");
+        // A credential kind taken out, and the TTL changed: the first applied, the second
+        // named and not applied.
+        let edited = with_url
+            .replace("bearer_tokens_file = \"secrets/secret\"\n", "")
+            .replace("ttl = \"300s\"", "ttl = \"30s\"")
+            .replace("[executor]", "[limits]\nrate_per_s = 5.0\n[executor]");
         std::fs::write(&path, &edited).unwrap();
-        let next = running.reload().unwrap();
+        let (next, pending) = running.reload().unwrap();
         assert!(next.auth.bearer_tokens.is_empty());
         assert_eq!(next.auth.api_keys.len(), 1);
-
-        // The TTL and the executor: refused, each named, and the file named.
-        let edited = edited.replace("ttl = \"300s\"", "ttl = \"30s\"").replace(
-            "[executor]\nkind = \"paper\"",
-            "[executor]\nkind = \"paper\"\n[limits]\nrate_per_s = 5.0",
+        assert_eq!(pending, ["limits.rate_per_s", "store.ttl"]);
+        assert_eq!(
+            (next.ttl, next.rate_per_s),
+            (running.ttl, running.rate_per_s)
         );
-        std::fs::write(&path, &edited).unwrap();
-        let e = next.reload().unwrap_err();
-        assert_eq!(e.key, "limits.rate_per_s, store.ttl", "{e}");
-        assert!(
-            e.to_string().contains("config.toml") && e.to_string().contains("restart"),
-            "{e}"
-        );
+        // Compared with what it started on, not with the last reload.
+        assert_eq!(next.reload().unwrap().1, pending);
 
         // The embedded defaults have no file to read again: their secret is.
         let embedded = Config::embedded(dir.path()).unwrap();
-        assert_eq!(embedded.reload().unwrap().auth.api_keys.len(), 1);
+        let (again, pending) = embedded.reload().unwrap();
+        assert_eq!(again.auth.api_keys.len(), 1);
+        assert!(pending.is_empty());
     }
 
     #[test]

@@ -226,6 +226,9 @@ fn load_roots(path: &Path) -> Result<rustls::RootCertStore, ExecutorError> {
         path: path.to_owned(),
         reason,
     };
+    if let Some(why) = crate::gateway::auth::open_to_writes(path) {
+        return Err(bad(why));
+    }
     let mut roots = rustls::RootCertStore::empty();
     for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(e.to_string()))? {
         let cert = cert.map_err(|e| bad(e.to_string()))?;
@@ -347,6 +350,16 @@ mod tests {
             assert!(matches!(err, ExecutorError::CaFile { .. }), "{err}");
             assert!(err.to_string().contains(&path.display().to_string()));
         }
+        // A real certificate, but anyone may write the file: anyone could add a CA to it.
+        let ca = dir.path().join("ca.pem");
+        let cert = rcgen::generate_simple_self_signed(vec!["exec.local".into()]).unwrap();
+        std::fs::write(&ca, cert.cert.pem()).unwrap();
+        let mut c = cfg("https://127.0.0.1:1/");
+        c.ca_file = Some(ca.clone());
+        assert!(HttpExecutor::new(c.clone()).is_ok());
+        std::fs::set_permissions(&ca, std::os::unix::fs::PermissionsExt::from_mode(0o646)).unwrap();
+        let err = HttpExecutor::new(c).unwrap_err().to_string();
+        assert!(err.contains("writable by everyone"), "{err}");
     }
 
     /// The start-up log names where orders go, and never what may hold a secret.

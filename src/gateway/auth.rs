@@ -175,6 +175,21 @@ pub fn refuse_world_readable(path: &Path) -> Result<(), SecretError> {
     private(path, &meta)
 }
 
+/// Why a file that vouches for others (a CA bundle: `server.client_ca`, `executor.ca_file`)
+/// cannot be trusted, if it cannot: one anyone on the machine may write lets them add a CA
+/// of their own, and with it a client of their own (or an executor). Readable is fine: it
+/// holds no secret. A file that cannot be looked at is for its reader to report.
+pub fn open_to_writes(path: &Path) -> Option<String> {
+    let mode = std::fs::metadata(path).ok()?.permissions().mode();
+    (mode & 0o002 != 0).then(|| {
+        format!(
+            "writable by everyone (mode {:o}): any user of this machine could add a CA of \
+             their own; run chmod o-w on it",
+            mode & 0o7777
+        )
+    })
+}
+
 /// A file others may read gives its secrets away; one others may write lets anyone on the
 /// machine append a secret (or swap a key) of their own, read at the next start or reload.
 /// Group bits are the operator's choice: the service's group may need to read.

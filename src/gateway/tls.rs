@@ -85,6 +85,9 @@ impl TlsFiles {
         let (builder, clients) = match &self.client_ca {
             None => (builder.with_no_client_auth(), None),
             Some(ca) => {
+                if let Some(why) = super::auth::open_to_writes(ca) {
+                    return Err(file_err(ca, why));
+                }
                 let mut roots = RootCertStore::empty();
                 for c in CertificateDer::pem_file_iter(ca).map_err(|e| file_err(ca, e))? {
                     roots
@@ -227,5 +230,15 @@ mod tests {
         };
         let e = bad.load().err().expect("refused").to_string();
         assert!(e.contains("ca.pem"), "{e}");
+        // A good one that anyone may write is refused too: anyone could add a CA to it.
+        let ca = dir.path().join("ca.pem");
+        std::fs::copy(dir.path().join("cert.pem"), &ca).unwrap();
+        assert!(bad.load().is_ok());
+        std::fs::set_permissions(&ca, std::os::unix::fs::PermissionsExt::from_mode(0o646)).unwrap();
+        let e = bad.load().err().expect("refused").to_string();
+        assert!(
+            e.contains("ca.pem") && e.contains("writable by everyone"),
+            "{e}"
+        );
     }
 }

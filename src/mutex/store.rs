@@ -456,8 +456,10 @@ pub(super) fn open(
         use std::os::unix::fs::MetadataExt;
         (m.dev(), m.ino())
     };
+    // Both by their paths, as `files_in_place` looks: a file system whose `fstat` and
+    // `stat` disagree (some FUSE and overlay mounts) must not read as a file replaced.
     let (db_dev, db_ino) = std::fs::metadata(path).map(identity).map_err(io)?;
-    let (j_dev, j_ino) = file.metadata().map(identity).map_err(io)?;
+    let (j_dev, j_ino) = std::fs::metadata(&journal_path).map(identity).map_err(io)?;
     let files = [
         (path.to_path_buf(), db_dev, db_ino),
         (journal_path.clone(), j_dev, j_ino),
