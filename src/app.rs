@@ -281,6 +281,7 @@ impl Started {
             ready: ready.clone(),
             stopping,
             told: Arc::default(),
+            restart_pending: Arc::default(),
         };
         let supervisor = tokio::spawn(supervise(mutex.clone(), announce.clone(), stopped()));
         let reloader = tokio::spawn(reload_on_hangup(
@@ -354,10 +355,14 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
                 if watchdog.is_some() {
                     notify::watchdog();
                 }
-                match (&s.fail_closed, s.halted) {
+                let state = match (&s.fail_closed, s.halted) {
                     (Some(u), _) => format!("fail-closed: {u}; {} live keys", s.live_keys),
                     (None, true) => format!("halted; {} live keys", s.live_keys),
                     (None, false) => format!("serving; {} live keys", s.live_keys),
+                };
+                match lock(&announce.restart_pending).as_str() {
+                    "" => state,
+                    keys => format!("{state}; restart pending: {keys}"),
                 }
             }
             // Behind, not stuck: a gateway is not killed for being busy.
@@ -401,6 +406,10 @@ struct Announce {
     /// STOPPING=1 has been said.
     stopping: Arc<AtomicBool>,
     told: Arc<std::sync::Mutex<()>>,
+    /// The keys of `config.toml` changed since the start that only a restart applies, as
+    /// the last reload found them (empty: none): said in STATUS=, which `systemctl status`
+    /// shows, and not only in one log line.
+    restart_pending: Arc<std::sync::Mutex<String>>,
 }
 
 impl Announce {
@@ -422,8 +431,9 @@ impl Announce {
     }
 }
 
-/// A lock whose holder panicked is still a lock: it guards no data.
-fn lock(m: &std::sync::Mutex<()>) -> std::sync::MutexGuard<'_, ()> {
+/// A lock whose holder panicked is still a lock: each of these guards nothing, or a value
+/// written whole.
+fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
     m.lock().unwrap_or_else(|p| p.into_inner())
 }
 
@@ -511,6 +521,7 @@ async fn reload_on_hangup(
                 gw.auth.replace(Arc::new(authenticator));
                 config = next;
                 log::info!("reloaded the TLS certificate and the secrets");
+                *lock(&announce.restart_pending) = pending.join(", ");
                 if !pending.is_empty() {
                     log::warn!(
                         "{}: {}: changed since the start, which only a restart applies \

@@ -524,6 +524,14 @@ async fn sighup_applies_the_config_files_auth_and_names_what_takes_a_restart() {
     assert_eq!(gw.post(&by_bearer("bearer-3"), &auth).await.status, 200);
     let log = gw.wait_logged("store.ttl: changed since the start, which only a restart");
     assert!(!log.contains("reload failed"), "{log}");
+    // And `systemctl status` shows it, until a restart.
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l
+            .starts_with("STATUS=serving")
+            && l.ends_with("; restart pending: store.ttl"))
+        .is_some(),
+        "{seen:?}"
+    );
 }
 
 /// The unit file the package installs runs the gateway the way the code above expects: it

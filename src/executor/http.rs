@@ -354,6 +354,7 @@ mod tests {
         let ca = dir.path().join("ca.pem");
         let cert = rcgen::generate_simple_self_signed(vec!["exec.local".into()]).unwrap();
         std::fs::write(&ca, cert.cert.pem()).unwrap();
+        std::fs::set_permissions(&ca, std::os::unix::fs::PermissionsExt::from_mode(0o644)).unwrap();
         let mut c = cfg("https://127.0.0.1:1/");
         c.ca_file = Some(ca.clone());
         assert!(HttpExecutor::new(c.clone()).is_ok());

@@ -341,6 +341,14 @@ pub(super) fn open(
     builder
         .set_cache_size(CACHE_BYTES)
         .set_check_integrity_on_open(true);
+    // Each file's device and inode by its path, as `files_in_place` looks at them, taken
+    // as soon as it is open: a file replaced later, even during this open, is found.
+    let identity = |p: &Path| {
+        use std::os::unix::fs::MetadataExt;
+        std::fs::metadata(p)
+            .map(|m| (p.to_path_buf(), m.dev(), m.ino()))
+            .map_err(io)
+    };
     let db = if db_bytes > 0 {
         // `open`, not `create`: a file gone since the check is an error, not a new file.
         builder.open(path)?
@@ -355,11 +363,12 @@ pub(super) fn open(
     } else {
         create(&builder, path)?
     };
+    let db_identity = identity(path)?;
     // Drafts never held a key: this start's own, once linked a second name of the database
     // (or left as one by a crash before this sweep), and those of first starts that stopped.
     remove_drafts(path);
     let txn = db.begin_write()?;
-    let (file, id, checkpoint, replayed, halted, unrecorded_len) = {
+    let (file, journal_identity, id, checkpoint, replayed, halted, unrecorded_len) = {
         let mut meta = txn.open_table(META)?;
         let mut entries = txn.open_table(ENTRIES)?;
         let known = read_u64(&meta, JOURNAL_ID)?;
@@ -378,6 +387,7 @@ pub(super) fn open(
         }
         let file = Journal::open_file(&journal_path, journal_bytes, known.is_none())
             .map_err(JournalError::from)?;
+        let journal_identity = identity(&journal_path)?;
         let len = file.metadata().map_err(JournalError::from)?.len();
         let bytes = Journal::read_all(&file).map_err(JournalError::from)?;
         let id = match known {
@@ -423,7 +433,16 @@ pub(super) fn open(
             unrecorded = None;
         }
         let halted = read_halted(&meta)?;
-        (file, id, checkpoint, records.len(), halted, unrecorded)
+        let found = records.len();
+        (
+            file,
+            journal_identity,
+            id,
+            checkpoint,
+            found,
+            halted,
+            unrecorded,
+        )
     };
     // Live by the boot clock: written in this boot, and not yet due on its clock.
     let boot_live = |e: &Entry| {
@@ -452,18 +471,7 @@ pub(super) fn open(
         }
     }
     txn.commit()?;
-    let identity = |m: std::fs::Metadata| {
-        use std::os::unix::fs::MetadataExt;
-        (m.dev(), m.ino())
-    };
-    // Both by their paths, as `files_in_place` looks: a file system whose `fstat` and
-    // `stat` disagree (some FUSE and overlay mounts) must not read as a file replaced.
-    let (db_dev, db_ino) = std::fs::metadata(path).map(identity).map_err(io)?;
-    let (j_dev, j_ino) = std::fs::metadata(&journal_path).map(identity).map_err(io)?;
-    let files = [
-        (path.to_path_buf(), db_dev, db_ino),
-        (journal_path.clone(), j_dev, j_ino),
-    ];
+    let files = [db_identity, journal_identity];
     let journal = Journal::new(file, &journal_path, id, journal_bytes, checkpoint);
     let loaded = Loaded {
         live,
