@@ -693,7 +693,7 @@ impl Config {
 
 /// A config file's settings but the ones a reload applies (`Config::reload`), as written.
 /// Its Debug shows none of them: `executor.url` may carry credentials.
-#[derive(Clone, Default, PartialEq)]
+#[derive(Clone, Default)]
 struct RestartOnly(toml::Table);
 
 impl std::fmt::Debug for RestartOnly {

@@ -75,6 +75,17 @@ fn start_notified(
     (sock, gw)
 }
 
+/// SIGHUP, and the reload framed as systemd expects: RELOADING=1, then READY=1.
+fn reload(gw: &support::gateway::Gateway, sock: &UnixDatagram, seen: &mut Vec<String>) {
+    unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
+    let reloading = wait_for(sock, seen, Duration::from_secs(10), |l| {
+        l.starts_with("RELOADING=1")
+    });
+    assert!(reloading.is_some(), "no RELOADING=1; got {seen:?}");
+    let ready = wait_for(sock, seen, Duration::from_secs(10), |l| l == "READY=1");
+    assert!(ready.is_some(), "no READY=1 after the reload; got {seen:?}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn ready_watchdog_status_stopping_and_a_stalled_owner() {
     let setup = Setup::new(None);
@@ -379,18 +390,7 @@ async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
         &setup.dir.path().join("secrets/bearer"),
         "rotated-token-123\n",
     );
-    unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
-    assert!(
-        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l
-            .starts_with("RELOADING=1"))
-        .is_some(),
-        "no RELOADING=1; got {seen:?}"
-    );
-    assert!(
-        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l
-            == "READY=1")
-        .is_some()
-    );
+    reload(&gw, &sock, &mut seen);
     let new = bearer("rotated-token-123");
     let old = bearer(support::gateway::SECRET);
     // New connections get the new certificate: clients of the old CA refuse it now.
@@ -432,12 +432,7 @@ async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
     let second = support::pki::Pki::new(setup.dir.path(), "second");
     std::fs::copy(&second.server.cert, &setup.pki.server.cert).unwrap();
     std::fs::copy(&second.server.key, &setup.pki.server.key).unwrap();
-    unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
-    assert!(
-        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l
-            == "READY=1")
-        .is_some()
-    );
+    reload(&gw, &sock, &mut seen);
     assert_eq!(
         post("hup-3", new.clone()).await,
         200,
@@ -460,12 +455,7 @@ async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
         std::os::unix::fs::PermissionsExt::from_mode(0o644),
     )
     .unwrap();
-    unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
-    assert!(
-        wait_for(&sock, &mut seen, Duration::from_secs(10), |l| l
-            == "READY=1")
-        .is_some()
-    );
+    reload(&gw, &sock, &mut seen);
     assert_eq!(
         post("hup-5", new.clone()).await,
         200,
@@ -497,18 +487,9 @@ async fn sighup_applies_the_config_files_auth_and_names_what_takes_a_restart() {
     let auth = [("authorization", bearer.as_str())];
     assert_eq!(gw.post(&by_bearer("bearer-1"), &auth).await.status, 200);
 
-    let hangup = |seen: &mut Vec<String>| {
-        unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
-        assert!(
-            wait_for(&sock, seen, Duration::from_secs(10), |l| l
-                .starts_with("RELOADING=1"))
-            .is_some()
-        );
-        assert!(wait_for(&sock, seen, Duration::from_secs(10), |l| l == "READY=1").is_some());
-    };
     setup.remove("auth", "bearer_tokens_file");
     setup.write_config();
-    hangup(&mut seen);
+    reload(&gw, &sock, &mut seen);
     assert_eq!(gw.post(&by_bearer("bearer-2"), &auth).await.status, 401);
     assert_eq!(
         gw.post(&trade("ETHUSDT"), &[]).await.status,
@@ -520,7 +501,7 @@ async fn sighup_applies_the_config_files_auth_and_names_what_takes_a_restart() {
     setup.set("store", "ttl", "30s");
     setup.set("auth", "bearer_tokens_file", "secrets/bearer");
     setup.write_config();
-    hangup(&mut seen);
+    reload(&gw, &sock, &mut seen);
     assert_eq!(gw.post(&by_bearer("bearer-3"), &auth).await.status, 200);
     let log = gw.wait_logged("store.ttl: changed since the start, which only a restart");
     assert!(!log.contains("reload failed"), "{log}");
