@@ -37,11 +37,11 @@ fn stall_hook() -> bool {
 
 #[derive(Debug, thiserror::Error)]
 pub enum RunError {
-    /// Named as a config error is, by file and key: the address is the operator's.
-    #[error("{file}: {key}: cannot listen on {addr}: {source}")]
+    /// Named as a config error is, by file and key (or by the flag that set the address):
+    /// the address is the operator's.
+    #[error("{at}: cannot listen on {addr}: {source}")]
     Bind {
-        file: String,
-        key: &'static str,
+        at: String,
         addr: String,
         source: std::io::Error,
     },
@@ -140,8 +140,7 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
         gateway::bind(config.listen)
             .await
             .map_err(|source| RunError::Bind {
-                file: config_file(&config),
-                key: "server.listen",
+                at: config.origin("server.listen"),
                 addr: config.listen.to_string(),
                 source,
             })?;
@@ -155,8 +154,7 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
         }
         Some(l) => {
             let b = admin::bind(l).await.map_err(|source| RunError::Bind {
-                file: config_file(&config),
-                key: "admin.listen",
+                at: config.origin("admin.listen"),
                 addr: l.to_string(),
                 source,
             })?;

@@ -349,11 +349,11 @@ fn serve(
         Err(e) => return config_error(&e),
     };
     if let Some(l) = listen {
-        config.listen = l;
+        config.set_listen(l);
     }
     if let Some(a) = admin {
         match Listen::parse(&a) {
-            Ok(l) => config.admin = Some(l),
+            Ok(l) => config.set_admin(l),
             Err(e) => {
                 eprintln!("hoox-edge: --admin: {e}");
                 return ExitCode::from(EX_CONFIG as u8);

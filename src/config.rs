@@ -102,6 +102,9 @@ pub struct Config {
     /// the client CA and `[auth]`), as read: what a reload compares (`Config::reload`).
     /// Empty for the embedded defaults.
     restart_only: RestartOnly,
+    /// The keys a command-line flag set in place of the file (`set_listen`, `set_admin`),
+    /// with the flag: an error about one names the flag, not a key the file may not hold.
+    flagged: Vec<(&'static str, &'static str)>,
 }
 
 /// Where the secrets live, and the secrets themselves (loaded, so that a bad file is a
@@ -621,7 +624,32 @@ impl Config {
             allow_ips,
             require_client_key: raw.keys.require_client_key.unwrap_or(false),
             restart_only: RestartOnly::default(),
+            flagged: Vec::new(),
         })
+    }
+
+    /// `--listen`, in place of `server.listen`.
+    pub fn set_listen(&mut self, addr: SocketAddr) {
+        self.listen = addr;
+        self.flagged.push(("server.listen", "--listen"));
+    }
+
+    /// `--admin`, in place of `[admin] listen`.
+    pub fn set_admin(&mut self, listen: Listen) {
+        self.admin = Some(listen);
+        self.flagged.push(("admin.listen", "--admin"));
+    }
+
+    /// Where a key's value came from, for an error about it: the flag that set it, else
+    /// the file (or the embedded defaults) and the key.
+    pub fn origin(&self, key: &str) -> String {
+        if let Some((_, flag)) = self.flagged.iter().find(|(k, _)| *k == key) {
+            return (*flag).to_string();
+        }
+        match &self.source {
+            Some(p) => format!("{}: {key}", p.display()),
+            None => format!("the embedded defaults: {key}"),
+        }
     }
 
     /// The configuration a reload (SIGHUP) applies, and the keys it does not: the file

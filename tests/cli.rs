@@ -153,6 +153,25 @@ fn an_admin_socket_that_cannot_be_made_names_its_key_and_file() {
     assert!(err.contains(&said), "{err}");
 }
 
+/// An address given by a flag is named by the flag: the file's key may say another address,
+/// or none.
+#[test]
+fn a_listen_flag_that_cannot_be_bound_is_named_as_the_flag() {
+    let busy = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let addr = busy.local_addr().unwrap().to_string();
+    let setup = Setup::new(None);
+    for (flag, key) in [("--listen", "server.listen"), ("--admin", "admin.listen")] {
+        let o = setup.command().args([flag, &addr]).output().unwrap();
+        let err = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{err}");
+        assert!(
+            err.contains(&format!("{flag}: cannot listen on {addr}: ")),
+            "{err}"
+        );
+        assert!(!err.contains(key), "{err}");
+    }
+}
+
 /// A gateway on the database `holder`'s gateway holds (another process's lock), so failing
 /// closed, with its admin on a socket in its own folder.
 async fn failing_closed_beside(holder: &Setup) -> (Setup, Gateway) {
