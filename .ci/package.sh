@@ -344,6 +344,17 @@ upgrade_check_test() {
     [[ $(pkg_status) == "install ok installed" ]] || fail "after the fix the package is '$(pkg_status)'"
     echo "ok: a config the new binary refuses fails the install (half-configured, said); fixed, dpkg --configure -a ends it"
 
+    # A key only root may read: the check runs as the service's user, which `serve` is.
+    local key=$CHROOT/etc/hoox-edge/tls/key.pem
+    chown root:root "$key" && chmod 0600 "$key"
+    rc=0
+    out=$(in_root dpkg -i /tmp/hoox-edge.deb 2>&1) || rc=$?
+    chown "root:$(stat -c %g "$CHROOT/etc/hoox-edge/tls")" "$key" && chmod 0640 "$key"
+    ((rc != 0)) || fail "dpkg -i succeeded with a key.pem the service cannot read:"$'\n'"$out"
+    grep -qF "server.key" <<<"$out" || fail "the refused install did not name server.key:"$'\n'"$out"
+    in_root dpkg --configure -a >/dev/null || fail "dpkg --configure -a failed once the key was readable again"
+    echo "ok: the check runs as the service's user: a key.pem only root reads fails the install"
+
     printf '\n[not_a_section]\n' >>"$conf"
     rc=0
     out=$(in_root env HOOX_EDGE_SKIP_CONFIG_CHECK=1 dpkg -i /tmp/hoox-edge.deb 2>&1) || rc=$?
