@@ -276,12 +276,8 @@ install_test() {
     expect_mode /etc/hoox-edge/secrets/api-keys "600 hoox-edge:hoox-edge"
     expect_mode /etc/hoox-edge/config.toml "644 root:root"
     grep -qE '^[0-9a-f]{64}$' "$CHROOT/etc/hoox-edge/secrets/hmac" || fail "hmac secret is not 32 random bytes in hex"
-    if in_root /usr/bin/hoox-edge gen-cert --help >/dev/null 2>&1; then
-        expect_mode /etc/hoox-edge/tls/key.pem "640 root:hoox-edge"
-        expect_mode /etc/hoox-edge/tls/cert.pem "644 root:hoox-edge"
-    else
-        echo "skip: no 'gen-cert' subcommand yet: certificate not generated"
-    fi
+    expect_mode /etc/hoox-edge/tls/key.pem "640 root:hoox-edge"
+    expect_mode /etc/hoox-edge/tls/cert.pem "644 root:hoox-edge"
     # shellcheck disable=SC2016 # dpkg-query's own ${field} syntax
     in_root dpkg-query -W -f='${Conffiles}\n' hoox-edge | grep -q /etc/hoox-edge/config.toml ||
         fail "config.toml not registered as a conffile"

@@ -544,13 +544,17 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
     };
     let (_, pending) = a.call("GET", &show).await;
     m.commit(grant, None).unwrap();
-    let committed = loop {
+    // The commit is queued, not awaited: it shows once the owner has taken it.
+    let mut committed = None;
+    for _ in 0..1_000 {
         let (_, v) = a.call("GET", &show).await;
         if v["state"] == "committed" {
-            break v;
+            committed = Some(v);
+            break;
         }
         tokio::time::sleep(Duration::from_millis(10)).await;
-    };
+    }
+    let committed = committed.expect("the commit shows within 10 s");
     assert_ne!(entry(&committed), seen, "another entry, another tag");
     // Seen pending, filled since: the operator's look no longer holds.
     assert_eq!(answer(pinned(&entry(&pending))).await, changed);

@@ -421,13 +421,14 @@ async fn refused_answers_are_not_throughput_and_secret_files_read_as_the_gateway
 }
 
 /// The keys that got a 2xx, written one per line (appended across runs, keys only): the set
-/// the chaos bench replays after its last restart. Replayed, every one is refused as a
-/// duplicate, and the ledger sees no new order.
+/// the chaos bench replays after its last restart. Replayed after a restart, every one is
+/// refused as a duplicate, and the ledger sees no new order. Replayed to a gateway that has
+/// forgotten them, the tool fails the run by itself, with no ledger to tell it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_keys_that_got_a_2xx_are_written_and_replay_as_duplicates() {
     let ledger = Server::ledger();
     let setup = forwarding_to(&ledger);
-    let gw = setup.start();
+    let mut gw = setup.start();
     gw.wait_ready().await;
     let keys = setup.dir.path().join("ok-keys");
     let keys = keys.display();
@@ -473,6 +474,9 @@ async fn the_keys_that_got_a_2xx_are_written_and_replay_as_duplicates() {
     );
     let forwarded = ok_first + 30;
 
+    assert!(gw.terminate().success());
+    let gw = setup.start();
+    gw.wait_ready().await;
     let again = run(
         &setup,
         &gw,
@@ -493,6 +497,28 @@ async fn the_keys_that_got_a_2xx_are_written_and_replay_as_duplicates() {
         again.verdict["ledger"]["total"], forwarded,
         "{}",
         again.verdict
+    );
+
+    // A gateway on an empty database forwards them again: exit 5, said, and no ledger asked.
+    let forgetful = forwarding_to(&ledger);
+    let fresh = forgetful.start();
+    fresh.wait_ready().await;
+    let secret = setup.dir.path().join("load-secret");
+    let out = load_with_stderr(&format!(
+        "run --url {} --ca {} --auth hmac --secret-file {} --json -c 3 --replay-keys {keys}",
+        fresh.url(),
+        forgetful.pki.ca_cert.display(),
+        secret.display()
+    ))
+    .await;
+    assert_eq!(out.code, Some(5), "{} {}", out.stdout, out.stderr);
+    assert_eq!(answered(&out.json(0), "200"), forwarded, "{}", out.stdout);
+    assert!(
+        out.stderr.contains(&format!(
+            "replay: FAIL, {forwarded} of {forwarded} replayed keys answered 2xx"
+        )),
+        "{}",
+        out.stderr
     );
 }
 

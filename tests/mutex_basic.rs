@@ -200,10 +200,12 @@ fn a_fingerprint_retry_is_aged_from_when_it_was_asked() {
         let new = Key::from_stored("trade:x:BTC:LONG:1:live:101").unwrap();
         granted(m.reserve(reserve(&old, 300_000, 1)).await);
         time.advance_ms(BUCKET_MS - 1_000);
-        m.stall(Duration::from_millis(500)).await.unwrap();
+        m.stall(Duration::from_millis(2_000)).await.unwrap();
         let mut retry = Box::pin(m.reserve(reserve(&new, 300_000, 1)));
         queue(retry.as_mut());
-        // The owner takes it 2 s later: 61 s after the trade.
+        // The owner takes it 2 s later: 61 s after the trade. Still queued here (the stall
+        // has not ended), or the owner took it 59 s after and the test proves nothing.
+        queue(retry.as_mut());
         time.advance_ms(2_000);
         assert_eq!(duplicate(retry.await).key, old);
         // Asked now, it is a new trade.

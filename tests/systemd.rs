@@ -4,6 +4,7 @@
 mod support;
 
 use std::os::unix::net::UnixDatagram;
+use std::path::Path;
 use std::time::{Duration, Instant};
 
 use support::client::{Alpn, TlsClient};
@@ -212,8 +213,10 @@ async fn a_stall_of_half_the_watchdog_period_does_not_get_the_service_killed() {
         longest >= Duration::from_secs(4),
         "the stall held no ping: longest gap {longest:?}"
     );
+    // The pings' own schedule makes ~6 s the worst gap here; 8 s leaves a loaded machine
+    // a second or two, and 2 s before the 10 s watchdog.
     assert!(
-        longest < Duration::from_secs(7),
+        longest < Duration::from_secs(8),
         "WATCHDOG=1 {longest:?} apart: a stall a little longer gets the service killed"
     );
 }
@@ -634,7 +637,7 @@ async fn under_journald_records_go_to_the_journal_with_their_fields() {
     std::fs::create_dir(&journal).unwrap();
     let sock = UnixDatagram::bind(journal.join("socket")).unwrap();
     // The mount point, in the host's namespace; the bind is made in the child's alone.
-    std::fs::create_dir_all("/run/systemd/journal").unwrap();
+    let _mount_point = MadeDirs::create("/run/systemd/journal");
     let inner = setup.command();
     let mut cmd = std::process::Command::new("unshare");
     cmd.args(["-m", "sh", "-c"])
@@ -699,4 +702,28 @@ async fn under_journald_records_go_to_the_journal_with_their_fields() {
         "{records:?}"
     );
     assert!(!gw.stderr().contains("webhook"), "{}", gw.stderr());
+}
+
+/// The folders of a path that `create` made, removed again when dropped (if still empty):
+/// a host without systemd gets no `/run/systemd` left behind for tools that look for it.
+struct MadeDirs(Vec<std::path::PathBuf>);
+
+impl MadeDirs {
+    fn create(path: &str) -> MadeDirs {
+        let made: Vec<_> = Path::new(path)
+            .ancestors()
+            .take_while(|p| !p.exists())
+            .map(Path::to_path_buf)
+            .collect();
+        std::fs::create_dir_all(path).unwrap();
+        MadeDirs(made)
+    }
+}
+
+impl Drop for MadeDirs {
+    fn drop(&mut self) {
+        for d in &self.0 {
+            let _ = std::fs::remove_dir(d);
+        }
+    }
 }

@@ -32,7 +32,8 @@ enum Command {
     /// Exit codes: 0 every answer served (2xx or 409); 1 the ledger (--ledger) saw a key
     /// forwarded twice or an order without a key; 2 the run could not start; 3 no answer at
     /// all; 4 some answer was neither 2xx nor 409, or some request failed in transport (a
-    /// connect, an I/O error, a timeout), unless --expect-errors.
+    /// connect, an I/O error, a timeout), unless --expect-errors; 5 with --replay-keys, a
+    /// replayed key answered 2xx (forwarded again; --expect-errors does not excuse it).
     Run(Box<run::Args>),
     /// Run a ledger executor: answers 200 {"success":true}, records every Idempotency-Key.
     Ledger {

@@ -111,6 +111,10 @@ pub struct Args {
 /// transport (and --expect-errors was not given).
 const EXIT_ERRORS: u8 = 4;
 
+/// The exit code of a --replay-keys run in which a replayed key was answered 2xx: the
+/// gateway forwarded a trade it had already answered 2xx for.
+const EXIT_REPLAY_FORWARDED: u8 = 5;
+
 /// An answer of a working gateway: 2xx, or 409 for a repeated trade (runs with --dup-ratio or
 /// --keys repeat trades on purpose). Anything else is not throughput.
 fn served(status: u16) -> bool {
@@ -806,9 +810,27 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
         .map(|(_, n)| n)
         .sum();
     let transport = total.errors.values().sum::<u64>() + failed as u64;
+    // Every replayed key got a 2xx before: a 2xx now is that trade forwarded again, which
+    // the ledger sees only when there is one.
+    let forwarded_again: u64 = match &plan.replay {
+        Some(_) => total
+            .status
+            .iter()
+            .filter(|(status, _)| (200..300).contains(*status))
+            .map(|(_, n)| n)
+            .sum(),
+        None => 0,
+    };
+    if forwarded_again > 0 {
+        eprintln!(
+            "replay: FAIL, {forwarded_again} of {} replayed keys answered 2xx: forwarded again",
+            plan.replay.as_ref().map_or(0, Vec::len)
+        );
+    }
     let ledger = ledger.map(|counts| ledger::report(&counts, args.json));
     Ok(match ledger {
         Some(code) if code != ExitCode::SUCCESS => code,
+        _ if forwarded_again > 0 => ExitCode::from(EXIT_REPLAY_FORWARDED),
         _ if total.latency_us.is_empty() => ExitCode::from(3),
         _ if not_served + transport > 0 && !args.expect_errors => ExitCode::from(EXIT_ERRORS),
         _ => ExitCode::SUCCESS,
