@@ -7,6 +7,10 @@
 //! - the kills did land with trades in flight, and new trades got through in most cycles:
 //!   a run in which every kill hit a gateway with nothing left to forward proves nothing.
 //!
+//! A quarter of the trades carry no key of their own: the gateway takes their fingerprint,
+//! whose minute bucket the ledger's key carries, so those are counted by trade, and held to
+//! the fingerprint's promise (no second forward less than 60 s after the first).
+//!
 //! `HOOX_CHAOS_CYCLES` sets the number of cycles (20 by default; `scripts/bench.sh --chaos`
 //! runs 60).
 
@@ -37,10 +41,40 @@ impl Rng {
 /// How the gateway stores (and forwards) a client's key: the executor's ledger has this form.
 const STORED: &str = "client:psk:live:";
 
-fn body(k: &str) -> String {
-    json!({"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,
-           "idempotencyKey": k, "apiKey": SECRET})
-    .to_string()
+/// A fingerprint's stored key, but its minute bucket: the trade's quantity follows.
+const FINGERPRINT: &str = "trade:binance:BTCUSDT:LONG:";
+
+/// How long a fingerprint blocks its trade: the spec's minute.
+const FINGERPRINT_HOLD: Duration = Duration::from_secs(60);
+
+/// Trade number `n`: every fourth has no key, and its quantity (`n`) makes it a trade of
+/// its own, blocked by its fingerprint; the others carry the key `chaos-n`.
+fn fingerprinted(n: u64) -> bool {
+    n % 4 == 3
+}
+
+fn body(n: u64) -> String {
+    let mut b = json!({"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,
+           "apiKey": SECRET});
+    if fingerprinted(n) {
+        b["quantity"] = json!(n);
+    } else {
+        b["idempotencyKey"] = json!(format!("chaos-{n}"));
+    }
+    b.to_string()
+}
+
+/// The trade number a key the executor received stands for: `chaos-n` as stored, or a
+/// fingerprint of quantity `n` in any minute bucket.
+fn trade_of(stored: &str) -> u64 {
+    let n = match stored.strip_prefix(STORED) {
+        Some(client) => client.strip_prefix("chaos-"),
+        None => stored
+            .strip_prefix(FINGERPRINT)
+            .and_then(|rest| rest.split(':').next()),
+    };
+    n.and_then(|n| n.parse().ok())
+        .unwrap_or_else(|| panic!("not a key of this test: {stored}"))
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -63,7 +97,8 @@ async fn sigkill_under_load_never_forwards_a_key_twice() {
     // this task is scheduled late on a loaded machine.
     exec.set_mode(Mode::Slow(Duration::from_millis(50)));
     let setup = Setup::new(Some(&exec.url()));
-    let accepted: Arc<Mutex<HashSet<String>>> = Arc::default();
+    // Trade numbers answered 200.
+    let accepted: Arc<Mutex<HashSet<u64>>> = Arc::default();
     // Each cycle draws from a window of 400 keys, half of them the previous cycle's: the
     // same trade is retried concurrently, and again across a restart, while half the window
     // is new, so that every cycle still has trades to forward when its kill comes.
@@ -87,8 +122,8 @@ async fn sigkill_under_load_never_forwards_a_key_twice() {
                     return;
                 };
                 for _ in 0..10_000 {
-                    let k = format!("chaos-{}", base + r.below(window));
-                    match conn.post(&url, &[], body(&k)).await {
+                    let n = base + r.below(window);
+                    match conn.post(&url, &[], body(n)).await {
                         Ok(reply) => {
                             let s = reply.status.as_u16();
                             assert!(
@@ -97,7 +132,7 @@ async fn sigkill_under_load_never_forwards_a_key_twice() {
                                 reply.json()
                             );
                             if s == 200 {
-                                accepted.lock().unwrap().insert(format!("{STORED}{k}"));
+                                accepted.lock().unwrap().insert(n);
                             }
                         }
                         // The gateway was killed under us.
@@ -126,8 +161,8 @@ async fn sigkill_under_load_never_forwards_a_key_twice() {
             .iter()
             .filter(|r| {
                 r.idempotency_key
-                    .as_ref()
-                    .is_some_and(|k| !accepted_now.contains(k))
+                    .as_deref()
+                    .is_some_and(|k| !accepted_now.contains(&trade_of(k)))
             })
             .count();
         println!(
@@ -150,42 +185,64 @@ async fn sigkill_under_load_never_forwards_a_key_twice() {
         "a kill cut off an order at the executor in only {cut_off} of {cycles} cycles"
     );
 
-    // No key forwarded twice.
-    let mut seen: HashMap<String, usize> = HashMap::new();
+    // No trade forwarded twice: a key within its TTL (the whole run), a fingerprint within
+    // its minute, whatever its bucket.
+    let mut seen: HashMap<u64, Vec<(String, std::time::Instant)>> = HashMap::new();
     for r in exec.ledger() {
-        *seen
-            .entry(r.idempotency_key.unwrap_or_default())
-            .or_default() += 1;
+        let k = r
+            .idempotency_key
+            .expect("an order reached the executor without its key");
+        seen.entry(trade_of(&k)).or_default().push((k, r.at));
     }
-    let twice: Vec<_> = seen.iter().filter(|(_, n)| **n > 1).collect();
+    let twice: Vec<_> = seen
+        .values()
+        .filter(|orders| {
+            orders
+                .windows(2)
+                .any(|w| !w[1].0.starts_with(FINGERPRINT) || w[1].1 - w[0].1 < FINGERPRINT_HOLD)
+        })
+        .collect();
     assert!(twice.is_empty(), "forwarded twice: {twice:?}");
+    let fingerprints = seen.keys().filter(|n| fingerprinted(**n)).count();
     assert!(
-        !seen.contains_key(""),
-        "an order reached the executor without its key"
+        fingerprints * 8 >= seen.len(),
+        "{fingerprints} of {} trades forwarded were fingerprinted",
+        seen.len()
     );
     let accepted = accepted.lock().unwrap().clone();
-    let lost: Vec<_> = accepted.iter().filter(|k| !seen.contains_key(*k)).collect();
+    let lost: Vec<_> = accepted.iter().filter(|n| !seen.contains_key(*n)).collect();
     assert!(
         lost.is_empty(),
         "a 200 for a trade never forwarded: {lost:?}"
     );
 
-    // Every key forwarded (so every key that got a 2xx) is still blocked after a restart.
+    // Every trade forwarded (so every one that got a 2xx) is still blocked after a restart:
+    // all of the keyed ones, and the fingerprinted ones still inside their minute (with a
+    // margin for the replay's own time).
     let gw = setup.start();
     gw.wait_ready().await;
     let before = exec.calls();
     let mut conn = gw.client.connect(&gw.url()).await.unwrap();
-    for k in seen.keys() {
-        let client_key = k
-            .strip_prefix(STORED)
-            .expect("the ledger holds stored keys");
-        let r = conn.post(&gw.url(), &[], body(client_key)).await.unwrap();
+    let mut replayed = 0;
+    for (n, orders) in &seen {
+        let last = orders.last().map(|o| o.1).expect("one order at least");
+        if fingerprinted(*n) && last.elapsed() > FINGERPRINT_HOLD - Duration::from_secs(10) {
+            continue;
+        }
+        replayed += 1;
+        let r = conn.post(&gw.url(), &[], body(*n)).await.unwrap();
         assert_eq!(
             (r.status.as_u16(), r.json()["code"].as_str()),
             (409, Some("DUPLICATE")),
-            "{k} was forwarded (accepted: {}) before a crash but not blocked after",
-            accepted.contains(k)
+            "trade {n} was forwarded ({orders:?}, accepted: {}) before a crash but not \
+             blocked after",
+            accepted.contains(n)
         );
     }
+    assert!(
+        replayed * 2 >= seen.len(),
+        "{replayed} of {} replayed",
+        seen.len()
+    );
     assert_eq!(exec.calls(), before);
 }

@@ -56,6 +56,8 @@ pub struct Received {
     pub request_id: Option<String>,
     pub content_type: Option<String>,
     pub body: Bytes,
+    /// When its body had been read.
+    pub at: std::time::Instant,
 }
 
 impl Received {
@@ -278,6 +280,7 @@ async fn answer(
             request_id,
             content_type,
             body,
+            at: std::time::Instant::now(),
         });
         (ledger.len(), *state.mode.lock().unwrap())
     };
