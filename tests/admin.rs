@@ -507,8 +507,11 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
         answer(format!("{release}?entry=1.2.pending")).await,
         changed
     );
-    // Its order out (the key marked): refused unforced; force needs the entry.
-    let out = marks.begin(&key);
+    // Its order out (the key marked, the mark bound to this entry): refused unforced;
+    // force needs the entry.
+    let seq = |tag: &str| tag.split('.').next().unwrap().parse::<u64>().unwrap();
+    let out = marks.begin(&key, None);
+    out.bind(&key, seq(&seen));
     let (_, shown) = a.call("GET", &show).await;
     assert_eq!(shown["in_flight"], true);
     let out_tag = entry(&shown);
@@ -528,10 +531,11 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
     // is pending and unmarked, a filled trade as far as anyone knows, and a release with
     // the look from while it was out is refused.
     let pinned = |tag: &str| format!("{release}?entry={tag}");
-    let Decision::Proceed(_lost) = m.reserve(reserve(&key)).await else {
+    let out = marks.begin(&key, None);
+    let Decision::Proceed(lost) = m.reserve(reserve(&key)).await else {
         panic!("a released key is granted")
     };
-    let out = marks.begin(&key);
+    out.granted(&lost);
     let (_, shown) = a.call("GET", &show).await;
     let out_tag = entry(&shown);
     drop(out);
@@ -560,7 +564,8 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
     assert_eq!(answer(pinned(&entry(&pending))).await, changed);
     // Marked (a retry's reserve, or an order the operator forced past), a committed key
     // is released by force with the tag of the committed entry.
-    let _mark = marks.begin(&key);
+    let mark = marks.begin(&key, None);
+    mark.bind(&key, seq(&entry(&committed)));
     assert_eq!(answer(pinned(&entry(&committed))).await, in_flight);
     let (s, v) = a.call("POST", &forced(&entry(&committed))).await;
     assert_eq!((s, v["released"].as_bool()), (200, Some(true)), "{v}");

@@ -330,6 +330,128 @@ async fn a_key_whose_order_is_out_is_released_only_by_force() {
     assert_eq!(second.await.unwrap().status, 200);
 }
 
+/// A held trade (its order ended in a 504) is not in flight, and is released without
+/// force, while its sender retries it: each retry marks the key while its reserve is
+/// asked, and those marks are not the held entry's. A signed order's signature guard is in
+/// flight with its order, and not released without force either.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn retries_of_a_held_trade_leave_it_releasable_and_a_guard_is_out_with_its_order() {
+    let exec = MockExecutor::start().await;
+    exec.set_mode(Mode::Slow(std::time::Duration::from_secs(4)));
+    let mut setup = Setup::new(Some(&exec.url()));
+    setup.set("executor", "timeout", "1s");
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let mut t = trade("BTCUSDT");
+    t["idempotencyKey"] = json!("held-1");
+    assert_eq!(gw.post(&t, &[]).await.status, 504);
+    let show = "/keys/client:psk:live:held-1";
+
+    let stop = std::sync::Arc::new(std::sync::atomic::AtomicBool::new(false));
+    let retries: Vec<_> = (0..4)
+        .map(|_| {
+            let (client, url, body, stop) =
+                (gw.client.clone(), gw.url(), t.to_string(), stop.clone());
+            tokio::spawn(async move {
+                let mut conn = client.connect(&url).await.unwrap();
+                let mut refused = 0;
+                while !stop.load(std::sync::atomic::Ordering::Relaxed) {
+                    let r = conn.post(&url, &[], body.clone()).await.unwrap();
+                    if r.status != 409 {
+                        // Released: a retry goes through (a 504 again, a second later).
+                        assert!(stop.load(std::sync::atomic::Ordering::Relaxed));
+                        break;
+                    }
+                    refused += 1;
+                }
+                refused
+            })
+        })
+        .collect();
+    let mut tags = std::collections::BTreeSet::new();
+    for _ in 0..40 {
+        let (s, v) = gw.admin("GET", show).await;
+        assert_eq!((s, v["state"].as_str()), (200, Some("pending")), "{v}");
+        assert_eq!(
+            v["in_flight"], false,
+            "a retry's mark read as the held order: {v}"
+        );
+        tags.insert(v["entry"].as_str().unwrap().to_string());
+    }
+    assert_eq!(tags.len(), 1, "one entry, one tag: {tags:?}");
+    let tag = tags.first().unwrap();
+    // Retries still coming: they stop, and may go through, once it is released.
+    stop.store(true, std::sync::atomic::Ordering::Relaxed);
+    let (s, v) = gw
+        .admin("POST", &format!("{show}/release?entry={tag}"))
+        .await;
+    assert_eq!((s, v["released"].as_bool()), (200, Some(true)), "{v}");
+    let mut refused = 0;
+    for r in retries {
+        refused += r.await.unwrap();
+    }
+    assert!(
+        refused >= 40,
+        "only {refused} retries while the operator looked"
+    );
+
+    // A signed order at the executor: its guard is out with it.
+    let mut setup = Setup::new(Some(&exec.url()));
+    setup.set("executor", "timeout", "10s");
+    let gw = setup.start();
+    gw.wait_ready().await;
+    exec.set_mode(Mode::Slow(std::time::Duration::from_secs(5)));
+    let calls = exec.calls();
+    let mut t = trade("ETHUSDT");
+    t.as_object_mut().unwrap().remove("apiKey");
+    let body = t.to_string();
+    let now = std::time::SystemTime::now()
+        .duration_since(std::time::UNIX_EPOCH)
+        .unwrap()
+        .as_secs() as i64;
+    let sig = hoox_edge::gateway::auth::sign(SECRET.as_bytes(), now, body.as_bytes());
+    let (client, url) = (gw.client.clone(), gw.url());
+    let order = tokio::spawn(async move {
+        let ts = now.to_string();
+        let headers = [
+            ("x-hoox-timestamp", ts.as_str()),
+            ("x-hoox-signature", sig.as_str()),
+        ];
+        client
+            .request(hyper::Method::POST, &url, &headers, body)
+            .await
+    });
+    exec.wait_for_calls(calls + 1).await;
+    let (_, list) = gw.admin("GET", "/keys").await;
+    let keys = list["keys"].as_array().unwrap();
+    let guard = keys
+        .iter()
+        .find(|k| k["key"].as_str().unwrap().starts_with("sig:"))
+        .unwrap_or_else(|| panic!("no guard: {list}"));
+    assert_eq!(guard["in_flight"], true, "{list}");
+    let (s, v) = gw
+        .admin(
+            "POST",
+            &format!("/keys/{}/release", guard["key"].as_str().unwrap()),
+        )
+        .await;
+    assert_eq!(
+        (s, v["code"].as_str()),
+        (409, Some("ORDER_IN_FLIGHT")),
+        "{v}"
+    );
+    assert_eq!(order.await.unwrap().status, 200);
+    let (_, list) = gw.admin("GET", "/keys").await;
+    assert!(
+        list["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .all(|k| k["in_flight"] == false),
+        "{list}"
+    );
+}
+
 /// Without `[admin]` the gateway serves webhooks and no admin API, and says so: on stdout
 /// ("admin off") and as a warning, since the kill switch and `/readyz` go with it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -483,7 +483,10 @@ async fn list(state: &State, query: &str) -> Answer {
         Ok(mut entries) => {
             let truncated = entries.len() > limit;
             entries.truncate(limit);
-            let keys: Vec<Value> = entries.iter().map(|e| entry_json(state, e)).collect();
+            let mut keys = Vec::with_capacity(entries.len());
+            for e in &entries {
+                keys.push(entry_json(state, e).await);
+            }
             ok(json!({"keys": keys, "truncated": truncated}))
         }
         Err(u) => unavailable(&u),
@@ -513,7 +516,7 @@ async fn show(state: &State, raw: &str) -> Answer {
         Err(a) => return *a,
     };
     match state.mutex.get(key).await {
-        Ok(Some(e)) => ok(entry_json(state, &e)),
+        Ok(Some(e)) => ok(entry_json(state, &e).await),
         Ok(None) => not_found(),
         Err(u) => unavailable(&u),
     }
@@ -533,8 +536,9 @@ async fn release(state: &State, raw: &str, query: &str) -> Answer {
     };
     // The release names the entry looked at here, in the state it is in: the owner
     // removes that entry only, and only if it has not settled since. An order is marked
-    // outstanding before its reserve is sent and until its settling is queued, so an
-    // entry that is live now and unmarked after the look has no order out, and an order
+    // outstanding before its reserve is sent and until its settling is queued, and bound
+    // to the entry its reserve made, so an entry that is live now with no mark bound to it
+    // once the marks taken before the look are bound or gone has no order out; an order
     // marked later cannot hold it (a reserve makes a new entry). `entry` pins the look
     // further back, to the operator's own (`keys show`): an entry that settled since, or
     // a key freed and taken again, is not the one they judged.
@@ -543,10 +547,11 @@ async fn release(state: &State, raw: &str, query: &str) -> Answer {
         Ok(None) => return not_found(),
         Err(u) => return unavailable(&u),
     };
-    if entry.is_some_and(|tag| tag != entry_tag(state, &seen)) {
+    let out = order_out(state, &seen).await;
+    if entry.is_some_and(|tag| tag != entry_tag(&seen, out)) {
         return key_changed();
     }
-    if !force && state.outstanding.contains(&key) {
+    if !force && out {
         return problem(
             StatusCode::CONFLICT,
             "ORDER_IN_FLIGHT",
@@ -614,9 +619,9 @@ fn release_query(query: &str) -> Result<(bool, Option<&str>), String> {
 /// out a released entry's number again, the number alone would not tell); and a reopen or
 /// a restart may have lost a commit carried in memory, so that a filled trade reads as the
 /// operator once saw it, but in another load.
-fn entry_tag(state: &State, e: &EntryInfo) -> String {
+fn entry_tag(e: &EntryInfo, out: bool) -> String {
     let word = match e.state {
-        EntryState::Pending if state.outstanding.contains(&e.key) => "out",
+        EntryState::Pending if out => "out",
         s => s.as_str(),
     };
     format!("{}.{}.{word}.{:08x}", e.seq, e.stored_at, e.load)
@@ -657,12 +662,18 @@ fn parse_key(raw: &str) -> Result<Key, Box<Answer>> {
         .map_err(|detail| Box::new(problem(StatusCode::BAD_REQUEST, "INVALID_KEY", detail)))
 }
 
-fn entry_json(state: &State, e: &EntryInfo) -> Value {
+/// Whether the order that made the entry `e` is at the executor now.
+async fn order_out(state: &State, e: &EntryInfo) -> bool {
+    state.outstanding.order_out(&e.key, e.seq).await
+}
+
+async fn entry_json(state: &State, e: &EntryInfo) -> Value {
+    let out = order_out(state, e).await;
     json!({
         "key": e.key.as_str(),
         // Which entry this is, in which state, for `keys release --entry`.
-        "entry": entry_tag(state, e),
-        "in_flight": state.outstanding.contains(&e.key),
+        "entry": entry_tag(e, out),
+        "in_flight": out,
         "state": e.state.as_str(),
         "stored_at": e.stored_at,
         "expires_at": e.expires_at,

@@ -1,4 +1,4 @@
-//! The orders at an executor right now, by key: what an operator must not release blindly.
+//! The orders at an executor right now, by entry: what an operator must not release blindly.
 //!
 //! A pending key is one of two things: a trade whose order is still out, its outcome not
 //! yet known, or one held after an unknown outcome (a 504) or a crash. Only the second is
@@ -6,55 +6,150 @@
 //! through while the first order may still fill, and that order's commit then finds the
 //! key gone, leaving the rest of its TTL unguarded. So the admin face tells the two apart
 //! (`in_flight`), and refuses to release the first unless forced.
+//!
+//! A webhook marks its key (and its signature guard's) before its reserve is sent, and
+//! binds each mark to the entry the reserve made once it is granted: a mark is about one
+//! entry, not about whatever holds the key. A retry of a held trade marks the key while
+//! its reserve is asked and lets go at its 409; bound to nothing, that mark never makes the
+//! held entry read as out. A mark not bound yet may be the reserve that made the entry
+//! an operator looks at, answered but not yet bound: `order_out` waits for the marks
+//! unbound when it asks, a reserve's round trip, rather than guess.
 
 use std::collections::HashMap;
+use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, Mutex, MutexGuard};
+use std::time::Duration;
 
-use crate::mutex::Key;
+use crate::mutex::{Grant, Key};
 
-/// Keys with an order out, each with how many (one, unless an operator forced a release
-/// and a retry went out beside it). A `Key` is inline (no allocation): the mark costs a
+/// The longest `order_out` waits for a mark to be bound or let go: longer than a reserve
+/// can take (the mutex's deadline, 2 s). A mark still unbound then reads as out: refusing
+/// an unforced release is the safe answer.
+const BIND_WAIT: Duration = Duration::from_secs(3);
+
+/// The marks of each key, by mark. A `Key` is inline (no allocation): a mark costs a
 /// webhook one uncontended lock and a map entry each way.
 #[derive(Debug, Default)]
-pub struct Outstanding(Mutex<HashMap<Key, u32>>);
+pub struct Outstanding {
+    marks: Mutex<HashMap<Key, Vec<Mark>>>,
+    next: AtomicU64,
+}
+
+#[derive(Debug, Clone, Copy)]
+struct Mark {
+    id: u64,
+    /// The entry the reserve made (its sequence number), once granted.
+    entry: Option<u64>,
+}
 
 impl Outstanding {
-    /// Marks an order for `key` as out until the returned guard is dropped: after its
-    /// commit or release is queued.
-    pub fn begin(self: &Arc<Self>, key: &Key) -> Out {
-        *self.map().entry(key.clone()).or_insert(0) += 1;
+    /// Marks a trade's `key`, and its signature `guard` if it has one, until the returned
+    /// value is dropped: after the order's commit or release is queued.
+    pub fn begin(self: &Arc<Self>, key: &Key, guard: Option<&Key>) -> Out {
+        let mut map = self.map();
+        let marks = std::iter::once(key)
+            .chain(guard)
+            .map(|key| {
+                let id = self.next.fetch_add(1, Ordering::Relaxed);
+                map.entry(key.clone())
+                    .or_default()
+                    .push(Mark { id, entry: None });
+                (key.clone(), id)
+            })
+            .collect();
         Out {
             set: self.clone(),
-            key: key.clone(),
+            marks,
         }
     }
 
-    /// Whether an order for `key` is out.
-    pub fn contains(&self, key: &Key) -> bool {
-        self.map().contains_key(key)
+    /// Whether an order for the entry `entry` of `key` is out. Waits for the marks of
+    /// `key` not yet bound to be bound or let go (at most `BIND_WAIT`): one of them may be
+    /// the reserve that made this entry. Marks taken after the call cannot be: the entry
+    /// is made already.
+    pub async fn order_out(&self, key: &Key, entry: u64) -> bool {
+        let unbound: Vec<u64> = self.marks_of(key, |m| m.entry.is_none());
+        let until = tokio::time::Instant::now() + BIND_WAIT;
+        loop {
+            if !self.marks_of(key, |m| m.entry == Some(entry)).is_empty() {
+                return true;
+            }
+            let waiting = self.marks_of(key, |m| m.entry.is_none() && unbound.contains(&m.id));
+            if waiting.is_empty() {
+                return false;
+            }
+            if tokio::time::Instant::now() >= until {
+                return true;
+            }
+            tokio::time::sleep(Duration::from_millis(1)).await;
+        }
+    }
+
+    /// The ids of `key`'s marks that `pick` takes.
+    fn marks_of(&self, key: &Key, pick: impl Fn(&Mark) -> bool) -> Vec<u64> {
+        self.map()
+            .get(key)
+            .map(|marks| marks.iter().filter(|m| pick(m)).map(|m| m.id).collect())
+            .unwrap_or_default()
     }
 
     // The map is whole after any panic (each change is one call), so a poisoned lock is
     // still served.
-    fn map(&self) -> MutexGuard<'_, HashMap<Key, u32>> {
-        self.0.lock().unwrap_or_else(|p| p.into_inner())
+    fn map(&self) -> MutexGuard<'_, HashMap<Key, Vec<Mark>>> {
+        self.marks.lock().unwrap_or_else(|p| p.into_inner())
     }
 }
 
-/// One order out; dropping it says the order is settled.
+/// One order's marks; dropping it says the order is settled.
 #[derive(Debug)]
 pub struct Out {
     set: Arc<Outstanding>,
-    key: Key,
+    marks: Vec<(Key, u64)>,
+}
+
+impl Out {
+    /// The reserve was granted: each mark is bound to the entry it made for its key.
+    pub fn granted(&self, grant: &Grant) {
+        let guard = grant.guard();
+        for (key, _) in &self.marks {
+            let entry = if key == grant.key() {
+                Some(grant.seq())
+            } else {
+                guard.filter(|g| g.key() == key).map(Grant::seq)
+            };
+            if let Some(entry) = entry {
+                self.bind(key, entry);
+            }
+        }
+    }
+
+    /// Binds this order's mark of `key` to the entry `entry`.
+    pub fn bind(&self, key: &Key, entry: u64) {
+        let mut map = self.set.map();
+        let ids = self
+            .marks
+            .iter()
+            .filter(|(k, _)| k == key)
+            .map(|(_, id)| id);
+        if let Some(marks) = map.get_mut(key) {
+            for id in ids {
+                for m in marks.iter_mut().filter(|m| m.id == *id) {
+                    m.entry = Some(entry);
+                }
+            }
+        }
+    }
 }
 
 impl Drop for Out {
     fn drop(&mut self) {
         let mut map = self.set.map();
-        if let Some(n) = map.get_mut(&self.key) {
-            *n -= 1;
-            if *n == 0 {
-                map.remove(&self.key);
+        for (key, id) in &self.marks {
+            if let Some(marks) = map.get_mut(key) {
+                marks.retain(|m| m.id != *id);
+                if marks.is_empty() {
+                    map.remove(key);
+                }
             }
         }
     }
@@ -64,16 +159,60 @@ impl Drop for Out {
 mod tests {
     use super::*;
 
-    #[test]
-    fn a_key_is_out_while_any_of_its_orders_is() {
-        let key = |k: &str| Key::from_stored(&format!("client:psk:live:{k}")).unwrap();
+    fn key(k: &str) -> Key {
+        Key::from_stored(&format!("client:psk:live:{k}")).unwrap()
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn an_entry_is_out_while_an_order_bound_to_it_is() {
         let set = Arc::new(Outstanding::default());
-        let a = set.begin(&key("k"));
-        let b = set.begin(&key("k"));
-        assert!(set.contains(&key("k")) && !set.contains(&key("j")));
+        let (k, j) = (key("k"), key("j"));
+        let a = set.begin(&k, None);
+        a.bind(&k, 7);
+        let b = set.begin(&k, None);
+        b.bind(&k, 8);
+        assert!(set.order_out(&k, 7).await && set.order_out(&k, 8).await);
+        assert!(!set.order_out(&k, 9).await && !set.order_out(&j, 7).await);
         drop(a);
-        assert!(set.contains(&key("k")));
+        assert!(!set.order_out(&k, 7).await && set.order_out(&k, 8).await);
         drop(b);
-        assert!(!set.contains(&key("k")));
+        assert!(!set.order_out(&k, 8).await);
+        assert!(set.map().is_empty(), "{:?}", set.map());
+    }
+
+    /// Unbound marks are waited for: a retry's 409 lets go, and the entry is not out; the
+    /// reserve that made the entry binds, and it is; one that never says reads as out.
+    #[tokio::test(start_paused = true)]
+    async fn an_unbound_mark_is_waited_for() {
+        let set = Arc::new(Outstanding::default());
+        let k = key("k");
+
+        let retry = set.begin(&k, None);
+        let ask = tokio::spawn({
+            let (set, k) = (set.clone(), k.clone());
+            async move { set.order_out(&k, 7).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        assert!(!ask.is_finished(), "answered before the mark was settled");
+        drop(retry);
+        assert!(!ask.await.unwrap());
+
+        let maker = set.begin(&k, None);
+        let ask = tokio::spawn({
+            let (set, k) = (set.clone(), k.clone());
+            async move { set.order_out(&k, 7).await }
+        });
+        tokio::time::sleep(Duration::from_millis(50)).await;
+        maker.bind(&k, 7);
+        assert!(ask.await.unwrap());
+        drop(maker);
+
+        let silent = set.begin(&k, None);
+        let started = tokio::time::Instant::now();
+        assert!(set.order_out(&k, 7).await);
+        assert!(started.elapsed() >= BIND_WAIT);
+        // Bound to another entry, it is not this one's.
+        silent.bind(&k, 3);
+        assert!(!set.order_out(&k, 7).await);
     }
 }

@@ -311,12 +311,18 @@ async fn pipeline(
         gw.metrics.refused("stopping");
         return Err(keyed(Problem::Unavailable { reason: "stopping" }, None));
     }
-    // Reserve. The key is marked as having an order out from before the reserve until its
-    // commit or release is queued, so that no operator release, checked against the mark,
-    // can fall between a grant and its mark.
-    let out = gw.outstanding.begin(&key);
+    // Reserve. The key (and the signature guard) is marked as having an order out from
+    // before the reserve until its commit or release is queued, so that no operator
+    // release, checked against the mark, can fall between a grant and its mark; granted,
+    // each mark is bound to the entry the reserve made (`executor::outstanding`).
+    let out = gw
+        .outstanding
+        .begin(&key, reserve.guard.as_ref().map(|g| &g.key));
     let grant = match gw.mutex.reserve(reserve).await {
-        Decision::Proceed(grant) => grant,
+        Decision::Proceed(grant) => {
+            out.granted(&grant);
+            grant
+        }
         Decision::Halted => return Err(halted()),
         // The answer names the key that blocked, as its body does: for a retry caught in
         // another minute (by its family) or by its signature's guard, that is not the key

@@ -166,6 +166,16 @@ impl Grant {
     pub fn key(&self) -> &Key {
         &self.key
     }
+
+    /// The entry it was granted with, as [`EntryInfo::seq`] names it.
+    pub fn seq(&self) -> u64 {
+        self.seq
+    }
+
+    /// The signature guard's grant, settled with this one.
+    pub fn guard(&self) -> Option<&Grant> {
+        self.guard.as_deref()
+    }
 }
 
 #[derive(Debug, Clone, PartialEq)]
