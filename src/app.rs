@@ -372,6 +372,12 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
             }
             Err((u, false)) => format!("fail-closed: {u}"),
         };
+        // Draining: `systemctl status` says so, not "serving", until the process ends.
+        let status = if announce.stopping.load(Ordering::Acquire) {
+            format!("{STOPPING}; {status}")
+        } else {
+            status
+        };
         if status != last_status {
             notify::status(&status);
             if status.starts_with("fail-closed") {
@@ -426,8 +432,12 @@ impl Announce {
         let _told = lock(&self.told);
         self.stopping.store(true, Ordering::Release);
         notify::stopping();
+        notify::status(STOPPING);
     }
 }
+
+/// What STATUS= begins with from SIGTERM on.
+const STOPPING: &str = "stopping: draining in-flight requests";
 
 /// A lock whose holder panicked is still a lock: each of these guards nothing, or a value
 /// written whole.

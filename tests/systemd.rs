@@ -166,6 +166,20 @@ async fn ready_watchdog_status_stopping_and_a_stalled_owner() {
         "no STOPPING=1; got {seen:?}"
     );
     assert!(gw.terminate().success());
+    // From then on STATUS= says it is stopping, not serving.
+    drain(&sock, &mut seen);
+    let after: Vec<_> = seen
+        .iter()
+        .skip_while(|l| l.trim_end() != "STOPPING=1")
+        .filter(|l| l.starts_with("STATUS="))
+        .collect();
+    assert!(
+        !after.is_empty()
+            && after
+                .iter()
+                .all(|l| l.starts_with("STATUS=stopping: draining")),
+        "{seen:?}"
+    );
 }
 
 /// A disk that stalls for half the watchdog period does not get the service killed: the
@@ -307,7 +321,12 @@ async fn a_first_open_while_stopping_does_not_say_ready() {
     assert!(stopping.is_some(), "no STOPPING=1; got {seen:?}");
     let stopped_at = seen.len() - 1;
     std::fs::create_dir(setup.dir.path().join("later")).unwrap();
-    wait_status(&sock, &mut seen, "serving");
+    // Open now, and still stopping: STATUS= says both.
+    wait_status(
+        &sock,
+        &mut seen,
+        "stopping: draining in-flight requests; serving",
+    );
     let after: Vec<_> = seen[stopped_at..]
         .iter()
         .filter(|m| m.lines().any(|l| l == "READY=1"))
