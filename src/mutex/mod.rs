@@ -44,7 +44,9 @@ pub struct Config {
     pub path: PathBuf,
     /// Most live keys held at once; a reserve beyond it is `Unavailable::Capacity`.
     pub capacity: usize,
-    /// Most commands applied in one batch (one journal record, at most one sync).
+    /// Most commands taken from the channel for one batch (one journal record; a batch
+    /// that does not fit the journal costs a checkpoint too). Commits, releases and kill
+    /// switches from the overflow lane ride along beyond it: they were refused a place.
     pub batch_limit: usize,
     /// Depth of the command channel; a full channel is `Unavailable::Busy`.
     pub queue_depth: usize,

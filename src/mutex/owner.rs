@@ -276,6 +276,13 @@ struct Owner {
     /// deadlines; an entry without one of this boot has only the wall clock, which may
     /// have been stepped forward meanwhile: these keep a key live as the index did.
     dues: HashMap<u64, u64>,
+    /// While failing closed: how many of the entries the index held were live by the wall
+    /// clock alone (their monotonic deadline passed: a clock stepped back, or a restart
+    /// behind), which `dues` does not keep (the reopen's read keeps them by the wall clock).
+    /// Counted in `live_keys`.
+    wall_held: usize,
+    /// The kill switch as last written: what a failed write leaves in force.
+    halted_written: bool,
     /// Alarms carry the expiry they were set for, so an alarm left behind by a released and
     /// re-reserved key is recognised as stale and ignored.
     wheel: Wheel<(Rc<str>, u64)>,
@@ -317,6 +324,8 @@ impl Owner {
             latest: HashSet::new(),
             boot: None,
             dues: HashMap::new(),
+            wall_held: 0,
+            halted_written: false,
             wheel,
             halted: false,
             next_seq: 0,
@@ -469,6 +478,7 @@ impl Owner {
         match outcome {
             Ok(()) => {
                 self.store = Some(store);
+                self.halted_written = self.halted;
                 if size > 0 {
                     self.shared.stats.batch_size.observe(size as f64);
                 }
@@ -1233,6 +1243,7 @@ impl Owner {
                     self.track(seq, Rc::from(e.key.as_str()), &e, (now_wall, now_mono), due);
                 }
                 self.dues.clear();
+                self.wall_held = 0;
                 // Never backwards: a grant from before the failure may still be settled,
                 // and must not match a newer entry that reused its number (the table's
                 // numbers restart after its highest, which may have been released).
@@ -1248,6 +1259,7 @@ impl Owner {
                     .expired
                     .fetch_add(loaded.purged, Ordering::Relaxed);
                 self.halted = loaded.halted;
+                self.halted_written = loaded.halted;
                 let mut store = store;
                 // Read before `free_void`, whose write resets the backoff.
                 let reopened = self.backoff > Duration::ZERO;
@@ -1322,6 +1334,7 @@ impl Owner {
         // The index goes, and with it each key's monotonic deadline: keep those for the
         // reopen (added to any from an earlier failure the reopen has not yet consumed).
         let now_mono = self.clock.mono_ms();
+        let now_wall = self.clock.wall_ms();
         self.dues.retain(|_, due| *due > now_mono);
         self.dues.extend(
             self.index
@@ -1329,6 +1342,14 @@ impl Owner {
                 .filter(|l| l.due_mono > now_mono)
                 .map(|l| (l.seq, l.due_mono)),
         );
+        self.wall_held += self
+            .index
+            .values()
+            .filter(|l| l.due_mono <= now_mono && l.live((now_wall, now_mono)))
+            .count();
+        // A kill switch applied in the batch that failed may not be on the disk: what is
+        // published until the reopen reads it is the last one written.
+        self.halted = self.halted_written;
         self.store = None;
         self.carry = Batch::default();
         self.index.clear();
@@ -1368,7 +1389,7 @@ impl Owner {
     /// process is not counted: 0, beside `fail_closed`.)
     fn live_keys(&self) -> usize {
         match self.failure {
-            Some(_) => self.dues.len(),
+            Some(_) => self.dues.len() + self.wall_held,
             None => self.index.len(),
         }
     }
@@ -2019,6 +2040,37 @@ mod tests {
             other => panic!("the commit after the reopen was lost: {other:?}"),
         }
         assert!(matches!(reserve(&mut o, &b), Decision::Proceed(_)));
+    }
+
+    /// While failing closed the owner counts the keys it held when it failed, those the
+    /// wall clock alone still held (it was stepped back) included: read as none, they
+    /// would invite the removal of the state files. And the kill switch it publishes is
+    /// the one last written, not one the failed batch may not have written.
+    #[test]
+    fn failing_closed_counts_wall_held_keys_and_publishes_the_switch_written() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut o, time) = owner_with_clock(dir.path());
+        let k = trade_key("BTC");
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+        time.step_wall_back_ms(3_600_000);
+        time.advance_ms(301_000);
+        assert!(matches!(reserve(&mut o, &k), Decision::Duplicate(_)));
+        assert_eq!(o.live_keys(), 1);
+        assert_eq!(ask(&mut o, |tx| Command::SetHalted(true, tx)), Ok(()));
+        // Applied in a batch whose write then failed.
+        o.halted = false;
+        o.fail(Unavailable::CommitFailed("a fault".into()));
+        assert_eq!(o.live_keys(), 1, "the wall-held key is not counted");
+        assert!(
+            o.shared.halted.load(Ordering::Relaxed),
+            "an unwritten switch is published"
+        );
+        o.reopen();
+        assert!(o.store.is_some(), "{:?}", o.failure);
+        assert!(o.halted, "the switch written is read back");
+        assert_eq!(ask(&mut o, |tx| Command::SetHalted(false, tx)), Ok(()));
+        assert!(matches!(reserve(&mut o, &k), Decision::Duplicate(_)));
+        assert_eq!(o.live_keys(), 1);
     }
 
     /// A wall clock stepped forward while the owner fails closed frees no key at the
