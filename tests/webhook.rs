@@ -1637,6 +1637,45 @@ async fn a_client_that_hangs_up_mid_order_still_has_it_committed() {
     assert_eq!(exec.calls(), 1);
 }
 
+/// `hoox_connections_refused_total`, from the admin face.
+async fn connections_refused(gw: &support::gateway::Gateway) -> u64 {
+    let (_, m) = gw.admin("GET", "/metrics").await;
+    let m = m.as_str().unwrap_or_default().to_string();
+    m.lines()
+        .find_map(|l| l.strip_prefix("hoox_connections_refused_total "))
+        .and_then(|v| v.parse::<u64>().ok())
+        .unwrap_or_else(|| panic!("no refused count in {m}"))
+}
+
+/// A connection still in its TLS handshake at SIGTERM (a port scan, a TCP health check)
+/// has no request to finish: the drain does not wait out its handshake timeout (60 s
+/// here, past the 30 s drain, which then says requests did not finish).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_does_not_wait_for_a_connection_in_its_handshake() {
+    let mut setup = Setup::new(None);
+    setup
+        .set("server", "handshake_timeout", "60s")
+        .set("server", "max_connections_per_ip", 1);
+    let mut gw = setup.start();
+    gw.wait_ready().await;
+    let _silent = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    // Held by the gateway: the next connection from this address is over its share, and
+    // counted as refused.
+    let refused = async || connections_refused(&gw).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    while refused().await == 0 {
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the silent connection was not held"
+        );
+        let _ = gw.client.connect(&gw.url()).await;
+    }
+    let status = gw.terminate();
+    assert!(status.success(), "{status:?}");
+    let said = gw.stderr();
+    assert!(!said.contains("did not finish"), "{said}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_in_flight_orders_commit_then_closes_cleanly() {
     let exec = MockExecutor::start().await;
@@ -1835,14 +1874,7 @@ async fn one_address_cannot_take_every_connection() {
         let mut rest = Vec::new();
         let _ = tcp.read_to_end(&mut rest).await;
     }
-    let refused = async || {
-        let (_, m) = gw.admin("GET", "/metrics").await;
-        let m = m.as_str().unwrap_or_default().to_string();
-        m.lines()
-            .find_map(|l| l.strip_prefix("hoox_connections_refused_total "))
-            .and_then(|v| v.parse::<u64>().ok())
-            .unwrap_or_else(|| panic!("no refused count in {m}"))
-    };
+    let refused = async || connections_refused(&gw).await;
     // Each plaintext client's place comes back when the gateway is done with it.
     let first = connect_soon().await;
     let mut second = connect_soon().await;

@@ -23,6 +23,7 @@ use rustls::pki_types::CertificateDer;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
+use tokio_util::sync::CancellationToken;
 
 use limits::PerIp;
 pub use webhook::{Gateway, Peer};
@@ -161,6 +162,10 @@ pub async fn serve(
     shutdown: impl Future<Output = ()>,
 ) {
     let graceful = GracefulShutdown::new();
+    // Cancelled when the drain begins: a connection still in its TLS handshake has no
+    // request to finish, and would hold the drain for up to `handshake_timeout` (a port
+    // scan, a TCP health check), with the listener already closed.
+    let draining = CancellationToken::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
     let per_ip = PerIp::new(limits.max_connections_per_ip);
     // (when the last refusal was logged, refusals since then)
@@ -231,19 +236,20 @@ pub async fn serve(
         let gw = gw.clone();
         let builder = builder.clone();
         let watcher = graceful.watcher();
+        let draining = draining.clone();
         tokio::spawn(async move {
             let _permit = permit;
             let _ip_slot = ip_slot;
-            let stream =
-                match tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp)).await {
-                    Ok(Ok(s)) => s,
-                    // Plaintext on the TLS port, a bad handshake, or a silent client.
-                    Ok(Err(e)) => {
-                        log::debug!("TLS handshake from {addr} failed: {e}");
-                        return;
-                    }
-                    Err(_) => return,
-                };
+            let handshake = tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp));
+            let stream = match draining.run_until_cancelled(handshake).await {
+                Some(Ok(Ok(s))) => s,
+                // Plaintext on the TLS port, a bad handshake, or a silent client.
+                Some(Ok(Err(e))) => {
+                    log::debug!("TLS handshake from {addr} failed: {e}");
+                    return;
+                }
+                Some(Err(_)) | None => return,
+            };
             let chain = stream.get_ref().1.peer_certificates();
             let client_name = chain.and_then(|c| c.first()).and_then(tls::client_name);
             let check = match (&client_name, chain) {
@@ -288,6 +294,7 @@ pub async fn serve(
         });
     }
     drop(listener);
+    draining.cancel();
     // From here no order starts that could not end within the drain (`webhook::handle`).
     let _ = gw.drain_end.set(Instant::now() + DRAIN);
     // Connections, and requests and orders whose client hung up, which no connection waits
