@@ -648,8 +648,8 @@ mod tests {
             return;
         }
         let dir = tempfile::tempdir().unwrap();
-        let mut child = std::process::Command::new(std::env::current_exe().unwrap())
-            .args([NAME, "--exact", "--test-threads=1", "--nocapture"])
+        let mut child = crate::testing::rerun(NAME)
+            .unwrap()
             .env(ROLE, dir.path())
             .stdout(std::process::Stdio::piped())
             .spawn()

@@ -16,5 +16,7 @@ pub mod gateway;
 pub mod metrics;
 pub mod mutex;
 pub mod platform;
+#[doc(hidden)]
+pub mod testing;
 
 pub use app::run;

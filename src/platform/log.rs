@@ -163,9 +163,8 @@ mod tests {
             let path = dir.path().join("stderr");
             let file = std::fs::File::create(&path).expect("stderr file");
             let meta = file.metadata().expect("stat");
-            let mut cmd = std::process::Command::new(std::env::current_exe().expect("exe"));
-            cmd.args([NAME, "--exact", "--test-threads=1", "--nocapture"])
-                .env(ROLE, "child")
+            let mut cmd = crate::testing::rerun(NAME).expect("exe");
+            cmd.env(ROLE, "child")
                 .env_remove("JOURNAL_STREAM")
                 .stdout(std::process::Stdio::null())
                 .stderr(file);

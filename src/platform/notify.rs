@@ -80,11 +80,8 @@ mod tests {
     const ROLE: &str = "HOOX_NOTIFY_TEST_ROLE";
 
     fn rerun_self(test: &str, role: &str) -> Command {
-        // The test binary is the current executable; `--exact` selects this one test.
-        let exe = std::env::current_exe().expect("test binary path");
-        let mut cmd = Command::new(exe);
-        cmd.args([test, "--exact", "--test-threads=1", "--nocapture"])
-            .env(ROLE, role)
+        let mut cmd = crate::testing::rerun(test).expect("test binary path");
+        cmd.env(ROLE, role)
             .env_remove("NOTIFY_SOCKET")
             .env_remove("WATCHDOG_USEC")
             .env_remove("WATCHDOG_PID");

@@ -133,10 +133,8 @@ pub fn child_begin() {
 
 /// Re-executes this very test (by exact name) as a child process with `role` set.
 pub fn child(test: &str, role: &str) -> std::process::Command {
-    let exe = std::env::current_exe().expect("test binary path");
-    let mut c = std::process::Command::new(exe);
-    c.args([test, "--exact", "--nocapture", "--test-threads=1"])
-        .env(CHILD_ENV, role)
+    let mut c = hoox_edge::testing::rerun(test).expect("test binary path");
+    c.env(CHILD_ENV, role)
         .stdin(std::process::Stdio::piped())
         .stdout(std::process::Stdio::piped())
         .stderr(std::process::Stdio::inherit());
