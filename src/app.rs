@@ -372,20 +372,13 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
             }
             Err((u, false)) => format!("fail-closed: {u}"),
         };
-        // Draining: `systemctl status` says so, not "serving", until the process ends.
-        let status = if announce.stopping.load(Ordering::Acquire) {
-            format!("{STOPPING}; {status}")
-        } else {
-            status
-        };
-        if status != last_status {
-            notify::status(&status);
-            if status.starts_with("fail-closed") {
-                log::error!("{status}");
+        if let Some(said) = announce.status(status, &last_status) {
+            if said.starts_with("fail-closed") {
+                log::error!("{said}");
             } else {
-                log::info!("{status}");
+                log::info!("{said}");
             }
-            last_status = status;
+            last_status = said;
         }
         // Poll quickly until ready, then at the watchdog's pace.
         let wait = if ready.load(Ordering::Relaxed) {
@@ -426,6 +419,23 @@ impl Announce {
             notify::ready();
         }
         said
+    }
+
+    /// STATUS=, if it says something other than `last`; from STOPPING=1 on, prefixed by
+    /// `STOPPING` (draining: `systemctl status` says so, not "serving", until the process
+    /// ends). Under `told`, so that no status without it follows STOPPING=1's own.
+    fn status(&self, status: String, last: &str) -> Option<String> {
+        let _told = lock(&self.told);
+        let status = if self.stopping.load(Ordering::Acquire) {
+            format!("{STOPPING}; {status}")
+        } else {
+            status
+        };
+        if status == last {
+            return None;
+        }
+        notify::status(&status);
+        Some(status)
     }
 
     fn stopping(&self) {

@@ -520,6 +520,33 @@ async fn the_keys_that_got_a_2xx_are_written_and_replay_as_duplicates() {
         "{}",
         out.stderr
     );
+
+    // A gateway that answers a duplicate with its stored answer (a 2xx marked
+    // Idempotent-Replayed): replayed keys are not forwarded again, and the run passes.
+    let mut replaying = forwarding_to(&ledger);
+    replaying.set("server", "duplicate_response", "replay");
+    let gw = replaying.start();
+    gw.wait_ready().await;
+    let stored = replaying.dir.path().join("stored-keys");
+    let line = |extra: &str| {
+        format!(
+            "run --url {} --ca {} --auth hmac --secret-file {} --json -c 2 {extra}",
+            gw.url(),
+            replaying.pki.ca_cert.display(),
+            secret.display()
+        )
+    };
+    let first = load(&line(&format!(
+        "--requests 20 --key-prefix stored --write-2xx-keys {}",
+        stored.display()
+    )))
+    .await;
+    assert_eq!(first.code, Some(0), "{}", first.stdout);
+    let again = load(&line(&format!("--replay-keys {}", stored.display()))).await;
+    let report = again.json(0);
+    assert_eq!(again.code, Some(0), "{report}");
+    assert_eq!(answered(&report, "200"), 20, "{report}");
+    assert_eq!(report["replayed"], 20, "{report}");
 }
 
 /// A TLS server that answers `200 {"success":true}` at once, except request number `stall_at`

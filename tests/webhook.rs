@@ -1756,8 +1756,9 @@ async fn sigterm_starts_no_order_that_could_outlast_the_drain() {
             .unwrap();
         calls.push(tokio::spawn(sender.send_request(req)));
     }
-    // Both requests are in, their bodies begun, when the gateway is told to stop.
-    tokio::time::sleep(Duration::from_millis(300)).await;
+    // Both requests are in, their bodies begun, when the gateway is told to stop: a
+    // loopback stream takes microseconds; a second leaves a loaded machine its slack.
+    tokio::time::sleep(Duration::from_millis(1000)).await;
     unsafe { libc::kill(gw.child.id() as i32, libc::SIGTERM) };
     let mut gates = gates.into_iter();
     let mut calls = calls.into_iter();

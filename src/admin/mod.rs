@@ -483,10 +483,14 @@ async fn list(state: &State, query: &str) -> Answer {
         Ok(mut entries) => {
             let truncated = entries.len() > limit;
             entries.truncate(limit);
-            let mut keys = Vec::with_capacity(entries.len());
-            for e in &entries {
-                keys.push(entry_json(state, e).await);
-            }
+            // One wait for all of them: each key's may be a reserve's round trip.
+            let asked: Vec<_> = entries.iter().map(|e| (&e.key, e.seq)).collect();
+            let out = state.outstanding.orders_out(&asked).await;
+            let keys: Vec<Value> = entries
+                .iter()
+                .zip(out)
+                .map(|(e, out)| entry_json(e, out))
+                .collect();
             ok(json!({"keys": keys, "truncated": truncated}))
         }
         Err(u) => unavailable(&u),
@@ -516,7 +520,7 @@ async fn show(state: &State, raw: &str) -> Answer {
         Err(a) => return *a,
     };
     match state.mutex.get(key).await {
-        Ok(Some(e)) => ok(entry_json(state, &e).await),
+        Ok(Some(e)) => ok(entry_json(&e, order_out(state, &e).await)),
         Ok(None) => not_found(),
         Err(u) => unavailable(&u),
     }
@@ -667,8 +671,8 @@ async fn order_out(state: &State, e: &EntryInfo) -> bool {
     state.outstanding.order_out(&e.key, e.seq).await
 }
 
-async fn entry_json(state: &State, e: &EntryInfo) -> Value {
-    let out = order_out(state, e).await;
+/// An entry as `keys show` and `keys list` give it; `out`: its order is at the executor.
+fn entry_json(e: &EntryInfo, out: bool) -> Value {
     json!({
         "key": e.key.as_str(),
         // Which entry this is, in which state, for `keys release --entry`.

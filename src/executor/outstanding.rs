@@ -12,7 +12,7 @@
 //! entry, not about whatever holds the key. A retry of a held trade marks the key while
 //! its reserve is asked and lets go at its 409; bound to nothing, that mark never makes the
 //! held entry read as out. A mark not bound yet may be the reserve that made the entry
-//! an operator looks at, answered but not yet bound: `order_out` waits for the marks
+//! an operator looks at, answered but not yet bound: `orders_out` waits for the marks
 //! unbound when it asks, a reserve's round trip, rather than guess.
 
 use std::collections::HashMap;
@@ -22,7 +22,7 @@ use std::time::Duration;
 
 use crate::mutex::{Grant, Key};
 
-/// The longest `order_out` waits for a mark to be bound or let go: longer than a reserve
+/// The longest `orders_out` waits for a mark to be bound or let go: longer than a reserve
 /// can take (the mutex's deadline, 2 s). A mark still unbound then reads as out: refusing
 /// an unforced release is the safe answer.
 const BIND_WAIT: Duration = Duration::from_secs(3);
@@ -63,40 +63,72 @@ impl Outstanding {
         }
     }
 
-    /// Whether an order for the entry `entry` of `key` is out. Waits for the marks of
-    /// `key` not yet bound to be bound or let go (at most `BIND_WAIT`): one of them may be
-    /// the reserve that made this entry. Marks taken after the call cannot be: the entry
-    /// is made already.
-    pub async fn order_out(&self, key: &Key, entry: u64) -> bool {
-        let unbound: Vec<u64> = self.marks_of(key, |m| m.entry.is_none());
+    /// Whether the order that made each entry (`key`, its sequence number) is out. Waits
+    /// for the marks of those keys not yet bound to be bound or let go (at most
+    /// `BIND_WAIT`, for all of them together): one of them may be the reserve that made
+    /// the entry. Marks taken after the call cannot be: the entry is made already.
+    pub async fn orders_out(&self, entries: &[(&Key, u64)]) -> Vec<bool> {
+        let unbound: Vec<Vec<u64>> = {
+            let map = self.map();
+            entries
+                .iter()
+                .map(|(key, _)| {
+                    let marks = map.get(*key).map_or(&[][..], Vec::as_slice);
+                    marks
+                        .iter()
+                        .filter(|m| m.entry.is_none())
+                        .map(|m| m.id)
+                        .collect()
+                })
+                .collect()
+        };
         let until = tokio::time::Instant::now() + BIND_WAIT;
         loop {
-            if !self.marks_of(key, |m| m.entry == Some(entry)).is_empty() {
-                return true;
-            }
-            let waiting = self.marks_of(key, |m| m.entry.is_none() && unbound.contains(&m.id));
-            if waiting.is_empty() {
-                return false;
-            }
-            if tokio::time::Instant::now() >= until {
-                return true;
+            // Each entry decided under one look at the map: a mark bound between two looks
+            // would be in neither.
+            let answers: Vec<Option<bool>> = {
+                let map = self.map();
+                entries
+                    .iter()
+                    .zip(&unbound)
+                    .map(|((key, entry), waited)| {
+                        decide(map.get(*key).map_or(&[][..], Vec::as_slice), *entry, waited)
+                    })
+                    .collect()
+            };
+            if answers.iter().all(Option::is_some) || tokio::time::Instant::now() >= until {
+                // Still unbound at the end: out, the answer that refuses a release.
+                return answers.into_iter().map(|a| a.unwrap_or(true)).collect();
             }
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
     }
 
-    /// The ids of `key`'s marks that `pick` takes.
-    fn marks_of(&self, key: &Key, pick: impl Fn(&Mark) -> bool) -> Vec<u64> {
-        self.map()
-            .get(key)
-            .map(|marks| marks.iter().filter(|m| pick(m)).map(|m| m.id).collect())
-            .unwrap_or_default()
+    /// `orders_out` for one entry.
+    pub async fn order_out(&self, key: &Key, entry: u64) -> bool {
+        self.orders_out(&[(key, entry)]).await == [true]
     }
 
     // The map is whole after any panic (each change is one call), so a poisoned lock is
     // still served.
     fn map(&self) -> MutexGuard<'_, HashMap<Key, Vec<Mark>>> {
         self.marks.lock().unwrap_or_else(|p| p.into_inner())
+    }
+}
+
+/// Whether the order that made `entry` is out, given its key's `marks` and the ids of the
+/// marks that were unbound when asked (`waited`): yes if a mark is bound to it, no once
+/// none of those is still unbound, else not known yet.
+fn decide(marks: &[Mark], entry: u64, waited: &[u64]) -> Option<bool> {
+    if marks.iter().any(|m| m.entry == Some(entry)) {
+        Some(true)
+    } else if marks
+        .iter()
+        .any(|m| m.entry.is_none() && waited.contains(&m.id))
+    {
+        None
+    } else {
+        Some(false)
     }
 }
 
@@ -178,6 +210,18 @@ mod tests {
         drop(b);
         assert!(!set.order_out(&k, 8).await);
         assert!(set.map().is_empty(), "{:?}", set.map());
+    }
+
+    /// Decided under one look: a mark bound since the question is the entry's order.
+    #[test]
+    fn a_mark_bound_since_the_question_is_out() {
+        let mark = |id, entry| Mark { id, entry };
+        assert_eq!(decide(&[mark(1, None)], 7, &[1]), None);
+        assert_eq!(decide(&[mark(1, Some(7))], 7, &[1]), Some(true));
+        assert_eq!(decide(&[mark(1, Some(8))], 7, &[1]), Some(false));
+        assert_eq!(decide(&[], 7, &[1]), Some(false));
+        // Taken after the question: not waited for.
+        assert_eq!(decide(&[mark(2, None)], 7, &[1]), Some(false));
     }
 
     /// Unbound marks are waited for: a retry's 409 lets go, and the entry is not out; the

@@ -93,6 +93,20 @@ struct Live {
     due_mono: u64,
 }
 
+/// An entry's deadlines, kept through a failure (`Owner::dues`).
+#[derive(Debug, Clone, Copy)]
+struct Due {
+    mono: u64,
+    wall: u64,
+}
+
+impl Due {
+    /// As `Live::live`: while either clock says so.
+    fn live(&self, (now_wall, now_mono): (u64, u64)) -> bool {
+        self.wall > now_wall || self.mono > now_mono
+    }
+}
+
 impl Live {
     /// How long ago it was stored, by the monotonic clock: a wall clock stepped forward
     /// must not age a key, nor one stepped back keep it young for the length of the step.
@@ -271,17 +285,14 @@ struct Owner {
     /// deadline is its monotonic one. `None` when the boot is not known (entries then
     /// carry none).
     boot: Option<u32>,
-    /// While failing closed: the monotonic deadlines of the entries the index held, by
-    /// entry number. The reopen reads the table by the wall clock and the entries' boot
+    /// While failing closed: the deadlines of the entries the index held live, by entry
+    /// number. The reopen reads the table by the wall clock and the entries' boot
     /// deadlines; an entry without one of this boot has only the wall clock, which may
-    /// have been stepped forward meanwhile: these keep a key live as the index did.
-    dues: HashMap<u64, u64>,
-    /// While failing closed: how many of the entries the index held were live by the wall
-    /// clock alone (their monotonic deadline passed: a clock stepped back, or a restart
-    /// behind), which `dues` does not keep (the reopen's read keeps them by the wall clock).
-    /// Counted in `live_keys`.
-    wall_held: usize,
-    /// The kill switch as last written: what a failed write leaves in force.
+    /// have been stepped forward meanwhile: the monotonic deadlines kept here keep a key
+    /// live as the index did. `live_keys` counts those either clock still holds.
+    dues: HashMap<u64, Due>,
+    /// The kill switch as last written, beside `halted`, which a batch sets before it is
+    /// written (`fail`).
     halted_written: bool,
     /// Alarms carry the expiry they were set for, so an alarm left behind by a released and
     /// re-reserved key is recognised as stale and ignored.
@@ -324,7 +335,6 @@ impl Owner {
             latest: HashSet::new(),
             boot: None,
             dues: HashMap::new(),
-            wall_held: 0,
             halted_written: false,
             wheel,
             halted: false,
@@ -671,7 +681,12 @@ impl Owner {
                     self.released.push(*grant);
                     Ok(None)
                 }
-                Err(e) => Err(Box::new((e, None))),
+                // Only if postcard fails to encode into a `Vec`: the batch fails, and the
+                // release is made again at the reopen, as any a failed write dropped.
+                Err(e) => {
+                    self.released.push(*grant);
+                    Err(Box::new((e, None)))
+                }
             },
             // An operator write whose caller has given up was reported to the operator as
             // failed (503): applying it now would do what they were told did not happen.
@@ -1210,7 +1225,7 @@ impl Owner {
         self.boot = self.clock.boot();
         let now_boot = self.boot.map(|boot| BootTime { boot, ms: now_mono });
         // An entry the monotonic clock still holds is kept, whatever the wall clock says.
-        let held = |seq: u64| self.dues.get(&seq).is_some_and(|&due| due > now_mono);
+        let held = |seq: u64| self.dues.get(&seq).is_some_and(|d| d.mono > now_mono);
         let (path, bytes) = (&self.config.path, self.config.journal_bytes);
         match store::open(path, bytes, !self.opened, now_wall, now_boot, held) {
             Ok((store, loaded)) => {
@@ -1237,13 +1252,16 @@ impl Owner {
                     }
                     // The later of the deadline kept through a failure and the entry's own
                     // on this boot's clock, if either is known.
-                    let kept = self.dues.get(&seq).copied();
+                    let kept = self
+                        .dues
+                        .get(&seq)
+                        .map(|d| d.mono)
+                        .filter(|&m| m > now_mono);
                     let on_boot = e.boot_due.and_then(|d| d.ms_in(self.boot));
                     let due = kept.max(on_boot);
                     self.track(seq, Rc::from(e.key.as_str()), &e, (now_wall, now_mono), due);
                 }
                 self.dues.clear();
-                self.wall_held = 0;
                 // Never backwards: a grant from before the failure may still be settled,
                 // and must not match a newer entry that reused its number (the table's
                 // numbers restart after its highest, which may have been released).
@@ -1258,6 +1276,18 @@ impl Owner {
                     .stats
                     .expired
                     .fetch_add(loaded.purged, Ordering::Relaxed);
+                if self.halted != loaded.halted {
+                    log::warn!(
+                        "mutex: the kill switch reads {} after the reopen: a change the failed \
+                         write was said to lose {}",
+                        if loaded.halted { "set" } else { "lifted" },
+                        if loaded.halted == self.halted_written {
+                            "was lost"
+                        } else {
+                            "reached the disk"
+                        }
+                    );
+                }
                 self.halted = loaded.halted;
                 self.halted_written = loaded.halted;
                 let mut store = store;
@@ -1333,23 +1363,20 @@ impl Owner {
         self.void.append(&mut self.released);
         // The index goes, and with it each key's monotonic deadline: keep those for the
         // reopen (added to any from an earlier failure the reopen has not yet consumed).
-        let now_mono = self.clock.mono_ms();
-        let now_wall = self.clock.wall_ms();
-        self.dues.retain(|_, due| *due > now_mono);
-        self.dues.extend(
-            self.index
-                .values()
-                .filter(|l| l.due_mono > now_mono)
-                .map(|l| (l.seq, l.due_mono)),
-        );
-        self.wall_held += self
-            .index
-            .values()
-            .filter(|l| l.due_mono <= now_mono && l.live((now_wall, now_mono)))
-            .count();
-        // A kill switch applied in the batch that failed may not be on the disk: what is
-        // published until the reopen reads it is the last one written.
-        self.halted = self.halted_written;
+        let now = (self.clock.wall_ms(), self.clock.mono_ms());
+        self.dues.retain(|_, d| d.live(now));
+        self.dues
+            .extend(self.index.values().filter(|l| l.live(now)).map(|l| {
+                let due = Due {
+                    mono: l.due_mono,
+                    wall: l.expires_at,
+                };
+                (l.seq, due)
+            }));
+        // A kill switch applied in the batch that failed may or may not be on the disk (a
+        // sync that failed after its write): until the reopen reads it, the switch is
+        // published as on if either may be (trades are refused meanwhile anyway).
+        self.halted = self.halted || self.halted_written;
         self.store = None;
         self.carry = Batch::default();
         self.index.clear();
@@ -1383,13 +1410,16 @@ impl Owner {
     }
 
     /// The keys held: the index's, or while failing closed, whose index is gone with the
-    /// database, those it held when it failed (`dues`; some may have expired since). Read
+    /// database, those it held when it failed that a clock still holds (`dues`). Read
     /// as none, a gateway failing closed would invite the removal of its state files,
     /// which README allows only once no key is live. (A database never opened in this
     /// process is not counted: 0, beside `fail_closed`.)
     fn live_keys(&self) -> usize {
         match self.failure {
-            Some(_) => self.dues.len() + self.wall_held,
+            Some(_) => {
+                let now = (self.clock.wall_ms(), self.clock.mono_ms());
+                self.dues.values().filter(|d| d.live(now)).count()
+            }
             None => self.index.len(),
         }
     }
@@ -2071,6 +2101,27 @@ mod tests {
         assert_eq!(ask(&mut o, |tx| Command::SetHalted(false, tx)), Ok(()));
         assert!(matches!(reserve(&mut o, &k), Decision::Duplicate(_)));
         assert_eq!(o.live_keys(), 1);
+    }
+
+    /// Failing closed across a long outage, the count follows both clocks: a key whose
+    /// monotonic deadline passes while the wall clock (stepped back) still holds it is
+    /// counted through a second failure (a reopen that failed), and none once both pass.
+    #[test]
+    fn failing_closed_counts_keys_while_either_clock_holds_them() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut o, time) = owner_with_clock(dir.path());
+        assert!(matches!(
+            reserve(&mut o, &trade_key("BTC")),
+            Decision::Proceed(_)
+        ));
+        o.fail(Unavailable::CommitFailed("a fault".into()));
+        assert_eq!(o.live_keys(), 1);
+        time.step_wall_back_ms(3_600_000);
+        time.advance_ms(301_000);
+        o.fail(Unavailable::CommitFailed("the reopen failed".into()));
+        assert_eq!(o.live_keys(), 1, "held by the wall clock alone");
+        time.advance_ms(3_600_000);
+        assert_eq!(o.live_keys(), 0, "expired by both clocks");
     }
 
     /// A wall clock stepped forward while the owner fails closed frees no key at the

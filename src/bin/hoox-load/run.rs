@@ -355,6 +355,9 @@ struct Stats {
     served_in_window: u64,
     /// With --write-2xx-keys: the key numbers answered 2xx.
     ok_keys: Vec<u64>,
+    /// 2xx answers to duplicates, from a gateway whose `duplicate_response` is "replay"
+    /// (`Idempotent-Replayed: true`): the stored answer, nothing forwarded.
+    replayed: u64,
 }
 
 impl Stats {
@@ -367,6 +370,7 @@ impl Stats {
             answers_in_window: 0,
             served_in_window: 0,
             ok_keys: Vec::new(),
+            replayed: 0,
         })
     }
 
@@ -387,6 +391,7 @@ impl Stats {
         self.answers_in_window += other.answers_in_window;
         self.served_in_window += other.served_in_window;
         self.ok_keys.extend(other.ok_keys);
+        self.replayed += other.replayed;
     }
 }
 
@@ -667,11 +672,15 @@ async fn connection(plan: Arc<Plan>, mut conn: Option<Conn>, seed: u64) -> Resul
         let exchange = async {
             let res = sender.send(req).await?;
             let status = res.status().as_u16();
+            let replayed = res
+                .headers()
+                .get("idempotent-replayed")
+                .is_some_and(|v| v == "true");
             res.into_body().collect().await?;
-            Ok::<u16, hyper::Error>(status)
+            Ok::<(u16, bool), hyper::Error>((status, replayed))
         };
         match tokio::time::timeout(plan.timeout, exchange).await {
-            Ok(Ok(status)) => {
+            Ok(Ok((status, replayed))) => {
                 let done = Instant::now();
                 stats
                     .latency_us
@@ -681,7 +690,9 @@ async fn connection(plan: Arc<Plan>, mut conn: Option<Conn>, seed: u64) -> Resul
                     stats.answers_in_window += 1;
                     stats.served_in_window += u64::from(served(status));
                 }
-                if plan.record_ok_keys && (200..300).contains(&status) {
+                if replayed {
+                    stats.replayed += 1;
+                } else if plan.record_ok_keys && (200..300).contains(&status) {
                     stats.ok_keys.push(j);
                 }
             }
@@ -810,15 +821,16 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
         .map(|(_, n)| n)
         .sum();
     let transport = total.errors.values().sum::<u64>() + failed as u64;
-    // Every replayed key got a 2xx before: a 2xx now is that trade forwarded again, which
-    // the ledger sees only when there is one.
+    // Every replayed key got a 2xx before: a 2xx now is that trade forwarded again (but
+    // for a stored answer replayed), which the ledger sees only when there is one.
     let forwarded_again: u64 = match &plan.replay {
         Some(_) => total
             .status
             .iter()
             .filter(|(status, _)| (200..300).contains(*status))
             .map(|(_, n)| n)
-            .sum(),
+            .sum::<u64>()
+            .saturating_sub(total.replayed),
         None => 0,
     };
     if forwarded_again > 0 {
@@ -918,7 +930,8 @@ fn print_report(
             "served": served_total, "throughput_rps": rps, "answers_rps": answers_rps,
             "latency_us": { "p50": q(0.5), "p90": q(0.9), "p99": q(0.99), "p99_9": q(0.999),
                             "max": h.max(), "mean": h.mean() },
-            "status": status, "errors": total.errors, "failed_handshakes": failed_handshakes,
+            "status": status, "replayed": total.replayed, "errors": total.errors,
+            "failed_handshakes": failed_handshakes,
             "generator": generator,
         });
         println!("{out}");
@@ -963,6 +976,12 @@ fn print_report(
             status.join(", ")
         }
     );
+    if total.replayed > 0 {
+        println!(
+            "  replayed   {} (2xx to duplicates: the stored answer, Idempotent-Replayed)",
+            total.replayed
+        );
+    }
     if !total.errors.is_empty() || failed_handshakes > 0 {
         let errors: Vec<String> = total
             .errors
