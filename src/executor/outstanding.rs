@@ -83,19 +83,18 @@ impl Outstanding {
                 .collect()
         };
         let until = tokio::time::Instant::now() + BIND_WAIT;
+        let mut answers: Vec<Option<bool>> = vec![None; entries.len()];
         loop {
-            // Each entry decided under one look at the map: a mark bound between two looks
-            // would be in neither.
-            let answers: Vec<Option<bool>> = {
+            // Each entry decided under one look at the map (a mark bound between two looks
+            // would be in neither), and only those not decided yet looked at again.
+            {
                 let map = self.map();
-                entries
-                    .iter()
-                    .zip(&unbound)
-                    .map(|((key, entry), waited)| {
-                        decide(map.get(*key).map_or(&[][..], Vec::as_slice), *entry, waited)
-                    })
-                    .collect()
-            };
+                let undecided = answers.iter_mut().zip(entries).zip(&unbound);
+                for ((answer, (key, entry)), waited) in undecided.filter(|a| a.0.0.is_none()) {
+                    let marks = map.get(*key).map_or(&[][..], Vec::as_slice);
+                    *answer = decide(marks, *entry, waited);
+                }
+            }
             if answers.iter().all(Option::is_some) || tokio::time::Instant::now() >= until {
                 // Still unbound at the end: out, the answer that refuses a release.
                 return answers.into_iter().map(|a| a.unwrap_or(true)).collect();

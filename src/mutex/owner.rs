@@ -1276,16 +1276,11 @@ impl Owner {
                     .stats
                     .expired
                     .fetch_add(loaded.purged, Ordering::Relaxed);
-                if self.halted != loaded.halted {
+                if loaded.halted != self.halted_written {
                     log::warn!(
-                        "mutex: the kill switch reads {} after the reopen: a change the failed \
-                         write was said to lose {}",
+                        "mutex: the kill switch reads {} after the reopen: the change the \
+                         failed write was said to lose reached the disk",
                         if loaded.halted { "set" } else { "lifted" },
-                        if loaded.halted == self.halted_written {
-                            "was lost"
-                        } else {
-                            "reached the disk"
-                        }
                     );
                 }
                 self.halted = loaded.halted;
@@ -2098,6 +2093,16 @@ mod tests {
         o.reopen();
         assert!(o.store.is_some(), "{:?}", o.failure);
         assert!(o.halted, "the switch written is read back");
+        // The other way: a switch set in a batch whose write then failed may be on.
+        assert_eq!(ask(&mut o, |tx| Command::SetHalted(false, tx)), Ok(()));
+        o.halted = true;
+        o.fail(Unavailable::CommitFailed("a fault".into()));
+        assert!(
+            o.shared.halted.load(Ordering::Relaxed),
+            "a switch that may be on"
+        );
+        o.reopen();
+        assert!(!o.halted, "the switch written is read back");
         assert_eq!(ask(&mut o, |tx| Command::SetHalted(false, tx)), Ok(()));
         assert!(matches!(reserve(&mut o, &k), Decision::Duplicate(_)));
         assert_eq!(o.live_keys(), 1);

@@ -690,7 +690,7 @@ async fn connection(plan: Arc<Plan>, mut conn: Option<Conn>, seed: u64) -> Resul
                     stats.answers_in_window += 1;
                     stats.served_in_window += u64::from(served(status));
                 }
-                if replayed {
+                if replayed && (200..300).contains(&status) {
                     stats.replayed += 1;
                 } else if plan.record_ok_keys && (200..300).contains(&status) {
                     stats.ok_keys.push(j);
