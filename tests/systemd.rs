@@ -373,11 +373,7 @@ async fn a_reload_while_stopping_says_nothing_after_stopping() {
         .collect();
     assert!(after.is_empty(), "after STOPPING=1: {after:?}");
     assert!(gw.terminate().success());
-    assert!(
-        gw.stderr().contains("SIGHUP while stopping"),
-        "{}",
-        gw.stderr()
-    );
+    gw.wait_logged("SIGHUP while stopping");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
