@@ -7,7 +7,8 @@
 //! restart once the fault is gone.
 //!
 //! An I/O error from the disk, mid-run, comes from a FUSE file system that fails writes
-//! and syncs with EIO on command (`support/eiofs.rs`).
+//! and syncs with EIO on command (`support/eiofs.rs`); a power cut, from the same file
+//! system holding each file's writes in a volatile cache until that file is synced.
 //!
 //! The mounts need root, as CI has.
 
@@ -648,5 +649,136 @@ async fn a_clock_set_by_ntp_between_a_crash_and_the_restart_frees_no_key() {
     assert!(
         behind.abs_diff(3_600_000 + age) < 5_000,
         "stored {behind} ms ago, age {age} ms"
+    );
+}
+
+/// The volatile disk itself: until a power cut a reader sees every write, and after it
+/// only what was synced. What the power-cut test below relies on.
+#[test]
+fn a_volatile_disk_keeps_only_what_was_synced() {
+    use std::io::Write;
+    use std::os::unix::fs::FileExt;
+    let (mnt, backing) = (tempfile::tempdir().unwrap(), tempfile::tempdir().unwrap());
+    let disk = eiofs::EioMount::new_volatile(mnt.path(), backing.path());
+    let (synced, written) = (mnt.path().join("synced"), mnt.path().join("written"));
+    let mut f = std::fs::File::create(&synced).unwrap();
+    f.write_all(b"kept").unwrap();
+    f.sync_data().unwrap();
+    f.write_all_at(b"lost", 8).unwrap();
+    std::fs::write(&written, b"gone").unwrap();
+    assert_eq!(std::fs::read(&synced).unwrap(), b"kept\0\0\0\0lost");
+    assert_eq!(std::fs::read(&written).unwrap(), b"gone");
+    assert_eq!(std::fs::read(backing.path().join("written")).unwrap(), b"");
+    // A truncate and a regrowth read zeros where the cut bytes were, on disk or not.
+    f.set_len(2).unwrap();
+    f.set_len(6).unwrap();
+    assert_eq!(std::fs::read(&synced).unwrap(), b"ke\0\0\0\0");
+    drop(f);
+    disk.power_cut();
+    assert_eq!(std::fs::read(&synced).unwrap(), b"kept");
+    assert_eq!(std::fs::read(&written).unwrap(), b"");
+}
+
+/// `hoox_mutex_checkpoint_seconds_count`: the checkpoints the owner took.
+async fn checkpoints(gw: &Gateway) -> u64 {
+    let (_, m) = gw.admin("GET", "/metrics").await;
+    let m = m.as_str().unwrap_or_default();
+    m.lines()
+        .find_map(|l| l.strip_prefix("hoox_mutex_checkpoint_seconds_count "))
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| panic!("no checkpoint count in {m}"))
+}
+
+/// Five trades keyed `{tag}-…`, one alone, then four at once (a batch under one sync),
+/// each answered 200: their keys.
+async fn one_then_four(gw: &Gateway, tag: &str) -> [String; 5] {
+    let ks = ["one", "a", "b", "c", "d"].map(|s| format!("{tag}-{s}"));
+    let ts = ks.each_ref().map(|k| keyed(k));
+    let one = gw.post(&ts[0], &[]).await;
+    let (a, b, c, d) = tokio::join!(
+        gw.post(&ts[1], &[]),
+        gw.post(&ts[2], &[]),
+        gw.post(&ts[3], &[]),
+        gw.post(&ts[4], &[]),
+    );
+    for (k, r) in ks.iter().zip([one, a, b, c, d]) {
+        assert_eq!(r.status, 200, "{k}: {:?}", r.json());
+    }
+    ks
+}
+
+/// A crash, then a power cut before the restart: the disk loses every write it held in its
+/// cache (`support/eiofs.rs`, volatile), as a SIGKILL alone never does. Every key that got
+/// a 200 is still held after it: its reserve was on the disk before the answer, not only
+/// in a cache. Twice: the journal syncs a record with an O_DSYNC write where the file
+/// system takes O_DIRECT, and with fdatasync where it does not.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_power_cut_loses_no_key_that_got_a_2xx() {
+    power_cut_after_trades(true).await;
+    power_cut_after_trades(false).await;
+}
+
+async fn power_cut_after_trades(direct_io: bool) {
+    use eiofs::EioMount;
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let backing = tempfile::tempdir().unwrap();
+    let disk = EioMount::new_volatile(&setup.dir.path().join("state"), backing.path());
+    if !direct_io {
+        disk.refuse_direct_io();
+    }
+    let mut gw = setup.start();
+    gw.wait_ready().await;
+    let mut accepted = Vec::new();
+    for round in 0..40 {
+        accepted.extend(one_then_four(&gw, &format!("cut-{round}")).await);
+    }
+    // A checkpoint puts every record before it in the database, synced or not: the last
+    // trades come after one (an idle owner takes one every 128 records or so), so that
+    // their reserves are in the journal alone, and only its syncs put them on the disk.
+    let seen = checkpoints(&gw).await;
+    for n in 0.. {
+        if checkpoints(&gw).await > seen {
+            break;
+        }
+        assert!(n < 200, "no checkpoint in {n} trades");
+        let k = format!("cut-until-{n}");
+        assert_eq!(gw.post(&keyed(&k), &[]).await.status, 200);
+        accepted.push(k);
+    }
+    let last = checkpoints(&gw).await;
+    for round in 0..4 {
+        accepted.extend(one_then_four(&gw, &format!("cut-last-{round}")).await);
+    }
+    assert_eq!(
+        checkpoints(&gw).await,
+        last,
+        "the last trades were checkpointed"
+    );
+    assert_eq!(exec.calls(), accepted.len());
+    gw.kill9();
+    disk.power_cut();
+
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let mut lost = Vec::new();
+    for k in &accepted {
+        let r = gw.post(&keyed(k), &[]).await;
+        if (r.status.as_u16(), code(&r.json()).as_str()) != (409, "DUPLICATE") {
+            lost.push(format!("{k}: {} {}", r.status, r.json()));
+        }
+    }
+    assert!(
+        lost.is_empty(),
+        "direct I/O {direct_io}: {} of {} keys answered 200 were lost in the power cut, \
+         first {:#?}",
+        lost.len(),
+        accepted.len(),
+        &lost[..lost.len().min(3)]
+    );
+    assert_eq!(
+        exec.calls(),
+        accepted.len(),
+        "direct I/O {direct_io}: a retry reached the executor"
     );
 }

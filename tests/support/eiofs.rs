@@ -3,6 +3,11 @@
 //! gateway sees the kernel's own EIO from write(2) and fsync(2), as from a dying disk;
 //! nothing in the gateway knows it is under test.
 //!
+//! A volatile mount ([`EioMount::new_volatile`]) is a disk with a write cache: a file's
+//! writes are held in memory until an fsync of that file, and [`EioMount::power_cut`]
+//! drops whatever is still held. A SIGKILL cannot show a missing sync (the kernel's page
+//! cache outlives the process); this can.
+//!
 //! Served by a thread of the test process (fuser, mounted with mount(2): root, as CI has).
 //! Unmounted on drop; drop the gateway first, so that nothing holds a file open.
 
@@ -48,21 +53,37 @@ const TTL: Duration = Duration::ZERO;
 pub struct EioMount {
     mountpoint: PathBuf,
     fault: Arc<AtomicU8>,
+    state: Arc<Mutex<State>>,
     session: Option<BackgroundSession>,
 }
 
 impl EioMount {
     /// Mounts, on `mountpoint`, the contents of `backing`.
     pub fn new(mountpoint: &Path, backing: &Path) -> EioMount {
+        EioMount::mount(mountpoint, backing, false)
+    }
+
+    /// As [`EioMount::new`], with a volatile write cache: a write reaches `backing` only
+    /// at an fsync of its file (or as an O_DSYNC write), and [`EioMount::power_cut`]
+    /// loses it before that. Reads, sizes and truncates see the cached writes.
+    pub fn new_volatile(mountpoint: &Path, backing: &Path) -> EioMount {
+        EioMount::mount(mountpoint, backing, true)
+    }
+
+    fn mount(mountpoint: &Path, backing: &Path, volatile: bool) -> EioMount {
         let fault = Arc::new(AtomicU8::new(Fault::None as u8));
+        let state = Arc::new(Mutex::new(State {
+            paths: HashMap::from([(INodeNo::ROOT.0, backing.to_path_buf())]),
+            next_ino: 2,
+            files: HashMap::new(),
+            next_fh: 1,
+            volatile,
+            cached: HashMap::new(),
+            no_direct_io: false,
+        }));
         let fs = EioFs {
             fault: fault.clone(),
-            state: Mutex::new(State {
-                paths: HashMap::from([(INodeNo::ROOT.0, backing.to_path_buf())]),
-                next_ino: 2,
-                files: HashMap::new(),
-                next_fh: 1,
-            }),
+            state: state.clone(),
         };
         let mut config = Config::default();
         config.mount_options = vec![
@@ -74,12 +95,40 @@ impl EioMount {
         EioMount {
             mountpoint: mountpoint.to_path_buf(),
             fault,
+            state,
             session: Some(session),
         }
     }
 
     pub fn fail(&self, fault: Fault) {
         self.fault.store(fault as u8, Ordering::SeqCst);
+    }
+
+    /// Opens with O_DIRECT fail with EINVAL from now on, as on a file system without
+    /// direct I/O: a writer must sync through the page cache (fdatasync) instead.
+    pub fn refuse_direct_io(&self) {
+        self.state
+            .lock()
+            .unwrap_or_else(|p| p.into_inner())
+            .no_direct_io = true;
+    }
+
+    /// Loses every write not yet synced, as a power cut loses a disk's write cache; the
+    /// backing files keep what was synced. Call it with no process using the mount: the
+    /// kernel's own cached pages of those files are dropped too, or a reader after the
+    /// "reboot" would still see the lost writes.
+    pub fn power_cut(&self) {
+        let lost: Vec<u64> = {
+            let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
+            st.cached.drain().map(|(ino, _)| ino).collect()
+        };
+        if let Some(s) = &self.session {
+            let n = s.notifier();
+            for ino in lost {
+                // ENOENT: the kernel holds nothing of that inode, so nothing to drop.
+                let _ = n.inval_inode(INodeNo(ino), 0, 0);
+            }
+        }
     }
 }
 
@@ -108,6 +157,65 @@ struct State {
     next_ino: u64,
     files: HashMap<u64, File>,
     next_fh: u64,
+    /// Whether writes wait in `cached` for a sync ([`EioMount::new_volatile`]).
+    volatile: bool,
+    /// inode -> its writes not yet synced, in a volatile mount.
+    cached: HashMap<u64, Cached>,
+    /// Opens with O_DIRECT fail with EINVAL ([`EioMount::refuse_direct_io`]).
+    no_direct_io: bool,
+}
+
+/// A file's writes since its last sync, as the disk's cache holds them.
+struct Cached {
+    /// The file's size as written.
+    size: u64,
+    /// The backing file's bytes from here on are gone: a truncate below them since the
+    /// last sync. Reads see zeros there, unless a later write covers them.
+    cut: u64,
+    /// (offset, bytes), oldest first: a later write wins where they overlap. A truncate
+    /// clips them, so none reaches past `size`.
+    writes: Vec<(u64, Vec<u8>)>,
+}
+
+impl Cached {
+    fn truncate(&mut self, len: u64) {
+        self.size = len;
+        self.cut = self.cut.min(len);
+        self.writes.retain_mut(|(at, d)| {
+            d.truncate(len.saturating_sub(*at) as usize);
+            !d.is_empty()
+        });
+    }
+
+    /// `buf` (the backing file's bytes from `offset`, zeros past its end) as the file
+    /// reads with the cached writes; cut to the file's size.
+    fn overlay(&self, offset: u64, buf: &mut Vec<u8>) {
+        buf.truncate(self.size.saturating_sub(offset) as usize);
+        let end = offset + buf.len() as u64;
+        if self.cut < end {
+            buf[self.cut.saturating_sub(offset) as usize..].fill(0);
+        }
+        for (at, d) in &self.writes {
+            let (from, to) = ((*at).max(offset), (at + d.len() as u64).min(end));
+            if from < to {
+                buf[(from - offset) as usize..(to - offset) as usize]
+                    .copy_from_slice(&d[(from - at) as usize..(to - at) as usize]);
+            }
+        }
+    }
+
+    /// Writes it all to `path`, the backing file: what a sync puts on the disk.
+    fn apply(self, path: &Path) -> std::io::Result<File> {
+        let f = OpenOptions::new().write(true).open(path)?;
+        if self.cut < f.metadata()?.len() {
+            f.set_len(self.cut)?;
+        }
+        for (at, d) in &self.writes {
+            f.write_all_at(d, *at)?;
+        }
+        f.set_len(self.size)?;
+        Ok(f)
+    }
 }
 
 impl State {
@@ -127,7 +235,50 @@ impl State {
     }
 
     fn forget_path(&mut self, path: &Path) {
-        self.paths.retain(|_, p| p.as_path() != path);
+        let cached = &mut self.cached;
+        self.paths.retain(|ino, p| {
+            let keep = p.as_path() != path;
+            if !keep {
+                cached.remove(ino);
+            }
+            keep
+        });
+    }
+
+    /// The write cache of `ino`, begun at the backing file's state if empty.
+    fn cache(&mut self, ino: INodeNo) -> Result<&mut Cached, Errno> {
+        if !self.cached.contains_key(&ino.0) {
+            let size = std::fs::metadata(self.path(ino)?).map_err(errno)?.len();
+            let c = Cached {
+                size,
+                cut: size,
+                writes: Vec::new(),
+            };
+            self.cached.insert(ino.0, c);
+        }
+        Ok(self.cached.get_mut(&ino.0).expect("just inserted"))
+    }
+
+    /// `a` with the size the cached writes give the file.
+    fn sized(&self, mut a: FileAttr) -> FileAttr {
+        if let Some(c) = self.cached.get(&a.ino.0) {
+            a.size = c.size;
+        }
+        a
+    }
+
+    /// Puts the cached writes of `ino` on the disk, then syncs them.
+    fn sync_cached(&mut self, ino: INodeNo, datasync: bool) -> Result<(), Errno> {
+        let Some(c) = self.cached.remove(&ino.0) else {
+            return Ok(());
+        };
+        let f = c.apply(&self.path(ino)?).map_err(errno)?;
+        if datasync {
+            f.sync_data()
+        } else {
+            f.sync_all()
+        }
+        .map_err(errno)
     }
 
     fn file(&self, fh: FileHandle) -> Result<&File, Errno> {
@@ -137,7 +288,7 @@ impl State {
 
 struct EioFs {
     fault: Arc<AtomicU8>,
-    state: Mutex<State>,
+    state: Arc<Mutex<State>>,
 }
 
 fn time(secs: i64, nsecs: i64) -> SystemTime {
@@ -229,10 +380,13 @@ impl EioFs {
         &self,
         ino: INodeNo,
         reply: ReplyEmpty,
-        sync: impl FnOnce(&State) -> Result<(), Errno>,
+        sync: impl FnOnce(&mut State) -> Result<(), Errno>,
     ) {
-        let st = self.state();
-        match self.strikes(&st, ino, false).map_or_else(|| sync(&st), Err) {
+        let mut st = self.state();
+        match self
+            .strikes(&st, ino, false)
+            .map_or_else(|| sync(&mut st), Err)
+        {
             Ok(()) => reply.ok(),
             Err(e) => reply.error(e),
         }
@@ -244,8 +398,9 @@ impl EioFs {
 
     fn entry_of(&self, path: &Path) -> Result<FileAttr, Errno> {
         let m = std::fs::symlink_metadata(path).map_err(errno)?;
-        let ino = self.state().ino(path);
-        Ok(attr(ino, &m))
+        let mut st = self.state();
+        let ino = st.ino(path);
+        Ok(st.sized(attr(ino, &m)))
     }
 
     fn child(&self, parent: INodeNo, name: &OsStr) -> Result<PathBuf, Errno> {
@@ -264,7 +419,7 @@ impl Filesystem for EioFs {
     fn getattr(&self, _req: &Request, ino: INodeNo, _fh: Option<FileHandle>, reply: ReplyAttr) {
         let path = self.state().path(ino);
         match path.and_then(|p| std::fs::symlink_metadata(&p).map_err(errno)) {
-            Ok(m) => reply.attr(&TTL, &attr(ino.0, &m)),
+            Ok(m) => reply.attr(&TTL, &self.state().sized(attr(ino.0, &m))),
             Err(e) => reply.error(e),
         }
     }
@@ -290,14 +445,19 @@ impl Filesystem for EioFs {
         let r = (|| {
             let path = self.state().path(ino)?;
             if let Some(len) = size {
-                if let Some(e) = self.strikes(&self.state(), ino, true) {
+                let mut st = self.state();
+                if let Some(e) = self.strikes(&st, ino, true) {
                     return Err(e);
                 }
-                OpenOptions::new()
-                    .write(true)
-                    .open(&path)
-                    .and_then(|f| f.set_len(len))
-                    .map_err(errno)?;
+                if st.volatile {
+                    st.cache(ino)?.truncate(len);
+                } else {
+                    OpenOptions::new()
+                        .write(true)
+                        .open(&path)
+                        .and_then(|f| f.set_len(len))
+                        .map_err(errno)?;
+                }
             }
             if let Some(mode) = mode {
                 std::fs::set_permissions(&path, std::fs::Permissions::from_mode(mode))
@@ -306,7 +466,7 @@ impl Filesystem for EioFs {
             std::fs::symlink_metadata(&path).map_err(errno)
         })();
         match r {
-            Ok(m) => reply.attr(&TTL, &attr(ino.0, &m)),
+            Ok(m) => reply.attr(&TTL, &self.state().sized(attr(ino.0, &m))),
             Err(e) => reply.error(e),
         }
     }
@@ -380,6 +540,9 @@ impl Filesystem for EioFs {
             if flags.0 & libc::O_ACCMODE != libc::O_RDONLY {
                 self.read_only()?;
             }
+            if flags.0 & libc::O_DIRECT != 0 && self.state().no_direct_io {
+                return Err(Errno::EINVAL);
+            }
             let path = self.state().path(ino)?;
             let file = backing_options(flags.0).open(path).map_err(errno)?;
             let mut st = self.state();
@@ -416,6 +579,11 @@ impl Filesystem for EioFs {
                 o.truncate(true);
             }
             let file = o.open(&path).map_err(errno)?;
+            // A new file: nothing cached of an earlier one under its name.
+            let mut st = self.state();
+            let ino = st.ino(&path);
+            st.cached.remove(&ino);
+            drop(st);
             let a = self.entry_of(&path)?;
             let mut st = self.state();
             let fh = st.next_fh;
@@ -434,7 +602,7 @@ impl Filesystem for EioFs {
     fn read(
         &self,
         _req: &Request,
-        _ino: INodeNo,
+        ino: INodeNo,
         fh: FileHandle,
         offset: u64,
         size: u32,
@@ -453,7 +621,10 @@ impl Filesystem for EioFs {
                     Err(e) => return Err(errno(e)),
                 }
             }
-            buf.truncate(done);
+            match st.cached.get(&ino.0) {
+                Some(c) => c.overlay(offset, &mut buf),
+                None => buf.truncate(done),
+            }
             Ok(buf)
         });
         match r {
@@ -470,13 +641,30 @@ impl Filesystem for EioFs {
         offset: u64,
         data: &[u8],
         _write_flags: WriteFlags,
-        _flags: OpenFlags,
+        flags: OpenFlags,
         _lock_owner: Option<LockOwner>,
         reply: ReplyWrite,
     ) {
-        let st = self.state();
+        let mut st = self.state();
         if let Some(e) = self.strikes(&st, ino, true) {
             return reply.error(e);
+        }
+        if st.volatile {
+            let r = st.cache(ino).map(|c| {
+                c.size = c.size.max(offset + data.len() as u64);
+                c.writes.push((offset, data.to_vec()));
+            });
+            // An O_DSYNC write returns once on the disk, as a disk's FUA write does.
+            let r = r.and_then(|()| match flags.0 & libc::O_DSYNC {
+                0 => Ok(()),
+                _ => self
+                    .strikes(&st, ino, false)
+                    .map_or_else(|| st.sync_cached(ino, true), Err),
+            });
+            return match r {
+                Ok(()) => reply.written(data.len() as u32),
+                Err(e) => reply.error(e),
+            };
         }
         match st
             .file(fh)
@@ -521,6 +709,9 @@ impl Filesystem for EioFs {
         reply: ReplyEmpty,
     ) {
         self.sync(ino, reply, |st| {
+            if st.volatile {
+                return st.sync_cached(ino, datasync);
+            }
             let f = st.file(fh)?;
             if datasync {
                 f.sync_data()
