@@ -11,7 +11,8 @@
 #      also compiles ring's C and assembly);
 #   2. `file` sees each as static (no interpreter) and of the right architecture; sizes printed;
 #   3. smoke_aarch64: the arm64 binary runs under qemu-aarch64-static (`--version`, and a
-#      short serve on a temp state dir whose curl line places an order, then gets a 409);
+#      short serve on a temp state dir whose curl line places an order, then gets a 409,
+#      and exits 0 within 40 s of SIGTERM);
 #      test_aarch64: the unit tests and the mutex's basic, concurrency, crash and fault
 #      tests, built for aarch64, pass under it;
 #   4. the systemd unit: `systemd-analyze verify`, warnings included; ordered after
@@ -23,7 +24,8 @@
 #   6. install_test: the amd64 .deb installed with dpkg in a debootstrapped Debian 12 root
 #      (chroot): user, directories and modes, generated secrets, conffile, unit enabled; then
 #      reinstall keeps the secret; a config the new binary refuses fails the install
-#      (half-configured) until fixed; remove keeps config; purge removes config, secrets,
+#      (half-configured) until fixed, and so does a key.pem only root may read (the check
+#      runs as the service's user); remove keeps config; purge removes config, secrets,
 #      certificates, state and user.
 set -euo pipefail
 
@@ -156,7 +158,7 @@ smoke_aarch64() {
     fi
 }
 
-# Every unit test and the mutex's basic, concurrency, crash and fault tests, built for
+# The library's unit tests and the mutex's basic, concurrency, crash and fault tests, built for
 # aarch64 and run under qemu: the database, the journal's direct I/O and the owner on the
 # Pi's architecture, not only the binary's smoke test. The tests that run their test binary again as a child (a second
 # process holding the lock, a crash) run it through the same emulator (HOOX_TEST_RUNNER,

@@ -176,7 +176,7 @@ load() {
     fi
     if [ "$LOAD_RC" != 0 ]; then
         # 1 ledger, 2 could not run, 3 no answer, 4 answers other than 2xx/409 or failed
-        # requests, 124 timed out.
+        # requests, 5 a replayed key forwarded again, 124 timed out.
         printf '  %-22s FAIL: hoox-load exited %s, errors %s\n' "" "$LOAD_RC" \
             "$(grep -o '"errors":{[^}]*}' "$WORK/$name.json" | cut -c10-)"
         FAILED=1

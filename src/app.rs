@@ -373,7 +373,7 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
             Err((u, false)) => format!("fail-closed: {u}"),
         };
         if let Some(said) = announce.status(status, &last_status) {
-            if said.starts_with("fail-closed") {
+            if said.contains("fail-closed") {
                 log::error!("{said}");
             } else {
                 log::info!("{said}");

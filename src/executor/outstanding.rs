@@ -27,8 +27,9 @@ use crate::mutex::{Grant, Key};
 /// an unforced release is the safe answer.
 const BIND_WAIT: Duration = Duration::from_secs(3);
 
-/// The marks of each key, by mark. A `Key` is inline (no allocation): a mark costs a
-/// webhook one uncontended lock and a map entry each way.
+/// The marks of each key, by mark. A `Key` is inline: a webhook's marks cost it an
+/// uncontended lock to take (one mark, two with a signature guard), one to bind, and one
+/// to drop.
 #[derive(Debug, Default)]
 pub struct Outstanding {
     marks: Mutex<HashMap<Key, Vec<Mark>>>,

@@ -2070,7 +2070,8 @@ mod tests {
     /// While failing closed the owner counts the keys it held when it failed, those the
     /// wall clock alone still held (it was stepped back) included: read as none, they
     /// would invite the removal of the state files. And the kill switch it publishes is
-    /// the one last written, not one the failed batch may not have written.
+    /// on if either the value applied or the one last written is: the failed batch's may
+    /// or may not be on the disk.
     #[test]
     fn failing_closed_counts_wall_held_keys_and_publishes_the_switch_written() {
         let dir = tempfile::tempdir().unwrap();

@@ -29,7 +29,8 @@ struct Cli {
 enum Command {
     /// Send trade webhooks over N TLS connections and report throughput and latency.
     ///
-    /// Exit codes: 0 every answer served (2xx or 409); 1 the ledger (--ledger) saw a key
+    /// Exit codes: 0 every answer served (2xx or 409; with --replay-keys, 409 or a stored
+    /// answer marked Idempotent-Replayed); 1 the ledger (--ledger) saw a key
     /// forwarded twice or an order without a key; 2 the run could not start; 3 no answer at
     /// all; 4 some answer was neither 2xx nor 409, or some request failed in transport (a
     /// connect, an I/O error, a timeout), unless --expect-errors; 5 with --replay-keys, a

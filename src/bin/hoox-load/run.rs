@@ -94,15 +94,19 @@ pub struct Args {
     json: bool,
     /// Exit 0 even if some answers are not 2xx or 409, or some requests fail in transport
     /// (the chaos bench kills the gateway on purpose); without it, such a run exits 4.
+    /// Exits 1 (the ledger) and 5 (a replayed key forwarded again) still apply.
     #[arg(long)]
     expect_errors: bool,
     /// Append the key of every request answered 2xx to this file, one per line: the keys
-    /// only, nothing secret. What a later --replay-keys sends again.
+    /// only, nothing secret (not a stored answer a replay-mode gateway gave a duplicate,
+    /// marked Idempotent-Replayed). What a later --replay-keys sends again.
     #[arg(long)]
     write_2xx_keys: Option<PathBuf>,
     /// Send each key in this file (one per line, as --write-2xx-keys writes them) once, with
-    /// the very trade the key first carried, so the gateway must answer 409 to each. The keys
-    /// carry their own prefix: --key-prefix is not used.
+    /// the very trade the key first carried, so the gateway must answer 409 to each (or,
+    /// in replay mode, its stored answer, marked Idempotent-Replayed): any other 2xx is
+    /// that trade forwarded again, and the run exits 5. The keys carry their own prefix:
+    /// --key-prefix is not used.
     #[arg(long, conflicts_with_all = ["duration", "requests", "keys", "dup_ratio"])]
     replay_keys: Option<PathBuf>,
 }
