@@ -6,7 +6,11 @@
 //! A volatile mount ([`EioMount::new_volatile`]) is a disk with a write cache: a file's
 //! writes are held in memory until an fsync of that file, and [`EioMount::power_cut`]
 //! drops whatever is still held. A SIGKILL cannot show a missing sync (the kernel's page
-//! cache outlives the process); this can.
+//! cache outlives the process); this can. [`EioMount::delay_syncs`] and
+//! [`EioMount::freeze`] put the power cut at an instant of the test's choosing, a sync
+//! still on its way included. Directory changes (create, rename, unlink) reach the disk at
+//! once, so a missing sync of a folder goes unseen; and an O_DSYNC write syncs all of its
+//! file's cached writes, where ext4 syncs its own range.
 //!
 //! Served by a thread of the test process (fuser, mounted with mount(2): root, as CI has).
 //! Unmounted on drop; drop the gateway first, so that nothing holds a file open.
@@ -16,7 +20,7 @@ use std::ffi::OsStr;
 use std::fs::{File, Metadata, OpenOptions};
 use std::os::unix::fs::{FileExt, MetadataExt, OpenOptionsExt, PermissionsExt};
 use std::path::{Path, PathBuf};
-use std::sync::atomic::{AtomicU8, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicU8, AtomicU64, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::{Duration, SystemTime, UNIX_EPOCH};
 
@@ -53,6 +57,7 @@ const TTL: Duration = Duration::ZERO;
 pub struct EioMount {
     mountpoint: PathBuf,
     fault: Arc<AtomicU8>,
+    power: Arc<Power>,
     state: Arc<Mutex<State>>,
     session: Option<BackgroundSession>,
 }
@@ -72,6 +77,7 @@ impl EioMount {
 
     fn mount(mountpoint: &Path, backing: &Path, volatile: bool) -> EioMount {
         let fault = Arc::new(AtomicU8::new(Fault::None as u8));
+        let power = Arc::new(Power::default());
         let state = Arc::new(Mutex::new(State {
             paths: HashMap::from([(INodeNo::ROOT.0, backing.to_path_buf())]),
             next_ino: 2,
@@ -83,6 +89,7 @@ impl EioMount {
         }));
         let fs = EioFs {
             fault: fault.clone(),
+            power: power.clone(),
             state: state.clone(),
         };
         let mut config = Config::default();
@@ -95,6 +102,7 @@ impl EioMount {
         EioMount {
             mountpoint: mountpoint.to_path_buf(),
             fault,
+            power,
             state,
             session: Some(session),
         }
@@ -113,11 +121,34 @@ impl EioMount {
             .no_direct_io = true;
     }
 
+    /// In a volatile mount, every sync from now on takes `delay` before it reaches the
+    /// disk (none by default): long enough for a writer that answered before its sync to
+    /// be caught with the sync still on its way ([`EioMount::freeze`]).
+    pub fn delay_syncs(&self, delay: Duration) {
+        self.power
+            .sync_delay_ms
+            .store(delay.as_millis() as u64, Ordering::SeqCst);
+    }
+
+    /// The power goes now: nothing more reaches the disk, a sync under way included; writes
+    /// and syncs still answer, as a kernel's would until it noticed. [`EioMount::power_cut`]
+    /// then drops what the cache held, and brings the power back.
+    pub fn freeze(&self) {
+        self.power.frozen.store(true, Ordering::SeqCst);
+    }
+
+    /// How many O_DSYNC writes a volatile mount has taken (the journal's direct I/O).
+    pub fn dsync_writes(&self) -> u64 {
+        self.power.dsync_writes.load(Ordering::SeqCst)
+    }
+
     /// Loses every write not yet synced, as a power cut loses a disk's write cache; the
     /// backing files keep what was synced. Call it with no process using the mount: the
     /// kernel's own cached pages of those files are dropped too, or a reader after the
     /// "reboot" would still see the lost writes.
     pub fn power_cut(&self) {
+        self.power.frozen.store(false, Ordering::SeqCst);
+        self.power.sync_delay_ms.store(0, Ordering::SeqCst);
         let lost: Vec<u64> = {
             let mut st = self.state.lock().unwrap_or_else(|p| p.into_inner());
             st.cached.drain().map(|(ino, _)| ino).collect()
@@ -288,7 +319,30 @@ impl State {
 
 struct EioFs {
     fault: Arc<AtomicU8>,
+    power: Arc<Power>,
     state: Arc<Mutex<State>>,
+}
+
+/// A volatile mount's power: how long a sync takes, and whether the power has gone. Read
+/// outside the state's lock, so that a sync waiting out its delay does not hold up
+/// [`EioMount::freeze`].
+#[derive(Default)]
+struct Power {
+    sync_delay_ms: AtomicU64,
+    frozen: AtomicBool,
+    /// O_DSYNC writes seen: a test tells the journal's two ways of syncing apart by it.
+    dsync_writes: AtomicU64,
+}
+
+impl Power {
+    /// Waits out the sync delay; then whether the sync may reach the disk.
+    fn sync_lands(&self) -> bool {
+        let ms = self.sync_delay_ms.load(Ordering::SeqCst);
+        if ms > 0 {
+            std::thread::sleep(Duration::from_millis(ms));
+        }
+        !self.frozen.load(Ordering::SeqCst)
+    }
 }
 
 fn time(secs: i64, nsecs: i64) -> SystemTime {
@@ -650,6 +704,9 @@ impl Filesystem for EioFs {
             return reply.error(e);
         }
         if st.volatile {
+            if self.power.frozen.load(Ordering::SeqCst) {
+                return reply.written(data.len() as u32);
+            }
             let r = st.cache(ino).map(|c| {
                 c.size = c.size.max(offset + data.len() as u64);
                 c.writes.push((offset, data.to_vec()));
@@ -657,9 +714,17 @@ impl Filesystem for EioFs {
             // An O_DSYNC write returns once on the disk, as a disk's FUA write does.
             let r = r.and_then(|()| match flags.0 & libc::O_DSYNC {
                 0 => Ok(()),
-                _ => self
-                    .strikes(&st, ino, false)
-                    .map_or_else(|| st.sync_cached(ino, true), Err),
+                _ => {
+                    self.power.dsync_writes.fetch_add(1, Ordering::SeqCst);
+                    drop(st);
+                    let lands = self.power.sync_lands();
+                    st = self.state();
+                    match self.strikes(&st, ino, false) {
+                        Some(e) => Err(e),
+                        None if lands => st.sync_cached(ino, true),
+                        None => Ok(()),
+                    }
+                }
             });
             return match r {
                 Ok(()) => reply.written(data.len() as u32),
@@ -708,9 +773,16 @@ impl Filesystem for EioFs {
         datasync: bool,
         reply: ReplyEmpty,
     ) {
+        // The lock is not held while the sync waits out its delay.
+        let volatile = self.state().volatile;
+        let lands = !volatile || self.power.sync_lands();
         self.sync(ino, reply, |st| {
             if st.volatile {
-                return st.sync_cached(ino, datasync);
+                return if lands {
+                    st.sync_cached(ino, datasync)
+                } else {
+                    Ok(())
+                };
             }
             let f = st.file(fh)?;
             if datasync {
