@@ -559,9 +559,9 @@ async fn release(state: &State, raw: &str, query: &str) -> Answer {
         return problem(
             StatusCode::CONFLICT,
             "ORDER_IN_FLIGHT",
-            "the order that made this key's entry is at the executor now and may still fill: wait for its \
-             outcome (keys show), or, if you know it cannot fill, release with force and \
-             the entry keys show gives",
+            "the order that made this key's entry is at the executor now and may still \
+             fill: wait for its outcome (keys show), or, if you know it cannot fill, \
+             release with force and the entry keys show gives",
         );
     }
     match state
