@@ -9,7 +9,7 @@ use std::process::{Command, Output};
 use serde_json::{Value, json};
 use support::client::{Reply, TlsClient};
 use support::executor::{MockExecutor, Mode};
-use support::gateway::{BIN, Gateway, SECRET, Setup, trade};
+use support::gateway::{BIN, Gateway, SECRET, Setup, trade, with_mock_configured};
 
 fn cli(args: &[&str]) -> Output {
     Command::new(BIN).args(args).output().unwrap()
@@ -336,12 +336,11 @@ async fn a_key_whose_order_is_out_is_released_only_by_force() {
 /// flight with its order, and not released without force either.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn retries_of_a_held_trade_leave_it_releasable_and_a_guard_is_out_with_its_order() {
-    let exec = MockExecutor::start().await;
+    let (exec, _setup, gw) = with_mock_configured(|s| {
+        s.set("executor", "timeout", "1s");
+    })
+    .await;
     exec.set_mode(Mode::Slow(std::time::Duration::from_secs(4)));
-    let mut setup = Setup::new(Some(&exec.url()));
-    setup.set("executor", "timeout", "1s");
-    let gw = setup.start();
-    gw.wait_ready().await;
     let mut t = trade("BTCUSDT");
     t["idempotencyKey"] = json!("held-1");
     assert_eq!(gw.post(&t, &[]).await.status, 504);
@@ -396,10 +395,10 @@ async fn retries_of_a_held_trade_leave_it_releasable_and_a_guard_is_out_with_its
     );
 
     // A signed order at the executor: its guard is out with it.
-    let mut setup = Setup::new(Some(&exec.url()));
-    setup.set("executor", "timeout", "10s");
-    let gw = setup.start();
-    gw.wait_ready().await;
+    let (exec, _setup, gw) = with_mock_configured(|s| {
+        s.set("executor", "timeout", "10s");
+    })
+    .await;
     exec.set_mode(Mode::Slow(std::time::Duration::from_secs(5)));
     let calls = exec.calls();
     let mut t = trade("ETHUSDT");

@@ -141,18 +141,25 @@ struct Run {
     verdict: Value,
 }
 
+/// The words of `hoox-load run` against `gw` (whose CA is `setup`'s), authenticated by
+/// `auth` with the secret file `secret`, reporting in JSON, then `extra`.
+fn run_line(setup: &Setup, gw: &Gateway, auth: &str, secret: &Path, extra: &str) -> String {
+    format!(
+        "run --url {} --ca {} --auth {auth} --secret-file {} --json {extra}",
+        gw.url(),
+        setup.pki.ca_cert.display(),
+        secret.display()
+    )
+}
+
 /// `hoox-load run` against `setup`'s gateway, HMAC-signed, its keys from `prefix` (runs that
 /// share it share keys), checking `ledger` at the end.
 async fn run(setup: &Setup, gw: &Gateway, ledger: &Server, prefix: &str, extra: &str) -> Run {
     let secret = setup.dir.path().join("load-secret");
     write_secret(&secret, SECRET);
-    let (url, ca, counts) = (gw.url(), setup.pki.ca_cert.display(), ledger.counts());
-    let out = load(&format!(
-        "run --url {url} --ca {ca} --auth hmac --secret-file {} --ledger {counts} --json \
-         --key-prefix {prefix} {extra}",
-        secret.display()
-    ))
-    .await;
+    let counts = ledger.counts();
+    let extra = format!("--ledger {counts} --key-prefix {prefix} {extra}");
+    let out = load(&run_line(setup, gw, "hmac", &secret, &extra)).await;
     Run {
         code: out.code,
         report: out.json(0),
@@ -374,13 +381,8 @@ async fn run_with_secret(
 ) -> (Option<i32>, Value) {
     let secret = setup.dir.path().join(format!("load-secret-{auth}"));
     write_secret(&secret, secret_text);
-    let out = load(&format!(
-        "run --url {} --ca {} -c 2 --requests 20 --auth {auth} --secret-file {} --json {extra}",
-        gw.url(),
-        setup.pki.ca_cert.display(),
-        secret.display()
-    ))
-    .await;
+    let extra = format!("-c 2 --requests 20 {extra}");
+    let out = load(&run_line(setup, gw, auth, &secret, &extra)).await;
     (out.code, out.json(0))
 }
 
@@ -504,13 +506,8 @@ async fn the_keys_that_got_a_2xx_are_written_and_replay_as_duplicates() {
     let fresh = forgetful.start();
     fresh.wait_ready().await;
     let secret = setup.dir.path().join("load-secret");
-    let out = load_with_stderr(&format!(
-        "run --url {} --ca {} --auth hmac --secret-file {} --json -c 3 --replay-keys {keys}",
-        fresh.url(),
-        forgetful.pki.ca_cert.display(),
-        secret.display()
-    ))
-    .await;
+    let replay = format!("-c 3 --replay-keys {keys}");
+    let out = load_with_stderr(&run_line(&forgetful, &fresh, "hmac", &secret, &replay)).await;
     assert_eq!(out.code, Some(5), "{} {}", out.stdout, out.stderr);
     assert_eq!(answered(&out.json(0), "200"), forwarded, "{}", out.stdout);
     assert!(
@@ -528,14 +525,7 @@ async fn the_keys_that_got_a_2xx_are_written_and_replay_as_duplicates() {
     let gw = replaying.start();
     gw.wait_ready().await;
     let stored = replaying.dir.path().join("stored-keys");
-    let line = |extra: &str| {
-        format!(
-            "run --url {} --ca {} --auth hmac --secret-file {} --json -c 2 {extra}",
-            gw.url(),
-            replaying.pki.ca_cert.display(),
-            secret.display()
-        )
-    };
+    let line = |extra: &str| run_line(&replaying, &gw, "hmac", &secret, &format!("-c 2 {extra}"));
     let first = load(&line(&format!(
         "--requests 20 --key-prefix stored --write-2xx-keys {}",
         stored.display()
