@@ -154,10 +154,16 @@ fn key_at(text: &str, at: usize) -> Option<String> {
         return None;
     }
     let line = text[start..].lines().next()?;
+    // A bare table name holds no `#`, so whatever follows one is a comment:
+    // `[auth]   # at least one` (README's own example) is the table `auth`.
+    let table_of = |header: &str| {
+        let header = header.split_once('#').map_or(header, |(h, _)| h).trim();
+        let table = header.strip_prefix('[')?.strip_suffix(']')?.trim();
+        bare(table).then(|| table.to_string())
+    };
     // A table header itself: `[sever]`.
-    if let Some(table) = line.trim().strip_prefix('[') {
-        let table = table.strip_suffix(']')?.trim();
-        return bare(table).then(|| table.to_string());
+    if line.trim().starts_with('[') {
+        return table_of(line);
     }
     let (name, _) = line.split_once('=')?;
     let name = name.trim();
@@ -171,10 +177,7 @@ fn key_at(text: &str, at: usize) -> Option<String> {
         .find(|l| l.starts_with('['));
     match header {
         None => Some(name.to_string()),
-        Some(h) => {
-            let table = h.strip_prefix('[')?.strip_suffix(']')?.trim();
-            bare(table).then(|| format!("{table}.{name}"))
-        }
+        Some(h) => table_of(h).map(|table| format!("{table}.{name}")),
     }
 }
 
@@ -595,6 +598,14 @@ impl Config {
             }
             (b, _) => b.unwrap_or(20),
         };
+        // An empty list is refused, not read as "no allowlist": an operator who wrote
+        // `allow_ips = []` meant to let nobody in, and must not open the gateway to all.
+        if raw.limits.allow_ips.as_ref().is_some_and(Vec::is_empty) {
+            return Err(err(
+                "limits.allow_ips",
+                "an empty list; remove the key to allow every address".into(),
+            ));
+        }
         let allow_ips = raw.limits.allow_ips.unwrap_or_default();
         crate::gateway::limits::Allowlist::parse(&allow_ips)
             .map_err(|e| err("limits.allow_ips", e.to_string()))?;
@@ -1133,6 +1144,14 @@ mod tests {
                 "invalid type",
             ),
             ("ttl = \"1s\"\n", "ttl", "line 1: ", "unknown"),
+            // A comment after a header, as in README's example config.
+            (
+                "[store]   # state\nttl = 300\n",
+                "store.ttl",
+                "line 2: ",
+                "invalid type",
+            ),
+            ("[sever] # typo\nx = 1\n", "sever", "line 1: ", "unknown"),
             (
                 "[store]\nttl = \"1s\"\n[sever]\nx = 1\n",
                 "sever",
@@ -1193,6 +1212,12 @@ mod tests {
         });
         expect(per_ip, true, |r| r.server.max_connections_per_ip = Some(1));
         expect(per_ip, false, |r| r.server.max_connections_per_ip = Some(0));
+        // An allowlist of one address lets one in; an empty one is refused, not "all".
+        let ips = "limits.allow_ips";
+        expect(ips, true, |r| {
+            r.limits.allow_ips = Some(vec!["10.1.1.1".into()])
+        });
+        expect(ips, false, |r| r.limits.allow_ips = Some(vec![]));
         expect("limits.capacity", true, |r| r.limits.capacity = Some(1));
         expect("limits.capacity", false, |r| r.limits.capacity = Some(0));
         let rate = "limits.rate_per_s";
