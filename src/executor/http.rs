@@ -120,7 +120,16 @@ impl HttpExecutor {
             inner: HttpsConnectorBuilder::new()
                 .with_tls_config(tls)
                 .https_or_http()
-                .enable_all_versions()
+                // HTTP/1.1 only, whatever the executor offers. Over HTTP/2 an order that
+                // waits for a stream slot (the executor's concurrency limit) is kept by
+                // hyper's connection task and sent when a slot frees, even after its caller
+                // gave up: the gateway would have answered 504 and dropped the order's
+                // in-flight mark, or with `on_unknown_outcome = "release"` freed its key,
+                // before the order reached the executor. One shared HTTP/2 connection
+                // that stalls also takes every later order. HTTP/1's client drops a request
+                // whose caller has gone before taking it, and a busy connection is never
+                // shared: the pool opens another.
+                .enable_http1()
                 .wrap_connector(tcp),
             limit: MAX_CONNECT.min(cfg.timeout / 2),
         };
@@ -248,24 +257,9 @@ fn load_roots(path: &Path) -> Result<rustls::RootCertStore, ExecutorError> {
 ///   closes while its backend is down). hyper-util retries that itself on a reused
 ///   connection, not on a new one. The kind is private; its `Display` is the one way to
 ///   tell it, pinned by tests/executor.rs: were it to change, the test fails, and until
-///   then such an order is only held (`Unknown`), never released wrongly;
-/// - an HTTP/2 stream the executor reset with `REFUSED_STREAM`, which RFC 9113 §8.7
-///   reserves for a stream closed before any processing. Only a reset of this stream by
-///   the peer counts: a connection-wide GOAWAY may follow streams it did process.
+///   then such an order is only held (`Unknown`), never released wrongly.
 fn not_sent(e: &hyper_util::client::legacy::Error) -> bool {
-    if e.is_connect() || e.to_string() == "client error (Canceled)" {
-        return true;
-    }
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        if let Some(h2) = c.downcast_ref::<h2::Error>() {
-            return h2.is_reset()
-                && h2.is_remote()
-                && h2.reason() == Some(h2::Reason::REFUSED_STREAM);
-        }
-        cause = c.source();
-    }
-    false
+    e.is_connect() || e.to_string() == "client error (Canceled)"
 }
 
 /// The error and its causes on one line: hyper's top-level messages alone ("client error

@@ -41,9 +41,6 @@ pub enum Mode {
     /// Accepts each connection and closes it at once, reading nothing: a proxy whose
     /// backend is down.
     CloseAtOnce,
-    /// Over HTTP/2 (TLS, by ALPN), resets every stream with `REFUSED_STREAM`, unprocessed
-    /// and unrecorded: an overloaded HTTP/2 front end.
-    RefuseStreams,
 }
 
 /// One request as the mock received it.
@@ -228,24 +225,11 @@ async fn serve(tcp: TcpStream, tls: Option<TlsAcceptor>, state: Arc<State>) {
             let Ok(stream) = acceptor.accept(tcp).await else {
                 return;
             };
-            if mode == Mode::RefuseStreams {
-                assert_eq!(stream.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
-                return refuse_streams(stream).await;
-            }
             let conn = builder.serve_connection(TokioIo::new(stream), service);
             tokio::select! { _ = conn => {}, _ = reset.notified() => {} }
         }
     }
     // Returning drops the connection, and with it the socket.
-}
-
-async fn refuse_streams(stream: tokio_rustls::server::TlsStream<TcpStream>) {
-    let Ok(mut conn) = h2::server::handshake(stream).await else {
-        return;
-    };
-    while let Some(Ok((_, mut respond))) = conn.accept().await {
-        respond.send_reset(h2::Reason::REFUSED_STREAM);
-    }
 }
 
 async fn answer(
@@ -323,6 +307,6 @@ async fn answer(
             std::future::pending().await
         }
         Mode::SuccessWith(status) => reply(StatusCode::from_u16(status).unwrap(), filled),
-        Mode::CloseAtOnce | Mode::RefuseStreams => unreachable!("never answers a request"),
+        Mode::CloseAtOnce => unreachable!("never answers a request"),
     }
 }
