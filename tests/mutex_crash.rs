@@ -231,13 +231,24 @@ fn the_journal_alone_brings_back_reserves_commits_and_releases() {
 
     // The same crash, but the first record (the first reserve, synced before it was
     // answered) damaged on disk while later records are intact: a byte of it flipped, or
-    // its whole slot zeroed, so that nothing of it is left to find.
+    // its whole slot zeroed, so that nothing of it is left to find. Or every record in a
+    // newer format, as a newer version would leave them for this one after a rollback.
     type Damage = fn(&mut [u8]);
-    let damages: [(&str, Damage); 2] = [
-        ("d.redb", |b| b[40] ^= 0xff),
-        ("z.redb", |b| b[..4096].fill(0)),
+    let damaged = "journal record 1 is damaged";
+    let damages: [(&str, Damage, &str); 3] = [
+        ("d.redb", |b| b[40] ^= 0xff, damaged),
+        ("z.redb", |b| b[..4096].fill(0), damaged),
+        (
+            "n.redb",
+            |b| {
+                for slot in b.chunks_mut(4096).filter(|s| s.starts_with(b"HXJ1")) {
+                    slot[3] = b'2';
+                }
+            },
+            "journal record 1 is in a newer format (magic \"HXJ2\")",
+        ),
     ];
-    for (name, damage) in damages {
+    for (name, damage, because) in damages {
         let path = crashed(name);
         let journal = dir.path().join(format!("{name}-journal"));
         let mut bytes = std::fs::read(&journal).unwrap();
@@ -246,7 +257,7 @@ fn the_journal_alone_brings_back_reserves_commits_and_releases() {
         std::fs::write(&journal, &bytes).unwrap();
         let (m, owner) = start(&path, Clock::system());
         let d = rt().block_on(m.reserve(reserve(&key("pending"), 3_600_000, 1)));
-        assert_not_open(d, "journal record 1 is damaged", name);
+        assert_not_open(d, because, name);
         owner.stop();
     }
 }

@@ -25,7 +25,10 @@
 //! journal was opened at if none (0: no claim, as records written before anchors were).
 //! A record is written only once its anchor is on disk, so [`scan`] can tell a synced
 //! record that vanished from one a crash never wrote. The payload is a sequence of
-//! postcard [`Op`]s. The magic is the format version.
+//! postcard [`Op`]s. The magic is the format version: `HXJ` and a version byte. Any later
+//! format keeps `HXJ`, the version byte's place, the id and the lsn, so that this version,
+//! run on a journal a newer one wrote, refuses the newer records rather than skip them and
+//! forget the keys they reserved (bits 1 to 7 of `flags` likewise: no version sets them).
 
 use std::fs::File;
 use std::io;
@@ -41,10 +44,13 @@ const HEADER: usize = 32;
 const MAGIC: [u8; 4] = *b"HXJ1";
 /// The record was on disk before anything after it was written.
 const DURABLE: u32 = 1;
+/// Flag bits no version of this format sets: a record with one is from a newer format.
+const UNKNOWN_FLAGS: u32 = 0xfe;
 /// No record is numbered beyond this (2^62): lsns count records, one at a time.
 const MAX_LSN: u64 = 1 << 62;
-/// No journal this version writes comes near this (the gateway's is 1 MiB).
-const MAX_FILE: u64 = 1 << 30;
+/// No journal any version wrote comes near this (the gateway's is 1 MiB, 4 MiB in early
+/// 0.1), and reading it whole at open stays well inside a Raspberry Pi's memory.
+const MAX_FILE: u64 = 64 << 20;
 /// Where in `flags` the distance back to the record's anchor sits (24 bits).
 const ANCHOR_SHIFT: u32 = 8;
 
@@ -82,6 +88,13 @@ pub enum JournalError {
     /// A record's checksum holds but its operations do not decode: a newer format.
     #[error("journal record {lsn} cannot be decoded: {err}")]
     Undecodable { lsn: u64, err: String },
+    /// A record of this database in a format this version does not know: a newer version
+    /// wrote it, or the byte that says so is damaged. Either may hold reservations.
+    #[error(
+        "journal record {lsn} is in a newer format ({what}) than this version reads, or \
+         damaged: run the version that wrote it"
+    )]
+    NewerFormat { lsn: u64, what: String },
 }
 
 /// The folder `path` is in (`.` for a bare file name).
@@ -352,12 +365,24 @@ pub fn scan(bytes: &[u8], id: u64, checkpoint: u64) -> Result<Scan<'_>, JournalE
             id: rec_id,
             lsn,
             flags,
+            version,
             ..
         } = slot;
         if rec_id != id || lsn <= checkpoint {
             continue;
         }
+        // The id makes this a record of this database, not a payload page that starts
+        // with the same bytes: the id is random, and no sender learns it. An lsn beyond
+        // 2^62 is a damaged header, ignored below as well.
+        if version != MAGIC[3] && lsn <= MAX_LSN {
+            let what = format!("magic {:?}", String::from_utf8_lossy(&slot.header[..4]));
+            return Err(JournalError::NewerFormat { lsn, what });
+        }
         match slot.intact() {
+            Some(_) if flags & UNKNOWN_FLAGS != 0 => {
+                let what = format!("flags {flags:#x}");
+                return Err(JournalError::NewerFormat { lsn, what });
+            }
             Some(p) => {
                 records.push((lsn, p));
                 let back = u64::from(flags >> ANCHOR_SHIFT);
@@ -393,11 +418,15 @@ pub fn scan(bytes: &[u8], id: u64, checkpoint: u64) -> Result<Scan<'_>, JournalE
 /// one (`store::open`) must find only zeros, or another database's records would be skipped
 /// as not its own, and their keys forgotten.
 pub fn holds_records(bytes: &[u8]) -> bool {
-    slots(bytes).any(|slot| slot.intact().is_some())
+    // A newer format's record cannot be checked, so it counts as one.
+    slots(bytes).any(|slot| slot.version != MAGIC[3] || slot.intact().is_some())
 }
 
-/// A slot that begins with a record's magic: its header, and the bytes after it.
+/// A slot that begins with a record's magic, of any version: its header, and the bytes
+/// after it.
 struct Slot<'a> {
+    /// The magic's last byte.
+    version: u8,
     id: u64,
     lsn: u64,
     flags: u32,
@@ -418,16 +447,17 @@ impl<'a> Slot<'a> {
     }
 }
 
-/// Every 4 KiB slot of `bytes` that begins with a record's magic.
+/// Every 4 KiB slot of `bytes` that begins with a record's magic, of any version.
 fn slots(bytes: &[u8]) -> impl Iterator<Item = Slot<'_>> {
     (0..bytes.len()).step_by(PAGE).filter_map(move |pos| {
         let header = bytes.get(pos..pos + HEADER)?;
-        if header[..4] != MAGIC {
+        if header[..3] != MAGIC[..3] {
             return None;
         }
         let word = |at: usize| u64::from_le_bytes(header[at..at + 8].try_into().unwrap_or([0; 8]));
         let flags = u32::from_le_bytes(header[20..24].try_into().unwrap_or([0; 4]));
         Some(Slot {
+            version: header[3],
             id: word(4),
             lsn: word(12),
             flags,
@@ -871,6 +901,59 @@ mod tests {
             decode(found[0].0, found[0].1),
             Err(JournalError::Undecodable { lsn: 1, .. })
         ));
+    }
+
+    /// A record of this database in a newer format, a magic of another version or a flag
+    /// bit no version sets, is refused rather than skipped: it may hold a reserve. Another
+    /// database's, or one its checkpoint covers, is skipped as before.
+    #[test]
+    fn a_record_in_a_newer_format_is_refused_not_skipped() {
+        let (_d, j) = three_reserves(4);
+        let bytes = contents(&j);
+        let newer_format = |checkpoint: u64, id: u64, change: fn(&mut [u8])| {
+            let mut b = bytes.clone();
+            change(&mut b[PAGE..2 * PAGE]);
+            match scan(&b, id, checkpoint) {
+                Err(JournalError::NewerFormat { lsn, what }) => Some((lsn, what)),
+                Err(e) => panic!("{e}"),
+                Ok(_) => None,
+            }
+        };
+        let magic: fn(&mut [u8]) = |r| r[3] = b'2';
+        let refused = newer_format(0, ID, magic);
+        assert_eq!(refused, Some((2, "magic \"HXJ2\"".into())));
+        assert_eq!(
+            newer_format(2, ID, magic),
+            None,
+            "covered by the checkpoint"
+        );
+        assert_eq!(newer_format(0, ID + 1, magic), None, "another database's");
+        // An lsn only damage makes is not taken for a newer format; record 3 still names
+        // record 2 as its anchor, so the damage is found.
+        let mut far = bytes.clone();
+        far[PAGE + 3] = b'2';
+        far[PAGE + 12..PAGE + 20].copy_from_slice(&(MAX_LSN + 1).to_le_bytes());
+        assert_eq!(refused_at(&far, 0), Some(2));
+        // A flag bit no version sets, with the checksum made to hold.
+        let flag: fn(&mut [u8]) = |r| {
+            r[20] |= 2;
+            let len = u32::from_le_bytes(r[24..28].try_into().unwrap()) as usize;
+            let mut c = crc32fast::Hasher::new();
+            c.update(&r[4..28]);
+            c.update(&r[HEADER..HEADER + len]);
+            r[28..32].copy_from_slice(&c.finalize().to_le_bytes());
+        };
+        assert_eq!(newer_format(0, ID, flag), Some((2, "flags 0x103".into())));
+        // A database that never had a journal finds records in one that holds only a
+        // newer format's, whose checksum this version may not know how to check.
+        let mut only_newer = bytes.clone();
+        only_newer.iter_mut().step_by(PAGE).for_each(|b| *b = b'X');
+        only_newer[PAGE..PAGE + 4].copy_from_slice(b"HXJ2");
+        only_newer[PAGE + HEADER] ^= 0xff;
+        assert!(holds_records(&only_newer));
+        // The same slot in this format: torn, not a record.
+        only_newer[PAGE + 3] = b'1';
+        assert!(!holds_records(&only_newer));
     }
 
     #[test]
