@@ -400,7 +400,18 @@ fn print_first_run(state_dir: &Path, addr: std::net::SocketAddr) {
 /// The first run's curl line for the state folder `dir`. Its paths are quoted: the line is
 /// meant to be pasted into a shell, and a folder with a space (or a quote) in its path
 /// would otherwise split into other words.
-fn curl_line(dir: &Path, addr: std::net::SocketAddr) -> String {
+fn curl_line(dir: &Path, mut addr: std::net::SocketAddr) -> String {
+    // A gateway on every address (`--listen 0.0.0.0:…`) is tried on loopback: that is what
+    // the self-signed certificate names, and curl would refuse it at the unspecified one.
+    if addr.ip().is_unspecified() {
+        use std::net::{Ipv4Addr, Ipv6Addr};
+        let ip = if addr.is_ipv4() {
+            Ipv4Addr::LOCALHOST.into()
+        } else {
+            Ipv6Addr::LOCALHOST.into()
+        };
+        addr.set_ip(ip);
+    }
     let cert = shell_quote(&dir.join("tls/cert.pem").display().to_string());
     let header = dir.join("secrets/curl-auth.header");
     let header = shell_quote(&format!("@{}", header.display()));
@@ -584,7 +595,7 @@ fn operator_judged(
             }
         }
         Err(e) => {
-            eprintln!("hoox-edge: admin listener {listen:?}: {e}");
+            eprintln!("hoox-edge: admin listener {listen}: {e}");
             ExitCode::from(EX_UNAVAILABLE)
         }
     }
@@ -669,7 +680,7 @@ mod tests {
     }
 
     /// The first run's state folder may sit under a path with a space: the printed line
-    /// still names its two files as one word each when pasted.
+    /// still names its two files as one word each when pasted, and a URL curl can verify.
     #[test]
     fn the_curl_line_quotes_a_path_with_a_space() {
         let dir = Path::new("/home/op/my state");
@@ -690,6 +701,15 @@ mod tests {
             ]
         );
         assert_eq!(words.last().unwrap(), "https://127.0.0.1:8443/webhook");
+        // A gateway on every address is tried on the loopback its certificate names.
+        for (listen, url) in [
+            ("0.0.0.0:8443", "https://127.0.0.1:8443/webhook"),
+            ("[::]:9443", "https://[::1]:9443/webhook"),
+            ("[::1]:8443", "https://[::1]:8443/webhook"),
+        ] {
+            let line = curl_line(dir, listen.parse().unwrap());
+            assert_eq!(words_of(&line).last().unwrap(), url, "{listen}");
+        }
     }
 
     /// A single quote in the path closes the quotes, is escaped, and reopens them: `'\''`.

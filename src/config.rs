@@ -714,13 +714,27 @@ impl Config {
         if !secret.exists() {
             let token = random_token().map_err(|e| err("auth", e))?;
             write_private(&secret, &format!("{token}\n"))
-                .and_then(|_| {
-                    write_private(
-                        &secrets.join("curl-auth.header"),
-                        &format!("Authorization: Bearer {token}\n"),
-                    )
-                })
                 .map_err(|e| err("auth", format!("{}: {e}", secret.display())))?;
+        }
+        // The header the first-run curl line sends, made again from the secret whenever it
+        // does not carry it: a start killed between the two writes, a deleted header, or a
+        // secret deleted for a new one would otherwise leave that line getting 401 (and the
+        // retired secret on disk). A convenience file: failing to write it is a warning. A
+        // secret that does not load is left for `from_raw` to name.
+        let header = secrets.join("curl-auth.header");
+        let bearer = || {
+            let first = crate::gateway::auth::load_secrets(&secret)
+                .ok()?
+                .into_iter()
+                .next()?;
+            let token = String::from_utf8(first.expose().into()).ok()?;
+            Some(format!("Authorization: Bearer {token}\n"))
+        };
+        if let Some(bearer) = bearer()
+            && std::fs::read_to_string(&header).ok().as_ref() != Some(&bearer)
+            && let Err(e) = write_private(&header, &bearer)
+        {
+            log::warn!("{}: {e}", header.display());
         }
         let text = EMBEDDED.to_string();
         let raw: RawFile = toml::from_str(&text).map_err(|e| err("(embedded)", e.to_string()))?;
@@ -818,6 +832,12 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
         "s" => n.checked_mul(1000),
         "m" => n.checked_mul(60_000),
         "h" => n.checked_mul(3_600_000),
+        // "1.5s": the unit is not the problem.
+        _ if unit.starts_with(['.', ',']) => {
+            return Err(format!(
+                "{s:?}: a whole number is needed: use a smaller unit (\"1500ms\" for \"1.5s\")"
+            ));
+        }
         _ => return Err(format!("{s:?}: unit must be ms, s, m or h")),
     };
     ms.map(Duration::from_millis)
@@ -1260,6 +1280,22 @@ mod tests {
         Config::embedded(a.path()).unwrap();
         assert_eq!(secret(a.path()), first);
         assert_eq!(std::fs::read(a.path().join("tls/cert.pem")).unwrap(), cert);
+        // The header the first-run curl line sends carries that secret, and is made again
+        // from it when it is gone (a start killed between the two writes, or deleted).
+        let header = a.path().join("secrets/curl-auth.header");
+        let bearer = format!("Authorization: Bearer {first}");
+        assert_eq!(std::fs::read_to_string(&header).unwrap(), bearer);
+        std::fs::remove_file(&header).unwrap();
+        Config::embedded(a.path()).unwrap();
+        assert_eq!(std::fs::read_to_string(&header).unwrap(), bearer);
+        assert_eq!(secret(a.path()), first);
+        // A secret deleted for a new one: the header follows it.
+        std::fs::remove_file(a.path().join("secrets/secret")).unwrap();
+        Config::embedded(a.path()).unwrap();
+        let second = secret(a.path());
+        assert_ne!(second, first);
+        let header = std::fs::read_to_string(&header).unwrap();
+        assert_eq!(header, format!("Authorization: Bearer {second}"));
     }
 
     #[test]
@@ -1271,6 +1307,13 @@ mod tests {
         assert!(parse_duration("300").is_err());
         assert!(parse_duration("s").is_err());
         assert!(parse_duration("3 days").is_err());
+        let half = parse_duration("1.5s").unwrap_err();
+        assert!(
+            half.contains("a whole number") && half.contains("1500ms"),
+            "{half}"
+        );
+        let unit = parse_duration("5x").unwrap_err();
+        assert!(unit.contains("unit must be ms, s, m or h"), "{unit}");
         assert!(parse_duration("99999999999999999999h").is_err());
     }
 }

@@ -93,7 +93,8 @@ async fn operator_releases_a_held_key_and_halts() {
     // Nobody there: a clear error and EX_UNAVAILABLE.
     let o = cli(&["status", "--admin", "127.0.0.1:1"]);
     assert_eq!(o.status.code(), Some(69));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("admin listener"));
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(said.contains("admin listener 127.0.0.1:1: "), "{said}");
 
     // A config that names no admin listener, or cannot be read: said so, naming the file,
     // rather than trying the default address, where something else may listen.
