@@ -93,7 +93,7 @@ const SETTLE: Duration = Duration::from_secs(1);
 pub const BODIES_AT_ONCE: usize = 4;
 
 /// What the mutex did with the key, told to the client in `Hoox-Idempotency-Outcome`.
-#[derive(Debug, Clone, Copy)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
 enum Settled {
     Committed,
     Released,
@@ -373,25 +373,17 @@ async fn pipeline(
     };
     let (response, settled, code) = if gw.executor.may_wait() {
         let gw2 = gw.clone();
-        let (tx, rx) = tokio::sync::oneshot::channel();
+        let (tx, mut awaited) = Awaited::channel(&order);
         gw.in_flight.spawn(async move {
             let answer = execute_and_settle(&gw2, grant, &order, out).await;
-            // The client hung up: its request, and the log line it would have written,
-            // are gone. This order still went to the executor, so say how it ended.
             if let Err((_, settled, code)) = tx.send(answer) {
-                log::warn!(
-                    code = code.unwrap_or("-"),
-                    key = order.key.as_str(),
-                    outcome = settled.as_str(),
-                    request_id = order.request_id.as_str();
-                    "webhook settled after its client hung up"
-                );
+                hung_up(&order.key, &order.request_id, settled, code);
             }
         });
-        match rx.await {
-            Ok(r) => r,
+        match awaited.answer().await {
+            Some(r) => r,
             // The task panicked: the key stays pending until its TTL, which is safe.
-            Err(_) => {
+            None => {
                 let p = Problem::OutcomeUnknown;
                 (p.response(), Settled::Held, Some(p.code()))
             }
@@ -406,6 +398,64 @@ async fn pipeline(
         client: Some(client),
         code,
     })
+}
+
+/// How an order ended, and the answer its request was to send.
+type Settlement = (Response<Full<Bytes>>, Settled, Option<&'static str>);
+
+/// The request's end of its order's [`Settlement`], sent by the task that ran the order.
+/// When the client hangs up, the request and the log line it would have written are gone,
+/// but the order still went to the executor: whichever end finds the other gone says how
+/// it ended ([`hung_up`]). The task does when its send fails; this end does when it is
+/// dropped with the answer in it, unread, as hyper drops a request whose client it finds
+/// gone before polling it again.
+struct Awaited {
+    /// `None` once the answer is read, or the task is found gone.
+    rx: Option<tokio::sync::oneshot::Receiver<Settlement>>,
+    key: String,
+    request_id: String,
+}
+
+impl Awaited {
+    fn channel(order: &Order) -> (tokio::sync::oneshot::Sender<Settlement>, Awaited) {
+        let (tx, rx) = tokio::sync::oneshot::channel();
+        let awaited = Awaited {
+            rx: Some(rx),
+            key: order.key.clone(),
+            request_id: order.request_id.clone(),
+        };
+        (tx, awaited)
+    }
+
+    /// The answer; `None` if the task ended without sending one (it panicked).
+    async fn answer(&mut self) -> Option<Settlement> {
+        let answer = self.rx.as_mut()?.await.ok();
+        self.rx = None;
+        answer
+    }
+}
+
+impl Drop for Awaited {
+    fn drop(&mut self) {
+        if let Some(mut rx) = self.rx.take() {
+            // Closed first: a send after this fails, and the task says it instead.
+            rx.close();
+            if let Ok((_, settled, code)) = rx.try_recv() {
+                hung_up(&self.key, &self.request_id, settled, code);
+            }
+        }
+    }
+}
+
+/// The log line of an order whose client hung up before its answer was sent.
+fn hung_up(key: &str, request_id: &str, settled: Settled, code: Option<&str>) {
+    log::warn!(
+        code = code.unwrap_or("-"),
+        key = key,
+        outcome = settled.as_str(),
+        request_id = request_id;
+        "webhook settled after its client hung up"
+    );
 }
 
 /// The refusals before authentication of this process, summarised (`handle`). One for the
@@ -541,12 +591,7 @@ impl std::fmt::Display for Summary {
 }
 
 /// Sends the order, then commits or releases its key; `_out` marks it as out until then.
-async fn execute_and_settle(
-    gw: &Gateway,
-    grant: Grant,
-    order: &Order,
-    _out: Out,
-) -> (Response<Full<Bytes>>, Settled, Option<&'static str>) {
+async fn execute_and_settle(gw: &Gateway, grant: Grant, order: &Order, _out: Out) -> Settlement {
     let started = Instant::now();
     let outcome = gw.executor.execute(order).await;
     gw.metrics.executor(outcome.label(), started.elapsed());
@@ -696,6 +741,99 @@ fn fingerprinted(fp: &Fingerprint, now_ms: u64, ttl: Duration) -> Result<Reserve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The log lines of this test binary, with their fields: a test looks for its own.
+    mod logs {
+        use std::sync::Mutex;
+
+        static LINES: Mutex<Vec<String>> = Mutex::new(Vec::new());
+
+        struct Capture;
+
+        struct Fields<'a>(&'a mut String);
+
+        impl<'kvs> log::kv::VisitSource<'kvs> for Fields<'_> {
+            fn visit_pair(
+                &mut self,
+                key: log::kv::Key<'kvs>,
+                value: log::kv::Value<'kvs>,
+            ) -> Result<(), log::kv::Error> {
+                self.0.push_str(&format!(" {key}={value}"));
+                Ok(())
+            }
+        }
+
+        impl log::Log for Capture {
+            fn enabled(&self, _: &log::Metadata) -> bool {
+                true
+            }
+            fn log(&self, record: &log::Record) {
+                let mut line = record.args().to_string();
+                let _ = record.key_values().visit(&mut Fields(&mut line));
+                LINES.lock().unwrap().push(line);
+            }
+            fn flush(&self) {}
+        }
+
+        /// The lines said so far that contain `needle`.
+        pub fn with(needle: &str) -> Vec<String> {
+            // Set once per binary; a second call finds it set.
+            let _ = log::set_logger(&Capture);
+            log::set_max_level(log::LevelFilter::Info);
+            let lines = LINES.lock().unwrap();
+            lines
+                .iter()
+                .filter(|l| l.contains(needle))
+                .cloned()
+                .collect()
+        }
+    }
+
+    /// An order whose client hung up gets one line saying how it ended, whichever end of
+    /// its answer found the other gone: none when the request read its answer (its own
+    /// line says it).
+    #[tokio::test]
+    async fn an_order_whose_request_is_gone_says_how_it_ended_once() {
+        logs::with("");
+        let order = |key: &str| Order {
+            key: key.into(),
+            request_id: format!("req-{key}"),
+            body: Bytes::new(),
+        };
+        let answer = |settled| (Response::new(Full::new(Bytes::new())), settled, None);
+        let said = |key: &str| logs::with(&format!("key={key} "));
+        let line = "webhook settled after its client hung up";
+
+        // The answer arrived, and the request was dropped before it read it.
+        let (tx, awaited) = Awaited::channel(&order("unread"));
+        assert!(tx.send(answer(Settled::Committed)).is_ok());
+        drop(awaited);
+        let lines = said("unread");
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        assert!(lines[0].starts_with(line), "{lines:?}");
+        assert!(lines[0].contains("outcome=committed"), "{lines:?}");
+        assert!(lines[0].contains("request_id=req-unread"), "{lines:?}");
+
+        // The request was gone first: the send fails, and the task says it.
+        let (tx, awaited) = Awaited::channel(&order("early"));
+        drop(awaited);
+        assert!(tx.send(answer(Settled::Released)).is_err());
+        assert!(said("early").is_empty());
+
+        // Read: nothing to add.
+        let (tx, mut awaited) = Awaited::channel(&order("read"));
+        assert!(tx.send(answer(Settled::Held)).is_ok());
+        assert_eq!(awaited.answer().await.map(|a| a.1), Some(Settled::Held));
+        drop(awaited);
+        assert!(said("read").is_empty());
+
+        // The task ended without an answer (a panic): nothing to say.
+        let (tx, mut awaited) = Awaited::channel(&order("panicked"));
+        drop(tx);
+        assert!(awaited.answer().await.is_none());
+        drop(awaited);
+        assert!(said("panicked").is_empty());
+    }
 
     /// The guard lives while the signature authenticates (`abs_diff > HMAC_WINDOW_S`
     /// refuses it, in whole seconds), and a deadline more.
