@@ -1544,6 +1544,84 @@ async fn one_http2_connection_cannot_have_every_body_held() {
     conn.abort();
 }
 
+/// A request refused before its body counts (404, 405, 415) is answered once its body is
+/// read, not before: over HTTP/2 an answer before the request's end is followed by
+/// RST_STREAM(NO_ERROR), after which curl 7.88 (Debian 12's) drops the answer and reports
+/// a framing error. Each body here sends its first bytes and holds the rest back: no answer
+/// comes while it does, and once the rest is sent the whole body went through and the
+/// answer is the refusal's problem document.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_early_refusal_over_http2_waits_for_the_body_it_refuses() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use support::stream::{Chunks, h2_connect};
+    let setup = Setup::new(None);
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let (mut sender, conn) = h2_connect::<Chunks>(&setup.pki.ca_cert, &gw.url()).await;
+    let body = serde_json::to_vec(&trade("EARLYUSDT")).unwrap();
+    let nope = gw.url().replace("/webhook", "/nope");
+    for (method, url, media, status, code) in [
+        ("POST", nope.as_str(), "application/json", 404, "NOT_FOUND"),
+        (
+            "PUT",
+            gw.url().as_str(),
+            "application/json",
+            405,
+            "METHOD_NOT_ALLOWED",
+        ),
+        (
+            "POST",
+            gw.url().as_str(),
+            "application/xml",
+            415,
+            "UNSUPPORTED_MEDIA_TYPE",
+        ),
+    ] {
+        let sent = Arc::new(AtomicUsize::new(0));
+        let (open, gate) = tokio::sync::oneshot::channel();
+        let req = hyper::Request::builder()
+            .method(method)
+            .uri(url)
+            .header("content-type", media)
+            .body(Chunks::gated(&body, 8, gate).counted(sent.clone()))
+            .unwrap();
+        sender.ready().await.unwrap();
+        let call = tokio::spawn(sender.send_request(req));
+        let deadline = std::time::Instant::now() + Duration::from_secs(10);
+        while sent.load(Ordering::SeqCst) == 0 {
+            assert!(std::time::Instant::now() < deadline, "{code}: nothing sent");
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        // The gateway has the request's head (its body's first bytes follow it): an
+        // answer that did not wait for the body would be here by now.
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        assert!(
+            !call.is_finished(),
+            "{code}: answered before the body was read"
+        );
+        open.send(()).unwrap();
+        let res = tokio::time::timeout(Duration::from_secs(10), call)
+            .await
+            .unwrap_or_else(|_| panic!("{code}: no answer"))
+            .unwrap()
+            .unwrap_or_else(|e| panic!("{code}: {e}"));
+        assert_eq!(res.status(), status, "{code}");
+        let doc = http_body_util::BodyExt::collect(res.into_body())
+            .await
+            .unwrap();
+        let doc = doc.to_bytes();
+        let doc: Value = serde_json::from_slice(&doc).unwrap();
+        assert_eq!(doc["code"], code);
+        assert_eq!(
+            sent.load(Ordering::SeqCst),
+            body.len(),
+            "{code}: body cut off"
+        );
+    }
+    conn.abort();
+}
+
 /// The streams waiting their turn to be read cannot take the whole connection window and
 /// starve the ones being read. Four streams send 1 KiB of their trade and get their turns;
 /// twelve more send 24 KiB trades whole (288 KiB, over the 256 KiB window); then the four

@@ -193,52 +193,40 @@ async fn pipeline(
     req: Request<Incoming>,
     request_id: &str,
 ) -> Result<Answer, Answer> {
-    // Route.
+    // Route, method, allowlist, size, media type: refused before the body counts for
+    // anything. An announced oversize body is refused unread: not reading it is what that
+    // refusal is for. Any other body is read first all the same, as far as `MAX_BODY`: an
+    // HTTP/2 answer sent before the request's end is followed by RST_STREAM(NO_ERROR), as
+    // RFC 9113 §8.1 allows, and some clients (curl 7.88, Debian 12's) then drop the answer
+    // and report a framing error, where an operator trying the gateway needs its code.
     let path = req.uri().path();
-    if path != "/webhook" && path != "/" {
-        return Err(Problem::NotFound.into());
-    }
-    if req.method() != Method::POST {
-        return Err(Problem::MethodNotAllowed.into());
-    }
-    // IP allowlist.
-    if !gw.allowlist.allows(peer.ip) {
-        return Err(Problem::IpForbidden.into());
-    }
-    // Size: refuse an announced oversize body before reading a byte of it.
     let announced = req
         .headers()
         .get(CONTENT_LENGTH)
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
-    if announced.is_some_and(|n| n > MAX_BODY as u64) {
-        return Err(Problem::PayloadTooLarge.into());
-    }
-    if !json_media_type(req.headers().get(CONTENT_TYPE)) {
-        return Err(Problem::UnsupportedMediaType.into());
+    let oversize = announced.is_some_and(|n| n > MAX_BODY as u64);
+    let refused = if path != "/webhook" && path != "/" {
+        Some(Problem::NotFound)
+    } else if req.method() != Method::POST {
+        Some(Problem::MethodNotAllowed)
+    } else if !gw.allowlist.allows(peer.ip) {
+        Some(Problem::IpForbidden)
+    } else if oversize {
+        Some(Problem::PayloadTooLarge)
+    } else if !json_media_type(req.headers().get(CONTENT_TYPE)) {
+        Some(Problem::UnsupportedMediaType)
+    } else {
+        None
+    };
+    if let Some(p) = refused {
+        if !oversize {
+            let _ = read_body(gw, peer, req.into_body()).await;
+        }
+        return Err(p.into());
     }
     let (parts, body) = req.into_parts();
-    let read = tokio::time::timeout(gw.body_timeout, async {
-        // Never closed, so never `Err`; its permit is this body's turn until it is read.
-        let _turn = peer.bodies.acquire().await;
-        Limited::new(body, MAX_BODY).collect().await
-    });
-    let raw = match read.await {
-        Ok(Ok(b)) => b.to_bytes(),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            return Err(Problem::PayloadTooLarge.into());
-        }
-        Ok(Err(_)) => return Err(Problem::InvalidRequest("body could not be read".into()).into()),
-        Err(_) => {
-            let s = gw.body_timeout.as_secs_f64();
-            // Its time also runs while the connection's other bodies are read ahead of it.
-            let why = format!(
-                "body not read within {s} s (sent too slowly, or behind this connection's \
-                 other requests)"
-            );
-            return Err(Problem::InvalidRequest(why).into());
-        }
-    };
+    let raw = read_body(gw, peer, body).await?;
     // JSON: anything but an object is refused before any credential is looked at.
     let object = trade::parse_object(&raw).map_err(Problem::from)?;
     // Authentication.
@@ -657,6 +645,32 @@ fn json_response(status: u16, body: Bytes) -> Response<Full<Bytes>> {
 
 /// Signal engines send JSON as `application/json`, and some (TradingView among them) as
 /// `text/plain`; an absent type is accepted too. Forms and the like are not webhooks.
+/// The request's body, read in its turn among the connection's bodies, within the body
+/// timeout and `MAX_BODY`.
+async fn read_body(gw: &Gateway, peer: &Peer, body: Incoming) -> Result<Bytes, Answer> {
+    let read = tokio::time::timeout(gw.body_timeout, async {
+        // Never closed, so never `Err`; its permit is this body's turn until it is read.
+        let _turn = peer.bodies.acquire().await;
+        Limited::new(body, MAX_BODY).collect().await
+    });
+    match read.await {
+        Ok(Ok(b)) => Ok(b.to_bytes()),
+        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
+            Err(Problem::PayloadTooLarge.into())
+        }
+        Ok(Err(_)) => Err(Problem::InvalidRequest("body could not be read".into()).into()),
+        Err(_) => {
+            let s = gw.body_timeout.as_secs_f64();
+            // Its time also runs while the connection's other bodies are read ahead of it.
+            let why = format!(
+                "body not read within {s} s (sent too slowly, or behind this connection's \
+                 other requests)"
+            );
+            Err(Problem::InvalidRequest(why).into())
+        }
+    }
+}
+
 fn json_media_type(v: Option<&HeaderValue>) -> bool {
     let Some(v) = v else { return true };
     let Ok(v) = v.to_str() else { return false };

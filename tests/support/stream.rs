@@ -66,6 +66,11 @@ impl Chunks {
             ..Chunks::new(body, chunk)
         }
     }
+
+    /// The same body, counting what it hands to the client in `sent`.
+    pub fn counted(self, sent: Arc<AtomicUsize>) -> Chunks {
+        Chunks { sent, ..self }
+    }
 }
 
 impl Body for Chunks {
