@@ -21,7 +21,7 @@ use crate::admin;
 use crate::config::{Config, ExecutorKind};
 use crate::executor::{self, Executor};
 use crate::gateway::auth::Authenticator;
-use crate::gateway::limits::{Allowlist, RateLimiter};
+use crate::gateway::limits::RateLimiter;
 use crate::gateway::{self, ConnLimits, Gateway, Reloadable, TlsConfig};
 use crate::metrics::Metrics;
 use crate::mutex::{self, Clock, Mutex, Unavailable};
@@ -51,8 +51,6 @@ pub enum RunError {
     Executor(String),
     #[error("authentication: {0}")]
     Auth(String),
-    #[error("limits: {0}")]
-    Limits(String),
 }
 
 /// A gateway whose listeners are bound and whose owner thread runs.
@@ -134,8 +132,7 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
         ),
     };
     let authenticator = authenticator(&config)?;
-    let allowlist =
-        Allowlist::parse(&config.allow_ips).map_err(|e| RunError::Limits(e.to_string()))?;
+    let allowlist = config.allow_ips.clone();
     let (listener, gateway_addr) =
         gateway::bind(config.listen)
             .await

@@ -96,7 +96,7 @@ pub struct Config {
     pub on_unknown_outcome: OnUnknown,
     pub rate_per_s: Option<f64>,
     pub burst: u32,
-    pub allow_ips: Vec<String>,
+    pub allow_ips: crate::gateway::limits::Allowlist,
     pub require_client_key: bool,
     /// The file's settings that only a restart applies (all but the certificate, its key,
     /// the client CA and `[auth]`), as read: what a reload compares (`Config::reload`).
@@ -111,6 +111,8 @@ pub struct Config {
 /// start-up error, and re-read on SIGHUP).
 #[derive(Debug, Clone)]
 pub struct AuthConfig {
+    /// The config file that names the secrets files: where an error about one points.
+    pub config_file: PathBuf,
     pub api_keys_file: Option<PathBuf>,
     pub hmac_secrets_file: Option<PathBuf>,
     pub bearer_tokens_file: Option<PathBuf>,
@@ -196,17 +198,16 @@ impl AuthConfig {
     /// Reads the secret files again (SIGHUP). An error keeps nothing half-loaded.
     pub fn reload(&self) -> Result<AuthConfig, ConfigError> {
         let mut next = self.clone();
+        let load = |path: &Option<PathBuf>, key: &str| match path {
+            None => Ok(Vec::new()),
+            // The secrets file's own path is in the message.
+            Some(p) => auth::load_secrets(p)
+                .map_err(|e| ConfigError::new(&self.config_file, key, e.to_string())),
+        };
         next.api_keys = load(&self.api_keys_file, "auth.api_keys_file")?;
         next.hmac_secrets = load(&self.hmac_secrets_file, "auth.hmac_secrets_file")?;
         next.bearer_tokens = load(&self.bearer_tokens_file, "auth.bearer_tokens_file")?;
         Ok(next)
-    }
-}
-
-fn load(path: &Option<PathBuf>, key: &str) -> Result<Vec<Secret>, ConfigError> {
-    match path {
-        None => Ok(Vec::new()),
-        Some(p) => auth::load_secrets(p).map_err(|e| ConfigError::new(p, key, format!("{e}"))),
     }
 }
 
@@ -434,6 +435,7 @@ impl Config {
             .collect::<Result<Vec<_>, _>>()?;
         let cred = |p: Option<PathBuf>| p.map(|p| rel(auth::credential_path(&p)));
         let mut auth = AuthConfig {
+            config_file: file.to_path_buf(),
             api_keys_file: cred(raw.auth.api_keys_file),
             hmac_secrets_file: cred(raw.auth.hmac_secrets_file),
             bearer_tokens_file: cred(raw.auth.bearer_tokens_file),
@@ -606,9 +608,9 @@ impl Config {
                 "an empty list; remove the key to allow every address".into(),
             ));
         }
-        let allow_ips = raw.limits.allow_ips.unwrap_or_default();
-        crate::gateway::limits::Allowlist::parse(&allow_ips)
-            .map_err(|e| err("limits.allow_ips", e.to_string()))?;
+        let allow_ips =
+            crate::gateway::limits::Allowlist::parse(&raw.limits.allow_ips.unwrap_or_default())
+                .map_err(|e| err("limits.allow_ips", e))?;
         let capacity = raw.limits.capacity.unwrap_or(1_000_000);
         if capacity == 0 {
             return Err(err("limits.capacity", "must be at least 1".into()));
@@ -1130,6 +1132,21 @@ mod tests {
         std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o644))
             .unwrap();
         assert_eq!(blamed(|_| {}).as_deref(), Some("server.key"));
+    }
+
+    /// A secrets file that cannot be read is a config error in the config file that names
+    /// it, under its key, with the secrets file's path in the message.
+    #[test]
+    fn a_missing_secrets_file_is_named_with_the_config_file_and_key() {
+        let dir = state();
+        let e = checked_in(dir.path(), |r| {
+            r.auth.bearer_tokens_file = Some(PathBuf::from("secrets/nope"));
+        })
+        .expect_err("accepted");
+        assert_eq!(e.key, "auth.bearer_tokens_file", "{e}");
+        assert_eq!(Path::new(&e.file), dir.path().join("config.toml"), "{e}");
+        let nope = dir.path().join("secrets/nope");
+        assert!(e.message.contains(&nope.display().to_string()), "{e}");
     }
 
     /// A TOML error says which line, and never quotes it: it may hold a secret.

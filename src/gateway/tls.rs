@@ -78,7 +78,13 @@ impl TlsFiles {
         if chain.is_empty() {
             return Err(file_err(&self.cert, "no certificate in PEM file"));
         }
-        let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|e| file_err(&self.key, e))?;
+        let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|e| match e {
+            rustls::pki_types::pem::Error::NoItemsFound => file_err(
+                &self.key,
+                "no private key in PEM file (a BEGIN PRIVATE KEY block; is it the certificate?)",
+            ),
+            e => file_err(&self.key, e),
+        })?;
         let builder = ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .map_err(|e| TlsError::Config(e.to_string()))?;
@@ -104,9 +110,13 @@ impl TlsFiles {
                 )
             }
         };
-        let mut cfg = builder
-            .with_single_cert(chain, key)
-            .map_err(|e| file_err(&self.key, e))?;
+        let mut cfg = builder.with_single_cert(chain, key).map_err(|e| match e {
+            rustls::Error::InconsistentKeys(_) => file_err(
+                &self.key,
+                format!("does not match the certificate in {}", self.cert.display()),
+            ),
+            e => file_err(&self.key, e),
+        })?;
         cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Arc::new(Tls {
             config: Arc::new(cfg),
@@ -222,6 +232,30 @@ mod tests {
         };
         let cfg = files.load().unwrap();
         assert_eq!(cfg.config.alpn_protocols[0], b"h2");
+        // Another certificate's key, and the certificate given as the key: each said so.
+        let other = dir.path().join("other");
+        std::fs::create_dir(&other).unwrap();
+        generate_self_signed(&other, &["localhost".into()]).unwrap();
+        let mismatched = TlsFiles {
+            key: other.join("key.pem"),
+            ..files.clone()
+        };
+        let e = mismatched.load().err().expect("refused").to_string();
+        let cert = files.cert.display();
+        assert!(
+            e.contains("other/key.pem")
+                && e.contains(&format!("does not match the certificate in {cert}")),
+            "{e}"
+        );
+        let swapped = TlsFiles {
+            key: files.cert.clone(),
+            ..files.clone()
+        };
+        let e = swapped.load().err().expect("refused").to_string();
+        assert!(
+            e.contains("no private key") && e.contains("certificate?"),
+            "{e}"
+        );
         // A client CA that is not a certificate is refused, naming the file.
         std::fs::write(dir.path().join("ca.pem"), "nope").unwrap();
         let bad = TlsFiles {
