@@ -261,6 +261,7 @@ impl Started {
         };
 
         let stopping = Arc::new(AtomicBool::new(false));
+        let restart_pending = Arc::<std::sync::Mutex<Vec<String>>>::default();
         let admin_task = admin.map(|b| {
             let state = admin::State {
                 mutex: mutex.clone(),
@@ -269,6 +270,7 @@ impl Started {
                 stopping: stopping.clone(),
                 stall_hook: stall_hook(),
                 outstanding: gw.outstanding.clone(),
+                restart_pending: restart_pending.clone(),
             };
             tokio::spawn(admin::serve(b, state, stopped()))
         });
@@ -276,7 +278,7 @@ impl Started {
             ready: ready.clone(),
             stopping,
             told: Arc::default(),
-            restart_pending: Arc::default(),
+            restart_pending,
         };
         let supervisor = tokio::spawn(supervise(mutex.clone(), announce.clone(), stopped()));
         let reloader = tokio::spawn(reload_on_hangup(
@@ -355,7 +357,7 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
                     (None, true) => format!("halted; {} live keys", s.live_keys),
                     (None, false) => format!("serving; {} live keys", s.live_keys),
                 };
-                match lock(&announce.restart_pending).as_str() {
+                match lock(&announce.restart_pending).join(", ").as_str() {
                     "" => state,
                     keys => format!("{state}; restart pending: {keys}"),
                 }
@@ -402,8 +404,8 @@ struct Announce {
     told: Arc<std::sync::Mutex<()>>,
     /// The keys of `config.toml` changed since the start that only a restart applies, as
     /// the last reload found them (empty: none): said in STATUS=, which `systemctl status`
-    /// shows, and not only in one log line.
-    restart_pending: Arc<std::sync::Mutex<String>>,
+    /// shows, and by the admin face's `/status`, not only in one log line.
+    restart_pending: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 impl Announce {
@@ -536,7 +538,7 @@ async fn reload_on_hangup(
                 gw.auth.replace(Arc::new(authenticator));
                 config = next;
                 log::info!("reloaded the TLS certificate and the secrets");
-                *lock(&announce.restart_pending) = pending.join(", ");
+                lock(&announce.restart_pending).clone_from(&pending);
                 if !pending.is_empty() {
                     log::warn!(
                         "{}: {}: changed since the start, which only a restart applies \

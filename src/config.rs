@@ -1132,6 +1132,13 @@ mod tests {
         std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o644))
             .unwrap();
         assert_eq!(blamed(|_| {}).as_deref(), Some("server.key"));
+        // Said of the key as it is, not as a secrets file.
+        let e = checked_in(dir.path(), |_| {}).expect_err("accepted");
+        let m = e.message;
+        assert!(
+            m.contains("key.pem holds a secret and is readable by everyone"),
+            "{m}"
+        );
     }
 
     /// A secrets file that cannot be read is a config error in the config file that names

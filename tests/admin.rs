@@ -66,6 +66,7 @@ fn state(mutex: &mutex::Mutex, ready: bool) -> State {
         stopping: Arc::new(AtomicBool::new(false)),
         stall_hook: false,
         outstanding: Default::default(),
+        restart_pending: Default::default(),
     }
 }
 

@@ -95,6 +95,11 @@ async fn operator_releases_a_held_key_and_halts() {
     assert_eq!(o.status.code(), Some(69));
     let said = String::from_utf8_lossy(&o.stderr);
     assert!(said.contains("admin listener 127.0.0.1:1: "), "{said}");
+    // The webhook listener named instead of the admin one: said so, not "invalid HTTP".
+    let o = cli(&["status", "--admin", &gw.addr.to_string()]);
+    assert_eq!(o.status.code(), Some(69));
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(said.contains("it is not the admin listener"), "{said}");
 
     // A config that names no admin listener, or cannot be read: said so, naming the file,
     // rather than trying the default address, where something else may listen.

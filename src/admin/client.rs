@@ -23,6 +23,13 @@ pub enum ClientError {
         #[source]
         source: std::io::Error,
     },
+    /// What answered is not an HTTP server: most likely the webhook listener, which speaks
+    /// TLS, named where the admin listener was meant.
+    #[error(
+        "what listens at {at} does not answer in plain HTTP, so it is not the admin listener \
+         (the webhook listener speaks TLS): give `[admin] listen` of config.toml, or --admin"
+    )]
+    NotHttp { at: String },
     #[error("admin request failed: {0}")]
     Http(#[from] hyper::Error),
     #[error("invalid admin request: {0}")]
@@ -52,7 +59,7 @@ async fn request_inner(
         at: listen.to_string(),
         source,
     };
-    match listen {
+    let answer = match listen {
         Listen::Tcp(addr) => {
             let io = TcpStream::connect(addr).await.map_err(connect)?;
             send(TokioIo::new(io), method, path).await
@@ -61,7 +68,13 @@ async fn request_inner(
             let io = UnixStream::connect(path_).await.map_err(connect)?;
             send(TokioIo::new(io), method, path).await
         }
-    }
+    };
+    answer.map_err(|e| match e {
+        ClientError::Http(h) if h.is_parse() => ClientError::NotHttp {
+            at: listen.to_string(),
+        },
+        e => e,
+    })
 }
 
 async fn send<T>(io: T, method: &str, path: &str) -> Result<(u16, String), ClientError>

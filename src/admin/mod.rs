@@ -9,7 +9,7 @@
 //! | `GET /healthz`             | 200 while the process runs                                  |
 //! | `GET /readyz`              | 200: database open, owner answering, serving, not halted    |
 //! | `GET /metrics`             | Prometheus text                                             |
-//! | `GET /status`              | `{live_keys, halted, serving, fail_closed, detail, version}`|
+//! | `GET /status`              | `{live_keys, halted, serving, fail_closed, detail, ready, restart_pending, version}`|
 //! | `GET /keys?limit=N`        | `{keys: [entry], truncated}`, by wall clock expiry, oldest first |
 //! | `GET /keys/{key}`          | one entry, 404 if no live entry                             |
 //! | `POST /keys/{key}/release` | operator release; `?entry=TAG` (from `keys show`) pins it to that entry as seen; 404 no live entry; 409 `ORDER_IN_FLIGHT` (`?force=1&entry=TAG` overrides) or `KEY_CHANGED` (settled, taken again, or reloaded, meanwhile) |
@@ -126,6 +126,9 @@ pub struct State {
     pub stall_hook: bool,
     /// The keys whose order is at the executor now (`Gateway::outstanding`).
     pub outstanding: Arc<Outstanding>,
+    /// The config keys changed since the start that only a restart applies, as the last
+    /// reload found them (`app`): `/status` lists them for a gateway not run by systemd.
+    pub restart_pending: Arc<std::sync::Mutex<Vec<String>>>,
 }
 
 /// A bound admin listener, not yet serving. Binding first lets `run` report a busy port
@@ -469,6 +472,11 @@ async fn status(state: &State) -> Answer {
             && !state.stopping.load(Ordering::Acquire)
             && fail_closed.is_none()
             && !halted,
+        "restart_pending": state
+            .restart_pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone(),
         "version": env!("CARGO_PKG_VERSION"),
     }))
 }

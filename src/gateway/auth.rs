@@ -99,9 +99,10 @@ pub enum SecretError {
         path: PathBuf,
         source: std::io::Error,
     },
-    #[error("secrets file {} is readable by everyone (mode {mode:o}); run chmod o-rwx on it", .path.display())]
+    // Said of the TLS key too, so "a secret", not "secrets file".
+    #[error("{} holds a secret and is readable by everyone (mode {mode:o}); run chmod o-rwx on it", .path.display())]
     WorldReadable { path: PathBuf, mode: u32 },
-    #[error("secrets file {} is writable by everyone (mode {mode:o}): any user of this machine could add a secret of their own; run chmod o-rwx on it", .path.display())]
+    #[error("{} holds a secret and is writable by everyone (mode {mode:o}): any user of this machine could put one of their own there; run chmod o-rwx on it", .path.display())]
     WorldWritable { path: PathBuf, mode: u32 },
     #[error("secrets file {} holds no secret", .path.display())]
     Empty { path: PathBuf },
