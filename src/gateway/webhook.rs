@@ -643,8 +643,6 @@ fn json_response(status: u16, body: Bytes) -> Response<Full<Bytes>> {
     r
 }
 
-/// Signal engines send JSON as `application/json`, and some (TradingView among them) as
-/// `text/plain`; an absent type is accepted too. Forms and the like are not webhooks.
 /// The request's body, read in its turn among the connection's bodies, within the body
 /// timeout and `MAX_BODY`.
 async fn read_body(gw: &Gateway, peer: &Peer, body: Incoming) -> Result<Bytes, Answer> {
@@ -671,6 +669,8 @@ async fn read_body(gw: &Gateway, peer: &Peer, body: Incoming) -> Result<Bytes, A
     }
 }
 
+/// Signal engines send JSON as `application/json`, and some (TradingView among them) as
+/// `text/plain`; an absent type is accepted too. Forms and the like are not webhooks.
 fn json_media_type(v: Option<&HeaderValue>) -> bool {
     let Some(v) = v else { return true };
     let Ok(v) = v.to_str() else { return false };

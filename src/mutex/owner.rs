@@ -458,6 +458,8 @@ impl Owner {
             for cmd in batch.drain(..) {
                 self.refuse(cmd, &u);
             }
+            // A refused release voids its grant: the count leaves it out (`live_keys`).
+            self.publish_index();
             return stop;
         };
         let now_wall = self.clock.wall_ms();
@@ -2127,22 +2129,31 @@ mod tests {
     fn failing_closed_does_not_count_a_voided_grant() {
         let dir = tempfile::tempdir().unwrap();
         let (mut o, _time) = owner_with_clock(dir.path());
-        let (a, b) = (trade_key("A"), trade_key("B"));
+        let (a, b, c) = (trade_key("A"), trade_key("B"), trade_key("C"));
         assert!(matches!(reserve(&mut o, &a), Decision::Proceed(_)));
         let Decision::Proceed(gb) = reserve(&mut o, &b) else {
             panic!("b not granted")
         };
-        assert_eq!(o.live_keys(), 2);
+        let Decision::Proceed(gc) = reserve(&mut o, &c) else {
+            panic!("c not granted")
+        };
+        assert_eq!(o.live_keys(), 3);
         o.fail(Unavailable::CommitFailed("a fault".into()));
-        assert_eq!(o.live_keys(), 2, "both held when it failed");
+        assert_eq!(o.live_keys(), 3, "all held when it failed");
         // As the failed batch's reply does with its grant.
         o.void.push(gb);
-        assert_eq!(o.live_keys(), 1, "the voided grant's key is not held");
+        assert_eq!(o.live_keys(), 2, "the voided grant's key is not held");
+        // A release refused while failing closed voids its grant too, and the count
+        // published for the metrics follows.
+        o.turn(&mut vec![Command::Release(Box::new(gc))]);
+        assert_eq!(o.live_keys(), 1);
+        assert_eq!(o.shared.live_keys.load(Ordering::Relaxed), 1);
         o.reopen();
         assert!(o.store.is_some(), "{:?}", o.failure);
         assert_eq!(o.live_keys(), 1);
         assert!(matches!(reserve(&mut o, &a), Decision::Duplicate(_)));
         assert!(matches!(reserve(&mut o, &b), Decision::Proceed(_)));
+        assert!(matches!(reserve(&mut o, &c), Decision::Proceed(_)));
     }
 
     /// Failing closed across a long outage, the count follows both clocks: a key whose
