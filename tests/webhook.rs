@@ -41,6 +41,22 @@ fn code(v: &Value) -> &str {
     v["code"].as_str().unwrap_or("")
 }
 
+/// The executor gets the sender's bytes, less the body credential: a client order id past
+/// 2^53 and a quantity of `1e6` arrive as written. Parsed and written again, they arrived
+/// as 1.8446744073709552e19 and 1000000.0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_executor_gets_the_senders_numbers_as_written() {
+    let (exec, _setup, gw) = with_mock().await;
+    let rest = r#""exchange":"binance","symbol":"ETHUSDT","action":"LONG","quantity":1e6,"clientRef":18446744073709551617}"#;
+    let body = format!(r#"{{"apiKey":"{SECRET}", {rest}"#);
+    let r = gw
+        .client
+        .request(hyper::Method::POST, &gw.url(), &[], body)
+        .await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    assert_eq!(exec.ledger()[0].body, format!("{{{rest}"));
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn success_commits_and_a_retry_is_a_duplicate() {
     let (exec, _setup, gw) = with_mock().await;
@@ -1620,6 +1636,78 @@ async fn an_early_refusal_over_http2_waits_for_the_body_it_refuses() {
         );
     }
     conn.abort();
+}
+
+/// A refused body is read to its end, up to 1 MiB, before the answer: over HTTP/2 each
+/// answer comes after the client has sent its whole body (else RST_STREAM follows it, and
+/// curl 7.88 drops it), and over HTTP/1.1 the connection stays usable for the next request
+/// (else it is closed with the body unread, which the kernel turns into a reset that can
+/// take the answer with it: curl's "(55) Broken pipe"). A body announced over 1 MiB is
+/// refused unread.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_refused_body_is_read_to_its_end_up_to_1_mib() {
+    use std::sync::Arc;
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use support::client::{Alpn, TlsClient};
+    use support::stream::{Chunks, h2_connect};
+    let setup = Setup::new(None);
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let big = |len: usize| format!("{{\"pad\":\"{}\"}}", "x".repeat(len - 10));
+    let nope = gw.url().replace("/webhook", "/nope");
+
+    let (mut sender, conn) = h2_connect::<Chunks>(&setup.pki.ca_cert, &gw.url()).await;
+    for (url, announce, len, code) in [
+        (gw.url(), true, 200 * 1024, "PAYLOAD_TOO_LARGE"),
+        (gw.url(), false, 200 * 1024, "PAYLOAD_TOO_LARGE"),
+        (nope.clone(), false, 200 * 1024, "NOT_FOUND"),
+        (gw.url(), true, 2 << 20, "PAYLOAD_TOO_LARGE"),
+    ] {
+        let body = big(len);
+        let sent = Arc::new(AtomicUsize::new(0));
+        let mut req = hyper::Request::post(&url).header("content-type", "application/json");
+        if announce {
+            req = req.header("content-length", body.len());
+        }
+        let req = req
+            .body(Chunks::new(body.as_bytes(), 16 * 1024).counted(sent.clone()))
+            .unwrap();
+        sender.ready().await.unwrap();
+        let res = tokio::time::timeout(Duration::from_secs(10), sender.send_request(req))
+            .await
+            .unwrap_or_else(|_| panic!("{len} {code}: no answer"))
+            .unwrap_or_else(|e| panic!("{len} {code}: {e}"));
+        let sent_then = sent.load(Ordering::SeqCst);
+        let doc = http_body_util::BodyExt::collect(res.into_body()).await;
+        let doc: Value = serde_json::from_slice(&doc.unwrap().to_bytes()).unwrap();
+        assert_eq!(doc["code"], code, "{len}");
+        if len <= 1 << 20 {
+            assert_eq!(sent_then, len, "{code}: answered before the body's end");
+        } else {
+            assert!(sent_then < 1 << 20, "{sent_then} of {len} bytes read");
+        }
+    }
+    conn.abort();
+
+    let client = TlsClient::with(&setup.pki.ca_cert, Alpn::Http1, None);
+    let mut c = client.connect(&gw.url()).await.unwrap();
+    for (url, code) in [(&gw.url(), "PAYLOAD_TOO_LARGE"), (&nope, "NOT_FOUND")] {
+        let r = c
+            .request(hyper::Method::POST, url, &[], big(200 * 1024))
+            .await
+            .unwrap_or_else(|e| panic!("{code}: {e}"));
+        assert_eq!(self::code(&r.json()), code);
+    }
+    let r = c
+        .request(
+            hyper::Method::POST,
+            &gw.url(),
+            &[],
+            trade("AFTERUSDT").to_string(),
+        )
+        .await
+        .expect("the connection outlived the refusals");
+    assert_eq!(r.status, 200, "{:?}", r.json());
 }
 
 /// The streams waiting their turn to be read cannot take the whole connection window and

@@ -13,6 +13,7 @@
 use bytes::Bytes;
 use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
 use serde::{Serialize, Serializer};
+use serde_json::value::RawValue;
 use serde_json::{Map, Value};
 use sha2::{Digest, Sha256};
 
@@ -57,14 +58,40 @@ fn field(field: &'static str, problem: &'static str) -> TradeError {
     TradeError::Field { field, problem }
 }
 
+/// A body that parsed as one JSON object: its members, and its bytes as received, which
+/// are what the executor gets, less the credential ([`Trade::forward_body`]).
+pub struct Object {
+    members: Map<String, Value>,
+    raw: Received,
+}
+
+impl Object {
+    pub fn members(&self) -> &Map<String, Value> {
+        &self.members
+    }
+}
+
+/// The body's bytes. Its `Debug` shows only their length: they may hold the credential.
+#[derive(Clone)]
+struct Received(Bytes);
+
+impl std::fmt::Debug for Received {
+    fn fmt(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        write!(f, "{} bytes", self.0.len())
+    }
+}
+
 /// Parses the body as one JSON object. A member given twice is refused: which of the
 /// two counts would otherwise depend on the parser, here and downstream.
-pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, TradeError> {
-    match serde_json::from_slice::<StrictObject>(body) {
-        Ok(strict) => Ok(strict.0),
+pub fn parse_object(body: Bytes) -> Result<Object, TradeError> {
+    match serde_json::from_slice::<StrictObject>(&body) {
+        Ok(strict) => Ok(Object {
+            members: strict.0,
+            raw: Received(body),
+        }),
         // The hot path parses once; only a refused body is parsed again, to tell "not an
         // object" from a syntax error.
-        Err(e) => match serde_json::from_slice::<Value>(body) {
+        Err(e) => match serde_json::from_slice::<Value>(&body) {
             Ok(v) if !v.is_object() => Err(TradeError::NotObject),
             _ => Err(TradeError::Json(e.to_string())),
         },
@@ -72,8 +99,8 @@ pub fn parse_object(body: &[u8]) -> Result<Map<String, Value>, TradeError> {
 }
 
 /// The body's `apiKey`, for authentication, which runs before the schema is checked.
-pub fn body_api_key(obj: &Map<String, Value>) -> Option<&str> {
-    obj.get("apiKey").and_then(Value::as_str)
+pub fn body_api_key(obj: &Object) -> Option<&str> {
+    obj.members.get("apiKey").and_then(Value::as_str)
 }
 
 struct StrictObject(Map<String, Value>);
@@ -134,11 +161,14 @@ impl Action {
     }
 }
 
-/// A trade that passed the schema. Keeps the object as received for forwarding.
+/// A trade that passed the schema. Keeps the body as received for forwarding.
 #[derive(Debug, Clone)]
 pub struct Trade {
     /// As received, `apiKey` already removed.
     obj: Map<String, Value>,
+    /// The body's bytes, `apiKey` still in them when `api_key_given`.
+    raw: Received,
+    api_key_given: bool,
     pub exchange: String,
     pub symbol: String,
     pub action: Action,
@@ -150,13 +180,18 @@ pub struct Trade {
 }
 
 impl Trade {
-    pub fn from_object(mut obj: Map<String, Value>) -> Result<Trade, TradeError> {
+    pub fn from_object(object: Object) -> Result<Trade, TradeError> {
+        let Object {
+            members: mut obj,
+            raw,
+        } = object;
         // The credential stops here: authentication read it already (`body_api_key`), and
-        // neither the trade nor the order it becomes keeps a copy.
-        match obj.remove("apiKey") {
-            None | Some(Value::Null) | Some(Value::String(_)) => {}
+        // neither the trade's fields nor the order it becomes keeps a copy.
+        let api_key_given = match obj.remove("apiKey") {
+            None => false,
+            Some(Value::Null) | Some(Value::String(_)) => true,
             Some(_) => return Err(field("apiKey", "must be a string")),
-        }
+        };
         if let Some(known) = obj.keys().find_map(|name| case_variant(name)) {
             return Err(field(
                 known,
@@ -243,6 +278,8 @@ impl Trade {
             test,
             idempotency_key,
             obj,
+            raw,
+            api_key_given,
         })
     }
 
@@ -298,15 +335,62 @@ impl Trade {
         h.finalize().into()
     }
 
-    /// The object as received, minus `apiKey`: the credential stops here.
+    /// The body as received, minus `apiKey`: the credential stops here. Every other
+    /// member goes on byte for byte. Written again from the parsed members, an integer
+    /// past 2^53 (a client order id) would reach the executor rounded, and `1e6` as
+    /// `1000000.0`.
     pub fn forward_body(&self) -> Bytes {
-        // A map with string keys always serialises; `Value`'s own `Display` relies on the same.
-        Bytes::from(serde_json::to_vec(&self.obj).unwrap_or_default())
+        if !self.api_key_given {
+            return self.raw.0.clone();
+        }
+        without_api_key(&self.raw.0).unwrap_or_else(|| {
+            // Not reached: these bytes parsed as this object before. Should they not, the
+            // parsed members still make the same trade, numbers as read.
+            Bytes::from(serde_json::to_vec(&self.obj).unwrap_or_default())
+        })
     }
 
     pub fn idempotency_key(&self) -> Option<&str> {
         self.idempotency_key.as_deref()
     }
+}
+
+/// `body`, a JSON object, written again without its top-level `apiKey` member: the other
+/// members' names as parsed, their values as they came. `None` if it does not parse.
+fn without_api_key(body: &[u8]) -> Option<Bytes> {
+    struct Members<'a>(Vec<(String, &'a RawValue)>);
+    impl<'de> Deserialize<'de> for Members<'de> {
+        fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+            struct V;
+            impl<'de> Visitor<'de> for V {
+                type Value = Members<'de>;
+                fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+                    f.write_str("a JSON object")
+                }
+                fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<Members<'de>, A::Error> {
+                    let mut members = Vec::new();
+                    while let Some(member) = a.next_entry()? {
+                        members.push(member);
+                    }
+                    Ok(Members(members))
+                }
+            }
+            d.deserialize_map(V)
+        }
+    }
+    let members = serde_json::from_slice::<Members<'_>>(body).ok()?.0;
+    let mut out = Vec::with_capacity(body.len());
+    out.push(b'{');
+    for (name, value) in members.iter().filter(|(name, _)| name != "apiKey") {
+        if out.len() > 1 {
+            out.push(b',');
+        }
+        serde_json::to_writer(&mut out, name).ok()?;
+        out.push(b':');
+        out.extend_from_slice(value.get().as_bytes());
+    }
+    out.push(b'}');
+    Some(Bytes::from(out))
 }
 
 /// The fields with a meaning here; everything else is passed through as is.
@@ -402,11 +486,12 @@ mod tests {
     use crate::mutex::Key;
     use serde_json::json;
 
-    fn obj(v: Value) -> Map<String, Value> {
-        match v {
-            Value::Object(m) => m,
-            _ => panic!("not an object"),
-        }
+    fn obj(v: Value) -> Object {
+        parse(&serde_json::to_vec(&v).unwrap()).unwrap()
+    }
+
+    fn parse(body: &[u8]) -> Result<Object, TradeError> {
+        parse_object(Bytes::copy_from_slice(body))
     }
 
     fn base() -> Value {
@@ -420,9 +505,9 @@ mod tests {
     }
 
     fn without(k: &str) -> Result<Trade, TradeError> {
-        let mut m = obj(base());
-        m.remove(k);
-        Trade::from_object(m)
+        let mut b = base();
+        b.as_object_mut().unwrap().remove(k);
+        Trade::from_object(obj(b))
     }
 
     fn err_field(r: Result<Trade, TradeError>) -> &'static str {
@@ -434,47 +519,43 @@ mod tests {
 
     #[test]
     fn parse_object_refuses_what_is_not_an_object() {
-        assert!(matches!(
-            parse_object(b"not json"),
-            Err(TradeError::Json(_))
-        ));
-        assert!(matches!(parse_object(b""), Err(TradeError::Json(_))));
-        assert!(matches!(
-            parse_object(b"{\"a\":1"),
-            Err(TradeError::Json(_))
-        ));
-        assert!(matches!(parse_object(b"{} x"), Err(TradeError::Json(_))));
+        assert!(matches!(parse(b"not json"), Err(TradeError::Json(_))));
+        assert!(matches!(parse(b""), Err(TradeError::Json(_))));
+        assert!(matches!(parse(b"{\"a\":1"), Err(TradeError::Json(_))));
+        assert!(matches!(parse(b"{} x"), Err(TradeError::Json(_))));
         for body in [&b"[]"[..], b"1", b"\"s\"", b"null", b"true"] {
-            assert_eq!(parse_object(body), Err(TradeError::NotObject));
+            assert!(matches!(parse(body), Err(TradeError::NotObject)));
         }
-        assert!(parse_object(b" {\"a\": {\"b\": [1]}} \n").is_ok());
+        assert!(parse(b" {\"a\": {\"b\": [1]}} \n").is_ok());
         // Not UTF-8.
         assert!(matches!(
-            parse_object(b"{\"a\":\"\xff\"}"),
+            parse(b"{\"a\":\"\xff\"}"),
             Err(TradeError::Json(_))
         ));
     }
 
     #[test]
     fn parse_object_refuses_a_member_given_twice() {
-        let e = parse_object(br#"{"quantity": 1, "quantity": 100}"#).unwrap_err();
+        let Err(e) = parse(br#"{"quantity": 1, "quantity": 100}"#) else {
+            panic!("a member given twice was taken")
+        };
         assert!(e.to_string().contains("duplicate field `quantity`"), "{e}");
         // Only the top level: nested objects are the executor's business.
-        assert!(parse_object(br#"{"a": {"x": 1}, "b": {"x": 1}}"#).is_ok());
+        assert!(parse(br#"{"a": {"x": 1}, "b": {"x": 1}}"#).is_ok());
     }
 
     #[test]
     fn parse_object_survives_deep_nesting() {
         let deep = "[".repeat(100_000);
         assert!(matches!(
-            parse_object(format!("{{\"a\":{deep}").as_bytes()),
+            parse(format!("{{\"a\":{deep}").as_bytes()),
             Err(TradeError::Json(_))
         ));
     }
 
     #[test]
     fn body_api_key_is_read_before_the_schema() {
-        let m = parse_object(br#"{"apiKey": "s3cret", "quantity": "nonsense"}"#).unwrap();
+        let m = parse(br#"{"apiKey": "s3cret", "quantity": "nonsense"}"#).unwrap();
         assert_eq!(body_api_key(&m), Some("s3cret"));
         assert_eq!(body_api_key(&obj(json!({"apiKey": 5}))), None);
     }
@@ -596,7 +677,7 @@ mod tests {
         }
         assert_eq!(err_field(with("quantity", json!(1e-300))), "quantity");
         // serde_json refuses numbers beyond f64 at parse time.
-        assert!(parse_object(br#"{"quantity": 1e400}"#).is_err());
+        assert!(parse(br#"{"quantity": 1e400}"#).is_err());
     }
 
     #[test]
@@ -643,10 +724,11 @@ mod tests {
         ] {
             // Beside the exact spelling, and alone.
             assert_eq!(err_field(with(name, json!(5))), known, "{name}");
-            let mut b = obj(base());
-            b.remove(known);
-            b.insert(name.to_string(), json!(5));
-            assert_eq!(err_field(Trade::from_object(b)), known, "{name} alone");
+            let mut b = base();
+            let m = b.as_object_mut().unwrap();
+            m.remove(known);
+            m.insert(name.to_string(), json!(5));
+            assert_eq!(err_field(Trade::from_object(obj(b))), known, "{name} alone");
         }
         // Names that merely resemble a field pass through, as any other extra field.
         for name in ["quantity2", "qty", "tests", "\u{212A}", "strategy"] {
@@ -672,6 +754,37 @@ mod tests {
         );
     }
 
+    /// The executor gets the sender's bytes: an integer past 2^53 (a client order id),
+    /// `1e6` and `1.50` as written, members in their order. Parsed and written again, they
+    /// arrived as 1.8446744073709552e19, 1000000.0 and 1.5.
+    #[test]
+    fn forward_body_keeps_the_senders_bytes() {
+        let members = r#""exchange":"x", "symbol":"Y","action":"long","quantity":1e6,"price":1.50,"clientRef":18446744073709551617,"z":{"b":-9223372036854775809,"a":[1.0 ,2]},"idempotencyKey":"k""#;
+        let plain = format!("{{ {members} }}\n");
+        let t = Trade::from_object(parse(plain.as_bytes()).unwrap()).unwrap();
+        assert_eq!(t.forward_body(), plain.as_bytes());
+
+        // With the credential, first or last, its name escaped or not: only it goes.
+        let squeezed = members.replace(", ", ",");
+        for (with_key, cut) in [
+            (format!(r#"{{"apiKey":"s3cret",{members}}}"#), &squeezed),
+            (format!(r#"{{{members},"api\u004bey":null}}"#), &squeezed),
+            (
+                format!(r#"{{{members},"n":{{"apiKey":"kept"}},"apiKey" : "s3cret"}}"#),
+                &format!(r#"{squeezed},"n":{{"apiKey":"kept"}}"#),
+            ),
+        ] {
+            let t = Trade::from_object(parse(with_key.as_bytes()).unwrap()).unwrap();
+            let fwd = t.forward_body();
+            assert_eq!(
+                String::from_utf8_lossy(&fwd),
+                format!("{{{cut}}}"),
+                "{with_key}"
+            );
+            assert!(!format!("{t:?}").contains("s3cret"));
+        }
+    }
+
     /// Fuzz regression (webhook_body): a long number in a pass-through field came back
     /// different after forwarding, because serde_json parses floats approximately unless
     /// its `float_roundtrip` feature is on. The executor must get the trade we hashed.
@@ -688,8 +801,8 @@ mod tests {
             let body = format!(
                 r#"{{"exchange":"x","symbol":"y","action":"long","quantity":1.1000000000000001,"price":{n},"n":{n}}}"#
             );
-            let t = Trade::from_object(parse_object(body.as_bytes()).unwrap()).unwrap();
-            let again = Trade::from_object(parse_object(&t.forward_body()).unwrap()).unwrap();
+            let t = Trade::from_object(parse(body.as_bytes()).unwrap()).unwrap();
+            let again = Trade::from_object(parse(&t.forward_body()).unwrap()).unwrap();
             assert_eq!(again.payload_hash(), t.payload_hash(), "{n}");
             assert_eq!(again.price, t.price, "{n}");
         }
@@ -701,7 +814,7 @@ mod tests {
     fn payload_hash_is_stable_across_releases() {
         let h = |b: &[u8]| {
             hex::encode(
-                Trade::from_object(parse_object(b).unwrap())
+                Trade::from_object(parse(b).unwrap())
                     .unwrap()
                     .payload_hash(),
             )
@@ -719,7 +832,7 @@ mod tests {
     #[test]
     fn payload_hash_is_canonical() {
         let h = |b: &[u8]| {
-            Trade::from_object(parse_object(b).unwrap())
+            Trade::from_object(parse(b).unwrap())
                 .unwrap()
                 .payload_hash()
         };
@@ -806,13 +919,13 @@ mod tests {
             let canonical = format!(
                 r#"{{"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":{q},"extra":{{"a":2,"b":1}}}}"#
             );
-            let h = |b: &str| Trade::from_object(parse_object(b.as_bytes()).unwrap()).unwrap().payload_hash();
+            let h = |b: &str| Trade::from_object(parse(b.as_bytes()).unwrap()).unwrap().payload_hash();
             proptest::prop_assert_eq!(h(&body), h(&canonical));
         }
 
         #[test]
         fn parse_never_panics(v in proptest::collection::vec(proptest::num::u8::ANY, 0..200)) {
-            if let Ok(o) = parse_object(&v) {
+            if let Ok(o) = parse(&v) {
                 let _ = Trade::from_object(o);
             }
         }

@@ -12,9 +12,9 @@ use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
+use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
-use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue};
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, EXPECT, HeaderValue};
 use hyper::{Method, Request, Response, StatusCode};
 use tokio_util::task::TaskTracker;
 
@@ -31,6 +31,10 @@ use crate::mutex::{Decision, Grant, Guard, Key, Mutex, Reserve, Snapshot};
 
 /// The largest webhook body (SPEC §3).
 pub const MAX_BODY: usize = 64 * 1024;
+/// How much of a body that is refused is read and dropped before the answer, so that the
+/// answer reaches its sender (see `pipeline`): as much as an HTTP/2 connection's window
+/// or HTTP/1.1's read buffer lets a sender have in flight (docs/DESIGN.md).
+const DRAIN_MAX: usize = 1 << 20;
 
 /// Everything a webhook needs, shared by all connections.
 pub struct Gateway {
@@ -194,11 +198,13 @@ async fn pipeline(
     request_id: &str,
 ) -> Result<Answer, Answer> {
     // Route, method, allowlist, size, media type: refused before the body counts for
-    // anything. An announced oversize body is refused unread: not reading it is what that
-    // refusal is for. Any other body is read first all the same, as far as `MAX_BODY`: an
-    // HTTP/2 answer sent before the request's end is followed by RST_STREAM(NO_ERROR), as
-    // RFC 9113 §8.1 allows, and some clients (curl 7.88, Debian 12's) then drop the answer
-    // and report a framing error, where an operator trying the gateway needs its code.
+    // anything. A refused body is still read (and dropped) as far as `DRAIN_MAX`, unless
+    // it is announced longer or its sender waits for `100 Continue` before sending it. An
+    // answer sent before the request's end loses it: over HTTP/2 it is followed by
+    // RST_STREAM(NO_ERROR), as RFC 9113 §8.1 allows, and over HTTP/1.1 by a close with the
+    // body unread, which the kernel makes a reset. Some clients (curl 7.88, Debian 12's)
+    // then drop the answer and report a framing error or a broken pipe, where an operator
+    // trying the gateway needs its code.
     let path = req.uri().path();
     let announced = req
         .headers()
@@ -206,6 +212,8 @@ async fn pipeline(
         .and_then(|v| v.to_str().ok())
         .and_then(|v| v.parse::<u64>().ok());
     let oversize = announced.is_some_and(|n| n > MAX_BODY as u64);
+    let drain =
+        !req.headers().contains_key(EXPECT) && announced.is_none_or(|n| n <= DRAIN_MAX as u64);
     let refused = if path != "/webhook" && path != "/" {
         Some(Problem::NotFound)
     } else if req.method() != Method::POST {
@@ -220,15 +228,15 @@ async fn pipeline(
         None
     };
     if let Some(p) = refused {
-        if !oversize {
-            let _ = read_body(gw, peer, req.into_body()).await;
+        if drain {
+            let _ = read_body(gw, peer, req.into_body(), 0).await;
         }
         return Err(p.into());
     }
     let (parts, body) = req.into_parts();
-    let raw = read_body(gw, peer, body).await?;
+    let raw = read_body(gw, peer, body, MAX_BODY).await?;
     // JSON: anything but an object is refused before any credential is looked at.
-    let object = trade::parse_object(&raw).map_err(Problem::from)?;
+    let object = trade::parse_object(raw.clone()).map_err(Problem::from)?;
     // Authentication.
     let body_api_key = trade::body_api_key(&object);
     let authenticator = gw.auth.current();
@@ -644,18 +652,39 @@ fn json_response(status: u16, body: Bytes) -> Response<Full<Bytes>> {
 }
 
 /// The request's body, read in its turn among the connection's bodies, within the body
-/// timeout and `MAX_BODY`.
-async fn read_body(gw: &Gateway, peer: &Peer, body: Incoming) -> Result<Bytes, Answer> {
+/// timeout: its first `keep` bytes, or 413 if it has more. The rest of a longer body is
+/// read and dropped as far as `DRAIN_MAX` (see `pipeline`), so that its sender sees the 413.
+async fn read_body(
+    gw: &Gateway,
+    peer: &Peer,
+    mut body: Incoming,
+    keep: usize,
+) -> Result<Bytes, Answer> {
     let read = tokio::time::timeout(gw.body_timeout, async {
         // Never closed, so never `Err`; its permit is this body's turn until it is read.
         let _turn = peer.bodies.acquire().await;
-        Limited::new(body, MAX_BODY).collect().await
+        let mut kept: Vec<Bytes> = Vec::new();
+        let mut seen = 0;
+        while let Some(frame) = body.frame().await {
+            // Trailers are not part of the body.
+            let Ok(data) = frame?.into_data() else {
+                continue;
+            };
+            seen += data.len();
+            if seen <= keep {
+                kept.push(data);
+            } else if seen > DRAIN_MAX {
+                break;
+            }
+        }
+        Ok::<_, hyper::Error>((seen <= keep).then(|| match kept.len() {
+            1 => kept.swap_remove(0),
+            _ => Bytes::from(kept.concat()),
+        }))
     });
     match read.await {
-        Ok(Ok(b)) => Ok(b.to_bytes()),
-        Ok(Err(e)) if e.is::<http_body_util::LengthLimitError>() => {
-            Err(Problem::PayloadTooLarge.into())
-        }
+        Ok(Ok(Some(b))) => Ok(b),
+        Ok(Ok(None)) => Err(Problem::PayloadTooLarge.into()),
         Ok(Err(_)) => Err(Problem::InvalidRequest("body could not be read".into()).into()),
         Err(_) => {
             let s = gw.body_timeout.as_secs_f64();
