@@ -29,9 +29,10 @@ async fn a_thousand_identical_webhooks_forward_once_per_trial() {
     let gw = setup.start();
     gw.wait_ready().await;
     let client = TlsClient::with(&setup.pki.ca_cert, Alpn::Http2, None);
-    // 25 HTTP/2 connections carry 40 streams each.
+    // 63 HTTP/2 connections carry up to 16 streams each (the gateway's limit), so that
+    // all 1000 are in flight at once.
     let mut conns = Vec::new();
-    for _ in 0..25 {
+    for _ in 0..63 {
         conns.push(client.connect(&gw.url()).await.unwrap());
     }
     for trial in 0..trials {

@@ -18,31 +18,31 @@ use std::time::{Duration, Instant};
 use hyper::service::service_fn;
 use hyper_util::rt::{TokioExecutor, TokioIo, TokioTimer};
 use hyper_util::server::conn::auto;
-use hyper_util::server::graceful::GracefulShutdown;
 use rustls::pki_types::CertificateDer;
 use tokio::net::TcpListener;
 use tokio::sync::Semaphore;
 use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
+use tokio_util::task::TaskTracker;
 
 use limits::PerIp;
 pub use webhook::{Gateway, Peer};
 
 /// Requests in flight on one HTTP/2 connection.
-const H2_STREAMS: u32 = 64;
+const H2_STREAMS: u32 = 16;
 /// The largest header block of an HTTP/2 request (a webhook's take a few hundred bytes).
 const H2_HEADER_LIST: u32 = 8 * 1024;
-/// The body data an HTTP/2 connection may send before the gateway reads it.
-const H2_CONNECTION_WINDOW: u32 = 256 * 1024;
-/// The body data one HTTP/2 stream may send before the gateway reads it: 4 KiB holds most
-/// webhooks whole. Small enough that the streams waiting their turn to be read
-/// (`webhook::BODIES_AT_ONCE`) cannot fill the connection's window between them, which
-/// would leave the bodies being read no room to arrive, until the body timeout.
-const H2_STREAM_WINDOW: u32 = 4 * 1024;
-const _: () = assert!(
-    (H2_STREAMS as usize - webhook::BODIES_AT_ONCE) * (H2_STREAM_WINDOW as usize)
-        < H2_CONNECTION_WINDOW as usize
-);
+/// The body data one HTTP/2 stream may send before the gateway reads it: the protocol's
+/// default, which a client uses until it has the gateway's SETTINGS. A smaller one shrinks
+/// the window of a stream that sent data before them, and h2 (0.4.20) then never sends
+/// that stream a WINDOW_UPDATE: a body over 4 KiB sent at once on a fresh connection (as
+/// Node's client sends it) waited for the body timeout and was refused.
+const H2_STREAM_WINDOW: u32 = 65_535;
+/// The body data an HTTP/2 connection may send before the gateway reads it: every stream's
+/// window at once, so that the streams waiting their turn to be read
+/// (`webhook::BODIES_AT_ONCE`) can never fill it between them and leave the bodies being
+/// read no room to arrive, until the body timeout.
+const H2_CONNECTION_WINDOW: u32 = H2_STREAMS * H2_STREAM_WINDOW;
 
 /// How long in-flight requests may take to finish their commit or release at shutdown.
 /// The packaged unit's `TimeoutStopSec=45s` leaves the rest for the close.
@@ -161,7 +161,8 @@ pub async fn serve(
     limits: ConnLimits,
     shutdown: impl Future<Output = ()>,
 ) {
-    let graceful = GracefulShutdown::new();
+    // Every connection's task, which the drain waits for.
+    let connections = TaskTracker::new();
     // Cancelled when the drain begins: a connection still in its TLS handshake has no
     // request to finish, and would hold the drain for up to `handshake_timeout` (a port
     // scan, a TCP health check), with the listener already closed.
@@ -177,10 +178,10 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
     // What one HTTP/2 connection can make the gateway hold, before anyone is authenticated:
-    // its streams' headers (64 × 8 KiB), the bodies it reads (4 × 64 KiB), and the data
-    // its other streams sent ahead (60 × 4 KiB): ~1 MiB, against ~17 MiB with hyper's
-    // defaults (256 streams, each body read at once, 1 MiB windows). About what HTTP/1.1's
-    // read buffer allows a connection; `server.max_connections` times that bounds them all.
+    // its streams' headers (16 × 8 KiB), and the body data its streams sent (its window,
+    // 16 × 64 KiB): ~1.1 MiB, against ~17 MiB with hyper's defaults (256 streams, each body
+    // read at once, 1 MiB windows). About what HTTP/1.1's read buffer allows a connection;
+    // `server.max_connections` times that bounds them all.
     builder
         .http2()
         .timer(TokioTimer::new())
@@ -235,9 +236,8 @@ pub async fn serve(
         let tls = tls.clone();
         let gw = gw.clone();
         let builder = builder.clone();
-        let watcher = graceful.watcher();
         let draining = draining.clone();
-        tokio::spawn(async move {
+        connections.spawn(async move {
             let _permit = permit;
             let _ip_slot = ip_slot;
             let handshake = tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp));
@@ -282,13 +282,35 @@ pub async fn serve(
             let conn = builder
                 .serve_connection(TokioIo::new(stream), svc)
                 .into_owned();
-            tokio::select! {
-                r = watcher.watch(conn) => if let Err(e) = r {
-                    log::debug!("connection from {addr} ended: {e}");
-                },
-                // Nothing in flight, so dropping the connection cuts no request off.
-                () = activity.idle_for(limits.header_timeout) => {
-                    log::debug!("closing idle connection from {addr}");
+            tokio::pin!(conn);
+            // Idle, or at shutdown, a connection is closed gracefully: over HTTP/2 with a
+            // GOAWAY that tells the client which of its streams were not taken, so that a
+            // request sent as the close began is answered, or known unsent and safe to
+            // send again, never lost in a dropped connection. A client that then keeps it
+            // open with nothing in flight is dropped after `header_timeout`.
+            let mut closing = false;
+            loop {
+                tokio::select! {
+                    r = conn.as_mut() => {
+                        if let Err(e) = r {
+                            log::debug!("connection from {addr} ended: {e}");
+                        }
+                        break;
+                    }
+                    () = activity.idle_for(limits.header_timeout), if !closing => {
+                        log::debug!("closing idle connection from {addr}");
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    () = draining.cancelled(), if !closing => {
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    () = tokio::time::sleep(limits.header_timeout), if closing => {
+                        if activity.is_idle() {
+                            break;
+                        }
+                    }
                 }
             }
         });
@@ -300,7 +322,8 @@ pub async fn serve(
     // Connections, and requests and orders whose client hung up, which no connection waits
     // for: all settle their keys before the caller stops the mutex's owner.
     let drained = async {
-        graceful.shutdown().await;
+        connections.close();
+        connections.wait().await;
         gw.in_flight.close();
         gw.in_flight.wait().await;
     };

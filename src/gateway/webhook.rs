@@ -90,10 +90,11 @@ const SETTLE: Duration = Duration::from_secs(1);
 /// carries up to 64 requests on a connection, and every body is read before its sender is
 /// known: without a bound, one host could have the gateway hold 64 KiB for each of them
 /// (held back by a last byte for `server.header_timeout`), on each of its connections.
-/// The rest of a connection's streams wait their turn, each with at most a small window
-/// of data sent ahead (`gateway::H2_STREAM_WINDOW`), so that between them they never fill
-/// the connection's window and starve the bodies being read. A webhook's body is read in
-/// microseconds, so a sender's own streams hardly wait on each other.
+/// The rest of a connection's streams wait their turn, with what they sent ahead held in
+/// the connection's window, which is large enough for every stream's at once
+/// (`gateway::H2_CONNECTION_WINDOW`), so that they never fill it and starve the bodies
+/// being read. A webhook's body is read in microseconds, so a sender's own streams hardly
+/// wait on each other.
 pub const BODIES_AT_ONCE: usize = 4;
 
 /// What the mutex did with the key, told to the client in `Hoox-Idempotency-Outcome`.

@@ -5,5 +5,6 @@
 pub mod client;
 pub mod executor;
 pub mod gateway;
+pub mod h2raw;
 pub mod pki;
 pub mod stream;
