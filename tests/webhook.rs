@@ -1515,8 +1515,9 @@ async fn one_http2_connection_cannot_have_every_body_held() {
     const CARRIED: usize = 16;
     const BODY: usize = 60 * 1024;
     let mut setup = Setup::new(None);
-    // Long enough that no stalled body is dropped, and its stream given to another, meanwhile.
-    setup.set("server", "header_timeout", "30s");
+    // Longer than the test's own deadline, so that no stalled body is dropped, and its
+    // stream given to another, meanwhile.
+    setup.set("server", "header_timeout", "60s");
     let gw = setup.start();
     gw.wait_ready().await;
     let (mut sender, conn) = h2_connect::<Chunks>(&setup.pki.ca_cert, &gw.url()).await;
@@ -1718,6 +1719,29 @@ async fn a_refused_body_is_read_to_its_end_up_to_1_mib() {
     assert_eq!(r.status, 200, "{:?}", r.json());
 }
 
+/// A body past 64 KiB is a 413 also when the rest, read only to be dropped, then stalls
+/// until the body timeout: the size refused it, not the sender's pace.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_over_64_kib_that_then_stalls_is_a_413() {
+    use std::sync::Arc;
+    use support::stream::{Chunks, h2_connect};
+    let mut setup = Setup::new(None);
+    setup.set("server", "header_timeout", "1s");
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let (mut sender, conn) = h2_connect::<Chunks>(&setup.pki.ca_cert, &gw.url()).await;
+    let req = hyper::Request::post(gw.url())
+        .header("content-type", "application/json")
+        .body(Chunks::stalling(100 * 1024, 8192, Arc::default()))
+        .unwrap();
+    let res = tokio::time::timeout(Duration::from_secs(10), sender.send_request(req))
+        .await
+        .expect("an answer")
+        .unwrap();
+    assert_eq!(res.status(), 413);
+    conn.abort();
+}
+
 /// A client may send a body before it has the gateway's SETTINGS, under the protocol's
 /// default window (Node's http2 client sends one at once on a fresh connection). With a
 /// smaller stream window in those SETTINGS (4 KiB, up to 0.2.9), the stream's window went
@@ -1802,7 +1826,7 @@ async fn a_body_sent_before_the_settings_is_not_stalled() {
 async fn an_idle_http2_connection_is_closed_with_a_goaway() {
     use support::h2raw::*;
     let mut setup = Setup::new(None);
-    setup.set("server", "header_timeout", "1s");
+    setup.set("server", "header_timeout", "3s");
     let gw = setup.start();
     gw.wait_ready().await;
     let mut h = RawH2::connect(&setup.pki.ca_cert, &gw.url()).await;
@@ -1819,17 +1843,25 @@ async fn an_idle_http2_connection_is_closed_with_a_goaway() {
         h.acknowledge(&frame).await;
         frames.push((frame.kind, frame.flags));
     };
-    assert!(opened.elapsed() >= Duration::from_millis(900), "{goaway:?}");
+    assert!(
+        opened.elapsed() >= Duration::from_millis(2900),
+        "{goaway:?}"
+    );
     let body = trade("GOAWAYUSDT").to_string();
     let headers = [("content-type", "application/json")];
     h.send_request(1, &gw.url(), &headers).await;
     h.send(DATA, END_STREAM, 1, body.as_bytes()).await;
     let mut answer = None;
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
     while let Some(frame) = h.next(Duration::from_secs(10)).await {
         h.acknowledge(&frame).await;
         if (frame.kind, frame.stream) == (HEADERS, 1) {
             answer = status(&frame.payload);
         }
+        assert!(
+            std::time::Instant::now() < deadline,
+            "the connection never ended"
+        );
     }
     assert_eq!(answer, Some(200), "the request sent on the GOAWAY");
 }

@@ -53,11 +53,6 @@ impl Activity {
         }
     }
 
-    /// No request in flight now.
-    pub fn is_idle(&self) -> bool {
-        self.in_flight.load(Ordering::SeqCst) == 0
-    }
-
     fn last_end(&self) -> Instant {
         // A poisoned lock holds a plain Instant, still whole.
         *self.since.lock().unwrap_or_else(|p| p.into_inner())

@@ -178,9 +178,10 @@ pub async fn serve(
         .timer(TokioTimer::new())
         .header_read_timeout(limits.header_timeout);
     // What one HTTP/2 connection can make the gateway hold, before anyone is authenticated:
-    // its streams' headers (16 × 8 KiB), and the body data its streams sent (its window,
-    // 16 × 64 KiB): ~1.1 MiB, against ~17 MiB with hyper's defaults (256 streams, each body
-    // read at once, 1 MiB windows). About what HTTP/1.1's read buffer allows a connection;
+    // its streams' headers (16 × 8 KiB), the body data its streams sent (its window,
+    // 16 × 64 KiB), and the bodies being read (4 × 64 KiB, which frees their window):
+    // ~1.4 MiB, against ~17 MiB with hyper's defaults (256 streams, each body read at
+    // once, 1 MiB windows). About what HTTP/1.1's read buffer allows a connection;
     // `server.max_connections` times that bounds them all.
     builder
         .http2()
@@ -286,18 +287,28 @@ pub async fn serve(
             // Idle, or at shutdown, a connection is closed gracefully: over HTTP/2 with a
             // GOAWAY that tells the client which of its streams were not taken, so that a
             // request sent as the close began is answered, or known unsent and safe to
-            // send again, never lost in a dropped connection. A client that then keeps it
-            // open with nothing in flight is dropped after `header_timeout`.
+            // send again, never lost in a dropped connection. A client that keeps it open
+            // after that is dropped once a whole `header_timeout` has passed and then as
+            // long again with nothing in flight: the last answer has had that long to be
+            // written (a request ends before hyper writes its answer).
+            let t = limits.header_timeout;
+            let linger = async {
+                tokio::time::sleep(t).await;
+                activity.idle_for(t).await;
+            };
+            tokio::pin!(linger);
             let mut closing = false;
             loop {
+                // The connection first: a request already read is served before any close.
                 tokio::select! {
+                    biased;
                     r = conn.as_mut() => {
                         if let Err(e) = r {
                             log::debug!("connection from {addr} ended: {e}");
                         }
                         break;
                     }
-                    () = activity.idle_for(limits.header_timeout), if !closing => {
+                    () = activity.idle_for(t), if !closing => {
                         log::debug!("closing idle connection from {addr}");
                         conn.as_mut().graceful_shutdown();
                         closing = true;
@@ -306,11 +317,7 @@ pub async fn serve(
                         conn.as_mut().graceful_shutdown();
                         closing = true;
                     }
-                    () = tokio::time::sleep(limits.header_timeout), if closing => {
-                        if activity.is_idle() {
-                            break;
-                        }
-                    }
+                    () = &mut linger, if closing => break,
                 }
             }
         });

@@ -11,7 +11,7 @@
 //! anything beyond `[A-Za-z0-9._/-]`, the `:` that separates the parts among it.
 
 use bytes::Bytes;
-use serde::de::{Deserialize, Deserializer, MapAccess, Visitor};
+use serde::de::{Deserialize, Deserializer, MapAccess, SeqAccess, Visitor};
 use serde::{Serialize, Serializer};
 use serde_json::value::RawValue;
 use serde_json::{Map, Value};
@@ -113,22 +113,80 @@ impl<'de> Deserialize<'de> for StrictObject {
             fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
                 f.write_str("a JSON object")
             }
-            fn visit_map<A: MapAccess<'de>>(self, mut a: A) -> Result<StrictObject, A::Error> {
-                let mut map = Map::new();
-                while let Some((k, v)) = a.next_entry::<String, Value>()? {
-                    if map.contains_key(&k) {
-                        let shown: String = k.chars().take(40).collect();
-                        return Err(serde::de::Error::custom(format_args!(
-                            "duplicate field `{shown}`"
-                        )));
-                    }
-                    map.insert(k, v);
-                }
-                Ok(StrictObject(map))
+            fn visit_map<A: MapAccess<'de>>(self, a: A) -> Result<StrictObject, A::Error> {
+                members(a).map(StrictObject)
             }
         }
         d.deserialize_map(V)
     }
+}
+
+/// A JSON value whose objects, at every depth, name each member once. The executor gets
+/// the body's own bytes, so a member given twice would be read there by its parser's rule
+/// (the first, the last, or a refusal), not necessarily the copy checked and hashed here.
+struct Strict(Value);
+
+impl<'de> Deserialize<'de> for Strict {
+    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
+        d.deserialize_any(StrictValue).map(Strict)
+    }
+}
+
+/// Builds the `Value` serde_json's own would, member for member (the stored hash reads it).
+struct StrictValue;
+
+impl<'de> Visitor<'de> for StrictValue {
+    type Value = Value;
+    fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
+        f.write_str("a JSON value")
+    }
+    fn visit_bool<E>(self, b: bool) -> Result<Value, E> {
+        Ok(Value::Bool(b))
+    }
+    fn visit_i64<E>(self, n: i64) -> Result<Value, E> {
+        Ok(Value::from(n))
+    }
+    fn visit_u64<E>(self, n: u64) -> Result<Value, E> {
+        Ok(Value::from(n))
+    }
+    fn visit_f64<E>(self, n: f64) -> Result<Value, E> {
+        // `Value::from` makes a non-finite float null, as serde_json's own visitor does
+        // (its parser never yields one).
+        Ok(Value::from(n))
+    }
+    fn visit_str<E>(self, s: &str) -> Result<Value, E> {
+        Ok(Value::String(s.to_owned()))
+    }
+    fn visit_string<E>(self, s: String) -> Result<Value, E> {
+        Ok(Value::String(s))
+    }
+    fn visit_unit<E>(self) -> Result<Value, E> {
+        Ok(Value::Null)
+    }
+    fn visit_seq<A: SeqAccess<'de>>(self, mut a: A) -> Result<Value, A::Error> {
+        let mut items = Vec::new();
+        while let Some(Strict(v)) = a.next_element()? {
+            items.push(v);
+        }
+        Ok(Value::Array(items))
+    }
+    fn visit_map<A: MapAccess<'de>>(self, a: A) -> Result<Value, A::Error> {
+        members(a).map(Value::Object)
+    }
+}
+
+fn members<'de, A: MapAccess<'de>>(mut a: A) -> Result<Map<String, Value>, A::Error> {
+    let mut map = Map::new();
+    while let Some((k, Strict(v))) = a.next_entry::<String, Strict>()? {
+        if map.contains_key(&k) {
+            let shown: String = k.chars().take(40).collect();
+            return Err(serde::de::Error::custom(format_args!(
+                "duplicate field `{shown}`"
+            )));
+        }
+        map.insert(k, v);
+    }
+    Ok(map)
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
@@ -186,7 +244,8 @@ impl Trade {
             raw,
         } = object;
         // The credential stops here: authentication read it already (`body_api_key`), and
-        // neither the trade's fields nor the order it becomes keeps a copy.
+        // neither the trade's fields nor the order it becomes keeps a copy (its bytes keep
+        // it only to be cut out of the order, and `Debug` shows none of them).
         let api_key_given = match obj.remove("apiKey") {
             None => false,
             Some(Value::Null) | Some(Value::String(_)) => true,
@@ -335,10 +394,11 @@ impl Trade {
         h.finalize().into()
     }
 
-    /// The body as received, minus `apiKey`: the credential stops here. Every other
-    /// member goes on byte for byte. Written again from the parsed members, an integer
-    /// past 2^53 (a client order id) would reach the executor rounded, and `1e6` as
-    /// `1000000.0`.
+    /// The body as received, minus `apiKey`: the credential stops here. Without one, the
+    /// body goes on byte for byte; with one, every other member's value does, its name
+    /// written again (escapes may differ, not the name) and no whitespace between members.
+    /// Written again from the parsed members, an integer past 2^53 (a client order id)
+    /// would reach the executor rounded, and `1e6` as `1000000.0`.
     pub fn forward_body(&self) -> Bytes {
         if !self.api_key_given {
             return self.raw.0.clone();
@@ -540,8 +600,17 @@ mod tests {
             panic!("a member given twice was taken")
         };
         assert!(e.to_string().contains("duplicate field `quantity`"), "{e}");
-        // Only the top level: nested objects are the executor's business.
+        // At any depth: the executor gets these bytes, and its parser may take the other.
         assert!(parse(br#"{"a": {"x": 1}, "b": {"x": 1}}"#).is_ok());
+        for nested in [
+            &br#"{"a": {"x": 1, "x": 2}}"#[..],
+            br#"{"a": [{"y": {"x": 1, "x": 2}}]}"#,
+        ] {
+            let Err(e) = parse(nested) else {
+                panic!("a nested member given twice was taken")
+            };
+            assert!(e.to_string().contains("duplicate field `x`"), "{e}");
+        }
     }
 
     #[test]

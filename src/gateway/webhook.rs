@@ -87,7 +87,7 @@ pub struct Peer {
 const SETTLE: Duration = Duration::from_secs(1);
 
 /// How many bodies one connection may have the gateway read, and buffer, at once. HTTP/2
-/// carries up to 64 requests on a connection, and every body is read before its sender is
+/// carries up to 16 requests on a connection, and every body is read before its sender is
 /// known: without a bound, one host could have the gateway hold 64 KiB for each of them
 /// (held back by a last byte for `server.header_timeout`), on each of its connections.
 /// The rest of a connection's streams wait their turn, with what they sent ahead held in
@@ -661,11 +661,13 @@ async fn read_body(
     mut body: Incoming,
     keep: usize,
 ) -> Result<Bytes, Answer> {
+    // How much has come: once over `keep` the answer is a 413, also when the rest, read
+    // only to be dropped, then times out or breaks off.
+    let mut seen = 0;
     let read = tokio::time::timeout(gw.body_timeout, async {
         // Never closed, so never `Err`; its permit is this body's turn until it is read.
         let _turn = peer.bodies.acquire().await;
         let mut kept: Vec<Bytes> = Vec::new();
-        let mut seen = 0;
         while let Some(frame) = body.frame().await {
             // Trailers are not part of the body.
             let Ok(data) = frame?.into_data() else {
@@ -678,14 +680,15 @@ async fn read_body(
                 break;
             }
         }
-        Ok::<_, hyper::Error>((seen <= keep).then(|| match kept.len() {
+        Ok::<_, hyper::Error>(match kept.len() {
             1 => kept.swap_remove(0),
             _ => Bytes::from(kept.concat()),
-        }))
-    });
-    match read.await {
-        Ok(Ok(Some(b))) => Ok(b),
-        Ok(Ok(None)) => Err(Problem::PayloadTooLarge.into()),
+        })
+    })
+    .await;
+    match read {
+        _ if seen > keep => Err(Problem::PayloadTooLarge.into()),
+        Ok(Ok(b)) => Ok(b),
         Ok(Err(_)) => Err(Problem::InvalidRequest("body could not be read".into()).into()),
         Err(_) => {
             let s = gw.body_timeout.as_secs_f64();
