@@ -117,6 +117,11 @@ fn ignore_file_size_signal() {
     }
 }
 
+/// Said by `serve` and by `check-config` of a config without `[admin]`: allowed (an
+/// operator may want no admin face at all), but never by accident.
+pub const NO_ADMIN: &str =
+    "no [admin] listen in the config: no /readyz, /metrics, key release or kill switch";
+
 /// Binds everything and starts the owner. Errors here are start-up errors, and come before
 /// the owner starts: a failed start leaves the database as it was.
 pub async fn start(config: Config) -> Result<Started, RunError> {
@@ -143,10 +148,7 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
             })?;
     let (admin, admin_addr) = match &config.admin {
         None => {
-            // Allowed (an operator may want no admin face at all), but never by accident.
-            log::warn!(
-                "no [admin] listen in the config: no /readyz, /metrics, key release or kill switch"
-            );
+            log::warn!("{NO_ADMIN}");
             (None, None)
         }
         Some(l) => {

@@ -207,8 +207,14 @@ fn check_config(config: &Path) -> ExitCode {
     if let Err(e) = &workers {
         eprintln!("hoox-edge: config error: {e}");
     }
-    if loaded.is_err() || workers.is_err() {
+    let Ok(loaded) = loaded else {
         return ExitCode::from(EX_CONFIG as u8);
+    };
+    if workers.is_err() {
+        return ExitCode::from(EX_CONFIG as u8);
+    }
+    if loaded.admin.is_none() {
+        eprintln!("hoox-edge: warning: {}", crate::app::NO_ADMIN);
     }
     println!("{}: ok", config.display());
     ExitCode::SUCCESS

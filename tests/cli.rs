@@ -864,6 +864,23 @@ fn check_config(config: &std::path::Path) -> (Option<i32>, String) {
     )
 }
 
+/// A config without `[admin]` passes (an operator may want no admin face), and is warned
+/// of, as `serve` warns: before a deploy finds no /readyz, key release or kill switch.
+#[test]
+fn check_config_warns_of_a_config_without_admin() {
+    let mut setup = Setup::new(None);
+    let (code, err) = check_config(&setup.write_config());
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("[admin]"), "{err}");
+    setup
+        .config
+        .remove("admin")
+        .expect("the rig's config has [admin]");
+    let (code, err) = check_config(&setup.write_config());
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains("warning: no [admin] listen"), "{err}");
+}
+
 #[test]
 fn a_missing_file_is_a_config_error_naming_the_key_and_the_path() {
     // The rig's own config passes: what fails below is the one missing file.
