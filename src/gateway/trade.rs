@@ -81,44 +81,22 @@ impl std::fmt::Debug for Received {
     }
 }
 
-/// Parses the body as one JSON object. A member given twice is refused: which of the
-/// two counts would otherwise depend on the parser, here and downstream.
+/// Parses the body as one JSON object. A member given twice, at any depth, is refused:
+/// which of the two counts would otherwise depend on the parser, here and downstream.
 pub fn parse_object(body: Bytes) -> Result<Object, TradeError> {
-    match serde_json::from_slice::<StrictObject>(&body) {
-        Ok(strict) => Ok(Object {
-            members: strict.0,
+    match serde_json::from_slice::<Strict>(&body) {
+        Ok(Strict(Value::Object(members))) => Ok(Object {
+            members,
             raw: Received(body),
         }),
-        // The hot path parses once; only a refused body is parsed again, to tell "not an
-        // object" from a syntax error.
-        Err(e) => match serde_json::from_slice::<Value>(&body) {
-            Ok(v) if !v.is_object() => Err(TradeError::NotObject),
-            _ => Err(TradeError::Json(e.to_string())),
-        },
+        Ok(_) => Err(TradeError::NotObject),
+        Err(e) => Err(TradeError::Json(e.to_string())),
     }
 }
 
 /// The body's `apiKey`, for authentication, which runs before the schema is checked.
 pub fn body_api_key(obj: &Object) -> Option<&str> {
     obj.members.get("apiKey").and_then(Value::as_str)
-}
-
-struct StrictObject(Map<String, Value>);
-
-impl<'de> Deserialize<'de> for StrictObject {
-    fn deserialize<D: Deserializer<'de>>(d: D) -> Result<Self, D::Error> {
-        struct V;
-        impl<'de> Visitor<'de> for V {
-            type Value = StrictObject;
-            fn expecting(&self, f: &mut std::fmt::Formatter) -> std::fmt::Result {
-                f.write_str("a JSON object")
-            }
-            fn visit_map<A: MapAccess<'de>>(self, a: A) -> Result<StrictObject, A::Error> {
-                members(a).map(StrictObject)
-            }
-        }
-        d.deserialize_map(V)
-    }
 }
 
 /// A JSON value whose objects, at every depth, name each member once. The executor gets
