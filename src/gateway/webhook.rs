@@ -33,7 +33,8 @@ use crate::mutex::{Decision, Grant, Guard, Key, Mutex, Reserve, Snapshot};
 pub const MAX_BODY: usize = 64 * 1024;
 /// How much of a body that is refused is read and dropped before the answer, so that the
 /// answer reaches its sender (see `pipeline`): as much as an HTTP/2 connection's window
-/// or HTTP/1.1's read buffer lets a sender have in flight (docs/DESIGN.md).
+/// lets a sender have in flight (docs/DESIGN.md); over HTTP/1.1 the sender's socket and
+/// hyper's read buffer hold less.
 const DRAIN_MAX: usize = 1 << 20;
 
 /// Everything a webhook needs, shared by all connections.
@@ -634,9 +635,11 @@ async fn execute_and_settle(gw: &Gateway, grant: Grant, order: &Order, _out: Out
     }
 }
 
-/// Releases soft-fail: a lost release leaves the key pending until its TTL, which is safe.
-/// The handle counts and logs a failure; the trade's answer does not change, but its
-/// `Hoox-Idempotency-Outcome` says `held`, so the client knows a retry will be refused.
+/// Releases soft-fail: a release refused while the mutex fails closed leaves the key
+/// pending, which is safe. The handle counts and logs it, and the owner makes it when the
+/// database opens again (or the key expires at its TTL, if the gateway stops first). The
+/// trade's answer does not change, but its `Hoox-Idempotency-Outcome` says `held`: a retry
+/// is refused (503 until the reopen, then free).
 fn release(gw: &Gateway, grant: Grant) -> Settled {
     match gw.mutex.release(grant) {
         Ok(()) => Settled::Released,

@@ -13,8 +13,8 @@
 //!   two trades share a fingerprint through a `:` of their own.
 //!
 //! And one kind that guards them: `sig:{32 hex digits}`, the first half of a SHA-256 of a
-//! request's HMAC signature and its sender's identity, held beside the trade's key while
-//! the signature could be replayed (`mutex::Guard`).
+//! request's HMAC signature and its signer (the client its secret names), held beside the
+//! trade's key while the signature could be replayed (`mutex::Guard`).
 
 use std::fmt;
 
@@ -155,8 +155,9 @@ impl Key {
     }
 
     /// The replay guard of a request that `identity` signed with `mac` (the signature's
-    /// 32 bytes). Namespaced like every key: two clients that share a secret and send the
-    /// same body in the same second do not collide.
+    /// 32 bytes). `identity` is the signer, the client its secret names (`psk` or
+    /// `psk.NAME`), not the connection's identity: the same signed request replayed under
+    /// another client certificate is the same guard, on purpose (docs/DESIGN.md).
     pub fn signature(identity: &str, mac: &[u8; 32]) -> Self {
         use sha2::Digest;
         let digest = sha2::Sha256::new()

@@ -478,7 +478,7 @@ impl Mutex {
 
     /// Frees the grant's entry so that a retry may reserve the key; queued like
     /// [`Mutex::commit`], and like it a no-op once the key holds another entry. A failure
-    /// is counted, and the key then simply lives until its TTL, which is safe.
+    /// is counted and logged; the key stays held meanwhile, which is safe.
     ///
     /// While the owner fails closed the release is queued all the same: the owner keeps
     /// it and makes it when the database opens again (`Owner::void`), before it serves

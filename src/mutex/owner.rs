@@ -48,8 +48,8 @@ const CARRY_MAX: usize = 16 * 1024;
 /// (strace); a process crash within the wait loses only what a crash always could.
 const CARRY_IDLE: Duration = Duration::from_millis(2);
 
-/// How many more alarms than live keys the wheel may hold before the stale ones are swept
-/// (`Owner::sweep_stale_alarms`).
+/// How many alarms beyond twice the indexed keys the wheel may hold before the stale ones
+/// are swept (`Owner::sweep_stale_alarms`).
 const STALE_ALARMS: usize = 4096;
 
 /// How often the owner looks that its files are still the ones it opened
@@ -273,9 +273,9 @@ struct Owner {
     index: HashMap<Rc<str>, Live>,
     /// The guards of signed requests turned away by a pending trade (`Owner::turned_away`),
     /// by that trade's grant (its entry's number): settled when it is, as its own guard is,
-    /// whether or not the trade's entry is still there. Pruned at each checkpoint of the
-    /// guards no longer held (a grant that never settles: its owner stopped, or the
-    /// gateway could not queue its commit).
+    /// whether or not the trade's entry is still there. Pruned, at each idle checkpoint and
+    /// each reopen, of the guards no longer held (a grant that never settles: its owner
+    /// stopped, or the gateway could not queue its commit).
     followers: HashMap<u64, Vec<Grant>>,
     /// Each fingerprint's latest key in `index`, found by its family (the key without its
     /// minute): what makes a fingerprint reserved less than a minute ago a duplicate
@@ -1125,8 +1125,8 @@ impl Owner {
     /// expired key replaced): it is dropped when it comes due and finds the key gone. Until
     /// then a stream of reserves released at once (rate-limited, failed, unreachable)
     /// would leave one per release for a whole TTL, up to 24 h of them: memory bounded by
-    /// the reserve rate, not by `capacity`. So once they outnumber the live keys by
-    /// `STALE_ALARMS` they are swept: one pass over the wheel, a step of it per turn. A turn
+    /// the reserve rate, not by `capacity`. So once they exceed twice the indexed keys
+    /// (a key can have two alarms) plus `STALE_ALARMS` they are swept: one pass over the wheel, a step of it per turn. A turn
     /// adds at most two alarms a command (a signed reserve holds two keys), and its step
     /// looks at four a command or more: each step takes the pass on by at least half its
     /// size, so a pass ends before the wheel has doubled.

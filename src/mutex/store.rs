@@ -1,10 +1,11 @@
 //! redb tables, the versioned postcard entry, and opening the database with its journal.
 //!
 //! Two tables: `entries` maps a sequence number to an encoded [`Entry`] (which carries its
-//! key); `meta` holds the kill switch, the journal id and the checkpoint lsn. The table
-//! holds live keys only: the owner deletes what expires, so the file stays the size of the
-//! working set. Every write goes through a [`Batch`], which encodes it as the operations of
-//! one journal record; the tables receive those very records at the next checkpoint.
+//! key); `meta` holds the kill switch, the journal id, the checkpoint lsn and the
+//! journal's length. The table holds live keys only: the owner deletes what expires, so
+//! the file stays the size of the working set. Every write goes through a [`Batch`], which
+//! encodes it as the operations of one journal record; the tables receive those very
+//! records at the next checkpoint.
 //!
 //! Why a sequence number and not the idempotency key as the table key: keys arrive in
 //! random order, so a batch of N reserves keyed by key dirties ~N B-tree leaves, and the
