@@ -240,6 +240,67 @@ async fn an_unreadable_answer_is_unknown_only_when_it_is_2xx() {
     }
 }
 
+/// An answer without a length or chunks ends at the connection's close, so a fill's answer
+/// cut short by an executor that died mid-answer (a clean close, not a reset) reads as a
+/// whole body. A 2xx of that kind that is not JSON is unknown (held), not a soft-fail
+/// (released): its retry would be placed again. Framed answers keep SPEC §4's rule.
+#[tokio::test]
+async fn a_2xx_ended_by_a_close_that_is_not_json_is_unknown() {
+    #[derive(Debug, PartialEq)]
+    enum Is {
+        Unknown,
+        SoftFail,
+        Success,
+        Failed,
+    }
+    let answers: &[(&'static [u8], Is)] = &[
+        (b"HTTP/1.0 200 OK\r\n\r\n{\"success\":", Is::Unknown),
+        (
+            b"HTTP/1.1 200 OK\r\nconnection: close\r\n\r\n{\"success\":tr",
+            Is::Unknown,
+        ),
+        (
+            b"HTTP/1.1 201 Created\r\nconnection: close\r\n\r\n",
+            Is::Unknown,
+        ),
+        (b"HTTP/1.0 200 OK\r\n\r\n{\"success\":false}", Is::SoftFail),
+        (
+            b"HTTP/1.0 200 OK\r\n\r\n\xef\xbb\xbf{\"success\":true}",
+            Is::Success,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello",
+            Is::SoftFail,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            Is::SoftFail,
+        ),
+        (b"HTTP/1.1 204 No Content\r\n\r\n", Is::SoftFail),
+        (
+            b"HTTP/1.0 500 Internal Server Error\r\n\r\n{\"err",
+            Is::Failed,
+        ),
+    ];
+    for (answer, want) in answers {
+        let exec = http(&answering(answer, false).await, Duration::from_secs(2));
+        let outcome = exec.execute(&order("close-delimited")).await;
+        let is = match &outcome {
+            Outcome::Unknown(_) => Is::Unknown,
+            Outcome::SoftFail { .. } => Is::SoftFail,
+            Outcome::Success { .. } => Is::Success,
+            Outcome::Failed { .. } => Is::Failed,
+            Outcome::NotSent(_) => panic!("{outcome:?}"),
+        };
+        assert_eq!(
+            &is,
+            want,
+            "{}: {outcome:?}",
+            String::from_utf8_lossy(answer)
+        );
+    }
+}
+
 #[tokio::test]
 async fn keep_alive_reuses_one_connection() {
     let mock = MockExecutor::start().await;

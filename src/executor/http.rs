@@ -5,7 +5,9 @@
 //! written, so the key may be released; so do a connection that closed before the order was
 //! written to it, and an HTTP/2 stream the executor refused unprocessed (`not_sent`). Anything
 //! later — a reset, a timeout while waiting for the answer, a body cut short — may follow a
-//! fill, so it is `Unknown` and the key is held.
+//! fill, so it is `Unknown` and the key is held. So is a 2xx whose body only the
+//! connection's close ended and which is not JSON: such a body cut short by a clean close
+//! reads as whole, and "unparsable" (a soft-fail, SPEC §4) cannot be told from "cut short".
 
 use std::fmt;
 use std::future::Future;
@@ -17,7 +19,7 @@ use std::time::Duration;
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Full, Limited};
-use hyper::header::{CONTENT_TYPE, HeaderValue};
+use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, TRANSFER_ENCODING};
 use hyper::{Request, Uri};
 use hyper_rustls::{ConfigBuilderExt, HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
@@ -27,7 +29,7 @@ use rustls::ClientConfig;
 use rustls::pki_types::CertificateDer;
 use rustls::pki_types::pem::PemObject;
 
-use super::{Order, Outcome, classify, is_2xx};
+use super::{Order, Outcome, classify, is_2xx, is_json};
 
 /// An executor's answer is a small JSON document; a bigger one is not read into memory.
 const MAX_ANSWER: usize = 1 << 20;
@@ -156,9 +158,25 @@ impl HttpExecutor {
             Err(_) => return Outcome::Unknown(late()),
         };
         let status = response.status().as_u16();
+        // Without a length or chunks, the body ends where the connection does (RFC 9112
+        // §6.3; HTTP/1.0, or `Connection: close`), so one cut short by a clean close (an
+        // executor that crashed mid-answer) reads as whole. A 204 has no body at all.
+        let close_delimited = status != 204
+            && !response.headers().contains_key(CONTENT_LENGTH)
+            && !response.headers().contains_key(TRANSFER_ENCODING);
         let body = Limited::new(response.into_body(), MAX_ANSWER).collect();
         match tokio::time::timeout_at(deadline, body).await {
-            Ok(Ok(body)) => classify(status, body.to_bytes()),
+            Ok(Ok(body)) => match classify(status, body.to_bytes()) {
+                // A parsed `"success": false` is a soft-fail however the body ended; a body
+                // that is not JSON may be a fill's answer cut short.
+                Outcome::SoftFail { status, body } if close_delimited && !is_json(&body) => {
+                    Outcome::Unknown(format!(
+                        "answer {status} ended by the connection's close, not JSON: it may \
+                         have been cut short"
+                    ))
+                }
+                outcome => outcome,
+            },
             // A non-2xx is a failure whatever its body says, or however long it takes:
             // the executor has said no.
             Ok(Err(_)) | Err(_) if !is_2xx(status) => Outcome::Failed {
@@ -253,9 +271,12 @@ fn load_roots(path: &Path) -> Result<rustls::RootCertStore, ExecutorError> {
 ///
 /// - an error while connecting (DNS, TCP, TLS handshake, the connect bound);
 /// - hyper-util's `Canceled`: the connection gave the request back unwritten (it closed
-///   before hyper took the request to write it: an executor's proxy that accepts and
-///   closes while its backend is down). hyper-util retries that itself on a reused
-///   connection, not on a new one. The kind is private; its `Display` is the one way to
+///   before hyper took the request to write it). hyper-util retries that itself on a
+///   reused connection, not on a new one. A proxy in another process that accepts and
+///   closes at once (its backend down) seldom wins that race: the kernel completes the
+///   connect before the proxy accepts, hyper writes the order at once, and the close that
+///   follows cannot be told from an executor that read the order and died, so that is
+///   `Unknown` (held). The kind is private; its `Display` is the one way to
 ///   tell it, pinned by tests/executor.rs: were it to change, the test fails, and until
 ///   then such an order is only held (`Unknown`), never released wrongly.
 fn not_sent(e: &hyper_util::client::legacy::Error) -> bool {

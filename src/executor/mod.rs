@@ -77,16 +77,25 @@ pub fn classify(status: u16, body: Bytes) -> Outcome {
     struct Verdict {
         success: Option<serde_json::Value>,
     }
-    // A byte order mark before the JSON is one RFC 8259 lets a parser ignore, and some
-    // frameworks write one (.NET's UTF-8 encoder): read as unparsable, a fill behind it would
-    // be released, and its retry placed again.
-    let json = body.strip_prefix("\u{feff}".as_bytes()).unwrap_or(&body);
-    match serde_json::from_slice::<Verdict>(json) {
+    match serde_json::from_slice::<Verdict>(json_text(&body)) {
         Ok(Verdict {
             success: Some(serde_json::Value::Bool(true)),
         }) => Outcome::Success { status, body },
         _ => Outcome::SoftFail { status, body },
     }
+}
+
+/// The body as a JSON parser should read it. A byte order mark before the JSON is one
+/// RFC 8259 lets a parser ignore, and some frameworks write one (.NET's UTF-8 encoder):
+/// read as unparsable, a fill behind it would be released, and its retry placed again.
+fn json_text(body: &[u8]) -> &[u8] {
+    body.strip_prefix("\u{feff}".as_bytes()).unwrap_or(body)
+}
+
+/// Whether `body` is one whole JSON document. A document cut short never is: an object or
+/// an array lacks its closing bracket, and a bare value is not an answer an executor gives.
+pub fn is_json(body: &[u8]) -> bool {
+    serde_json::from_slice::<serde::de::IgnoredAny>(json_text(body)).is_ok()
 }
 
 fn is_2xx(status: u16) -> bool {
