@@ -354,7 +354,7 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
                 if watchdog.is_some() {
                     notify::watchdog();
                 }
-                let state = match (&s.fail_closed, s.halted) {
+                let state = match (&s.refusing(), s.halted) {
                     (Some(u), _) => format!("fail-closed: {u}; {} live keys", s.live_keys),
                     (None, true) => format!("halted; {} live keys", s.live_keys),
                     (None, false) => format!("serving; {} live keys", s.live_keys),

@@ -753,3 +753,28 @@ impl Drop for MadeDirs {
         }
     }
 }
+
+/// At capacity every new trade is refused, and STATUS= says so. A gateway that starts at
+/// capacity still announces READY=1: it answers duplicates, and frees keys as they expire.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_full_gateway_says_so_and_still_starts_ready() {
+    let mut setup = Setup::new(None);
+    setup.set("limits", "capacity", 1);
+    let full = "fail-closed: live-key capacity reached; 1 live keys";
+    let watchdog = [("WATCHDOG_USEC", "2000000")];
+    let (sock, mut gw) = start_notified(&setup, &watchdog);
+    let mut seen = Vec::new();
+    wait_ready(&sock, &mut seen);
+    assert_eq!(gw.post(&trade("BTCUSDT"), &[]).await.status, 200);
+    wait_status(&sock, &mut seen, full);
+    assert!(gw.terminate().success());
+
+    drop(sock);
+    std::fs::remove_file(setup.dir.path().join("notify.sock")).unwrap();
+    let (sock, mut gw) = start_notified(&setup, &watchdog);
+    let mut seen = Vec::new();
+    wait_ready(&sock, &mut seen);
+    wait_status(&sock, &mut seen, full);
+    assert_eq!(gw.post(&trade("BTCUSDT"), &[]).await.status, 409);
+    assert!(gw.terminate().success());
+}

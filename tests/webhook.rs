@@ -987,6 +987,8 @@ async fn replay_answers_a_duplicate_with_the_stored_response() {
 
 /// `limits.capacity` bounds the live keys: a new key beyond it is refused, failing closed
 /// (503, with Retry-After, nothing sent), while a duplicate of a live key is still told so.
+/// Readiness and `status` say so, so that monitoring learns that every new trade is
+/// refused, and ready again once a key is freed.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capacity_refuses_new_keys_but_still_finds_duplicates() {
     let (exec, _setup, gw) = with_mock_configured(|setup| {
@@ -1018,6 +1020,24 @@ async fn capacity_refuses_new_keys_but_still_finds_duplicates() {
     assert_eq!((r.status.as_u16(), code(&v)), (409, "DUPLICATE"), "{v:?}");
     assert_eq!(v["key"], "client:psk:live:cap-1");
     assert_eq!(exec.calls(), 2);
+
+    let (s, v) = gw.admin("GET", "/readyz").await;
+    assert_eq!((s, &v["reason"]), (503, &json!("capacity")), "{v}");
+    let (_, status) = gw.admin("GET", "/status").await;
+    assert_eq!(
+        (&status["serving"], &status["fail_closed"], &status["ready"]),
+        (&json!(false), &json!("capacity"), &json!(false)),
+        "{status}"
+    );
+    let (s, v) = gw
+        .admin("POST", &release_path("client:psk:live:cap-2"))
+        .await;
+    assert_eq!(s, 200, "{v}");
+    gw.wait_ready().await;
+    let (_, status) = gw.admin("GET", "/status").await;
+    assert_eq!(status["serving"], json!(true), "{status}");
+    assert_eq!(gw.post(&keyed("cap-3"), &[]).await.status, 200);
+    assert_eq!(exec.calls(), 3);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -7,7 +7,7 @@
 //! | route                      | answer                                                      |
 //! |----------------------------|-------------------------------------------------------------|
 //! | `GET /healthz`             | 200 while the process runs                                  |
-//! | `GET /readyz`              | 200: database open, owner answering, serving, not halted    |
+//! | `GET /readyz`              | 200: database open, owner answering, serving, not full, not halted |
 //! | `GET /metrics`             | Prometheus text                                             |
 //! | `GET /status`              | `{live_keys, halted, serving, fail_closed, detail, ready, restart_pending, version}`|
 //! | `GET /keys?limit=N`        | `{keys: [entry], truncated}`, by wall clock expiry, oldest first |
@@ -436,7 +436,7 @@ async fn not_ready(state: &State) -> Option<(&'static str, String)> {
     }
     match state.mutex.ping().await {
         Err(u) => Some((u.reason(), u.to_string())),
-        Ok(s) => match s.fail_closed {
+        Ok(s) => match s.refusing() {
             Some(u) => Some((u.reason(), u.to_string())),
             None if s.halted => Some(("halted", "the kill switch is on".into())),
             None => None,
@@ -454,7 +454,7 @@ async fn status(state: &State) -> Answer {
     // A ping that fails is itself the answer: the owner is stuck or gone. The published
     // atomics still say what it last knew.
     let (live_keys, halted, fail_closed) = match state.mutex.ping().await {
-        Ok(s) => (s.live_keys, s.halted, s.fail_closed),
+        Ok(s) => (s.live_keys, s.halted, s.refusing()),
         Err(u) => (
             shared.live_keys.load(Ordering::Relaxed),
             shared.halted.load(Ordering::Relaxed),

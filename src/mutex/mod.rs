@@ -282,6 +282,20 @@ pub struct Status {
     pub halted: bool,
     /// `None` while serving; the reason while failing closed.
     pub fail_closed: Option<Unavailable>,
+    /// The index holds `capacity` keys: every new key is refused (`Capacity`) until one
+    /// expires or is released, while duplicates are still answered.
+    pub at_capacity: bool,
+}
+
+impl Status {
+    /// Why every new trade is refused, if it is: failing closed, or at capacity. This is
+    /// what readiness and `status` report; being halted is the operator's own doing, and
+    /// told apart.
+    pub fn refusing(&self) -> Option<Unavailable> {
+        self.fail_closed
+            .clone()
+            .or(self.at_capacity.then_some(Unavailable::Capacity))
+    }
 }
 
 /// What travels over the channel to the owner.

@@ -1209,6 +1209,7 @@ impl Owner {
     /// A file of the database removed or replaced while open (`Store::files_in_place`)
     /// fails closed here, at the first turn a second or more after the last look, before
     /// that turn is written to a file no restart would find. The reopen then reads what is
+            at_capacity: self.failure.is_none() && self.index.len() >= self.config.capacity,
     /// there, and refuses a file that is missing as at any open.
     fn check_files(&mut self) {
         self.files_checked = Instant::now();
