@@ -216,7 +216,13 @@ fn check_config(config: &Path) -> ExitCode {
     if loaded.admin.is_none() {
         eprintln!("hoox-edge: warning: {}", crate::app::NO_ADMIN);
     }
-    println!("{}: ok", config.display());
+    // Where orders go, as `serve` logs it at start: a config that passes but fills
+    // nothing (the paper executor, the default without `[executor]`) says so here too.
+    println!(
+        "{}: ok (executor: {})",
+        config.display(),
+        loaded.executor.describe()
+    );
     ExitCode::SUCCESS
 }
 

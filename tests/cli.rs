@@ -866,12 +866,37 @@ fn check_config(config: &std::path::Path) -> (Option<i32>, String) {
 
 /// A config without `[admin]` passes (an operator may want no admin face), and is warned
 /// of, as `serve` warns: before a deploy finds no /readyz, key release or kill switch.
+/// Its "ok" names the executor, as `serve` does at start: a config without `[executor]`
+/// passes too, and fills nothing.
 #[test]
 fn check_config_warns_of_a_config_without_admin() {
     let mut setup = Setup::new(None);
     let (code, err) = check_config(&setup.write_config());
     assert_eq!(code, Some(0), "{err}");
     assert!(!err.contains("[admin]"), "{err}");
+    let said = |setup: &Setup| {
+        let o = Command::new(BIN)
+            .args(["check-config", "--config"])
+            .arg(setup.config_path())
+            .output()
+            .unwrap();
+        String::from_utf8_lossy(&o.stdout).into_owned()
+    };
+    setup.set("executor", "kind", "http");
+    setup.set("executor", "url", "http://127.0.0.1:9/orders");
+    setup.write_config();
+    let out = said(&setup);
+    assert!(
+        out.ends_with(": ok (executor: http: orders go to http://127.0.0.1:9)\n"),
+        "{out}"
+    );
+    setup.config.remove("executor");
+    setup.write_config();
+    let out = said(&setup);
+    assert!(
+        out.contains("ok (executor: paper: fills are simulated"),
+        "{out}"
+    );
     setup
         .config
         .remove("admin")
