@@ -164,6 +164,16 @@ fn a_fingerprint_younger_than_a_minute_is_a_duplicate_whatever_its_bucket() {
         time.step_wall_back_ms(10 * BUCKET_MS);
         time.advance_ms(90_000);
         granted(ask("trade:x:XRP:LONG:1:live:712").await);
+        // Stepped back a minute or more, the wall clock names the same minute again: the
+        // same key is still the same trade's while it lives, however old (refused, the
+        // safe side), and free once both clocks have passed its TTL.
+        let same = "trade:x:DOT:LONG:1:live:800";
+        granted(ask(same).await);
+        time.advance_ms(2 * BUCKET_MS);
+        time.step_wall_back_ms(2 * BUCKET_MS);
+        duplicate_of(ask(same).await, &stored(same));
+        time.advance_ms(300_000);
+        granted(ask(same).await);
         // Another trade, or the same in test mode, is not of its family.
         granted(ask("trade:x:SOL:LONG:2:live:310").await);
         granted(ask("trade:x:SOL:LONG:1:test:310").await);

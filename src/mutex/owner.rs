@@ -763,6 +763,11 @@ impl Owner {
         if self.halted {
             return Ok(Decision::Halted);
         }
+        // The key itself, live: a duplicate however old. For a fingerprint that is the same
+        // trade in the same minute by the gateway's wall clock (SPEC §2), also when a clock
+        // stepped back a minute or more names that minute again: refusing a trade is the
+        // safe side, and the minute's bucket is read before the reserve is asked, so an age
+        // cannot tell a retry from a new trade here (docs/DESIGN.md).
         if let Some(live) = self.live(&req.key, now) {
             // A mismatch takes no guard: its trade was refused, never taken, and the
             // request may run once the key is free (as the first delivery of its trade).
@@ -1126,10 +1131,11 @@ impl Owner {
     /// then a stream of reserves released at once (rate-limited, failed, unreachable)
     /// would leave one per release for a whole TTL, up to 24 h of them: memory bounded by
     /// the reserve rate, not by `capacity`. So once they exceed twice the indexed keys
-    /// (a key can have two alarms) plus `STALE_ALARMS` they are swept: one pass over the wheel, a step of it per turn. A turn
-    /// adds at most two alarms a command (a signed reserve holds two keys), and its step
-    /// looks at four a command or more: each step takes the pass on by at least half its
-    /// size, so a pass ends before the wheel has doubled.
+    /// (a key can have two alarms) plus `STALE_ALARMS` they are swept: one pass over the
+    /// wheel, a step of it per turn. A turn adds at most two alarms a command (a signed
+    /// reserve holds two keys), and its step looks at four a command or more: each step
+    /// takes the pass on by at least half its size, so a pass ends before the wheel has
+    /// doubled.
     fn sweep_stale_alarms(&mut self, commands: usize) {
         if !self.wheel.sweeping() && self.wheel.len() <= 2 * self.index.len() + STALE_ALARMS {
             return;
@@ -1203,13 +1209,13 @@ impl Owner {
             live_keys: self.live_keys(),
             halted: self.halted,
             fail_closed: self.failure.clone(),
+            at_capacity: self.failure.is_none() && self.index.len() >= self.config.capacity,
         }
     }
 
     /// A file of the database removed or replaced while open (`Store::files_in_place`)
     /// fails closed here, at the first turn a second or more after the last look, before
     /// that turn is written to a file no restart would find. The reopen then reads what is
-            at_capacity: self.failure.is_none() && self.index.len() >= self.config.capacity,
     /// there, and refuses a file that is missing as at any open.
     fn check_files(&mut self) {
         self.files_checked = Instant::now();
