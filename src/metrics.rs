@@ -218,7 +218,7 @@ fn mutex_registry(shared: &Shared) -> Registry {
         ("releases", "Keys released", &s.releases),
         (
             "release_failures",
-            "Releases that failed (the key lives until its TTL)",
+            "Releases refused while failing closed (made at the reopen, or the key lives until its TTL)",
             &s.release_failures,
         ),
         ("expired", "Entries removed at expiry", &s.expired),

@@ -277,6 +277,19 @@ async fn a_2xx_ended_by_a_close_that_is_not_json_is_unknown() {
             Is::SoftFail,
         ),
         (b"HTTP/1.1 204 No Content\r\n\r\n", Is::SoftFail),
+        // A coding other than chunked last runs to the close, whatever Content-Length says.
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: identity\r\n\r\n{\"success\":",
+            Is::Unknown,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\ncontent-length: 99\r\n\r\n{\"su",
+            Is::Unknown,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
+            Is::SoftFail,
+        ),
         (
             b"HTTP/1.0 500 Internal Server Error\r\n\r\n{\"err",
             Is::Failed,

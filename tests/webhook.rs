@@ -1029,6 +1029,13 @@ async fn capacity_refuses_new_keys_but_still_finds_duplicates() {
         (&json!(false), &json!("capacity"), &json!(false)),
         "{status}"
     );
+    // Halted, the kill switch is the reason, the operator's own doing: `status` serves.
+    assert_eq!(gw.admin("POST", "/halt").await.0, 200);
+    gw.wait_unready_because("halted").await;
+    let (_, status) = gw.admin("GET", "/status").await;
+    assert_eq!(status["serving"], json!(true), "{status}");
+    assert_eq!(gw.admin("POST", "/resume").await.0, 200);
+    gw.wait_unready_because("capacity").await;
     let (s, v) = gw
         .admin("POST", &release_path("client:psk:live:cap-2"))
         .await;

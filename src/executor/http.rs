@@ -161,9 +161,7 @@ impl HttpExecutor {
         // Without a length or chunks, the body ends where the connection does (RFC 9112
         // §6.3; HTTP/1.0, or `Connection: close`), so one cut short by a clean close (an
         // executor that crashed mid-answer) reads as whole. A 204 has no body at all.
-        let close_delimited = status != 204
-            && !response.headers().contains_key(CONTENT_LENGTH)
-            && !response.headers().contains_key(TRANSFER_ENCODING);
+        let close_delimited = status != 204 && !framed(response.headers());
         let body = Limited::new(response.into_body(), MAX_ANSWER).collect();
         match tokio::time::timeout_at(deadline, body).await {
             Ok(Ok(body)) => match classify(status, body.to_bytes()) {
@@ -281,6 +279,24 @@ fn load_roots(path: &Path) -> Result<rustls::RootCertStore, ExecutorError> {
 ///   then such an order is only held (`Unknown`), never released wrongly.
 fn not_sent(e: &hyper_util::client::legacy::Error) -> bool {
     e.is_connect() || e.to_string() == "client error (Canceled)"
+}
+
+/// Whether an answer's head says where its body ends (RFC 9112 §6.3, as hyper reads it):
+/// with a `Transfer-Encoding`, only if chunked is its last coding (`identity` or `gzip`
+/// alone run to the close, whatever `Content-Length` says); without one, a
+/// `Content-Length`.
+fn framed(headers: &hyper::HeaderMap) -> bool {
+    let mut codings = headers
+        .get_all(TRANSFER_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .peekable();
+    if codings.peek().is_none() {
+        return headers.contains_key(CONTENT_LENGTH);
+    }
+    codings
+        .last()
+        .is_some_and(|c| c.trim_ascii().eq_ignore_ascii_case(b"chunked"))
 }
 
 /// The error and its causes on one line: hyper's top-level messages alone ("client error

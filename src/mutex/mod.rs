@@ -283,7 +283,9 @@ pub struct Status {
     /// `None` while serving; the reason while failing closed.
     pub fail_closed: Option<Unavailable>,
     /// The index holds `capacity` keys: every new key is refused (`Capacity`) until one
-    /// expires or is released, while duplicates are still answered.
+    /// expires or is released, while duplicates are still answered. (With one place left
+    /// a signed trade, which holds two, is refused too; that is not reported.) False
+    /// while halted or failing closed, which say so themselves.
     pub at_capacity: bool,
 }
 

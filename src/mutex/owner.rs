@@ -1209,7 +1209,10 @@ impl Owner {
             live_keys: self.live_keys(),
             halted: self.halted,
             fail_closed: self.failure.clone(),
-            at_capacity: self.failure.is_none() && self.index.len() >= self.config.capacity,
+            // Halted, every trade is refused for that, the operator's own doing.
+            at_capacity: self.failure.is_none()
+                && !self.halted
+                && self.index.len() >= self.config.capacity,
         }
     }
 
