@@ -1214,22 +1214,35 @@ async fn mtls_requires_a_client_certificate_and_namespaces_by_it() {
 
 /// A reload that takes a client's CA out of `server.client_ca` cuts that client off on the
 /// connections it already holds, not only on new ones: a revoked desk must not keep
-/// placing orders over a kept-alive connection. HTTP/1.1 and HTTP/2 alike.
+/// placing orders over a kept-alive connection. HTTP/1.1 and HTTP/2 alike. Also where
+/// any one credential is enough: a desk that holds the shared API key too must not go on
+/// as `psk`, where the retry of a trade it sent before the reload is a new key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_ca_removed_by_a_reload_cuts_off_open_connections() {
+    for mtls_required in [true, false] {
+        cut_off_by_a_reload(mtls_required).await;
+    }
+}
+
+async fn cut_off_by_a_reload(mtls_required: bool) {
     let (exec, setup, gw) = with_mock_configured(|setup| {
         let client_ca = setup.dir.path().join("client-ca.pem");
         std::fs::copy(&setup.pki.ca_cert, &client_ca).unwrap();
         setup
             .set("server", "client_ca", client_ca.display().to_string())
-            .set("auth", "require", vec!["mtls"])
             .set("server", "header_timeout", "30s");
+        if mtls_required {
+            setup.set("auth", "require", vec!["mtls"]);
+        }
     })
     .await;
     let desk = setup.pki.client("desk-a");
     let order = |k: &str| {
-        json!({"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,"idempotencyKey":k})
-            .to_string()
+        let mut t = json!({"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,"idempotencyKey":k});
+        if !mtls_required {
+            t["apiKey"] = json!(SECRET);
+        }
+        t.to_string()
     };
     let mut kept = Vec::new();
     for alpn in [Alpn::Http1, Alpn::Http2] {
@@ -1266,12 +1279,15 @@ async fn a_client_ca_removed_by_a_reload_cuts_off_open_connections() {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     for (alpn, conn) in &mut kept {
-        let r = conn
-            .post(&gw.url(), &[], order(&format!("after-{alpn:?}")))
-            .await
-            .expect("the reload dropped an open connection");
-        assert_eq!(r.status, 401, "{alpn:?}: {:?}", r.json());
-        assert_eq!(code(&r.json()), "AUTH_FAILED");
+        // The retry of the trade sent before, and a new one.
+        for k in ["before", "after"] {
+            let r = conn
+                .post(&gw.url(), &[], order(&format!("{k}-{alpn:?}")))
+                .await
+                .expect("the reload dropped an open connection");
+            assert_eq!(r.status, 401, "{k}, {alpn:?}: {:?}", r.json());
+            assert_eq!(code(&r.json()), "AUTH_FAILED");
+        }
     }
     assert_eq!(exec.calls(), 2, "only the orders from before the reload");
     // Lines reach the test from a reading thread, after the answers may have.

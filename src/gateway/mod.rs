@@ -97,9 +97,10 @@ impl<T> Reloadable<T> {
 
 /// A connection's client certificate, checked again under each TLS configuration a reload
 /// brings: a client whose CA the operator took out of `server.client_ca` must not keep
-/// placing orders over a connection it opened before. Untrusted now, its requests go on as
-/// from a client without a certificate (with mTLS required: 401). Checked once per
-/// configuration, not per request.
+/// placing orders over a connection it opened before. Untrusted now, its requests are
+/// refused (401), whatever other credential they carry: as a client without a
+/// certificate, its trades would move to the shared secret's namespace, where a retry
+/// is new. Checked once per configuration, not per request.
 struct ClientCheck {
     chain: Vec<CertificateDer<'static>>,
     /// The configuration last checked under, and whether the chain verified in it.
@@ -122,6 +123,7 @@ impl ClientCheck {
             untrusted: Arc::new(Peer {
                 ip,
                 client_name: None,
+                cut_off: true,
                 bodies: Semaphore::new(webhook::BODIES_AT_ONCE),
             }),
         }
@@ -137,7 +139,7 @@ impl ClientCheck {
             if last.1 && !trusted {
                 log::warn!(
                     "client certificate {} from {} no longer verifies after a reload: its \
-                     connection's requests go on without it",
+                     connection's requests are refused",
                     verified.client_name.as_deref().unwrap_or("?"),
                     verified.ip
                 );
@@ -262,6 +264,7 @@ pub async fn serve(
             let peer = Arc::new(Peer {
                 ip,
                 client_name,
+                cut_off: false,
                 bodies: Semaphore::new(webhook::BODIES_AT_ONCE),
             });
             let activity = Arc::new(idle::Activity::new());

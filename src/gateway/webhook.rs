@@ -79,6 +79,10 @@ pub struct Peer {
     pub ip: IpAddr,
     /// The name of a verified client certificate (mTLS): `tls::client_name`.
     pub client_name: Option<String>,
+    /// The connection's client certificate no longer verifies: a reload took its CA out
+    /// (or it expired, and a reload checked it again). Its requests are refused, whatever
+    /// else they carry (`gateway::ClientCheck`).
+    pub cut_off: bool,
     /// The connection's turns at reading a body ([`BODIES_AT_ONCE`]).
     pub bodies: tokio::sync::Semaphore,
 }
@@ -241,6 +245,17 @@ async fn pipeline(
     let object = trade::parse_object(raw.clone()).map_err(Problem::from)?;
     // Authentication.
     let body_api_key = trade::body_api_key(&object);
+    // Going on as a client without a certificate, a sender that also holds a shared
+    // secret would become `psk`: its keys in another namespace, where the retry of a trade
+    // sent before the reload is new, and placed again.
+    if peer.cut_off {
+        log::debug!(
+            "webhook auth refused: client certificate no longer trusted ip={} \
+             request_id={request_id}",
+            peer.ip
+        );
+        return Err(Problem::AuthFailed.into());
+    }
     let authenticator = gw.auth.current();
     let authenticated = authenticator
         .authenticate(&AuthInput {
