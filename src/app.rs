@@ -172,6 +172,7 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
         stall_hook(),
     );
     let metrics = Arc::new(Metrics::new());
+    served(&tls_cfg, &config, &metrics);
     let gw = Arc::new(Gateway {
         mutex: mutex.clone(),
         executor,
@@ -485,6 +486,18 @@ fn config_file(config: &Config) -> String {
     )
 }
 
+/// A certificate about to be served: its end to the metrics, and a warning if its dates
+/// make clients refuse it, now or soon (`Validity::warning`).
+fn served(tls: &gateway::tls::Tls, config: &Config, metrics: &Metrics) {
+    metrics.tls_served(tls.validity);
+    if let Some(w) = tls
+        .validity
+        .and_then(|v| v.warning(&config.tls.cert, crate::mutex::clock::unix_s()))
+    {
+        log::warn!("{w}");
+    }
+}
+
 /// What a reload applies: the certificate and the secrets as the files now are (and the
 /// config with them), and the keys changed that only a restart applies; or why not.
 type Reloaded = (Arc<gateway::tls::Tls>, Authenticator, Config, Vec<String>);
@@ -536,6 +549,7 @@ async fn reload_on_hangup(
         // two was bad.
         match reload(&config) {
             Ok((new_tls, authenticator, next, pending)) => {
+                served(&new_tls, &next, &gw.metrics);
                 tls.replace(new_tls);
                 gw.auth.replace(Arc::new(authenticator));
                 config = next;

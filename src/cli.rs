@@ -216,6 +216,12 @@ fn check_config(config: &Path) -> ExitCode {
     if loaded.admin.is_none() {
         eprintln!("hoox-edge: warning: {}", crate::app::NO_ADMIN);
     }
+    // Loaded once already, by `Config::load`: this only reads the certificate's dates.
+    let dates = loaded.tls.load().ok().and_then(|t| t.validity);
+    if let Some(w) = dates.and_then(|v| v.warning(&loaded.tls.cert, crate::mutex::clock::unix_s()))
+    {
+        eprintln!("hoox-edge: warning: {w}");
+    }
     // Where orders go, as `serve` logs it at start: a config that passes but fills
     // nothing (the paper executor, the default without `[executor]`) says so here too.
     println!(
@@ -494,7 +500,7 @@ fn sign(secret_file: &Path, body_file: Option<&Path>, timestamp: Option<i64>) ->
             return ExitCode::FAILURE;
         }
     };
-    let ts = timestamp.unwrap_or_else(|| (crate::mutex::clock::unix_ms() / 1000) as i64);
+    let ts = timestamp.unwrap_or_else(crate::mutex::clock::unix_s);
     println!("X-Hoox-Timestamp: {ts}");
     println!(
         "X-Hoox-Signature: {}",

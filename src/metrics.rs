@@ -16,7 +16,7 @@ use prometheus_client::encoding::{EncodeLabelSet, EncodeMetric, MetricEncoder, N
 use prometheus_client::metrics::MetricType;
 use prometheus_client::metrics::counter::{ConstCounter, Counter};
 use prometheus_client::metrics::family::Family;
-use prometheus_client::metrics::gauge::ConstGauge;
+use prometheus_client::metrics::gauge::{ConstGauge, Gauge};
 use prometheus_client::metrics::histogram::Histogram;
 use prometheus_client::registry::Registry;
 
@@ -77,6 +77,7 @@ pub struct Metrics {
     duplicates: Counter,
     rate_limited: Counter,
     connections_refused: Counter,
+    tls_not_after: Gauge,
 }
 
 impl Default for Metrics {
@@ -97,6 +98,12 @@ impl Metrics {
         let duplicates = Counter::default();
         let rate_limited = Counter::default();
         let connections_refused = Counter::default();
+        let tls_not_after = Gauge::default();
+        registry.register(
+            "tls_certificate_expiry_timestamp_seconds",
+            "When the served TLS certificate expires, unix seconds (0: unknown)",
+            tls_not_after.clone(),
+        );
         registry.register(
             "requests",
             "Webhook requests answered, by status and problem code",
@@ -155,6 +162,7 @@ impl Metrics {
             duplicates,
             rate_limited,
             connections_refused,
+            tls_not_after,
         }
     }
 
@@ -192,6 +200,11 @@ impl Metrics {
 
     pub fn connection_refused(&self) {
         self.connections_refused.inc();
+    }
+
+    /// The served certificate's end, for an alert ahead of it.
+    pub fn tls_served(&self, validity: Option<crate::gateway::tls::Validity>) {
+        self.tls_not_after.set(validity.map_or(0, |v| v.not_after));
     }
 
     /// The whole scrape: the gateway's families, then the mutex's.

@@ -1227,3 +1227,62 @@ async fn unauthenticated_refusals_are_summarised_not_logged_each() {
         "{log}"
     );
 }
+
+/// A served certificate out of its dates is served (a client that skips them still
+/// works) but said: by `check-config`, by `serve` at start and at each reload, and as the
+/// metric `hoox_tls_certificate_expiry_timestamp_seconds`, which a reload to a good
+/// certificate moves.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_certificate_is_said_and_its_end_is_a_metric() {
+    let setup = Setup::new(None);
+    let cert = &setup.pki.server;
+    let good = (
+        std::fs::read(&cert.cert).unwrap(),
+        std::fs::read(&cert.key).unwrap(),
+    );
+    let not_after = |pem: &[u8]| {
+        use rustls::pki_types::pem::PemObject;
+        let der = rustls::pki_types::CertificateDer::from_pem_slice(pem).unwrap();
+        let (_, c) = x509_parser::parse_x509_certificate(der.as_ref()).unwrap();
+        c.validity().not_after.timestamp()
+    };
+    let mut params = rcgen::CertificateParams::new(vec!["localhost".into()]).unwrap();
+    params.not_before = rcgen::date_time_ymd(2020, 1, 1);
+    params.not_after = rcgen::date_time_ymd(2021, 1, 1);
+    let key = rcgen::KeyPair::generate().unwrap();
+    let expired = params.self_signed(&key).unwrap().pem();
+    let write = |c: &[u8], k: &[u8]| {
+        std::fs::write(&cert.cert, c).unwrap();
+        std::fs::write(&cert.key, k).unwrap();
+    };
+    write(expired.as_bytes(), key.serialize_pem().as_bytes());
+
+    let (code, err) = check_config(&setup.write_config());
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("the certificate expired on Fri, 01 Jan 2021"),
+        "{err}"
+    );
+
+    let gw = setup.start();
+    gw.wait_ready().await;
+    gw.wait_logged("the certificate expired on Fri, 01 Jan 2021");
+    let metric = |text: serde_json::Value| {
+        text.as_str()
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("hoox_tls_certificate_expiry_timestamp_seconds "))
+            .and_then(|v| v.parse::<i64>().ok())
+    };
+    assert_eq!(
+        metric(gw.admin("GET", "/metrics").await.1),
+        Some(1_609_459_200)
+    );
+    write(&good.0, &good.1);
+    unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
+    gw.wait_logged("reloaded the TLS certificate");
+    assert_eq!(
+        metric(gw.admin("GET", "/metrics").await.1),
+        Some(not_after(&good.0))
+    );
+}

@@ -51,6 +51,67 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 pub struct Tls {
     pub config: Arc<ServerConfig>,
     clients: Option<Arc<dyn ClientCertVerifier>>,
+    /// The served certificate's dates, unix seconds (`None` if they cannot be read: rustls
+    /// serves what it can, and the clients judge).
+    pub validity: Option<Validity>,
+}
+
+/// When the served certificate is valid: rustls serves an expired one without a word, and
+/// every client that checks dates then refuses the handshake.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Validity {
+    pub not_before: i64,
+    pub not_after: i64,
+}
+
+/// How long before its end a certificate is said to expire soon.
+const EXPIRES_SOON_S: i64 = 14 * 24 * 3600;
+
+impl Validity {
+    fn of(cert: &CertificateDer<'_>) -> Option<Validity> {
+        let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
+        let v = parsed.validity();
+        Some(Validity {
+            not_before: v.not_before.timestamp(),
+            not_after: v.not_after.timestamp(),
+        })
+    }
+
+    /// What an operator must hear of these dates at `now` (unix seconds), of the
+    /// certificate in `cert`: expired, not yet valid, or ending within 14 days. Said at
+    /// start, at each reload and by `check-config`; not a refusal, for a client that skips
+    /// the dates (`curl -k`) is still served, and a box without a clock battery may boot
+    /// with its clock behind.
+    pub fn warning(&self, cert: &Path, now: i64) -> Option<String> {
+        let date = |t: i64| {
+            x509_parser::time::ASN1Time::from_timestamp(t)
+                .ok()
+                .and_then(|t| t.to_rfc2822().ok())
+                .unwrap_or_else(|| format!("unix time {t}"))
+        };
+        let cert = cert.display();
+        if now < self.not_before {
+            Some(format!(
+                "{cert}: the certificate is not valid before {} (or this host's clock is \
+                 behind): clients that check dates refuse it until then",
+                date(self.not_before)
+            ))
+        } else if now >= self.not_after {
+            Some(format!(
+                "{cert}: the certificate expired on {}: clients that check dates refuse \
+                 every connection; renew it and reload",
+                date(self.not_after)
+            ))
+        } else if self.not_after - now < EXPIRES_SOON_S {
+            Some(format!(
+                "{cert}: the certificate expires on {}, in {} day(s): renew it and reload",
+                date(self.not_after),
+                (self.not_after - now) / 86_400
+            ))
+        } else {
+            None
+        }
+    }
 }
 
 impl Tls {
@@ -75,9 +136,9 @@ impl TlsFiles {
             .map_err(|e| file_err(&self.cert, e))?
             .collect::<Result<_, _>>()
             .map_err(|e| file_err(&self.cert, e))?;
-        if chain.is_empty() {
+        let Some(leaf) = chain.first().cloned() else {
             return Err(file_err(&self.cert, "no certificate in PEM file"));
-        }
+        };
         let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|e| match e {
             rustls::pki_types::pem::Error::NoItemsFound => file_err(
                 &self.key,
@@ -121,6 +182,7 @@ impl TlsFiles {
         Ok(Arc::new(Tls {
             config: Arc::new(cfg),
             clients,
+            validity: Validity::of(&leaf),
         }))
     }
 }
@@ -219,6 +281,42 @@ mod tests {
         // Nothing to go by: no name, so mTLS refuses it rather than share a namespace.
         assert_eq!(name(Some(""), vec![]), None);
         assert_eq!(name(None, vec![]), None);
+    }
+
+    /// The served certificate's dates are read at load, and said when clients would refuse
+    /// them: before, after, and in the last 14 days.
+    #[test]
+    fn a_certificate_out_of_its_dates_is_warned_of() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut params = rcgen::CertificateParams::new(vec!["localhost".into()]).unwrap();
+        params.not_before = rcgen::date_time_ymd(2026, 1, 1);
+        params.not_after = rcgen::date_time_ymd(2027, 1, 1);
+        let key = rcgen::KeyPair::generate().unwrap();
+        let cert = params.self_signed(&key).unwrap();
+        let files = TlsFiles {
+            cert: dir.path().join("cert.pem"),
+            key: dir.path().join("key.pem"),
+            client_ca: None,
+        };
+        crate::config::write_private(&files.cert, &cert.pem()).unwrap();
+        crate::config::write_private(&files.key, &key.serialize_pem()).unwrap();
+        let (from, to) = (1_767_225_600, 1_798_761_600); // 2026-01-01, 2027-01-01 UTC
+        let v = files.load().unwrap().validity.unwrap();
+        assert_eq!((v.not_before, v.not_after), (from, to));
+        let said = |now| v.warning(&files.cert, now);
+        assert!(
+            said(from - 1)
+                .unwrap()
+                .contains("not valid before Thu, 01 Jan 2026")
+        );
+        assert_eq!(said(from), None);
+        assert_eq!(said(to - EXPIRES_SOON_S), None);
+        let soon = said(to - EXPIRES_SOON_S + 1).unwrap();
+        assert!(
+            soon.contains("expires on Fri, 01 Jan 2027 00:00:00 +0000, in 13 day(s)"),
+            "{soon}"
+        );
+        assert!(said(to).unwrap().contains("expired on Fri, 01 Jan 2027"));
     }
 
     #[test]

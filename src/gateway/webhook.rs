@@ -263,7 +263,7 @@ async fn pipeline(
             body_api_key,
             raw_body: &raw,
             client_cert_name: peer.client_name.as_deref(),
-            now_unix_s: (crate::mutex::clock::unix_ms() / 1000) as i64,
+            now_unix_s: crate::mutex::clock::unix_s(),
         })
         .map_err(|e| {
             // At debug, as the request's own line: see `UNAUTHENTICATED`.

@@ -125,6 +125,11 @@ pub fn unix_ms() -> u64 {
         .unwrap_or(0)
 }
 
+/// The wall clock in unix seconds, as certificates and signatures count time.
+pub fn unix_s() -> i64 {
+    (unix_ms() / 1000) as i64
+}
+
 #[derive(Debug)]
 pub struct ManualClock {
     wall: AtomicU64,
