@@ -294,7 +294,11 @@ async fn a_key_whose_order_is_out_is_released_only_by_force() {
     let o = cli(&[&["keys", "release", key][..], &admin].concat());
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("ORDER_IN_FLIGHT"));
+    // `status` counts it: what an operator waits to see at 0 before a restart.
+    let status = || json_out(&cli(&[&["status"][..], &admin].concat()))["orders_in_flight"].clone();
+    assert_eq!(status(), 1);
     assert_eq!(first.await.unwrap().status, 200, "the order was cut off");
+    assert_eq!(status(), 0);
     let show = json_out(&cli(&[&["keys", "show", key][..], &admin].concat()));
     assert_eq!(
         (show["state"].as_str(), show["in_flight"].as_bool()),
@@ -312,7 +316,17 @@ async fn a_key_whose_order_is_out_is_released_only_by_force() {
     let o = cli(&[&force[..], &admin].concat());
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("KEY_CHANGED"));
-    let rel = json_out(&cli(&[&["keys", "release", key][..], &admin].concat()));
+    // Nor does a plain release free it: an operator who saw it pending and released it
+    // once it filled would have its retry placed again. Named by its entry, it is freed.
+    let o = cli(&[&["keys", "release", key][..], &admin].concat());
+    assert_eq!(o.status.code(), Some(1));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("KEY_COMMITTED"));
+    let committed_tag = show["entry"].as_str().unwrap();
+    let rel = json_out(&cli(&[
+        &["keys", "release", key, "--entry", committed_tag][..],
+        &admin,
+    ]
+    .concat()));
     assert_eq!(rel["released"], true);
 
     let second = send("out-2");

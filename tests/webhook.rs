@@ -24,6 +24,18 @@ async fn key_state(gw: &support::gateway::Gateway, key: &str) -> String {
     }
 }
 
+/// An operator's release of `key` pinned to its entry as `keys show` gives it now, as
+/// the release of a committed (filled) key must be: the admin's status.
+async fn release_as_seen(gw: &support::gateway::Gateway, key: &str) -> u16 {
+    let path = format!("/keys/{}", hoox_edge::admin::client::encode_key(key));
+    let (status, body) = gw.admin("GET", &path).await;
+    assert_eq!(status, 200, "{body}");
+    let tag = body["entry"].as_str().unwrap();
+    gw.admin("POST", &format!("{path}/release?entry={tag}"))
+        .await
+        .0
+}
+
 /// A key one character over the limit of 255 gets a 400 `INVALID_IDEMPOTENCY_KEY`, before
 /// anything else (the kill switch included) is asked.
 async fn assert_a_256_character_key_is_refused(gw: &support::gateway::Gateway) {
@@ -1036,10 +1048,7 @@ async fn capacity_refuses_new_keys_but_still_finds_duplicates() {
     assert_eq!(status["serving"], json!(true), "{status}");
     assert_eq!(gw.admin("POST", "/resume").await.0, 200);
     gw.wait_unready_because("capacity").await;
-    let (s, v) = gw
-        .admin("POST", &release_path("client:psk:live:cap-2"))
-        .await;
-    assert_eq!(s, 200, "{v}");
+    assert_eq!(release_as_seen(&gw, "client:psk:live:cap-2").await, 200);
     gw.wait_ready().await;
     let (_, status) = gw.admin("GET", "/status").await;
     assert_eq!(status["serving"], json!(true), "{status}");
@@ -2609,7 +2618,7 @@ async fn a_signatures_key_is_settled_with_its_trade() {
     assert_eq!(exec.calls(), 2);
 
     let trade_key = "client:psk:live:signed-1";
-    assert_eq!(gw.admin("POST", &release_path(trade_key)).await.0, 200);
+    assert_eq!(release_as_seen(&gw, trade_key).await, 200);
     let r = post_signed(&gw, &body, signed_at, &headers).await;
     assert_eq!(r.status, 409, "{:?}", r.json());
     let sig_key = r.json()["key"].as_str().unwrap().to_string();
@@ -2617,7 +2626,7 @@ async fn a_signatures_key_is_settled_with_its_trade() {
     assert_eq!(key_state(&gw, &sig_key).await, "committed");
     assert_eq!(exec.calls(), 2);
 
-    assert_eq!(gw.admin("POST", &release_path(&sig_key)).await.0, 200);
+    assert_eq!(release_as_seen(&gw, &sig_key).await, 200);
     let r = post_signed(&gw, &body, signed_at, &headers).await;
     assert_eq!(r.status, 200, "{:?}", r.json());
     assert_eq!(exec.calls(), 3);
@@ -2709,8 +2718,8 @@ async fn a_replay_at_the_end_of_its_window_is_refused_however_late_it_is_decided
         forwarded += 1;
         assert_eq!(exec.calls(), forwarded);
         // Free the trade's key, so that only the signature's stands in the way.
-        let release = release_path(&format!("client:psk:live:{key}"));
-        assert_eq!(gw.admin("POST", &release).await.0, 200);
+        let trade_key = format!("client:psk:live:{key}");
+        assert_eq!(release_as_seen(&gw, &trade_key).await, 200);
 
         // A second before the window ends, stall the owner for 1.5 s, and replay: the
         // replay authenticates in the window, and its reserve is decided after the stall,

@@ -9,10 +9,10 @@
 //! | `GET /healthz`             | 200 while the process runs                                  |
 //! | `GET /readyz`              | 200: database open, owner answering, serving, not full, not halted |
 //! | `GET /metrics`             | Prometheus text                                             |
-//! | `GET /status`              | `{live_keys, halted, serving, fail_closed, detail, ready, restart_pending, version}`|
+//! | `GET /status`              | `{live_keys, halted, serving, fail_closed, detail, ready, orders_in_flight, restart_pending, version}`|
 //! | `GET /keys?limit=N`        | `{keys: [entry], truncated}`, by wall clock expiry, oldest first |
 //! | `GET /keys/{key}`          | one entry, 404 if no live entry                             |
-//! | `POST /keys/{key}/release` | operator release; `?entry=TAG` (from `keys show`) pins it to that entry as seen; 404 no live entry; 409 `ORDER_IN_FLIGHT` (`?force=1&entry=TAG` overrides) or `KEY_CHANGED` (settled, taken again, or reloaded, meanwhile) |
+//! | `POST /keys/{key}/release` | operator release; `?entry=TAG` (from `keys show`) pins it to that entry as seen; 404 no live entry; 409 `ORDER_IN_FLIGHT` (`?force=1&entry=TAG` overrides), `KEY_COMMITTED` (a filled order's key: only with `?entry=TAG`) or `KEY_CHANGED` (settled, taken again, or reloaded, meanwhile) |
 //! | `POST /halt`, `/resume`    | the kill switch, persisted by the mutex                     |
 //!
 //! `{key}` is the stored key, percent-encoded as [`client::encode_key`] does.
@@ -472,6 +472,7 @@ async fn status(state: &State) -> Answer {
             && !state.stopping.load(Ordering::Acquire)
             && fail_closed.is_none()
             && !halted,
+        "orders_in_flight": state.outstanding.count(),
         "restart_pending": state
             .restart_pending
             .lock()
@@ -562,6 +563,17 @@ async fn release(state: &State, raw: &str, query: &str) -> Answer {
     let out = order_out(state, &seen).await;
     if entry.is_some_and(|tag| tag != entry_tag(&seen, out)) {
         return key_changed();
+    }
+    // A committed entry is a filled order: freed, its sender's retry is placed again. A
+    // release that names no entry may come from a look taken while the order was still
+    // out (pending then, committed since): it must say which entry it means.
+    if entry.is_none() && seen.state == crate::mutex::State::Committed {
+        return problem(
+            StatusCode::CONFLICT,
+            "KEY_COMMITTED",
+            "this key's order filled (committed): freed, a retry of its trade is placed \
+             again. If that is what you mean, release it with the entry keys show gives",
+        );
     }
     if !force && out {
         return problem(

@@ -104,6 +104,17 @@ impl Outstanding {
         }
     }
 
+    /// How many orders are out now: reserves granted whose order is not settled yet (a
+    /// signature guard's mark is its trade's, not an order of its own). What an operator
+    /// waits to see at 0 before a restart.
+    pub fn count(&self) -> usize {
+        self.map()
+            .iter()
+            .filter(|(key, _)| !key.as_str().starts_with("sig:"))
+            .map(|(_, marks)| marks.iter().filter(|m| m.entry.is_some()).count())
+            .sum()
+    }
+
     /// `orders_out` for one entry.
     pub async fn order_out(&self, key: &Key, entry: u64) -> bool {
         self.orders_out(&[(key, entry)]).await == [true]
