@@ -104,6 +104,12 @@ pub enum SecretError {
     WorldReadable { path: PathBuf, mode: u32 },
     #[error("{} holds a secret and is writable by everyone (mode {mode:o}): any user of this machine could put one of their own there; run chmod o-rwx on it", .path.display())]
     WorldWritable { path: PathBuf, mode: u32 },
+    #[error("{} holds a secret, and {} is writable by everyone (mode {mode:o}): any user of this machine could put a file of their own in its place; run chmod o-w on {}", .path.display(), .dir.display(), .dir.display())]
+    OpenFolder {
+        path: PathBuf,
+        dir: PathBuf,
+        mode: u32,
+    },
     #[error("secrets file {} holds no secret", .path.display())]
     Empty { path: PathBuf },
     #[error("secrets file {} is larger than 1 MiB", .path.display())]
@@ -182,13 +188,37 @@ pub fn refuse_world_readable(path: &Path) -> Result<(), SecretError> {
 /// holds no secret. A file that cannot be looked at is for its reader to report.
 pub fn open_to_writes(path: &Path) -> Option<String> {
     let mode = std::fs::metadata(path).ok()?.permissions().mode();
-    (mode & 0o002 != 0).then(|| {
-        format!(
+    if mode & 0o002 != 0 {
+        return Some(format!(
             "writable by everyone (mode {:o}): any user of this machine could add a CA of \
              their own; run chmod o-w on it",
             mode & 0o7777
-        )
-    })
+        ));
+    }
+    let (dir, mode) = open_folder(path)?;
+    Some(format!(
+        "in {}, which is writable by everyone (mode {mode:o}): any user of this machine \
+         could put a CA of their own in its place; run chmod o-w on {}",
+        dir.display(),
+        dir.display()
+    ))
+}
+
+/// A folder on the way to `path` that everyone may write and that lacks the sticky bit
+/// (which, as on /tmp, keeps others from renaming what is not theirs): there, anyone could
+/// put a file of their own in the place of `path`, or of a link on the way to it, whatever
+/// the file's own mode. Both the path as given and the file it leads to are looked at.
+fn open_folder(path: &Path) -> Option<(PathBuf, u32)> {
+    let given = std::path::absolute(path).ok();
+    let real = std::fs::canonicalize(path).ok();
+    given
+        .iter()
+        .chain(real.iter())
+        .flat_map(|p| p.ancestors().skip(1))
+        .find_map(|dir| {
+            let mode = std::fs::metadata(dir).ok()?.permissions().mode();
+            (mode & 0o002 != 0 && mode & 0o1000 == 0).then(|| (dir.to_owned(), mode & 0o7777))
+        })
 }
 
 /// A file others may read gives its secrets away; one others may write lets anyone on the
@@ -203,7 +233,10 @@ fn private(path: &Path, meta: &std::fs::Metadata) -> Result<(), SecretError> {
     if mode & 0o002 != 0 {
         return Err(SecretError::WorldWritable { path, mode: shown });
     }
-    Ok(())
+    match open_folder(&path) {
+        Some((dir, mode)) => Err(SecretError::OpenFolder { path, dir, mode }),
+        None => Ok(()),
+    }
 }
 
 /// Where to read a configured secrets file, honouring systemd credentials
@@ -1140,6 +1173,57 @@ mod tests {
         // Group-readable is the operator's choice (a service group may read it).
         let p = write(d.path(), "group", "s\n", 0o640);
         assert!(load_secrets(&p).is_ok());
+    }
+
+    /// A file in a folder anyone may write (without the sticky bit) is anyone's to replace,
+    /// whatever its own mode: a secret, the TLS key, or a CA bundle there is refused, and so
+    /// is one reached through a link in such a folder. A sticky folder (as /tmp) is not.
+    #[test]
+    fn a_file_in_a_folder_anyone_may_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let open = d.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        let mode = |m: u32| std::fs::set_permissions(&open, std::fs::Permissions::from_mode(m));
+        mode(0o777).unwrap();
+        let secret = write(&open, "secret", "topsecret\n", 0o600);
+        let e = load_secrets(&secret).unwrap_err();
+        assert!(
+            matches!(&e, SecretError::OpenFolder { dir, mode: 0o777, .. } if *dir == open),
+            "{e:?}"
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("chmod o-w on {}", open.display())),
+            "{msg}"
+        );
+        assert!(matches!(
+            refuse_world_readable(&secret),
+            Err(SecretError::OpenFolder { .. })
+        ));
+        let ca = write(&open, "ca.pem", "", 0o644);
+        let why = open_to_writes(&ca).unwrap();
+        assert!(
+            why.starts_with(&format!(
+                "in {}, which is writable by everyone",
+                open.display()
+            )),
+            "{why}"
+        );
+        // Reached through a link in the open folder: the link is anyone's to change.
+        let private = write(d.path(), "private", "topsecret\n", 0o600);
+        let link = open.join("link");
+        std::os::unix::fs::symlink(&private, &link).unwrap();
+        assert!(load_secrets(&private).is_ok());
+        assert!(matches!(
+            load_secrets(&link),
+            Err(SecretError::OpenFolder { .. })
+        ));
+        // Sticky, as /tmp: others may not rename what is not theirs.
+        mode(0o1777).unwrap();
+        assert!(load_secrets(&secret).is_ok());
+        assert_eq!(open_to_writes(&ca), None);
+        mode(0o700).unwrap();
     }
 
     /// A file anyone may write is anyone's to add a secret to: refused, named, with the
