@@ -69,6 +69,33 @@ async fn the_executor_gets_the_senders_numbers_as_written() {
     assert_eq!(exec.ledger()[0].body, format!("{{{rest}"));
 }
 
+/// A body sent a few bytes a frame, HTTP/1.1 chunks or HTTP/2 DATA frames, is read whole
+/// and forwarded as sent. (The gateway copies such a body into one buffer as it comes:
+/// each frame kept would hold its share of a receive buffer, ~11 MiB a connection over
+/// HTTP/2 for bodies sent a byte a frame; docs/BENCHMARKS.md has the figures.)
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_body_sent_a_few_bytes_a_frame_is_read_whole() {
+    use support::stream::{post_h1_chunked_raw, post_h2_streamed};
+    let (exec, setup, gw) = with_mock().await;
+    let (ca, url) = (&setup.pki.ca_cert, gw.url());
+    let body = |key: &str| {
+        let mut t = trade("BTCUSDT");
+        t.as_object_mut().unwrap().remove("apiKey");
+        t["idempotencyKey"] = json!(key);
+        t["pad"] = json!("x".repeat(3000));
+        t.to_string()
+    };
+    let auth = format!("Bearer {SECRET}");
+    let headers = [("authorization", auth.as_str())];
+    let (h1, h2) = (body("frames-h1"), body("frames-h2"));
+    let answer = post_h1_chunked_raw(ca, &url, &headers, h1.as_bytes(), 1).await;
+    assert!(answer.starts_with("HTTP/1.1 200"), "{answer}");
+    let r = post_h2_streamed(ca, &url, &headers, h2.as_bytes(), 7).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    let sent: Vec<_> = exec.ledger().into_iter().map(|r| r.body).collect();
+    assert_eq!(sent, [h1.as_bytes(), h2.as_bytes()]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn success_commits_and_a_retry_is_a_duplicate() {
     let (exec, _setup, gw) = with_mock().await;

@@ -11,7 +11,7 @@ use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::{Arc, OnceLock};
 use std::time::{Duration, Instant};
 
-use bytes::Bytes;
+use bytes::{Bytes, BytesMut};
 use http_body_util::{BodyExt, Full};
 use hyper::body::Incoming;
 use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, EXPECT, HeaderValue};
@@ -685,23 +685,35 @@ async fn read_body(
     let read = tokio::time::timeout(gw.body_timeout, async {
         // Never closed, so never `Err`; its permit is this body's turn until it is read.
         let _turn = peer.bodies.acquire().await;
-        let mut kept: Vec<Bytes> = Vec::new();
+        // A body in one frame is kept as it came. One in several is copied into one
+        // buffer as it comes: each frame kept whole would hold its share of the receive
+        // buffer it was cut from, and a body sent a byte a frame (or a chunk) then held
+        // ~2 MiB for its 64 KiB, ~11 MiB a connection over HTTP/2.
+        let mut whole: Option<Bytes> = None;
+        let mut joined = BytesMut::new();
         while let Some(frame) = body.frame().await {
             // Trailers are not part of the body.
             let Ok(data) = frame?.into_data() else {
                 continue;
             };
             seen += data.len();
-            if seen <= keep {
-                kept.push(data);
-            } else if seen > DRAIN_MAX {
-                break;
+            if seen > keep {
+                whole = None;
+                joined = BytesMut::new();
+                if seen > DRAIN_MAX {
+                    break;
+                }
+            } else if whole.is_none() && joined.is_empty() {
+                whole = Some(data);
+            } else {
+                if let Some(first) = whole.take() {
+                    joined.reserve(keep.min(2 * seen));
+                    joined.extend_from_slice(&first);
+                }
+                joined.extend_from_slice(&data);
             }
         }
-        Ok::<_, hyper::Error>(match kept.len() {
-            1 => kept.swap_remove(0),
-            _ => Bytes::from(kept.concat()),
-        })
+        Ok::<_, hyper::Error>(whole.unwrap_or_else(|| joined.freeze()))
     })
     .await;
     match read {
