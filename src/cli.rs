@@ -319,8 +319,10 @@ fn worker_threads(value: Option<&std::ffi::OsStr>) -> Result<Option<usize>, Stri
 
 /// Raises the open-file limit to the hard limit, and warns if `max_connections` still do
 /// not fit under it: past it, accepts fail, and so do the executor's connections and the
-/// database's reopen, long before the connection cap is reached.
-fn raise_open_file_limit(max_connections: usize) {
+/// database's reopen, long before the connection cap is reached. An HTTP executor counts
+/// them twice: each order out holds a connection of its own to it (HTTP/1.1, one order a
+/// connection), and idle ones stay pooled for a while.
+fn raise_open_file_limit(max_connections: usize, http_executor: bool) {
     use crate::platform::nofile;
     let soft = match nofile::raise_to_hard() {
         Ok(r) => {
@@ -338,12 +340,18 @@ fn raise_open_file_limit(max_connections: usize) {
             nofile::soft_limit().ok()
         }
     };
+    let connections = max_connections.saturating_mul(if http_executor { 2 } else { 1 });
     if let Some(soft) = soft
-        && let Some(needed) = nofile::shortfall(max_connections, soft)
+        && let Some(needed) = nofile::shortfall(connections, soft)
     {
+        let executor = if http_executor {
+            ", as many again for the HTTP executor's,"
+        } else {
+            ""
+        };
         log::warn!(
             "server.max_connections = {max_connections} needs about {needed} open files \
-             ({} besides the connections), over the open-file limit of {soft}: \
+             (the connections{executor} and {} more), over the open-file limit of {soft}: \
              connections will fail before the cap; raise the limit (LimitNOFILE= in the \
              unit, or ulimit -n) or lower server.max_connections",
             nofile::RESERVE,
@@ -383,7 +391,8 @@ fn serve(
         Err(code) => return code,
     };
     // Before anything is bound or opened: the limit is the process's, for all of it.
-    raise_open_file_limit(config.max_connections);
+    let http_executor = matches!(config.executor, crate::config::ExecutorKind::Http(_));
+    raise_open_file_limit(config.max_connections, http_executor);
     rt.block_on(async move {
         let started = match crate::app::start(config).await {
             Ok(s) => s,

@@ -1197,6 +1197,30 @@ fn serve_raises_its_open_file_limit_to_the_hard_limit() {
         assert!(warning.contains(&said), "{said:?} not in {warning}");
     }
     drop(gw);
+
+    // Half as many fit, unless each order out holds an HTTP executor connection too.
+    let half = hard as i64 / 2;
+    setup.set("server", "max_connections", half);
+    let gw = start(&setup);
+    let log = gw.wait_logged("listening on https://");
+    assert!(
+        !log.contains("WARN  hoox_edge::cli: server.max_connections"),
+        "{log}"
+    );
+    drop(gw);
+    setup.set("executor", "kind", "http");
+    setup.set("executor", "url", "http://127.0.0.1:9/orders");
+    let gw = start(&setup);
+    let log = gw.wait_logged("listening on https://");
+    assert!(
+        log.contains(&format!(
+            "server.max_connections = {half} needs about {} open files (the connections, \
+             as many again for the HTTP executor's,",
+            2 * half + 64
+        )),
+        "{log}"
+    );
+    drop(gw);
 }
 
 /// Requests refused before they authenticate are anyone's to send: at the default level

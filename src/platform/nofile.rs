@@ -8,8 +8,8 @@ use std::io;
 
 use libc::rlim_t;
 
-/// Descriptors the gateway holds besides its connections: the executor's pool, the admin
-/// listener and its clients, the database, the journal, the log and the listeners. A
+/// Descriptors the gateway holds besides its connections (and its HTTP executor's, which
+/// the caller counts): the admin listener and its clients, the database, the journal, the log and the listeners. A
 /// generous round figure: it only decides whether to warn.
 pub const RESERVE: rlim_t = 64;
 
@@ -59,10 +59,10 @@ fn get() -> io::Result<libc::rlimit> {
     Ok(lim)
 }
 
-/// Whether `max_connections` connections and the [`RESERVE`] fit under the soft limit
-/// `soft`: if not, the descriptors they would need.
-pub fn shortfall(max_connections: usize, soft: rlim_t) -> Option<rlim_t> {
-    let needed = rlim_t::try_from(max_connections)
+/// Whether `connections` descriptors for connections and the [`RESERVE`] fit under the
+/// soft limit `soft`: if not, the descriptors they would need.
+pub fn shortfall(connections: usize, soft: rlim_t) -> Option<rlim_t> {
+    let needed = rlim_t::try_from(connections)
         .unwrap_or(rlim_t::MAX)
         .saturating_add(RESERVE);
     // RLIM_INFINITY is the largest rlim_t, so it never falls short.
