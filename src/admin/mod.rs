@@ -218,6 +218,8 @@ pub async fn serve(
     let graceful = GracefulShutdown::new();
     let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
     let mut shutdown = std::pin::pin!(shutdown);
+    let mut accept_failed =
+        crate::platform::log::Throttled::new(crate::platform::log::REPEATED_EVERY);
     loop {
         let permit = tokio::select! {
             p = permits.clone().acquire_owned() => match p {
@@ -234,7 +236,9 @@ pub async fn serve(
         if let Err(e) = accepted {
             // Out of descriptors and the like: passing, and not worth stopping the
             // admin face for. A short pause keeps the loop from spinning.
-            log::warn!("admin accept failed: {e}");
+            if let Some(more) = accept_failed.say(std::time::Instant::now()) {
+                log::warn!("admin accept failed: {e}{more}");
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     }

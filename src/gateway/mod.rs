@@ -170,6 +170,8 @@ pub async fn serve(
     // scan, a TCP health check), with the listener already closed.
     let draining = CancellationToken::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    let mut accept_failed =
+        crate::platform::log::Throttled::new(crate::platform::log::REPEATED_EVERY);
     let per_ip = PerIp::new(limits.max_connections_per_ip);
     // (when the last refusal was logged, refusals since then)
     let mut refusals: (Option<Instant>, u64) = (None, 0);
@@ -212,7 +214,9 @@ pub async fn serve(
                 Ok(c) => c,
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
-                    log::warn!("accept failed: {e}");
+                    if let Some(more) = accept_failed.say(std::time::Instant::now()) {
+                        log::warn!("accept failed: {e}{more}");
+                    }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }

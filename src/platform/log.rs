@@ -101,10 +101,63 @@ impl<'kvs> VisitSource<'kvs> for Fields<'_> {
     }
 }
 
+/// How often a [`Throttled`] warning is said at most (the accept loops' failures).
+pub const REPEATED_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
+
+/// A warning for a condition that repeats at every turn of a loop (an accept that fails
+/// while descriptors are out, ~30 a second): said at most once per `every`, with how many
+/// were held back since, so the journal keeps the news and not the flood.
+#[derive(Debug)]
+pub struct Throttled {
+    every: std::time::Duration,
+    last: Option<std::time::Instant>,
+    held: u64,
+}
+
+impl Throttled {
+    pub const fn new(every: std::time::Duration) -> Self {
+        Throttled {
+            every,
+            last: None,
+            held: 0,
+        }
+    }
+
+    /// At `now`: `None` to hold this one back, or what to add to it, the count held back.
+    pub fn say(&mut self, now: std::time::Instant) -> Option<String> {
+        if self
+            .last
+            .is_some_and(|t| now.duration_since(t) < self.every)
+        {
+            self.held += 1;
+            return None;
+        }
+        self.last = Some(now);
+        Some(match std::mem::take(&mut self.held) {
+            0 => String::new(),
+            n => format!(" ({n} more since the last such warning)"),
+        })
+    }
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
     use std::time::{Duration, UNIX_EPOCH};
+
+    #[test]
+    fn a_throttled_warning_is_said_once_per_period_with_the_count_held_back() {
+        let mut t = Throttled::new(Duration::from_secs(10));
+        let t0 = std::time::Instant::now();
+        assert_eq!(t.say(t0).as_deref(), Some(""));
+        assert_eq!(t.say(t0 + Duration::from_millis(50)), None);
+        assert_eq!(t.say(t0 + Duration::from_secs(9)), None);
+        assert_eq!(
+            t.say(t0 + Duration::from_secs(10)).as_deref(),
+            Some(" (2 more since the last such warning)")
+        );
+        assert_eq!(t.say(t0 + Duration::from_secs(21)).as_deref(), Some(""));
+    }
 
     fn line(args: std::fmt::Arguments, kvs: &[(&str, &str)]) -> String {
         let at = UNIX_EPOCH + Duration::from_millis(1_764_478_200_123);
