@@ -119,7 +119,8 @@ enum KeysOp {
     /// Show one key (the stored form, e.g. client:psk:live:order-1).
     Show { key: String },
     /// Operator release of a held key, so that a retry may run. Refused while the order
-    /// that made its entry is at the executor (`in_flight` in `keys show`), unless forced.
+    /// that made its entry is at the executor (`in_flight` in `keys show`), unless forced,
+    /// and, without --entry, for a committed key (its order filled).
     Release {
         key: String,
         /// Release even a key whose order is at the executor now: only when you know that

@@ -572,11 +572,16 @@ async fn release(state: &State, raw: &str, query: &str) -> Answer {
     // release that names no entry may come from a look taken while the order was still
     // out (pending then, committed since): it must say which entry it means.
     if entry.is_none() && seen.state == crate::mutex::State::Committed {
+        let what = if key.is_guard() {
+            "this signature's trade filled (committed): freed, with its trade's key, the \
+             same signed request is placed again"
+        } else {
+            "this key's order filled (committed): freed, a retry of its trade is placed again"
+        };
         return problem(
             StatusCode::CONFLICT,
             "KEY_COMMITTED",
-            "this key's order filled (committed): freed, a retry of its trade is placed \
-             again. If that is what you mean, release it with the entry keys show gives",
+            format!("{what}. If that is what you mean, release it with the entry keys show gives"),
         );
     }
     if !force && out {

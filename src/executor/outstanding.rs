@@ -110,7 +110,7 @@ impl Outstanding {
     pub fn count(&self) -> usize {
         self.map()
             .iter()
-            .filter(|(key, _)| !key.as_str().starts_with("sig:"))
+            .filter(|(key, _)| !key.is_guard())
             .map(|(_, marks)| marks.iter().filter(|m| m.entry.is_some()).count())
             .sum()
     }

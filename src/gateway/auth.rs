@@ -207,18 +207,51 @@ pub fn open_to_writes(path: &Path) -> Option<String> {
 /// A folder on the way to `path` that everyone may write and that lacks the sticky bit
 /// (which, as on /tmp, keeps others from renaming what is not theirs): there, anyone could
 /// put a file of their own in the place of `path`, or of a link on the way to it, whatever
-/// the file's own mode. Both the path as given and the file it leads to are looked at.
+/// the file's own mode. The path is walked as the kernel resolves it: every folder a name
+/// is looked up in, following each link from where it points (`..` included), so a folder
+/// only named on the way (`open/../private`) is not one the file depends on.
 fn open_folder(path: &Path) -> Option<(PathBuf, u32)> {
-    let given = std::path::absolute(path).ok();
-    let real = std::fs::canonicalize(path).ok();
-    given
-        .iter()
-        .chain(real.iter())
-        .flat_map(|p| p.ancestors().skip(1))
-        .find_map(|dir| {
-            let mode = std::fs::metadata(dir).ok()?.permissions().mode();
-            (mode & 0o002 != 0 && mode & 0o1000 == 0).then(|| (dir.to_owned(), mode & 0o7777))
-        })
+    use std::collections::VecDeque;
+    use std::path::Component;
+    let mut left: VecDeque<_> = std::path::absolute(path)
+        .ok()?
+        .components()
+        .map(|c| c.as_os_str().to_owned())
+        .collect();
+    let mut at = PathBuf::new();
+    // As the kernel's own bound on the links one lookup follows (ELOOP).
+    let mut links = 0;
+    while let Some(part) = left.pop_front() {
+        match Path::new(&part).components().next() {
+            Some(Component::RootDir) => at = PathBuf::from("/"),
+            Some(Component::ParentDir) => {
+                at.pop();
+            }
+            Some(Component::Normal(name)) => {
+                // `name` is looked up in `at`: whoever may write `at` may replace it.
+                let mode = std::fs::metadata(&at).ok()?.permissions().mode();
+                if mode & 0o002 != 0 && mode & 0o1000 == 0 {
+                    return Some((at, mode & 0o7777));
+                }
+                let next = at.join(name);
+                match std::fs::read_link(&next) {
+                    Ok(target) => {
+                        links += 1;
+                        if links > 40 {
+                            return None;
+                        }
+                        // Relative to the folder the link is in, which `at` stays.
+                        for c in target.components().rev() {
+                            left.push_front(c.as_os_str().to_owned());
+                        }
+                    }
+                    Err(_) => at = next,
+                }
+            }
+            _ => {}
+        }
+    }
+    None
 }
 
 /// A file others may read gives its secrets away; one others may write lets anyone on the
@@ -1219,6 +1252,16 @@ mod tests {
             load_secrets(&link),
             Err(SecretError::OpenFolder { .. })
         ));
+        // Also when the link in the open folder is only on the way, behind another.
+        let via = d.path().join("via");
+        std::fs::create_dir(&via).unwrap();
+        std::os::unix::fs::symlink(&link, via.join("link")).unwrap();
+        assert!(matches!(
+            load_secrets(&via.join("link")),
+            Err(SecretError::OpenFolder { dir, .. }) if dir == open
+        ));
+        // A folder only named on the way is not one the file depends on.
+        assert!(load_secrets(&open.join("..").join("private")).is_ok());
         // Sticky, as /tmp: others may not rename what is not theirs.
         mode(0o1777).unwrap();
         assert!(load_secrets(&secret).is_ok());

@@ -275,6 +275,12 @@ pub async fn serve(
             });
             let activity = Arc::new(idle::Activity::new());
             let busy = activity.clone();
+            // Cancelled by the first request of a client certificate no longer trusted:
+            // answered 401, and the connection then closed, so that its sender opens a
+            // new one (with a certificate that verifies now) rather than be refused on a
+            // kept-alive connection for as long as it keeps sending.
+            let cut = CancellationToken::new();
+            let cut_by = cut.clone();
             let svc = service_fn(move |req| {
                 let request = busy.begin();
                 let in_flight = gw.in_flight.token();
@@ -282,6 +288,9 @@ pub async fn serve(
                     Some(check) => check.peer(&tls, &peer),
                     None => peer.clone(),
                 };
+                if peer.cut_off {
+                    cut_by.cancel();
+                }
                 let answer = webhook::handle(gw.clone(), peer, req);
                 async move {
                     let r = answer.await;
@@ -323,6 +332,14 @@ pub async fn serve(
                         closing = true;
                     }
                     () = draining.cancelled(), if !closing => {
+                        conn.as_mut().graceful_shutdown();
+                        closing = true;
+                    }
+                    () = cut.cancelled(), if !closing => {
+                        log::debug!(
+                            "closing the connection from {addr}: its client certificate is \
+                             no longer trusted"
+                        );
                         conn.as_mut().graceful_shutdown();
                         closing = true;
                     }

@@ -103,10 +103,14 @@ impl Validity {
                 date(self.not_after)
             ))
         } else if self.not_after - now < EXPIRES_SOON_S {
+            let left = self.not_after - now;
+            let left = match left / 86_400 {
+                0 => format!("{} hour(s)", left / 3600),
+                days => format!("{days} day(s)"),
+            };
             Some(format!(
-                "{cert}: the certificate expires on {}, in {} day(s): renew it and reload",
+                "{cert}: the certificate expires on {}, in {left}: renew it and reload",
                 date(self.not_after),
-                (self.not_after - now) / 86_400
             ))
         } else {
             None
@@ -315,6 +319,11 @@ mod tests {
         assert!(
             soon.contains("expires on Fri, 01 Jan 2027 00:00:00 +0000, in 13 day(s)"),
             "{soon}"
+        );
+        assert!(
+            said(to - 7200)
+                .unwrap()
+                .ends_with("in 2 hour(s): renew it and reload")
         );
         assert!(said(to).unwrap().contains("expired on Fri, 01 Jan 2027"));
     }

@@ -713,7 +713,13 @@ async fn read_body(
                 joined.extend_from_slice(&data);
             }
         }
-        Ok::<_, hyper::Error>(whole.unwrap_or_else(|| joined.freeze()))
+        // Held for the order's life: a buffer grown by doubling is cut to the body.
+        Ok::<_, hyper::Error>(whole.unwrap_or_else(|| {
+            match joined.capacity() > joined.len() + 1024 {
+                true => Bytes::copy_from_slice(&joined),
+                false => joined.freeze(),
+            }
+        }))
     })
     .await;
     match read {

@@ -9,8 +9,8 @@ use std::io;
 use libc::rlim_t;
 
 /// Descriptors the gateway holds besides its connections (and its HTTP executor's, which
-/// the caller counts): the admin listener and its clients, the database, the journal, the log and the listeners. A
-/// generous round figure: it only decides whether to warn.
+/// the caller counts): the admin listener and its clients, the database, the journal, the
+/// log and the listeners. A generous round figure: it only decides whether to warn.
 pub const RESERVE: rlim_t = 64;
 
 /// The soft limit before and after [`raise_to_hard`].
