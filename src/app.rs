@@ -490,10 +490,7 @@ fn config_file(config: &Config) -> String {
 /// make clients refuse it, now or soon (`Validity::warning`).
 fn served(tls: &gateway::tls::Tls, config: &Config, metrics: &Metrics) {
     metrics.tls_served(tls.validity);
-    if let Some(w) = tls
-        .validity
-        .and_then(|v| v.warning(&config.tls.cert, crate::mutex::clock::unix_s()))
-    {
+    if let Some(w) = tls.date_warning(&config.tls.cert) {
         log::warn!("{w}");
     }
 }

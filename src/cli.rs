@@ -218,9 +218,8 @@ fn check_config(config: &Path) -> ExitCode {
         eprintln!("hoox-edge: warning: {}", crate::app::NO_ADMIN);
     }
     // Loaded once already, by `Config::load`: this only reads the certificate's dates.
-    let dates = loaded.tls.load().ok().and_then(|t| t.validity);
-    if let Some(w) = dates.and_then(|v| v.warning(&loaded.tls.cert, crate::mutex::clock::unix_s()))
-    {
+    let tls = loaded.tls.load().ok();
+    if let Some(w) = tls.and_then(|t| t.date_warning(&loaded.tls.cert)) {
         eprintln!("hoox-edge: warning: {w}");
     }
     // Where orders go, as `serve` logs it at start: a config that passes but fills

@@ -236,8 +236,8 @@ pub async fn serve(
         if let Err(e) = accepted {
             // Out of descriptors and the like: passing, and not worth stopping the
             // admin face for. A short pause keeps the loop from spinning.
-            if let Some(more) = accept_failed.say(std::time::Instant::now()) {
-                log::warn!("admin accept failed: {e}{more}");
+            if let Some(n) = accept_failed.say(std::time::Instant::now()) {
+                log::warn!("admin accept failed {n} time(s) since the last such warning: {e}");
             }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }

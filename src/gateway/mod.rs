@@ -173,8 +173,7 @@ pub async fn serve(
     let mut accept_failed =
         crate::platform::log::Throttled::new(crate::platform::log::REPEATED_EVERY);
     let per_ip = PerIp::new(limits.max_connections_per_ip);
-    // (when the last refusal was logged, refusals since then)
-    let mut refusals: (Option<Instant>, u64) = (None, 0);
+    let mut refusals = crate::platform::log::Throttled::new(REFUSAL_LOG_EVERY);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // A client that never finishes its headers is dropped (slowloris).
     builder
@@ -214,8 +213,8 @@ pub async fn serve(
                 Ok(c) => c,
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
-                    if let Some(more) = accept_failed.say(std::time::Instant::now()) {
-                        log::warn!("accept failed: {e}{more}");
+                    if let Some(n) = accept_failed.say(std::time::Instant::now()) {
+                        log::warn!("accept failed {n} time(s) since the last such warning: {e}");
                     }
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
@@ -227,15 +226,13 @@ pub async fn serve(
         let ip = addr.ip().to_canonical();
         let Some(ip_slot) = per_ip.acquire(ip, gw.allowlist.allows(ip)) else {
             gw.metrics.connection_refused();
-            refusals.1 += 1;
-            if refusals.0.is_none_or(|t| t.elapsed() >= REFUSAL_LOG_EVERY) {
+            if let Some(n) = refusals.say(std::time::Instant::now()) {
                 log::warn!(
-                    "closed {} connection(s) over server.max_connections_per_ip = {}, the latest from {}",
-                    refusals.1,
+                    "closed {n} connection(s) over server.max_connections_per_ip = {}, the \
+                     latest from {}",
                     limits.max_connections_per_ip,
                     addr.ip()
                 );
-                refusals = (Some(Instant::now()), 0);
             }
             continue;
         };

@@ -119,6 +119,13 @@ impl Validity {
 }
 
 impl Tls {
+    /// The served certificate's dates, said now if clients refuse it or soon will
+    /// ([`Validity::warning`]); `cert` is the file it came from, for the message.
+    pub fn date_warning(&self, cert: &Path) -> Option<String> {
+        let now = crate::mutex::clock::unix_s();
+        self.validity.and_then(|v| v.warning(cert, now))
+    }
+
     /// Whether a client certificate chain (end entity first), verified at a handshake under
     /// an earlier configuration, verifies under this one. False when this one verifies no
     /// client at all.

@@ -715,9 +715,10 @@ async fn read_body(
         }
         // Held for the order's life: a buffer grown by doubling is cut to the body.
         Ok::<_, hyper::Error>(whole.unwrap_or_else(|| {
-            match joined.capacity() > joined.len() + 1024 {
-                true => Bytes::copy_from_slice(&joined),
-                false => joined.freeze(),
+            if joined.capacity() > joined.len() + 1024 {
+                Bytes::copy_from_slice(&joined)
+            } else {
+                joined.freeze()
             }
         }))
     })

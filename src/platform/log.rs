@@ -101,12 +101,13 @@ impl<'kvs> VisitSource<'kvs> for Fields<'_> {
     }
 }
 
-/// How often a [`Throttled`] warning is said at most (the accept loops' failures).
+/// How often the accept loops' failures are said at most ([`Throttled`]).
 pub const REPEATED_EVERY: std::time::Duration = std::time::Duration::from_secs(10);
 
-/// A warning for a condition that repeats at every turn of a loop (an accept that fails
-/// while descriptors are out, ~30 a second): said at most once per `every`, with how many
-/// were held back since, so the journal keeps the news and not the flood.
+/// A warning for a condition that can repeat at every turn of a loop (an accept that fails
+/// while descriptors are out, ~30 a second; connections refused over their address's
+/// share): said at most once per `every`, with how many times it happened since it was
+/// last said, so the journal keeps the news and not the flood.
 #[derive(Debug)]
 pub struct Throttled {
     every: std::time::Duration,
@@ -123,20 +124,18 @@ impl Throttled {
         }
     }
 
-    /// At `now`: `None` to hold this one back, or what to add to it, the count held back.
-    pub fn say(&mut self, now: std::time::Instant) -> Option<String> {
+    /// It happened at `now`: `None` to hold the warning back, or how many times it
+    /// happened since the warning was last said, this one included.
+    pub fn say(&mut self, now: std::time::Instant) -> Option<u64> {
+        self.held += 1;
         if self
             .last
             .is_some_and(|t| now.duration_since(t) < self.every)
         {
-            self.held += 1;
             return None;
         }
         self.last = Some(now);
-        Some(match std::mem::take(&mut self.held) {
-            0 => String::new(),
-            n => format!(" ({n} more since the last such warning)"),
-        })
+        Some(std::mem::take(&mut self.held))
     }
 }
 
@@ -149,14 +148,11 @@ mod tests {
     fn a_throttled_warning_is_said_once_per_period_with_the_count_held_back() {
         let mut t = Throttled::new(Duration::from_secs(10));
         let t0 = std::time::Instant::now();
-        assert_eq!(t.say(t0).as_deref(), Some(""));
+        assert_eq!(t.say(t0), Some(1));
         assert_eq!(t.say(t0 + Duration::from_millis(50)), None);
         assert_eq!(t.say(t0 + Duration::from_secs(9)), None);
-        assert_eq!(
-            t.say(t0 + Duration::from_secs(10)).as_deref(),
-            Some(" (2 more since the last such warning)")
-        );
-        assert_eq!(t.say(t0 + Duration::from_secs(21)).as_deref(), Some(""));
+        assert_eq!(t.say(t0 + Duration::from_secs(10)), Some(3));
+        assert_eq!(t.say(t0 + Duration::from_secs(21)), Some(1));
     }
 
     fn line(args: std::fmt::Arguments, kvs: &[(&str, &str)]) -> String {
