@@ -602,6 +602,22 @@ fn gen_cert_writes_a_loadable_private_certificate() {
         client_ca: None,
     };
     assert!(files.load().is_ok());
+    // A name no client could ask for is refused, and nothing is written.
+    let elsewhere = dir.path().join("url");
+    let o = cli(&[
+        "gen-cert",
+        "--out",
+        elsewhere.to_str().unwrap(),
+        "--name",
+        "https://gw.lan",
+    ]);
+    assert!(!o.status.success());
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        said.contains("\"https://gw.lan\" is not a DNS name"),
+        "{said}"
+    );
+    assert!(!elsewhere.join("cert.pem").exists() && !elsewhere.join("key.pem").exists());
     // A second run does not overwrite without --force, nor a key alone (its certificate
     // may be on its way from a CA).
     let o = cli(&["gen-cert", "--out", out.to_str().unwrap()]);

@@ -232,16 +232,43 @@ pub fn client_name(cert: &CertificateDer<'_>) -> Option<String> {
 }
 
 /// Writes `cert.pem` and `key.pem` (mode 0600) into `dir`: a self-signed certificate for
-/// `names` (DNS names or IP addresses). For the first run and for `hoox-edge gen-cert`.
+/// `names` (DNS names or IP addresses), its common name the first of them. For the first run
+/// and for `hoox-edge gen-cert`.
+///
+/// Each name must be one a TLS client can ask for: a certificate for `https://gw.lan` or
+/// `gw lan` would be written, and then refused by every client that checks the name.
+/// The dates are rcgen's, 1975 to 4096, on purpose: a Raspberry Pi without a real-time
+/// clock boots with its clock behind until NTP answers.
 pub fn generate_self_signed(dir: &Path, names: &[String]) -> Result<(), TlsError> {
-    let cert = rcgen::generate_simple_self_signed(names.to_vec())
-        .map_err(|e| TlsError::Generate(e.to_string()))?;
+    let Some(first) = names.first() else {
+        return Err(TlsError::Generate("no name to certify".into()));
+    };
+    // A wildcard (`*.lan`) is no name a client asks for, but one a certificate may list.
+    use rustls::pki_types::ServerName;
+    let certifiable = |n: &str| match n.strip_prefix("*.") {
+        Some(rest) => matches!(ServerName::try_from(rest), Ok(ServerName::DnsName(_))),
+        None => ServerName::try_from(n).is_ok(),
+    };
+    if let Some(bad) = names.iter().find(|n| !certifiable(n)) {
+        return Err(TlsError::Generate(format!(
+            "{bad:?} is not a DNS name or an IP address"
+        )));
+    }
+    let generate = || -> Result<_, rcgen::Error> {
+        let mut params = rcgen::CertificateParams::new(names.to_vec())?;
+        params.distinguished_name = rcgen::DistinguishedName::new();
+        params
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, first.as_str());
+        let key = rcgen::KeyPair::generate()?;
+        Ok((params.self_signed(&key)?, key))
+    };
+    let (cert, key) = generate().map_err(|e| TlsError::Generate(e.to_string()))?;
     let cert_path = dir.join("cert.pem");
     let key_path = dir.join("key.pem");
-    crate::config::write_private(&key_path, &cert.signing_key.serialize_pem())
+    crate::config::write_private(&key_path, &key.serialize_pem())
         .map_err(|e| file_err(&key_path, e))?;
-    crate::config::write_private(&cert_path, &cert.cert.pem())
-        .map_err(|e| file_err(&cert_path, e))?;
+    crate::config::write_private(&cert_path, &cert.pem()).map_err(|e| file_err(&cert_path, e))?;
     Ok(())
 }
 
@@ -333,6 +360,42 @@ mod tests {
                 .ends_with("in 2 hour(s): renew it and reload")
         );
         assert!(said(to).unwrap().contains("expired on Fri, 01 Jan 2027"));
+    }
+
+    /// The common name is the first name asked for, and the names a client checks are all
+    /// there; a name no client can ask for is refused before anything is written.
+    #[test]
+    fn a_certificate_is_made_only_for_names_a_client_can_ask_for() {
+        let dir = tempfile::tempdir().unwrap();
+        let names = ["gw.lan".to_string(), "10.0.0.7".into(), "::1".into()];
+        generate_self_signed(dir.path(), &names).unwrap();
+        let pem = std::fs::read(dir.path().join("cert.pem")).unwrap();
+        let cert = CertificateDer::from_pem_slice(&pem).unwrap();
+        assert_eq!(client_name(&cert).as_deref(), Some("gw.lan"));
+        let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).unwrap();
+        let san = parsed.subject_alternative_name().unwrap().unwrap();
+        assert_eq!(san.value.general_names.len(), 3, "{san:?}");
+        let wild = dir.path().join("wild");
+        std::fs::create_dir(&wild).unwrap();
+        generate_self_signed(&wild, &["*.lan".into()]).unwrap();
+        for bad in [
+            "https://gw.lan",
+            "gw lan",
+            "",
+            "gw.lan:8443",
+            "*.10.0.0.7",
+            "a.*.lan",
+        ] {
+            let out = dir.path().join("bad");
+            let e = generate_self_signed(&out, &["gw.lan".into(), bad.into()]).unwrap_err();
+            assert!(
+                e.to_string()
+                    .contains(&format!("{bad:?} is not a DNS name or an IP address")),
+                "{bad}: {e}"
+            );
+            assert!(!out.join("key.pem").exists() && !out.join("cert.pem").exists());
+        }
+        assert!(generate_self_signed(dir.path(), &[]).is_err());
     }
 
     #[test]
