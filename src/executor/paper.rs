@@ -29,8 +29,8 @@ impl Paper {
             quantity: Option<Number>,
         }
         // serde would also fill the struct from an array, by position: only an object is a
-        // trade (the gateway forwards objects as compact JSON, starting with `{`).
-        let quantity = if order.body.starts_with(b"{") {
+        // trade. The gateway forwards the body as it was sent, so whitespace may come first.
+        let quantity = if order.body.trim_ascii_start().starts_with(b"{") {
             serde_json::from_slice::<Trade>(&order.body)
                 .ok()
                 .and_then(|t| t.quantity)
@@ -116,6 +116,15 @@ mod tests {
         assert_eq!(answer["orderId"], "paper-1");
     }
 
+    /// The body reaches the executor as the sender wrote it: pretty-printed, or after a
+    /// newline, it is still a trade.
+    #[test]
+    fn a_body_with_whitespace_before_it_is_filled() {
+        let paper = Paper::new();
+        let answer = success_body(paper.execute(&order("k", " \r\n\t{ \"quantity\" : 3 }\n")));
+        assert_eq!(answer["filled"], 3);
+    }
+
     #[test]
     fn order_ids_are_distinct() {
         let paper = Paper::new();
@@ -136,6 +145,7 @@ mod tests {
             "not json",
             "[]",
             "[5]",
+            " \n[5]",
         ] {
             match paper.execute(&order("k", body)) {
                 Outcome::Failed { status: 400, .. } => {}
