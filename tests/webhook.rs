@@ -797,6 +797,14 @@ async fn ip_allowlist_forbids_others() {
         gw.client.connect(&gw.url()).await.is_err(),
         "a second connection from a forbidden address was served"
     );
+    // The operator is told which limit it met: not max_connections_per_ip, which it is far
+    // under.
+    let said = gw.stderr();
+    assert!(
+        said.lines().any(|l| l.contains("closed 1 connection(s)")
+            && l.contains("over one connection for an address outside limits.allow_ips")),
+        "{said}"
+    );
     // The allowlist comes before size, JSON and credentials (SPEC §3): a forbidden address
     // learns nothing about its body, not even that it is too large or not JSON...
     let big = trade_of_len("ip-big", 70 * 1024);

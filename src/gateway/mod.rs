@@ -224,13 +224,23 @@ pub async fn serve(
         };
         // Over its share: closed before the handshake, and its permit goes back.
         let ip = addr.ip().to_canonical();
-        let Some(ip_slot) = per_ip.acquire(ip, gw.allowlist.allows(ip)) else {
+        let allowed = gw.allowlist.allows(ip);
+        let Some(ip_slot) = per_ip.acquire(ip, allowed) else {
             gw.metrics.connection_refused();
             if let Some(n) = refusals.say(std::time::Instant::now()) {
+                // The limit the latest one met: an address limits.allow_ips leaves out is
+                // held to one connection, whatever max_connections_per_ip says.
+                let over = if allowed {
+                    format!(
+                        "server.max_connections_per_ip = {}",
+                        limits.max_connections_per_ip
+                    )
+                } else {
+                    "one connection for an address outside limits.allow_ips".into()
+                };
                 log::warn!(
-                    "closed {n} connection(s) over server.max_connections_per_ip = {}, the \
-                     latest from {}",
-                    limits.max_connections_per_ip,
+                    "closed {n} connection(s) over their address's share, the latest from {} \
+                     (over {over})",
                     addr.ip()
                 );
             }
