@@ -198,7 +198,8 @@ pub fn main() -> ExitCode {
 /// config file (and the certificate and secrets it names) and `TOKIO_WORKER_THREADS`, which
 /// `serve` reads too: a check that passed a value `serve` then refuses (exit 78, which
 /// systemd does not restart) would let a reload or an upgrade's check wave through a
-/// gateway that stays down. Each error is said, so one run shows all there is to fix.
+/// gateway that stays down. Both are checked and said in one run: the config file's first
+/// error, and the environment's.
 fn check_config(config: &Path) -> ExitCode {
     let loaded = Config::load(config);
     if let Err(e) = &loaded {

@@ -4,8 +4,9 @@
 //! `gateway` (TLS, parse, authenticate, resolve the key) → `mutex` (reserve) →
 //! `executor` (place the order) → `mutex` (commit or release) → the answer.
 //! `admin` is the operator's face; `platform` is the OS around us (systemd, journald,
-//! signals). The mutex, the executor and the limits do not know each other: only
-//! `gateway::webhook` orchestrates.
+//! signals). Only `gateway::webhook` orchestrates: the mutex knows nothing of the
+//! gateway or the executor, and the executor only names the mutex's grants, to settle an
+//! order it holds.
 
 pub mod admin;
 pub mod app;

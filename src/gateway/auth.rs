@@ -646,10 +646,10 @@ fn single<'h>(headers: &'h HeaderMap, name: &str) -> Result<&'h str, AuthError> 
     }
 }
 
-/// Constant-time match against every secret, through SHA-256 so that lengths do not
-/// leak either. All secrets are tried, so which one matched does not show in timing.
-/// The secret `presented` is, compared with every one, each in constant time (which one
-/// matched is noted with a branch: it names only the client, which its sender knows).
+/// The secret `presented` is, compared with every one in constant time, through SHA-256
+/// so that lengths do not leak either. All are tried, so how many there are before the
+/// match does not show in timing; which one matched is noted with a branch, which names
+/// only the client, and its sender knows that.
 fn matches_any<'a>(secrets: &'a [Secret], presented: &[u8]) -> Result<&'a Secret, AuthError> {
     let p = Sha256::digest(presented);
     let mut found = None;

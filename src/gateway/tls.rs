@@ -15,7 +15,8 @@ use rustls::{RootCertStore, ServerConfig};
 pub enum TlsError {
     #[error("{path}: {message}")]
     File { path: String, message: String },
-    /// The private key is readable by everyone.
+    /// The private key or the client CA is open to others (readable, or in a folder they
+    /// may write), or could not be checked.
     #[error("{0}")]
     Key(#[from] super::auth::SecretError),
     #[error("TLS configuration: {0}")]

@@ -395,7 +395,8 @@ async fn pipeline(
         });
         match awaited.answer().await {
             Some(r) => r,
-            // The task panicked: the key stays pending until its TTL, which is safe.
+            // The task panicked (a debug build: release builds abort on a panic): the key
+            // stays pending until its TTL, which is safe.
             None => {
                 let p = Problem::OutcomeUnknown;
                 (p.response(), Settled::Held, Some(p.code()))

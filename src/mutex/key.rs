@@ -128,8 +128,11 @@ pub struct Key(heapless::String<MAX_KEY>);
 
 impl Key {
     /// A client's own key, namespaced by who sent it and in which mode.
+    ///
+    /// `identity` is at most [`MAX_IDENTITY`] by construction (`gateway::auth::Identity`),
+    /// which keeps every key within [`MAX_KEY`]. It is never cut to fit: two identities cut
+    /// to one would share their keys. A longer one only risks a `Length` refusal.
     pub fn client(identity: &str, mode: Mode, key: &ClientKey) -> Result<Self, KeyError> {
-        let identity = &identity[..identity.floor_char_boundary(MAX_IDENTITY)];
         Self::build(&["client:", identity, ":", mode.as_str(), ":", key.as_str()])
     }
 

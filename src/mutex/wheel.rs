@@ -38,7 +38,7 @@ impl<T> Wheel<T> {
         Self::with_geometry(now_ms, TICK_MS, SLOTS)
     }
 
-    /// `slots` must be a multiple of 64 (the bitmap's word).
+    /// `slots` is rounded up to a multiple of 64 (the bitmap's word), and to 64 at least.
     pub fn with_geometry(now_ms: u64, tick_ms: u64, slots: usize) -> Self {
         let slots = slots.max(64).next_multiple_of(64);
         Wheel {
