@@ -799,7 +799,7 @@ async fn ip_allowlist_forbids_others() {
     );
     // The operator is told which limit it met: not max_connections_per_ip, which it is far
     // under.
-    let said = gw.stderr();
+    let said = gw.wait_logged("over one connection for an address outside limits.allow_ips");
     assert!(
         said.lines().any(|l| l.contains("closed 1 connection(s)")
             && l.contains("over one connection for an address outside limits.allow_ips")),
