@@ -485,7 +485,7 @@ fn gen_cert(out: &Path, names: &[String], force: bool) -> ExitCode {
 }
 
 fn sign(secret_file: &Path, body_file: Option<&Path>, timestamp: Option<i64>) -> ExitCode {
-    let secrets = match crate::gateway::auth::load_secrets(secret_file) {
+    let secrets = match crate::secrets::load_secrets(secret_file) {
         Ok(s) => s,
         Err(e) => {
             eprintln!("hoox-edge: {e}");

@@ -12,8 +12,9 @@ use std::time::Duration;
 use serde::Deserialize;
 
 use crate::admin::Listen;
-use crate::gateway::auth::{self, AuthConfigError, Authenticator, Method, Secret};
+use crate::gateway::auth::{AuthConfigError, Authenticator, Method};
 use crate::gateway::tls::{TlsError, TlsFiles};
+use crate::secrets::{self, Secret};
 
 /// The most `server.max_connections` may be.
 const MAX_CONNECTIONS: usize = 1_000_000;
@@ -201,7 +202,7 @@ impl AuthConfig {
         let load = |path: &Option<PathBuf>, key: &str| match path {
             None => Ok(Vec::new()),
             // The secrets file's own path is in the message.
-            Some(p) => auth::load_secrets(p)
+            Some(p) => secrets::load_secrets(p)
                 .map_err(|e| ConfigError::new(&self.config_file, key, e.to_string())),
         };
         next.api_keys = load(&self.api_keys_file, "auth.api_keys_file")?;
@@ -433,7 +434,7 @@ impl Config {
                 )),
             })
             .collect::<Result<Vec<_>, _>>()?;
-        let cred = |p: Option<PathBuf>| p.map(|p| rel(auth::credential_path(&p)));
+        let cred = |p: Option<PathBuf>| p.map(|p| rel(secrets::credential_path(&p)));
         let mut auth = AuthConfig {
             config_file: file.to_path_buf(),
             api_keys_file: cred(raw.auth.api_keys_file),
@@ -725,7 +726,7 @@ impl Config {
         // secret that does not load is left for `from_raw` to name.
         let header = secrets.join("curl-auth.header");
         let bearer = || {
-            let first = crate::gateway::auth::load_secrets(&secret)
+            let first = crate::secrets::load_secrets(&secret)
                 .ok()?
                 .into_iter()
                 .next()?;

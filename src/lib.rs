@@ -17,6 +17,7 @@ pub mod gateway;
 pub mod metrics;
 pub mod mutex;
 pub mod platform;
+pub mod secrets;
 #[doc(hidden)]
 pub mod testing;
 

@@ -18,7 +18,7 @@ pub enum TlsError {
     /// The private key or the client CA is open to others (readable, or in a folder they
     /// may write), or could not be checked.
     #[error("{0}")]
-    Key(#[from] super::auth::SecretError),
+    Key(#[from] crate::secrets::SecretError),
     #[error("TLS configuration: {0}")]
     Config(String),
     #[error("certificate generation: {0}")]
@@ -143,7 +143,7 @@ impl Tls {
 impl TlsFiles {
     pub fn load(&self) -> Result<Arc<Tls>, TlsError> {
         // Here, so that a reload refuses a key made world-readable since the start.
-        super::auth::refuse_world_readable(&self.key)?;
+        crate::secrets::refuse_world_readable(&self.key)?;
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&self.cert)
             .map_err(|e| file_err(&self.cert, e))?
             .collect::<Result<_, _>>()
@@ -164,7 +164,7 @@ impl TlsFiles {
         let (builder, clients) = match &self.client_ca {
             None => (builder.with_no_client_auth(), None),
             Some(ca) => {
-                if let Some(why) = super::auth::open_to_writes(ca) {
+                if let Some(why) = crate::secrets::open_to_writes(ca) {
                     return Err(file_err(ca, why));
                 }
                 let mut roots = RootCertStore::empty();

@@ -205,7 +205,7 @@ impl Auth {
         // The gateway's own parser, so that any file the gateway accepts works here alike
         // (comments, blank lines, several secrets during a rotation). Its errors name the
         // file, never its content.
-        let secrets = hoox_edge::gateway::auth::load_secrets(file)?;
+        let secrets = hoox_edge::secrets::load_secrets(file)?;
         // The gateway accepts any of its secrets; the first one listed will do.
         let secret = secrets
             .first()

@@ -1,0 +1,513 @@
+//! Secret files: the secrets of the auth methods, the TLS key, the client CA, an
+//! executor's token. Each is read once it is known that no other user of this machine can
+//! read it or put one of their own in its place (the file's mode, and every folder on the
+//! way to it as the kernel resolves it), and under systemd a bare name may come from
+//! `$CREDENTIALS_DIRECTORY`. What a secret is read as, and whom it names, is here too;
+//! how it is compared is `gateway::auth`'s.
+
+use std::fmt;
+use std::io::Read;
+use std::os::unix::fs::PermissionsExt;
+use std::path::{Component, Path, PathBuf};
+
+use crate::gateway::auth::identity_char;
+
+/// A secrets file is a handful of lines; anything bigger is a mistake, not a secret.
+const MAX_SECRETS_FILE: u64 = 1 << 20;
+
+/// A credential. It can be compared, never shown.
+#[derive(Clone)]
+pub struct Secret {
+    bytes: Box<[u8]>,
+    /// The client it names (`@NAME SECRET` in a secrets file): its keys are the namespace
+    /// `psk.NAME`. None: the one shared client `psk`.
+    client: Option<Box<str>>,
+}
+
+/// The longest client name on a secrets line: `psk.` and it fit an identity's 64 characters.
+pub const MAX_CLIENT_NAME: usize = 60;
+
+impl Secret {
+    pub fn new(bytes: impl Into<Vec<u8>>) -> Self {
+        Secret {
+            bytes: bytes.into().into_boxed_slice(),
+            client: None,
+        }
+    }
+
+    /// A secret that names its client.
+    pub fn of_client(client: &str, bytes: impl Into<Vec<u8>>) -> Self {
+        Secret {
+            client: Some(client.into()),
+            ..Secret::new(bytes)
+        }
+    }
+
+    pub fn expose(&self) -> &[u8] {
+        &self.bytes
+    }
+
+    pub fn client(&self) -> Option<&str> {
+        self.client.as_deref()
+    }
+
+    /// One line of a secrets file, trimmed, neither blank nor a comment: `SECRET`, or
+    /// `@NAME SECRET`. The error names what is wrong, never the line's text.
+    pub(crate) fn parse_line(line: &[u8]) -> Result<Secret, &'static str> {
+        let Some(rest) = line.strip_prefix(b"@") else {
+            return Ok(Secret::new(line));
+        };
+        let cut = rest.iter().position(u8::is_ascii_whitespace);
+        let (name, secret) = match cut {
+            Some(i) => (&rest[..i], rest[i..].trim_ascii()),
+            None => (rest, &b""[..]),
+        };
+        let fits = |b: &u8| identity_char(char::from(*b));
+        if name.is_empty() || name.len() > MAX_CLIENT_NAME || !name.iter().all(fits) {
+            return Err(
+                "a line starting with @ names a client: @NAME SECRET, NAME 1 to 60 \
+                        of A-Z a-z 0-9 . _ -",
+            );
+        }
+        if secret.is_empty() {
+            return Err("a client's line has no secret after its name: @NAME SECRET");
+        }
+        // `fits` holds only ASCII.
+        let name = std::str::from_utf8(name).unwrap_or_default();
+        Ok(Secret::of_client(name, secret))
+    }
+}
+
+impl fmt::Debug for Secret {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str("Secret(***)")
+    }
+}
+
+#[derive(Debug, thiserror::Error)]
+pub enum SecretError {
+    #[error("cannot read secrets file {}: {source}", .path.display())]
+    Io {
+        path: PathBuf,
+        source: std::io::Error,
+    },
+    // Said of the TLS key too, so "a secret", not "secrets file".
+    #[error("{} holds a secret and is readable by everyone (mode {mode:o}); run chmod o-rwx on it", .path.display())]
+    WorldReadable { path: PathBuf, mode: u32 },
+    #[error("{} holds a secret and is writable by everyone (mode {mode:o}): any user of this machine could put one of their own there; run chmod o-rwx on it", .path.display())]
+    WorldWritable { path: PathBuf, mode: u32 },
+    #[error("{} holds a secret, and {} is writable by everyone (mode {mode:o}): any user of this machine could put a file of their own in its place; run chmod o-w on {}", .path.display(), .dir.display(), .dir.display())]
+    OpenFolder {
+        path: PathBuf,
+        dir: PathBuf,
+        mode: u32,
+    },
+    #[error("secrets file {} holds no secret", .path.display())]
+    Empty { path: PathBuf },
+    #[error("secrets file {} is larger than 1 MiB", .path.display())]
+    TooLarge { path: PathBuf },
+    #[error("secrets file {}, line {line}: {why}", .path.display())]
+    Line {
+        path: PathBuf,
+        line: usize,
+        why: &'static str,
+    },
+}
+
+/// Reads one secret per line; blank lines and `#` comments are skipped, whitespace around
+/// a secret is not part of it. The mode is checked on the open file, so the file we
+/// checked is the file we read.
+pub fn load_secrets(path: &Path) -> Result<Vec<Secret>, SecretError> {
+    let io = |source| SecretError::Io {
+        path: path.to_owned(),
+        source,
+    };
+    let file = std::fs::File::open(path).map_err(io)?;
+    private(path, &file.metadata().map_err(io)?)?;
+    let mut text = Vec::new();
+    file.take(MAX_SECRETS_FILE + 1)
+        .read_to_end(&mut text)
+        .map_err(io)?;
+    if text.len() as u64 > MAX_SECRETS_FILE {
+        return Err(SecretError::TooLarge {
+            path: path.to_owned(),
+        });
+    }
+    let mut secrets: Vec<Secret> = Vec::new();
+    for (n, line) in text.split(|&b| b == b'\n').enumerate() {
+        let line = line.trim_ascii();
+        if line.is_empty() || line.starts_with(b"#") {
+            continue;
+        }
+        let bad = |why| SecretError::Line {
+            path: path.to_owned(),
+            line: n + 1,
+            why,
+        };
+        let secret = Secret::parse_line(line).map_err(bad)?;
+        // One secret naming two clients: which namespace a request falls in would depend
+        // on the order of the lines.
+        if secrets
+            .iter()
+            .any(|s| s.expose() == secret.expose() && s.client() != secret.client())
+        {
+            return Err(bad(
+                "this secret is also on another line, for another client",
+            ));
+        }
+        secrets.push(secret);
+    }
+    if secrets.is_empty() {
+        return Err(SecretError::Empty {
+            path: path.to_owned(),
+        });
+    }
+    Ok(secrets)
+}
+
+/// Refuses a secret file (a secrets list, a TLS key) that everyone may read, or write.
+pub fn refuse_world_readable(path: &Path) -> Result<(), SecretError> {
+    let meta = std::fs::metadata(path).map_err(|source| SecretError::Io {
+        path: path.to_owned(),
+        source,
+    })?;
+    private(path, &meta)
+}
+
+/// Why a file that vouches for others (a CA bundle: `server.client_ca`, `executor.ca_file`)
+/// cannot be trusted, if it cannot: one anyone on the machine may write lets them add a CA
+/// of their own, and with it a client of their own (or an executor). Readable is fine: it
+/// holds no secret. A file that cannot be looked at is for its reader to report.
+pub fn open_to_writes(path: &Path) -> Option<String> {
+    let mode = std::fs::metadata(path).ok()?.permissions().mode();
+    if mode & 0o002 != 0 {
+        return Some(format!(
+            "writable by everyone (mode {:o}): any user of this machine could add a CA of \
+             their own; run chmod o-w on it",
+            mode & 0o7777
+        ));
+    }
+    let (dir, mode) = open_folder(path)?;
+    Some(format!(
+        "in {}, which is writable by everyone (mode {mode:o}): any user of this machine \
+         could put a CA of their own in its place; run chmod o-w on {}",
+        dir.display(),
+        dir.display()
+    ))
+}
+
+/// A folder on the way to `path` that everyone may write and that lacks the sticky bit
+/// (which, as on /tmp, keeps others from renaming what is not theirs): there, anyone could
+/// put a file of their own in the place of `path`, or of a link on the way to it, whatever
+/// the file's own mode. The path is walked as the kernel resolves it: every folder a name
+/// is looked up in, following each link from where it points (`..` included), so a folder
+/// only named on the way (`open/../private`) is not one the file depends on.
+fn open_folder(path: &Path) -> Option<(PathBuf, u32)> {
+    use std::collections::VecDeque;
+    use std::path::Component;
+    let mut left: VecDeque<_> = std::path::absolute(path)
+        .ok()?
+        .components()
+        .map(|c| c.as_os_str().to_owned())
+        .collect();
+    let mut at = PathBuf::new();
+    // As the kernel's own bound on the links one lookup follows (ELOOP).
+    let mut links = 0;
+    while let Some(part) = left.pop_front() {
+        match Path::new(&part).components().next() {
+            Some(Component::RootDir) => at = PathBuf::from("/"),
+            Some(Component::ParentDir) => {
+                at.pop();
+            }
+            Some(Component::Normal(name)) => {
+                // `name` is looked up in `at`: whoever may write `at` may replace it.
+                let mode = std::fs::metadata(&at).ok()?.permissions().mode();
+                if mode & 0o002 != 0 && mode & 0o1000 == 0 {
+                    return Some((at, mode & 0o7777));
+                }
+                let next = at.join(name);
+                match std::fs::read_link(&next) {
+                    Ok(target) => {
+                        links += 1;
+                        if links > 40 {
+                            return None;
+                        }
+                        // Relative to the folder the link is in, which `at` stays.
+                        for c in target.components().rev() {
+                            left.push_front(c.as_os_str().to_owned());
+                        }
+                    }
+                    Err(_) => at = next,
+                }
+            }
+            _ => {}
+        }
+    }
+    None
+}
+
+/// A file others may read gives its secrets away; one others may write lets anyone on the
+/// machine append a secret (or swap a key) of their own, read at the next start or reload.
+/// Group bits are the operator's choice: the service's group may need to read.
+fn private(path: &Path, meta: &std::fs::Metadata) -> Result<(), SecretError> {
+    let mode = meta.permissions().mode();
+    let (path, shown) = (path.to_owned(), mode & 0o7777);
+    if mode & 0o004 != 0 {
+        return Err(SecretError::WorldReadable { path, mode: shown });
+    }
+    if mode & 0o002 != 0 {
+        return Err(SecretError::WorldWritable { path, mode: shown });
+    }
+    match open_folder(&path) {
+        Some((dir, mode)) => Err(SecretError::OpenFolder { path, dir, mode }),
+        None => Ok(()),
+    }
+}
+
+/// Where to read a configured secrets file, honouring systemd credentials
+/// (`LoadCredential=` / `SetCredential=`, exposed under `$CREDENTIALS_DIRECTORY`).
+///
+/// The rule: a configured path that is a bare file name (`hmac`, no directory part) is
+/// looked up in `$CREDENTIALS_DIRECTORY` first, and used from there if it exists. Any
+/// other path, and a bare name with no such credential, is returned unchanged (a relative
+/// path is then resolved against the config file by the caller). Credential names cannot
+/// contain `/`, so nothing else could name a credential, and `..` can never escape.
+pub fn credential_path(configured: &Path) -> PathBuf {
+    let dir = std::env::var_os("CREDENTIALS_DIRECTORY");
+    credential_path_in(configured, dir.as_deref().map(Path::new))
+}
+
+/// [`credential_path`] with the credentials directory given, for tests.
+pub fn credential_path_in(configured: &Path, creds_dir: Option<&Path>) -> PathBuf {
+    let mut parts = configured.components();
+    let bare = matches!(
+        (parts.next(), parts.next()),
+        (Some(Component::Normal(_)), None)
+    );
+    if let Some(dir) = creds_dir.filter(|d| bare && !d.as_os_str().is_empty()) {
+        let candidate = dir.join(configured);
+        if candidate.is_file() {
+            return candidate;
+        }
+    }
+    configured.to_owned()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn write(dir: &Path, name: &str, text: &str, mode: u32) -> PathBuf {
+        let p = dir.join(name);
+        std::fs::write(&p, text).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(mode)).unwrap();
+        p
+    }
+
+    #[test]
+    fn load_secrets_reads_lines() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "keys",
+            "# rotation: new first\n  new-key  \n\n\told-key\r\n# done\n",
+            0o600,
+        );
+        let s = load_secrets(&p).unwrap();
+        let got: Vec<&[u8]> = s.iter().map(Secret::expose).collect();
+        assert_eq!(got, vec![&b"new-key"[..], b"old-key"]);
+    }
+
+    /// A bad client line is an error naming the file and the line, never the text; one
+    /// secret naming two clients is refused.
+    #[test]
+    fn load_secrets_names_a_bad_client_line() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(
+            d.path(),
+            "k",
+            "# a\n@desk-a s3cret-a\n@desk:b s3cret-b\n",
+            0o600,
+        );
+        let e = load_secrets(&p).unwrap_err().to_string();
+        assert!(e.contains("line 3") && e.contains("@NAME SECRET"), "{e}");
+        assert!(!e.contains("s3cret"), "{e}");
+        let p = write(d.path(), "k2", "@desk-a same\n@desk-b same\n", 0o600);
+        let e = load_secrets(&p).unwrap_err().to_string();
+        assert!(e.contains("line 2") && e.contains("another client"), "{e}");
+        let p = write(d.path(), "k3", "@desk-a one\n@desk-a two\nthree\n", 0o600);
+        let clients: Vec<_> = load_secrets(&p)
+            .unwrap()
+            .iter()
+            .map(|s| s.client().map(str::to_owned))
+            .collect();
+        assert_eq!(
+            clients,
+            [Some("desk-a".into()), Some("desk-a".into()), None]
+        );
+    }
+
+    #[test]
+    fn load_secrets_refuses_unsafe_or_empty_files() {
+        let d = tempfile::tempdir().unwrap();
+        let p = write(d.path(), "open", "topsecret\n", 0o644);
+        let e = load_secrets(&p).unwrap_err();
+        assert!(matches!(e, SecretError::WorldReadable { mode: 0o644, .. }));
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&p.display().to_string()) && !msg.contains("topsecret"),
+            "{msg}"
+        );
+
+        let p = write(d.path(), "blank", "\n# only a comment\n   \n", 0o600);
+        assert!(matches!(load_secrets(&p), Err(SecretError::Empty { .. })));
+
+        let missing = d.path().join("missing");
+        let e = load_secrets(&missing).unwrap_err();
+        assert!(matches!(e, SecretError::Io { .. }));
+        assert!(e.to_string().contains("missing"));
+
+        // The limit itself is allowed; a byte more is refused.
+        let p = d.path().join("big");
+        std::fs::write(&p, vec![b'a'; MAX_SECRETS_FILE as usize]).unwrap();
+        std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+        assert_eq!(load_secrets(&p).unwrap().len(), 1);
+        std::fs::write(&p, vec![b'a'; (MAX_SECRETS_FILE + 1) as usize]).unwrap();
+        assert!(matches!(
+            load_secrets(&p),
+            Err(SecretError::TooLarge { .. })
+        ));
+
+        // Group-readable is the operator's choice (a service group may read it).
+        let p = write(d.path(), "group", "s\n", 0o640);
+        assert!(load_secrets(&p).is_ok());
+    }
+
+    /// A file in a folder anyone may write (without the sticky bit) is anyone's to replace,
+    /// whatever its own mode: a secret, the TLS key, or a CA bundle there is refused, and so
+    /// is one reached through a link in such a folder. A sticky folder (as /tmp) is not.
+    #[test]
+    fn a_file_in_a_folder_anyone_may_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let d = tempfile::tempdir().unwrap();
+        let open = d.path().join("open");
+        std::fs::create_dir(&open).unwrap();
+        let mode = |m: u32| std::fs::set_permissions(&open, std::fs::Permissions::from_mode(m));
+        mode(0o777).unwrap();
+        let secret = write(&open, "secret", "topsecret\n", 0o600);
+        let e = load_secrets(&secret).unwrap_err();
+        assert!(
+            matches!(&e, SecretError::OpenFolder { dir, mode: 0o777, .. } if *dir == open),
+            "{e:?}"
+        );
+        let msg = e.to_string();
+        assert!(
+            msg.contains(&format!("chmod o-w on {}", open.display())),
+            "{msg}"
+        );
+        assert!(matches!(
+            refuse_world_readable(&secret),
+            Err(SecretError::OpenFolder { .. })
+        ));
+        let ca = write(&open, "ca.pem", "", 0o644);
+        let why = open_to_writes(&ca).unwrap();
+        assert!(
+            why.starts_with(&format!(
+                "in {}, which is writable by everyone",
+                open.display()
+            )),
+            "{why}"
+        );
+        // Reached through a link in the open folder: the link is anyone's to change.
+        let private = write(d.path(), "private", "topsecret\n", 0o600);
+        let link = open.join("link");
+        std::os::unix::fs::symlink(&private, &link).unwrap();
+        assert!(load_secrets(&private).is_ok());
+        assert!(matches!(
+            load_secrets(&link),
+            Err(SecretError::OpenFolder { .. })
+        ));
+        // Also when the link in the open folder is only on the way, behind another.
+        let via = d.path().join("via");
+        std::fs::create_dir(&via).unwrap();
+        std::os::unix::fs::symlink(&link, via.join("link")).unwrap();
+        assert!(matches!(
+            load_secrets(&via.join("link")),
+            Err(SecretError::OpenFolder { dir, .. }) if dir == open
+        ));
+        // A folder only named on the way is not one the file depends on.
+        assert!(load_secrets(&open.join("..").join("private")).is_ok());
+        // Sticky, as /tmp: others may not rename what is not theirs.
+        mode(0o1777).unwrap();
+        assert!(load_secrets(&secret).is_ok());
+        assert_eq!(open_to_writes(&ca), None);
+        mode(0o700).unwrap();
+    }
+
+    /// A file anyone may write is anyone's to add a secret to: refused, named, with the
+    /// remedy, whether or not others may also read it; the TLS key's check refuses it too.
+    #[test]
+    fn load_secrets_refuses_a_world_writable_file() {
+        let d = tempfile::tempdir().unwrap();
+        for mode in [0o602, 0o622, 0o642] {
+            let p = write(d.path(), "open", "topsecret\n", mode);
+            let e = load_secrets(&p).unwrap_err();
+            assert!(
+                matches!(&e, SecretError::WorldWritable { mode: m, .. } if *m == mode),
+                "{mode:o}: {e:?}"
+            );
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&p.display().to_string())
+                    && msg.contains("writable by everyone")
+                    && msg.contains("chmod o-rwx")
+                    && !msg.contains("topsecret"),
+                "{msg}"
+            );
+            assert!(matches!(
+                refuse_world_readable(&p),
+                Err(SecretError::WorldWritable { .. })
+            ));
+        }
+        // Both at once: the first of the two is said; chmod o-rwx mends both.
+        let p = write(d.path(), "both", "s\n", 0o606);
+        assert!(matches!(
+            load_secrets(&p),
+            Err(SecretError::WorldReadable { .. })
+        ));
+        // The group may write (an operator's choice, as reading is).
+        let p = write(d.path(), "group", "s\n", 0o660);
+        assert!(load_secrets(&p).is_ok());
+    }
+
+    #[test]
+    fn credentials_directory_rule() {
+        let creds = tempfile::tempdir().unwrap();
+        write(creds.path(), "hmac", "s\n", 0o400);
+        let c = Some(creds.path());
+        // A bare name present in the credentials directory comes from there.
+        assert_eq!(
+            credential_path_in(Path::new("hmac"), c),
+            creds.path().join("hmac")
+        );
+        // A bare name that is not a credential, any path with a directory part, and
+        // every path when no credentials directory is set: unchanged.
+        for p in [
+            "bearer",
+            "/etc/hoox-edge/hmac",
+            "secrets/hmac",
+            "./hmac",
+            "../hmac",
+        ] {
+            assert_eq!(credential_path_in(Path::new(p), c), PathBuf::from(p), "{p}");
+        }
+        assert_eq!(
+            credential_path_in(Path::new("hmac"), None),
+            PathBuf::from("hmac")
+        );
+        assert_eq!(
+            credential_path_in(Path::new("hmac"), Some(Path::new(""))),
+            PathBuf::from("hmac")
+        );
+    }
+}
