@@ -335,6 +335,59 @@ async fn the_load_tool_reports_what_failed() {
     let closed = closed.replace("http://", "https://");
     let nobody = format!("run --url {closed} --ca {ca} --requests 1");
     assert_refused(&nobody, "cannot connect to").await;
+    // A ledger that cannot be read is said before the run, naming it, not after.
+    let ledger = support::executor::refused_url().replace("/orders", "/ledger");
+    let why = format!("ledger {ledger}: ");
+    assert_refused(&format!("{nobody} --ledger {ledger}"), &why).await;
+    // A server that takes the connection and never finishes its handshake ends the run
+    // within --timeout, rather than hang it.
+    let mute = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let mute = format!("https://{}/webhook", mute.local_addr().unwrap());
+    let hung = format!("run --url {mute} --ca {ca} --requests 1 --timeout 300ms");
+    assert_refused(&hung, "no handshake within 300ms").await;
+    // Numbers out of range, and a flag that does nothing alone, are refused before any
+    // request: not a panic, an hours-long wait, or a storm run as unique keys.
+    let empty = setup.dir.path().join("empty.pem");
+    std::fs::write(&empty, "").unwrap();
+    for (extra, why) in [
+        (
+            "--rate 1e-300",
+            "rate must be a number per second from 0.01",
+        ),
+        (
+            "--rate 0.001/s",
+            "rate must be a number per second from 0.01",
+        ),
+        ("--keys 0", "--keys"),
+        (
+            "--duration 10000000000000000000s",
+            "--duration: at most a year",
+        ),
+        ("--secret-file /nonexistent", "--auth"),
+    ] {
+        let line = format!("run --url {closed} --ca {ca} {extra}").replace("--requests 1", "");
+        assert_refused(&line, why).await;
+    }
+    let line = format!("run --url {closed} --ca {} --requests 1", empty.display());
+    assert_refused(&line, "empty.pem: no certificate in it").await;
+    let fsync = format!("fsync --dir {}", setup.dir.path().display());
+    for (extra, why) in [
+        (
+            "--size 99999999999",
+            "--size must be from 1 to 1048576 bytes",
+        ),
+        ("--count 0", "--count"),
+        ("--rate 1e-300", "rate must be"),
+    ] {
+        assert_refused(&format!("{fsync} {extra}"), why).await;
+    }
+    let missing = setup.dir.path().join("missing");
+    let why = format!("{}: No such file", missing.display());
+    assert_refused(
+        &format!("fsync --dir {} --count 1", missing.display()),
+        &why,
+    )
+    .await;
 
     // An executor that takes the order and never answers: every webhook outlives the
     // tool's own timeout.
@@ -368,6 +421,33 @@ async fn the_load_tool_reports_what_failed() {
     assert_eq!(text.code, Some(3), "{}", text.stdout);
     let counted = "errors     timeout x 4 (failed initial handshakes: 0)";
     assert!(text.stdout.contains(counted), "{}", text.stdout);
+}
+
+/// A slow open loop over many connections leaves each idle past the gateway's
+/// `header_timeout`, which closes it: the next request on it goes out on a new connection.
+/// Counted as failed, it made a healthy gateway look broken (exit 4, "io" errors) and
+/// dropped the request unsent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_the_gateway_closed_while_idle_are_made_again_not_counted_as_failures() {
+    let mut setup = Setup::new(None);
+    setup.set("server", "header_timeout", "1s");
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let secret = setup.dir.path().join("load-secret");
+    write_secret(&secret, SECRET);
+    for protocol in ["", "--http2"] {
+        // One request every 2 s: the connection sits idle past the timeout before each.
+        let extra = format!("-c 1 --rate 0.5/s --requests 3 {protocol}");
+        let out = load(&run_line(&setup, &gw, "bearer", &secret, &extra)).await;
+        let report = out.json(0);
+        assert_eq!(out.code, Some(0), "{protocol}: {report}");
+        assert_eq!(answered(&report, "200"), 3, "{protocol}: {report}");
+        assert_eq!(
+            report["errors"],
+            serde_json::json!({}),
+            "{protocol}: {report}"
+        );
+    }
 }
 
 /// Runs `hoox-load run` against `gw` with `auth` and the secret file holding `secret_text`,
@@ -603,6 +683,45 @@ async fn bench_cert() -> (tempfile::TempDir, std::path::PathBuf, std::path::Path
     let made = load(&format!("gen-cert --dir {}", tls.display())).await;
     assert_eq!(made.code, Some(0), "{}", made.stdout);
     (dir, tls.join("cert.pem"), tls.join("key.pem"))
+}
+
+/// A ledger that answers its first read and is gone for the next: the run's report and its
+/// keys come before the ledger is read at the end, so its failure loses neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_ledger_lost_during_the_run_loses_neither_report_nor_keys() {
+    use std::io::{Read, Write};
+    let (dir, cert, key) = bench_cert().await;
+    let url = stalling_server(&cert, &key, u64::MAX, Duration::ZERO).await;
+    let once = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let ledger = format!("http://{}/ledger", once.local_addr().unwrap());
+    std::thread::spawn(move || {
+        let (mut tcp, _) = once.accept().unwrap();
+        let mut head = [0u8; 1024];
+        let _ = tcp.read(&mut head);
+        let body = r#"{"total":0,"unique":0,"duplicates":[]}"#;
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+            body.len()
+        );
+        tcp.write_all(answer.as_bytes()).unwrap();
+        // The listener goes with the thread: the second read is refused.
+    });
+    let keys = dir.path().join("keys");
+    let out = load_with_stderr(&format!(
+        "run --url {url} --ca {} -c 1 --requests 5 --json --ledger {ledger} --write-2xx-keys {}",
+        cert.display(),
+        keys.display()
+    ))
+    .await;
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(
+        out.stderr.contains(&format!("ledger {ledger}: ")),
+        "{}",
+        out.stderr
+    );
+    assert_eq!(answered(&out.json(0), "200"), 5, "{}", out.stdout);
+    let written = std::fs::read_to_string(&keys).unwrap();
+    assert_eq!(written.lines().count(), 5, "{written}");
 }
 
 /// Open loop: latency counts from each request's place on the schedule. The server holds its

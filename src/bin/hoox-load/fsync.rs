@@ -43,17 +43,19 @@ pub struct Mode {
 const ALIGN: usize = 4096;
 
 pub fn run(dir: &Path, count: u32, size: usize, mode: Mode, json: bool) -> Result<ExitCode, Error> {
-    if mode.rate.is_some_and(|r| !(r.is_finite() && r > 0.0)) {
-        return Err("--rate must be a positive number of writes per second".into());
-    }
     if mode.writers == 0 {
         return Err("--writers must be at least 1".into());
     }
-    if mode.direct && (size == 0 || !size.is_multiple_of(ALIGN)) {
+    // The file is written whole before it is measured, and each write is one buffer: a
+    // size past the journal's file would measure something the gateway never does.
+    if size == 0 || size > FILE_BYTES {
+        return Err(format!("--size must be from 1 to {FILE_BYTES} bytes").into());
+    }
+    if mode.direct && !size.is_multiple_of(ALIGN) {
         return Err(format!("--direct needs --size to be a multiple of {ALIGN}").into());
     }
     let path = dir.join(format!(".hoox-load-fsync-{}", std::process::id()));
-    let result = measure(&path, count, size, mode);
+    let result = measure(&path, count, size, mode).map_err(|e| format!("{}: {e}", dir.display()));
     // Remove the probe file whatever happened; a failed measurement must not leave litter.
     let _ = std::fs::remove_file(&path);
     let Measured { hist, took, cpu } = result?;

@@ -133,11 +133,18 @@ async fn serve_on(listener: TcpListener) -> Result<ExitCode, Error> {
 
 /// GET the ledger's counts over plain HTTP/1.1 (`http://HOST:PORT/PATH`).
 pub async fn fetch(url: &str) -> Result<Counts, Error> {
+    // Every failure names the ledger: "connection refused" alone reads as the gateway's.
+    read(url)
+        .await
+        .map_err(|e| format!("ledger {url}: {e}").into())
+}
+
+async fn read(url: &str) -> Result<Counts, Error> {
     let uri: hyper::Uri = url.parse()?;
     if uri.scheme_str() != Some("http") {
-        return Err(format!("ledger URL must be http://: {url}").into());
+        return Err("the URL must be http://".into());
     }
-    let authority = uri.authority().ok_or("ledger URL has no host")?.clone();
+    let authority = uri.authority().ok_or("the URL has no host")?.clone();
     let tcp = TcpStream::connect(authority.as_str()).await?;
     let (mut sender, conn) = hyper::client::conn::http1::handshake(TokioIo::new(tcp)).await?;
     tokio::spawn(conn);
@@ -146,7 +153,7 @@ pub async fn fetch(url: &str) -> Result<Counts, Error> {
         .body(Empty::<Bytes>::new())?;
     let res = sender.send_request(req).await?;
     if !res.status().is_success() {
-        return Err(format!("ledger answered {}", res.status()).into());
+        return Err(format!("answered {} (its path is /ledger)", res.status()).into());
     }
     let body = res.into_body().collect().await?.to_bytes();
     Ok(serde_json::from_slice(&body)?)

@@ -31,7 +31,8 @@ enum Command {
     ///
     /// Exit codes: 0 every answer served (2xx or 409; with --replay-keys, 409 or a stored
     /// answer marked Idempotent-Replayed); 1 the ledger (--ledger) saw a key
-    /// forwarded twice or an order without a key; 2 the run could not start; 3 no answer at
+    /// forwarded twice or an order without a key; 2 the run could not start, or the ledger
+    /// could not be read after it (the run's report is printed first); 3 no answer at
     /// all; 4 some answer was neither 2xx nor 409, or some request failed in transport (a
     /// connect, an I/O error, a timeout), unless --expect-errors; 5 with --replay-keys, a
     /// replayed key answered 2xx (forwarded again; --expect-errors does not excuse it).
@@ -50,7 +51,8 @@ enum Command {
         #[arg(long)]
         json: bool,
     },
-    /// Write a self-signed certificate for 127.0.0.1 and localhost: DIR/cert.pem, DIR/key.pem.
+    /// Write a self-signed certificate for localhost, 127.0.0.1 and ::1: DIR/cert.pem and
+    /// DIR/key.pem, replacing any there.
     GenCert {
         #[arg(long)]
         dir: PathBuf,
@@ -59,15 +61,15 @@ enum Command {
     Fsync {
         #[arg(long)]
         dir: PathBuf,
-        #[arg(long, default_value_t = 1000)]
+        #[arg(long, default_value_t = 1000, value_parser = clap::value_parser!(u32).range(1..))]
         count: u32,
-        /// Bytes written before each fdatasync.
+        /// Bytes written before each fdatasync, at most 1 MiB (the journal file's size).
         #[arg(long, default_value_t = 4096)]
         size: usize,
         /// Open loop: `count` writes scheduled this many per second, each fdatasync covering
         /// every write due by then (group commit), each timed from its schedule: the disk's
         /// own latency floor at that rate, queueing behind a slow sync included.
-        #[arg(long)]
+        #[arg(long, value_parser = run::parse_rate)]
         rate: Option<f64>,
         /// Threads, each syncing its own writes in its own pages of the one file. Closed loop:
         /// whether the disk overlaps flushes (syncs/s grows with writers at the same latency).
@@ -154,24 +156,11 @@ fn tokio_main(command: Command) -> Result<ExitCode, Error> {
 
 /// The benchmark's certificate, so the bare server and the gateway present the very same one.
 fn gen_cert(dir: &std::path::Path) -> Result<ExitCode, Error> {
-    use std::io::Write;
-    use std::os::unix::fs::OpenOptionsExt;
-    let names = vec![
-        "localhost".to_string(),
-        "127.0.0.1".to_string(),
-        "::1".to_string(),
-    ];
-    let certified = rcgen::generate_simple_self_signed(names)?;
-    std::fs::create_dir_all(dir)?;
-    std::fs::write(dir.join("cert.pem"), certified.cert.pem())?;
-    // The key is a secret: owner-only from the moment it exists.
-    let mut key = std::fs::OpenOptions::new()
-        .write(true)
-        .create(true)
-        .truncate(true)
-        .mode(0o600)
-        .open(dir.join("key.pem"))?;
-    key.write_all(certified.signing_key.serialize_pem().as_bytes())?;
+    // The gateway's own: the bench's servers present what `hoox-edge gen-cert` makes, and
+    // a key already there (a second run in the same folder) is replaced, owner-only.
+    let names = ["localhost", "127.0.0.1", "::1"].map(String::from);
+    hoox_edge::config::create_private_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
+    hoox_edge::gateway::tls::generate_self_signed(dir, &names)?;
     println!(
         "hoox-load: wrote {0}/cert.pem and {0}/key.pem",
         dir.display()

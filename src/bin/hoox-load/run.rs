@@ -71,7 +71,7 @@ pub struct Args {
     #[arg(long, default_value_t = 0.0, value_parser = parse_ratio)]
     dup_ratio: f64,
     /// Draw every key from this many (a storm: many connections, few keys); overrides --dup-ratio.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     keys: Option<u64>,
     /// Key prefix; runs that share it share keys (the chaos test retries across restarts).
     #[arg(long)]
@@ -81,15 +81,19 @@ pub struct Args {
     auth: Option<AuthKind>,
     /// Secrets file, read as the gateway reads its own (one per line, blank lines and `#`
     /// comments skipped, not readable by everyone); the first secret is used.
-    #[arg(long)]
+    #[arg(long, requires = "auth")]
     secret_file: Option<PathBuf>,
     /// Per-request timeout.
     #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
     timeout: Duration,
-    /// Ledger to check at the end (http://HOST:PORT/ledger); exit 1 if a key was forwarded twice.
+    /// Ledger to check at the end (http://HOST:PORT/ledger); exit 1 if a key was forwarded
+    /// twice. Its verdict covers every order the ledger has taken since it started, this
+    /// run's and earlier ones'. It is asked once before the run too, so that a wrong URL
+    /// costs no run.
     #[arg(long)]
     ledger: Option<String>,
-    /// Machine-readable output, one JSON object.
+    /// Machine-readable output: one JSON object for the run, and with --ledger a second line,
+    /// the ledger's verdict.
     #[arg(long)]
     json: bool,
     /// Exit 0 even if some answers are not 2xx or 409, or some requests fail in transport
@@ -171,12 +175,14 @@ enum AuthKind {
     Hmac,
 }
 
-fn parse_rate(s: &str) -> Result<f64, String> {
+/// A rate in requests per second, from one every 100 s to ten million a second: below, a
+/// run would sit silent for hours; the schedule's arithmetic holds within.
+pub fn parse_rate(s: &str) -> Result<f64, String> {
     let n = s.strip_suffix("/s").unwrap_or(s);
     match n.parse::<f64>() {
-        Ok(r) if r > 0.0 && r.is_finite() => Ok(r),
+        Ok(r) if (0.01..=1e7).contains(&r) => Ok(r),
         _ => Err(format!(
-            "rate must be a positive number per second, like 1000/s: {s}"
+            "rate must be a number per second from 0.01 to 10000000, like 1000/s: {s}"
         )),
     }
 }
@@ -270,6 +276,9 @@ impl Target {
         {
             roots.add(cert.map_err(|e| format!("{}: {e}", args.ca.display()))?)?;
         }
+        if roots.is_empty() {
+            return Err(format!("{}: no certificate in it (--ca)", args.ca.display()).into());
+        }
         let provider = Arc::new(rustls::crypto::ring::default_provider());
         let mut config = rustls::ClientConfig::builder_with_provider(provider)
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])?
@@ -322,21 +331,42 @@ enum Conn {
     H2(hyper::client::conn::http2::SendRequest<Full<Bytes>>),
 }
 
+/// Why an exchange failed: `Unsent` carries back a request the connection never wrote (it
+/// had closed: the gateway's idle timeout, a GOAWAY), which may be sent again elsewhere.
+enum SendError {
+    Unsent(Box<Request<Full<Bytes>>>),
+    /// Failed after it was written, or the connection broke: counted, not sent again.
+    Failed,
+    /// The new connection for an unsent request could not be made.
+    Connect,
+}
+
+impl From<hyper::Error> for SendError {
+    fn from(_: hyper::Error) -> Self {
+        SendError::Failed
+    }
+}
+
 impl Conn {
-    async fn send(
-        &mut self,
-        req: Request<Full<Bytes>>,
-    ) -> Result<Response<Incoming>, hyper::Error> {
+    /// Whether the server has closed this connection (or it broke): the gateway closes one
+    /// left idle past its `header_timeout`, which a slow open loop over many connections
+    /// does to each of them.
+    fn is_closed(&self) -> bool {
         match self {
-            Conn::H1(s) => {
-                s.ready().await?;
-                s.send_request(req).await
-            }
-            Conn::H2(s) => {
-                s.ready().await?;
-                s.send_request(req).await
-            }
+            Conn::H1(s) => s.is_closed(),
+            Conn::H2(s) => s.is_closed(),
         }
+    }
+
+    async fn send(&mut self, req: Request<Full<Bytes>>) -> Result<Response<Incoming>, SendError> {
+        let sent = match self {
+            Conn::H1(s) => s.try_send_request(req).await,
+            Conn::H2(s) => s.try_send_request(req).await,
+        };
+        sent.map_err(|mut e| match e.take_message() {
+            Some(req) => SendError::Unsent(Box::new(req)),
+            None => SendError::Failed,
+        })
     }
 }
 
@@ -642,6 +672,11 @@ async fn connection(plan: Arc<Plan>, mut conn: Option<Conn>, seed: u64) -> Resul
     let mut rng = Rng(seed | 1);
     while let Some(due) = plan.next_slot().await {
         let j = plan.key_number(&mut rng);
+        // One the gateway closed while it sat idle is no failure of the gateway's: this
+        // request goes out on a new one.
+        if conn.as_ref().is_some_and(Conn::is_closed) {
+            conn = None;
+        }
         let sender = match conn.as_mut() {
             Some(c) => c,
             None => match tokio::time::timeout(plan.timeout, plan.target.connect()).await {
@@ -673,15 +708,25 @@ async fn connection(plan: Arc<Plan>, mut conn: Option<Conn>, seed: u64) -> Resul
         } else {
             sent
         };
+        let target = &plan.target;
         let exchange = async {
-            let res = sender.send(req).await?;
+            let res = match sender.send(req).await {
+                Ok(res) => res,
+                // Closed as it was handed over, never written: once more, on a new
+                // connection, within the same timeout.
+                Err(SendError::Unsent(req)) => {
+                    *sender = target.connect().await.map_err(|_| SendError::Connect)?;
+                    sender.send(*req).await?
+                }
+                Err(e) => return Err(e),
+            };
             let status = res.status().as_u16();
             let replayed = res
                 .headers()
                 .get("idempotent-replayed")
                 .is_some_and(|v| v == "true");
             res.into_body().collect().await?;
-            Ok::<(u16, bool), hyper::Error>((status, replayed))
+            Ok::<(u16, bool), SendError>((status, replayed))
         };
         match tokio::time::timeout(plan.timeout, exchange).await {
             Ok(Ok((status, replayed))) => {
@@ -700,8 +745,11 @@ async fn connection(plan: Arc<Plan>, mut conn: Option<Conn>, seed: u64) -> Resul
                     stats.ok_keys.push(j);
                 }
             }
-            Ok(Err(_)) => {
-                stats.error("io");
+            Ok(Err(e)) => {
+                stats.error(match e {
+                    SendError::Connect => "connect",
+                    SendError::Unsent(_) | SendError::Failed => "io",
+                });
                 conn = None;
             }
             Err(_) => {
@@ -733,19 +781,33 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
         (None, Some(_)) => None,
         (None, None) => Some(Duration::from_secs(10)),
     };
+    // A year, and the clock's arithmetic is far from its end.
+    if duration.is_some_and(|d| d > Duration::from_secs(366 * 86_400)) {
+        return Err("--duration: at most a year".into());
+    }
+    // Asked before the run too: a wrong URL or a ledger that is down should cost no run
+    // (the orders it places are real to the executor behind the gateway).
+    if let Some(url) = &args.ledger {
+        ledger::fetch(url).await?;
+    }
 
     // Handshakes happen before the clock starts: the run measures requests, not TLS setup.
     let target = Arc::new(target);
     let mut handshakes = Vec::new();
+    let timeout = args.timeout;
     for _ in 0..args.connections {
         let target = target.clone();
-        handshakes.push(tokio::spawn(async move { target.connect().await }));
+        // Bounded as every later connect is: a server that takes the connection and never
+        // finishes its handshake (stopped, wedged) must end the run, not hang it.
+        handshakes.push(tokio::spawn(async move {
+            tokio::time::timeout(timeout, target.connect()).await
+        }));
     }
     let mut ready = Vec::new();
     let mut failed = 0;
     for h in handshakes {
         match h.await {
-            Ok(Ok(c)) => ready.push(Some(c)),
+            Ok(Ok(Ok(c))) => ready.push(Some(c)),
             _ => {
                 failed += 1;
                 ready.push(None);
@@ -754,14 +816,23 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
     }
     if failed == args.connections as usize {
         // One more attempt for the message: the first error is what the user needs to see.
-        target
-            .connect()
-            .await
-            .map_err(|e| format!("cannot connect to {}: {e}", args.url))?;
+        let url = &args.url;
+        match tokio::time::timeout(args.timeout, target.connect()).await {
+            Ok(Err(e)) => return Err(format!("cannot connect to {url}: {e}").into()),
+            Err(_) => {
+                let t = humantime::format_duration(args.timeout);
+                return Err(format!("cannot connect to {url}: no handshake within {t}").into());
+            }
+            Ok(Ok(_)) => {}
+        }
     }
     let target = Arc::try_unwrap(target).map_err(|_| "connection setup still holds the target")?;
 
     let start = Instant::now();
+    let deadline = match duration {
+        Some(d) => Some(start.checked_add(d).ok_or("--duration: too long")?),
+        None => None,
+    };
     let plan = Arc::new(Plan {
         target,
         auth,
@@ -773,7 +844,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
         fresh: AtomicU64::new(0),
         limit,
         start,
-        deadline: duration.map(|d| start + d),
+        deadline,
         rate: args.rate,
         paced: args.rate.map(|_| Paced::new()),
         dup_ratio: args.dup_ratio,
@@ -810,14 +881,15 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
         None => None,
     };
 
-    let ledger = match &args.ledger {
-        Some(url) => Some(ledger::fetch(url).await?),
-        None => None,
-    };
+    // The run's report and its keys first: a ledger that fails now loses neither.
     print_report(&args, &plan, &total, pacer.as_ref(), window, wall, failed);
     if let Some(path) = &args.write_2xx_keys {
         append_keys(path, &plan, &total.ok_keys).map_err(|e| format!("{}: {e}", path.display()))?;
     }
+    let ledger = match &args.ledger {
+        Some(url) => Some(ledger::fetch(url).await?),
+        None => None,
+    };
     let not_served: u64 = total
         .status
         .iter()
