@@ -181,7 +181,7 @@ pub fn main() -> ExitCode {
                             path += "&force=1";
                         }
                     }
-                    ("POST", path)
+                    return operator_release(&admin, &path);
                 }
             };
             operator(&admin, method, &path)
@@ -561,6 +561,46 @@ fn operator(args: &AdminArgs, method: &str, path: &str) -> ExitCode {
     operator_judged(args, method, path, |_| None)
 }
 
+/// A release, which the gateway guards, not this command: a gateway older than this
+/// command (the window of an upgrade, between the package's files and the restart) makes
+/// the refusals of its own version only. 0.2.10's freed a committed key without `--entry`,
+/// 0.2.0's a key whose order was out: the retry was placed a second time. So the release is
+/// sent only to a gateway of this version or newer.
+fn operator_release(args: &AdminArgs, path: &str) -> ExitCode {
+    let (listen, rt) = match admin_face(args) {
+        Ok(face) => face,
+        Err(code) => return code,
+    };
+    let ours = env!("CARGO_PKG_VERSION");
+    // A gateway that does not answer is left to the release itself to report.
+    if let Ok((200, body)) = rt.block_on(admin::client::request(&listen, "GET", "/status")) {
+        let theirs = serde_json::from_str::<serde_json::Value>(&body)
+            .ok()
+            .and_then(|s| s.get("version")?.as_str().map(str::to_owned));
+        if theirs.as_deref().is_none_or(|v| older(v, ours)) {
+            let v = theirs.as_deref().unwrap_or("a version that does not say");
+            eprintln!(
+                "hoox-edge: the gateway at {listen} runs {v}, older than this hoox-edge \
+                 ({ours}): its release does not refuse what this version's does (a \
+                 committed key without --entry, an order at the executor). Finish the \
+                 upgrade first (systemctl restart hoox-edge), then release."
+            );
+            return ExitCode::FAILURE;
+        }
+    }
+    call(&listen, &rt, "POST", path, |_| None)
+}
+
+/// Whether version `a` comes before `b`, both `MAJOR.MINOR.PATCH`; one that does not read
+/// so counts as older.
+fn older(a: &str, b: &str) -> bool {
+    let parse = |v: &str| -> Option<Vec<u64>> { v.split('.').map(|n| n.parse().ok()).collect() };
+    match (parse(a), parse(b)) {
+        (Some(a), Some(b)) => a < b,
+        _ => true,
+    }
+}
+
 /// Why a `/status` answer (its body) says the gateway takes no trades now, if it does.
 /// Anything but `"serving": true` counts: an answer this command cannot read is no proof
 /// that the gateway serves, and a script that alerts on the exit code must not be told so.
@@ -590,20 +630,32 @@ fn operator_judged(
     path: &str,
     judge: fn(&str) -> Option<String>,
 ) -> ExitCode {
-    let listen = match admin_listen(args, Path::new(DEFAULT_CONFIG)) {
-        Ok(l) => l,
-        Err(e) => {
-            eprintln!("hoox-edge: admin address: {e}");
-            return ExitCode::from(EX_CONFIG as u8);
-        }
-    };
-    let rt = match runtime() {
-        Ok(rt) => rt,
-        Err(code) => return code,
-    };
+    match admin_face(args) {
+        Ok((listen, rt)) => call(&listen, &rt, method, path, judge),
+        Err(code) => code,
+    }
+}
+
+/// Where the admin face listens, and a runtime to call it with.
+fn admin_face(args: &AdminArgs) -> Result<(Listen, tokio::runtime::Runtime), ExitCode> {
+    let listen = admin_listen(args, Path::new(DEFAULT_CONFIG)).map_err(|e| {
+        eprintln!("hoox-edge: admin address: {e}");
+        ExitCode::from(EX_CONFIG as u8)
+    })?;
+    Ok((listen, runtime()?))
+}
+
+/// One operator request, its answer printed and judged as [`operator_judged`] says.
+fn call(
+    listen: &Listen,
+    rt: &tokio::runtime::Runtime,
+    method: &str,
+    path: &str,
+    judge: fn(&str) -> Option<String>,
+) -> ExitCode {
     // The answer goes to stdout only when it is the data asked for; a refusal (its
     // problem document) goes to stderr, so `keys show K | jq` never parses an error.
-    match rt.block_on(admin::client::request(&listen, method, path)) {
+    match rt.block_on(admin::client::request(listen, method, path)) {
         Ok((status, body)) if (200..300).contains(&status) => {
             println!("{body}");
             match judge(&body) {

@@ -5,6 +5,7 @@
 mod support;
 
 use std::process::{Command, Output};
+use std::sync::Mutex;
 
 use serde_json::{Value, json};
 use support::client::{Reply, TlsClient};
@@ -194,6 +195,67 @@ async fn failing_closed_beside(holder: &Setup) -> (Setup, Gateway) {
 /// A gateway that cannot answer (its database is held by another process, so it fails
 /// closed) makes operator commands exit 69, as an unreachable one does: to a script both
 /// mean "try again later", unlike a refusal (exit 1).
+/// An admin face that says it runs `version` and answers every request 200 `{}`, as a
+/// gateway of another version would; the request lines it got, in order.
+fn admin_of_version(version: &'static str) -> (String, std::sync::Arc<Mutex<Vec<String>>>) {
+    use std::io::{BufRead, BufReader, Write};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = listener.local_addr().unwrap().to_string();
+    let seen = std::sync::Arc::new(Mutex::new(Vec::new()));
+    let log = seen.clone();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming() {
+            let Ok(mut tcp) = tcp else { return };
+            let mut reader = BufReader::new(tcp.try_clone().unwrap());
+            let mut line = String::new();
+            reader.read_line(&mut line).unwrap();
+            // The rest of the head, to its blank line.
+            let mut rest = String::new();
+            while reader.read_line(&mut rest).unwrap() > 2 {
+                rest.clear();
+            }
+            let body = if line.starts_with("GET /status ") {
+                format!(r#"{{"version":"{version}","serving":true}}"#)
+            } else {
+                "{}".to_string()
+            };
+            log.lock().unwrap().push(line.trim().to_string());
+            let answer = format!(
+                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                body.len()
+            );
+            let _ = tcp.write_all(answer.as_bytes());
+        }
+    });
+    (at, seen)
+}
+
+/// In an upgrade's window the new `hoox-edge` may talk to the old gateway, whose release
+/// does not make this version's refusals (0.2.10 freed a committed key without `--entry`):
+/// the release is not sent to a gateway older than the command, and is to one as new.
+#[test]
+fn a_release_is_not_sent_to_an_older_gateway() {
+    let ours = env!("CARGO_PKG_VERSION");
+    for (version, sent) in [
+        ("0.2.10", false),
+        ("0.1.0", false),
+        (ours, true),
+        ("99.0.0", true),
+    ] {
+        let (at, seen) = admin_of_version(version);
+        let o = cli(&["keys", "release", "client:psk:live:k", "--admin", &at]);
+        let said = String::from_utf8_lossy(&o.stderr);
+        let seen = seen.lock().unwrap().clone();
+        let released = seen.iter().any(|l| l.starts_with("POST /keys/"));
+        assert_eq!(released, sent, "{version}: {seen:?} {said}");
+        assert_eq!(o.status.success(), sent, "{version}: {said}");
+        if !sent {
+            let why = format!("runs {version}, older than this hoox-edge ({ours})");
+            assert!(said.contains(&why), "{said}");
+        }
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_command_the_gateway_cannot_answer_exits_69() {
     let holder_setup = Setup::new(None);
