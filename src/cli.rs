@@ -45,9 +45,13 @@ enum Cmd {
     /// Run the gateway. Without --config: embedded defaults on 127.0.0.1:8443, state,
     /// certificate and secret in --state-dir, paper executor.
     Serve {
+        /// The config file (the package's: /etc/hoox-edge/config.toml). Without it, the
+        /// embedded defaults.
         #[arg(long)]
         config: Option<PathBuf>,
-        #[arg(long, default_value = "hoox-edge-state")]
+        /// Where the embedded defaults keep their state, certificate and secret; a config
+        /// file names its own paths.
+        #[arg(long, default_value = "hoox-edge-state", conflicts_with = "config")]
         state_dir: PathBuf,
         /// Override the webhook listen address (e.g. 127.0.0.1:0).
         #[arg(long)]
@@ -139,7 +143,8 @@ struct AdminArgs {
     /// Admin listener: host:port or unix:/path. Default: the config's [admin] listen.
     #[arg(long, global = true)]
     admin: Option<String>,
-    /// Config file to read [admin] listen from.
+    /// Config file to read [admin] listen from. Default: /etc/hoox-edge/config.toml, and
+    /// without that file the embedded defaults' 127.0.0.1:9980.
     #[arg(long, global = true)]
     config: Option<PathBuf>,
 }

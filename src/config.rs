@@ -142,12 +142,15 @@ pub fn syntax(text: &str, e: &toml::de::Error) -> (String, String) {
 }
 
 /// The dotted name of the `key = value` line holding byte `at`, when the line and its table
-/// header are plain (bare keys): `server.max_connections`. Never any of the value's text.
+/// header are plain, and shaped as this file's names are (lower case and `_`, dotted):
+/// `server.max_connections`. Never any of the value's text, nor a line that only looks
+/// like a key: a secrets file given as the config by mistake holds `S3CRETpad==`, whose
+/// text before `=` is the secret.
 fn key_at(text: &str, at: usize) -> Option<String> {
     let bare = |s: &str| {
-        !s.is_empty()
-            && s.bytes()
-                .all(|b| b.is_ascii_alphanumeric() || matches!(b, b'_' | b'-' | b'.'))
+        s.split('.').all(|part| {
+            !part.is_empty() && part.bytes().all(|b| b.is_ascii_lowercase() || b == b'_')
+        })
     };
     let start = text[..at].rfind('\n').map_or(0, |i| i + 1);
     // Inside a multi-line string the line is a value's text, `=` and all.
@@ -408,11 +411,36 @@ impl Config {
             None => None,
             Some(s) => Some(Listen::parse_in(&s, base).map_err(|m| err("admin.listen", m))?),
         };
+        // Both on one port: the second bind fails at every start (exit 1, restarted).
+        if let Some(Listen::Tcp(a)) = &admin {
+            let overlap =
+                a.ip() == listen.ip() || a.ip().is_unspecified() || listen.ip().is_unspecified();
+            if a.port() == listen.port() && a.port() != 0 && overlap {
+                return Err(err(
+                    "admin.listen",
+                    format!(
+                        "{a} is where server.listen ({listen}) takes webhooks: give it a port of its own"
+                    ),
+                ));
+            }
+        }
 
         let store_path = rel(raw
             .store
             .path
             .ok_or_else(|| err("store.path", "required".into()))?);
+        // `""` (the config's own folder) or a folder: the database could never open, and
+        // the gateway would fail closed for good rather than say why at start.
+        if store_path.is_dir() {
+            return Err(err(
+                "store.path",
+                format!(
+                    "{} is a folder: name the database file, such as {}",
+                    store_path.display(),
+                    store_path.join("mutex.redb").display()
+                ),
+            ));
+        }
         let ttl = duration("store.ttl", &raw.store.ttl, Duration::from_secs(300))?;
         if ttl < Duration::from_secs(1) || ttl > Duration::from_secs(24 * 3600) {
             return Err(err("store.ttl", "must be between 1s and 24h".into()));
@@ -520,7 +548,7 @@ impl Config {
                 crate::executor::HttpExecutor::new(cfg.clone()).map_err(|e| {
                     use crate::executor::ExecutorError as E;
                     let key = match e {
-                        E::Url => "executor.url",
+                        E::Url | E::Port | E::UserInfo => "executor.url",
                         E::Timeout => "executor.timeout",
                         E::CaFile { .. } => "executor.ca_file",
                         E::Tls(_) => "executor",
@@ -924,7 +952,7 @@ mod tests {
         let path = dir.path().join("config.toml");
         let with_url = EMBEDDED.replace(
             "[executor]\nkind = \"paper\"",
-            "[executor]\nkind = \"http\"\nurl = \"http://user:s3cret@127.0.0.1:9/o\"",
+            "[executor]\nkind = \"http\"\nurl = \"http://127.0.0.1:9/o?token=s3cret\"",
         );
         std::fs::write(&path, &with_url).unwrap();
         let running = Config::load(&path).unwrap();
@@ -983,6 +1011,41 @@ mod tests {
         checked_in(state().path(), edit)
     }
 
+    /// What only fails at `serve`'s start, or leaves it failing closed for good, refused
+    /// by the load that `check-config` makes too: the admin face on the webhooks' port, a
+    /// socket path too long to bind, a database path that is a folder.
+    #[test]
+    fn what_serve_could_never_start_with_is_a_config_error() {
+        let admin = |listen: &str| {
+            let listen = listen.to_string();
+            checked(move |r| {
+                r.server.listen = Some("0.0.0.0:8443".into());
+                r.admin = Some(RawAdmin {
+                    listen: Some(listen),
+                });
+            })
+        };
+        for same in ["127.0.0.1:8443", "[::1]:8443"] {
+            let e = admin(same).expect_err(same);
+            assert_eq!(e.key, "admin.listen", "{e}");
+            assert!(e.message.contains("give it a port of its own"), "{e}");
+        }
+        assert!(admin("127.0.0.1:9980").is_ok());
+        let long = format!("unix:/run/{}.sock", "s".repeat(100));
+        let e = admin(&long).expect_err("a socket path of 110 bytes");
+        assert_eq!(e.key, "admin.listen", "{e}");
+        assert!(e.message.contains("is 110 bytes"), "{e}");
+        assert!(admin(&format!("unix:/run/{}.sock", "s".repeat(97))).is_ok());
+        for folder in ["", ".", "tls"] {
+            let e = checked(|r| r.store.path = Some(folder.into())).expect_err(folder);
+            assert_eq!(e.key, "store.path", "{e}");
+            assert!(
+                e.message.contains("is a folder: name the database file"),
+                "{e}"
+            );
+        }
+    }
+
     /// An HTTP executor's config with `timeout`, and `ttl` if given.
     fn http_executor(timeout: &str, ttl: Option<&str>) -> Result<Config, ConfigError> {
         let (timeout, ttl) = (timeout.to_string(), ttl.map(String::from));
@@ -1036,7 +1099,7 @@ mod tests {
                 r.executor.ca_file = Some(ca);
             })
         };
-        let e = with_ca("http://user:s3cret@127.0.0.1:9/orders").expect_err("accepted");
+        let e = with_ca("http://127.0.0.1:9/orders?token=s3cret").expect_err("accepted");
         assert_eq!(e.key, "executor.ca_file", "{e}");
         assert!(e.message.contains("https://"), "{e}");
         assert!(e.file.ends_with("config.toml"), "{e}");
@@ -1056,7 +1119,7 @@ mod tests {
         );
         let http = checked(|r| {
             r.executor.kind = Some("http".into());
-            r.executor.url = Some("https://bot:s3cret@exec.example:9443/o?token=s3cret".into());
+            r.executor.url = Some("https://exec.example:9443/o/s3cret?token=s3cret".into());
         })
         .unwrap();
         let said = http.executor.describe();
@@ -1210,6 +1273,10 @@ mod tests {
                 "line 3: ",
                 "",
             ),
+            // A secrets file given as the config: what stands before its `=` is a secret,
+            // not a key, and is not said.
+            ("s3cretBASE64pad==\n", "(syntax)", "line 1: ", ""),
+            ("# hmac\nS3CRETpad=\n", "(syntax)", "line 2: ", ""),
         ];
         for (text, want_key, want_line, says) in cases {
             let e = toml::from_str::<RawFile>(text).err().expect(want_key);

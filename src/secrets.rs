@@ -102,6 +102,8 @@ pub enum SecretError {
         dir: PathBuf,
         mode: u32,
     },
+    #[error("{} is a folder, not a file (an empty path names the config's folder)", .path.display())]
+    Folder { path: PathBuf },
     #[error("secrets file {} holds no secret", .path.display())]
     Empty { path: PathBuf },
     #[error("secrets file {} is larger than 1 MiB", .path.display())]
@@ -250,6 +252,13 @@ fn open_folder(path: &Path) -> Option<(PathBuf, u32)> {
 /// machine append a secret (or swap a key) of their own, read at the next start or reload.
 /// Group bits are the operator's choice: the service's group may need to read.
 fn private(path: &Path, meta: &std::fs::Metadata) -> Result<(), SecretError> {
+    // Before its mode: a folder's usual 0755 would read as "readable by everyone", and the
+    // chmod that suggests leaves it a folder.
+    if meta.is_dir() {
+        return Err(SecretError::Folder {
+            path: path.to_owned(),
+        });
+    }
     let mode = meta.permissions().mode();
     let (path, shown) = (path.to_owned(), mode & 0o7777);
     if mode & 0o004 != 0 {
@@ -361,6 +370,19 @@ mod tests {
 
         let p = write(d.path(), "blank", "\n# only a comment\n   \n", 0o600);
         assert!(matches!(load_secrets(&p), Err(SecretError::Empty { .. })));
+
+        // A folder is said to be one, whatever its mode: not "readable by everyone".
+        let folder = d.path().join("folder");
+        std::fs::create_dir(&folder).unwrap();
+        std::fs::set_permissions(&folder, std::fs::Permissions::from_mode(0o755)).unwrap();
+        for e in [
+            load_secrets(&folder),
+            refuse_world_readable(&folder).map(|()| vec![]),
+        ] {
+            let e = e.unwrap_err();
+            assert!(matches!(e, SecretError::Folder { .. }), "{e}");
+            assert!(e.to_string().contains("is a folder, not a file"), "{e}");
+        }
 
         let missing = d.path().join("missing");
         let e = load_secrets(&missing).unwrap_err();

@@ -249,6 +249,13 @@ async fn bad_requests_are_refused_before_the_mutex_is_asked() {
         assert_eq!(v["type"], "about:blank");
         assert_eq!(v["status"], status);
     }
+    // A key of no stored form is said to be that, in the operator's terms.
+    let (_, v) = a.call("GET", "/keys/order-42").await;
+    let detail = v["detail"].as_str().unwrap_or_default();
+    assert!(
+        detail.starts_with("not a key of a form the gateway stores: client:"),
+        "{v}"
+    );
     let (s, body) = client::request(&a.listen, "POST", "/status").await.unwrap();
     assert_eq!(s, 405, "{body}");
     a.stop().await;

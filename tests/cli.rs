@@ -230,6 +230,25 @@ fn admin_of_version(version: &'static str) -> (String, std::sync::Arc<Mutex<Vec<
     (at, seen)
 }
 
+/// `--state-dir` is the embedded defaults' folder: beside `--config`, whose file names its
+/// own paths, it would be ignored, so the pair is refused as a usage error.
+#[test]
+fn a_state_dir_beside_a_config_is_refused_not_ignored() {
+    let o = cli(&[
+        "serve",
+        "--config",
+        "/nonexistent/config.toml",
+        "--state-dir",
+        "/tmp/elsewhere",
+    ]);
+    assert_eq!(o.status.code(), Some(2));
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert!(
+        said.contains("--state-dir") && said.contains("--config"),
+        "{said}"
+    );
+}
+
 /// In an upgrade's window the new `hoox-edge` may talk to the old gateway, whose release
 /// does not make this version's refusals (0.2.10 freed a committed key without `--entry`):
 /// the release is not sent to a gateway older than the command, and is to one as new.

@@ -1454,12 +1454,25 @@ fn config_errors_exit_78_naming_key_and_file() {
 
     // What would only fail once serving, found by check-config too; an executor URL, which
     // may carry credentials, never echoed.
-    let cases: [(&str, &str, toml::Value, &str); 12] = [
+    let cases: [(&str, &str, toml::Value, &str); 14] = [
         (
             "executor",
             "url",
             "http://user:s3cret@exa mple/x".into(),
             "executor.url",
+        ),
+        // A password in the URL is never sent; a port that is none sends to 80.
+        (
+            "executor",
+            "url",
+            "http://user:s3cret@127.0.0.1:9/orders".into(),
+            "executor.url: executor url must not carry user:password@",
+        ),
+        (
+            "executor",
+            "url",
+            "http://127.0.0.1:99999/orders?token=s3cret".into(),
+            "executor.url: executor url's port must be a number from 1 to 65535",
         ),
         ("executor", "url", "/orders".into(), "executor.url"),
         ("executor", "timeout", "0s".into(), "executor.timeout"),
@@ -1503,7 +1516,7 @@ fn config_errors_exit_78_naming_key_and_file() {
     for (section, key, value, named) in cases {
         let mut s = Setup::new(None);
         s.set("executor", "kind", "http")
-            .set("executor", "url", "http://user:s3cret@127.0.0.1:9/orders")
+            .set("executor", "url", "http://127.0.0.1:9/orders?token=s3cret")
             .remove("auth", "hmac_secrets_file")
             .set(section, key, value);
         let (code, err) = check(&s);

@@ -45,7 +45,9 @@ use tokio::sync::{OwnedSemaphorePermit, Semaphore};
 
 use crate::executor::Outstanding;
 use crate::metrics::{self, Metrics};
-use crate::mutex::{EntryInfo, Key, Mutex, Released, Seen, State as EntryState, Unavailable};
+use crate::mutex::{
+    EntryInfo, Key, KeyError, Mutex, Released, Seen, State as EntryState, Unavailable,
+};
 
 /// Connections served at once; more wait in the kernel's backlog. An operator's tools
 /// need a handful; the bound keeps a runaway script from starving the gateway.
@@ -74,7 +76,7 @@ impl Listen {
             if path.is_empty() {
                 return Err("admin listen \"unix:\" needs a socket path".into());
             }
-            return Ok(Listen::Unix(PathBuf::from(path)));
+            return Listen::unix(PathBuf::from(path));
         }
         let addr: SocketAddr = s.parse().map_err(|_| {
             format!(
@@ -94,10 +96,25 @@ impl Listen {
     /// As [`Listen::parse`], for a config file: a relative socket path is taken from
     /// `base`, the file's folder, as every path in it is.
     pub fn parse_in(s: &str, base: &Path) -> Result<Listen, String> {
-        Ok(match Listen::parse(s)? {
-            Listen::Unix(p) if p.is_relative() => Listen::Unix(base.join(p)),
-            l => l,
-        })
+        match Listen::parse(s)? {
+            Listen::Unix(p) if p.is_relative() => Listen::unix(base.join(p)),
+            l => Ok(l),
+        }
+    }
+
+    /// A socket at `path`, which must fit a socket address: 107 bytes, and the NUL.
+    fn unix(path: PathBuf) -> Result<Listen, String> {
+        const SUN_PATH: usize = 108;
+        let len = path.as_os_str().len();
+        if len >= SUN_PATH {
+            return Err(format!(
+                "admin listen socket path {} is {len} bytes; a Unix socket's path is at \
+                 most {} bytes",
+                path.display(),
+                SUN_PATH - 1
+            ));
+        }
+        Ok(Listen::Unix(path))
     }
 }
 
@@ -691,7 +708,16 @@ async fn halt(state: &State, halted: bool) -> Answer {
 fn parse_key(raw: &str) -> Result<Key, Box<Answer>> {
     client::decode_key(raw)
         .ok_or_else(|| "malformed percent-encoding".to_string())
-        .and_then(|text| Key::from_stored(&text).map_err(|e| e.to_string()))
+        .and_then(|text| {
+            Key::from_stored(&text).map_err(|e| match e {
+                // Said of an operator's typing, not of a stored entry.
+                KeyError::Stored => "not a key of a form the gateway stores: client:…, \
+                                     trade:… or sig:… followed by 32 hex digits, as \
+                                     `keys list` and the 409's key give them"
+                    .to_string(),
+                e => e.to_string(),
+            })
+        })
         .map_err(|detail| Box::new(problem(StatusCode::BAD_REQUEST, "INVALID_KEY", detail)))
 }
 

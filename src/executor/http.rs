@@ -56,6 +56,17 @@ pub struct HttpConfig {
 pub enum ExecutorError {
     #[error("executor url must be http:// or https:// with a host")]
     Url,
+    /// A port that is not one: the URL parser reads it as none, and orders would go to the
+    /// scheme's default port (80, 443), to whatever listens there.
+    #[error("executor url's port must be a number from 1 to 65535")]
+    Port,
+    /// `user:password@`: no part of an order's request carries it, so an executor that
+    /// needs it refuses every order, with nothing to say why.
+    #[error(
+        "executor url must not carry user:password@: it is never sent; give the executor's \
+         credential in the url's path or query"
+    )]
+    UserInfo,
     #[error("executor timeout must be greater than zero")]
     Timeout,
     #[error("executor CA file {path}: {reason}")]
@@ -107,8 +118,22 @@ impl fmt::Debug for HttpExecutor {
 impl HttpExecutor {
     pub fn new(cfg: HttpConfig) -> Result<Self, ExecutorError> {
         let scheme_ok = matches!(cfg.url.scheme_str(), Some("http" | "https"));
-        if !scheme_ok || cfg.url.host().is_none() {
+        let Some(authority) = cfg.url.authority().filter(|_| scheme_ok) else {
             return Err(ExecutorError::Url);
+        };
+        if authority.as_str().contains('@') {
+            return Err(ExecutorError::UserInfo);
+        }
+        // What follows the host: `]` ends an IPv6 address, whose colons are not a port's.
+        let after_host = authority
+            .as_str()
+            .rsplit_once(']')
+            .map_or(authority.as_str(), |(_, p)| p);
+        let port = after_host.rsplit_once(':').map(|(_, port)| port);
+        // Empty (`host:`) is the scheme's default, as RFC 3986 has it.
+        let not_a_port = |p: &str| !p.is_empty() && !matches!(p.parse::<u16>(), Ok(1..));
+        if port.is_some_and(not_a_port) {
+            return Err(ExecutorError::Port);
         }
         if cfg.timeout.is_zero() {
             return Err(ExecutorError::Timeout);
@@ -360,6 +385,32 @@ mod tests {
                 "{url}"
             );
         }
+        // A port that is none would send orders to 80 or 443.
+        for url in [
+            "http://127.0.0.1:99999/o",
+            "http://127.0.0.1:65536/o",
+            "http://127.0.0.1:9000x/o",
+            "https://exec.local:0/o",
+            "http://[::1]:70000/o",
+        ] {
+            assert!(
+                matches!(HttpExecutor::new(cfg(url)), Err(ExecutorError::Port)),
+                "{url}"
+            );
+        }
+        for url in [
+            "http://127.0.0.1:65535/o",
+            "http://[::1]:9000/o",
+            "http://[::1]/o",
+            "https://exec.local/o",
+            "http://exec.local:/o",
+        ] {
+            assert!(HttpExecutor::new(cfg(url)).is_ok(), "{url}");
+        }
+        let with_user = cfg("https://bot:s3cret@exec.local:9443/o");
+        let e = HttpExecutor::new(with_user).err().unwrap();
+        assert!(matches!(e, ExecutorError::UserInfo), "{e}");
+        assert!(!e.to_string().contains("s3cret"), "{e}");
         let mut zero = cfg("http://127.0.0.1:1/");
         zero.timeout = Duration::ZERO;
         assert!(matches!(
@@ -413,11 +464,11 @@ mod tests {
 
     #[test]
     fn debug_hides_credentials_in_the_url() {
-        let c = cfg("https://user:hunter2@exec.local:9443/o?token=s3cret");
+        let c = cfg("https://exec.local:9443/o/hunter2?token=s3cret");
         let e = HttpExecutor::new(c.clone()).unwrap();
         for debug in [format!("{e:?}"), format!("{c:?}")] {
             assert!(debug.contains("exec.local"));
-            for secret in ["hunter2", "s3cret", "user"] {
+            for secret in ["hunter2", "s3cret"] {
                 assert!(!debug.contains(secret), "{debug}");
             }
         }

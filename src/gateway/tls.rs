@@ -152,6 +152,11 @@ impl TlsFiles {
             return Err(file_err(&self.cert, "no certificate in PEM file"));
         };
         let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|e| match e {
+            rustls::pki_types::pem::Error::NoItemsFound if encrypted(&self.key) => file_err(
+                &self.key,
+                "the private key is encrypted, and the gateway starts unattended: decrypt \
+                 it (openssl pkey -in key.pem -out key.pem) and keep the file private",
+            ),
             rustls::pki_types::pem::Error::NoItemsFound => file_err(
                 &self.key,
                 "no private key in PEM file (a BEGIN PRIVATE KEY block; is it the certificate?)",
@@ -230,6 +235,14 @@ pub fn client_name(cert: &CertificateDer<'_>) -> Option<String> {
         .filter(|&(_, s)| !s.is_empty())
         .min_by_key(|&(rank, _)| rank)?;
     Some(name.to_owned())
+}
+
+/// Whether the PEM file at `path` holds an encrypted private key (PKCS#8's `ENCRYPTED
+/// PRIVATE KEY`, or OpenSSL's `Proc-Type: 4,ENCRYPTED` header), which no parser here reads.
+fn encrypted(path: &Path) -> bool {
+    let text = std::fs::read(path).unwrap_or_default();
+    let has = |needle: &[u8]| text.windows(needle.len()).any(|w| w == needle);
+    has(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") || has(b"Proc-Type: 4,ENCRYPTED")
 }
 
 /// Writes `cert.pem` and `key.pem` (mode 0600) into `dir`: a self-signed certificate for
@@ -425,6 +438,20 @@ mod tests {
                 && e.contains(&format!("does not match the certificate in {cert}")),
             "{e}"
         );
+        // An encrypted key is said to be one: the gateway starts with nobody to type its
+        // passphrase.
+        let locked = dir.path().join("locked.pem");
+        crate::config::write_private(
+            &locked,
+            "-----BEGIN ENCRYPTED PRIVATE KEY-----\nAAAA\n-----END ENCRYPTED PRIVATE KEY-----\n",
+        )
+        .unwrap();
+        let encrypted = TlsFiles {
+            key: locked,
+            ..files.clone()
+        };
+        let e = encrypted.load().err().expect("refused").to_string();
+        assert!(e.contains("the private key is encrypted"), "{e}");
         let swapped = TlsFiles {
             key: files.cert.clone(),
             ..files.clone()
