@@ -318,8 +318,10 @@ mod tests {
             2,
             "only the probes: `run` leaves nothing"
         );
-        assert!(run(dir.path(), 10, 4096, paced(0.0, 1), true).is_err());
+        // A rate is held to its range where it is read (`run::parse_rate`).
         assert!(run(dir.path(), 10, 4096, paced(10.0, 0), true).is_err());
+        assert!(run(dir.path(), 10, 0, paced(10.0, 1), true).is_err());
+        assert!(run(dir.path(), 10, 2 << 20, paced(10.0, 1), true).is_err());
     }
 
     #[test]

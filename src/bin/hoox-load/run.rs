@@ -1317,6 +1317,12 @@ mod tests {
         assert_eq!(parse_rate("250"), Ok(250.0));
         assert!(parse_rate("0/s").is_err());
         assert!(parse_rate("fast").is_err());
+        // The ends are in; beyond them, an hours-long silence or a schedule that overflows.
+        assert_eq!(parse_rate("0.01/s"), Ok(0.01));
+        assert_eq!(parse_rate("10000000"), Ok(1e7));
+        for beyond in ["0.009/s", "1e-300", "1e8", "inf", "NaN"] {
+            assert!(parse_rate(beyond).is_err(), "{beyond}");
+        }
         assert!(parse_ratio("1.5").is_err());
         assert_eq!(parse_ratio("0.25"), Ok(0.25));
     }
