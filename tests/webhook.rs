@@ -544,6 +544,33 @@ async fn a_body_malformed_on_the_wire_is_400_not_413() {
     assert_eq!(exec.calls(), 0);
 }
 
+/// An Idempotency-Key sent in the trailers, after the body, is refused: read from the
+/// headers only, the trade fell back to its fingerprint, and a retry a minute later was
+/// placed again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idempotency_key_in_the_trailers_is_refused() {
+    let (exec, setup, gw) = with_mock().await;
+    let body = trade("BTCUSDT").to_string();
+    for announced in [true, false] {
+        let mut chunked = format!("{:x}\r\n{body}\r\n0\r\n", body.len()).into_bytes();
+        chunked.extend_from_slice(b"Idempotency-Key: order-777\r\n\r\n");
+        let auth = format!("Bearer {SECRET}");
+        let mut headers = vec![("authorization", auth.as_str())];
+        if announced {
+            headers.push(("trailer", "Idempotency-Key"));
+        }
+        let answer =
+            support::stream::post_h1_chunked_wire(&setup.pki.ca_cert, &gw.url(), &headers, chunked)
+                .await;
+        assert!(answer.starts_with("HTTP/1.1 400"), "{announced}: {answer}");
+        assert!(
+            answer.contains("INVALID_IDEMPOTENCY_KEY") && answer.contains("in the trailers"),
+            "{answer}"
+        );
+    }
+    assert_eq!(exec.calls(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn same_client_key_with_another_trade_is_422() {
     let (exec, _setup, gw) = with_mock().await;

@@ -31,7 +31,7 @@ fuzz_target!(|data: &[u8]| {
     };
     let mut headers = HeaderMap::new();
     headers.insert("idempotency-key", value);
-    if let Ok(Some(k)) = resolve(&headers, body) {
+    if let Ok(Some(k)) = resolve(&headers, None, body) {
         assert_eq!(parsed.as_ref().ok(), Some(&k));
         if let Some(b) = body {
             assert_eq!(hoox_edge::mutex::ClientKey::parse(b).ok(), Some(k));

@@ -84,8 +84,20 @@ impl From<KeyError> for Problem {
 
 /// The client key of a request, from the header and the body's `idempotencyKey`
 /// (SPEC §2): either may be absent; if both are present they must agree. More than one
-/// header line is ambiguous and refused.
-pub fn resolve(headers: &HeaderMap, body_key: Option<&str>) -> Result<Option<ClientKey>, Problem> {
+/// header line is ambiguous and refused, and so is one in the trailers: read from there
+/// it would come after the key was needed, and ignored the trade would fall back to its
+/// fingerprint, which blocks a retry for a minute, not for the key's life.
+pub fn resolve(
+    headers: &HeaderMap,
+    trailers: Option<&HeaderMap>,
+    body_key: Option<&str>,
+) -> Result<Option<ClientKey>, Problem> {
+    if trailers.is_some_and(|t| t.contains_key(HEADER)) {
+        return Err(Problem::InvalidIdempotencyKey(
+            "an Idempotency-Key in the trailers is not read: send it in the request's headers"
+                .into(),
+        ));
+    }
     let mut values = headers.get_all(HEADER).iter();
     let header = match (values.next(), values.next()) {
         (None, _) => None,
@@ -193,12 +205,12 @@ mod tests {
     #[test]
     fn resolve_prefers_agreement() {
         let k = |s| Some(ClientKey::parse(s).unwrap());
-        assert_eq!(resolve(&headers(&[]), None), Ok(None));
-        assert_eq!(resolve(&headers(&["\"a\""]), None), Ok(k("a")));
-        assert_eq!(resolve(&headers(&[]), Some("b")), Ok(k("b")));
-        assert_eq!(resolve(&headers(&["\"a\""]), Some("a")), Ok(k("a")));
+        assert_eq!(resolve(&headers(&[]), None, None), Ok(None));
+        assert_eq!(resolve(&headers(&["\"a\""]), None, None), Ok(k("a")));
+        assert_eq!(resolve(&headers(&[]), None, Some("b")), Ok(k("b")));
+        assert_eq!(resolve(&headers(&["\"a\""]), None, Some("a")), Ok(k("a")));
         assert_eq!(
-            resolve(&headers(&["a"]), Some("b")),
+            resolve(&headers(&["a"]), None, Some("b")),
             Err(Problem::IdempotencyKeyConflict)
         );
     }
@@ -207,25 +219,34 @@ mod tests {
     fn resolve_refuses_bad_keys_anywhere() {
         let code = |r: Result<Option<ClientKey>, Problem>| r.unwrap_err().code();
         assert_eq!(
-            code(resolve(&headers(&["\"a"]), None)),
+            code(resolve(&headers(&["\"a"]), None, None)),
             "INVALID_IDEMPOTENCY_KEY"
         );
         assert_eq!(
-            code(resolve(&headers(&[]), Some(""))),
+            code(resolve(&headers(&[]), None, Some(""))),
             "INVALID_IDEMPOTENCY_KEY"
         );
         assert_eq!(
-            code(resolve(&headers(&[]), Some("tab\t"))),
+            code(resolve(&headers(&[]), None, Some("tab\t"))),
             "INVALID_IDEMPOTENCY_KEY"
         );
         assert_eq!(
-            code(resolve(&headers(&["a"]), Some(&"x".repeat(256)))),
+            code(resolve(&headers(&["a"]), None, Some(&"x".repeat(256)))),
             "INVALID_IDEMPOTENCY_KEY"
         );
         assert_eq!(
-            code(resolve(&headers(&["a", "a"]), None)),
+            code(resolve(&headers(&["a", "a"]), None, None)),
             "INVALID_IDEMPOTENCY_KEY"
         );
+        // In the trailers, alone or beside one in the headers: refused, not ignored.
+        for head in [&[][..], &["a"][..]] {
+            let e = resolve(&headers(head), Some(&headers(&["a"])), None).unwrap_err();
+            assert_eq!(e.code(), "INVALID_IDEMPOTENCY_KEY");
+        }
+        // Other trailers are not the key's business.
+        let mut other = HeaderMap::new();
+        other.insert("x-checksum", HeaderValue::from_static("1"));
+        assert_eq!(resolve(&headers(&[]), Some(&other), None), Ok(None));
     }
 
     proptest::proptest! {

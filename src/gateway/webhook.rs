@@ -240,7 +240,7 @@ async fn pipeline(
         return Err(p.into());
     }
     let (parts, body) = req.into_parts();
-    let raw = read_body(gw, peer, body, MAX_BODY).await?;
+    let (raw, trailers) = read_body(gw, peer, body, MAX_BODY).await?;
     // JSON: anything but an object is refused before any credential is looked at.
     let object = trade::parse_object(raw.clone()).map_err(Problem::from)?;
     // Authentication.
@@ -282,7 +282,8 @@ async fn pipeline(
     // Schema.
     let trade = trade::Trade::from_object(object).map_err(|e| fail(Problem::from(e)))?;
     // Key.
-    let client_key = idem::resolve(&parts.headers, trade.idempotency_key()).map_err(fail)?;
+    let client_key =
+        idem::resolve(&parts.headers, trailers.as_ref(), trade.idempotency_key()).map_err(fail)?;
     let now = crate::mutex::clock::unix_ms();
     let mut reserve = match &client_key {
         Some(k) => Reserve {
@@ -674,12 +675,14 @@ fn json_response(status: u16, body: Bytes) -> Response<Full<Bytes>> {
 /// The request's body, read in its turn among the connection's bodies, within the body
 /// timeout: its first `keep` bytes, or 413 if it has more. The rest of a longer body is
 /// read and dropped as far as `DRAIN_MAX` (see `pipeline`), so that its sender sees the 413.
+/// The body, and its trailers if it had any: not part of it, but a key sent there must be
+/// refused rather than missed (`idem::resolve`).
 async fn read_body(
     gw: &Gateway,
     peer: &Peer,
     mut body: Incoming,
     keep: usize,
-) -> Result<Bytes, Answer> {
+) -> Result<(Bytes, Option<hyper::HeaderMap>), Answer> {
     // How much has come: once over `keep` the answer is a 413, also when the rest, read
     // only to be dropped, then times out or breaks off.
     let mut seen = 0;
@@ -692,10 +695,14 @@ async fn read_body(
         // ~2 MiB for its 64 KiB, ~11 MiB a connection over HTTP/2.
         let mut whole: Option<Bytes> = None;
         let mut joined = BytesMut::new();
+        let mut trailers = None;
         while let Some(frame) = body.frame().await {
-            // Trailers are not part of the body.
-            let Ok(data) = frame?.into_data() else {
-                continue;
+            let data = match frame?.into_data() {
+                Ok(data) => data,
+                Err(other) => {
+                    trailers = other.into_trailers().ok().or(trailers);
+                    continue;
+                }
             };
             seen += data.len();
             if seen > keep {
@@ -715,18 +722,19 @@ async fn read_body(
             }
         }
         // Held for the order's life: a buffer grown by doubling is cut to the body.
-        Ok::<_, hyper::Error>(whole.unwrap_or_else(|| {
+        let body = whole.unwrap_or_else(|| {
             if joined.capacity() > joined.len() + 1024 {
                 Bytes::copy_from_slice(&joined)
             } else {
                 joined.freeze()
             }
-        }))
+        });
+        Ok::<_, hyper::Error>((body, trailers))
     })
     .await;
     match read {
         _ if seen > keep => Err(Problem::PayloadTooLarge.into()),
-        Ok(Ok(b)) => Ok(b),
+        Ok(Ok(read)) => Ok(read),
         Ok(Err(_)) => Err(Problem::InvalidRequest("body could not be read".into()).into()),
         Err(_) => {
             let s = gw.body_timeout.as_secs_f64();
