@@ -727,7 +727,9 @@ impl Config {
     /// self-signed certificate and a random secret generated there on first start, the
     /// paper executor, 127.0.0.1:8443, admin on 127.0.0.1:9980.
     pub fn embedded(state_dir: &Path) -> Result<Config, ConfigError> {
-        let file = state_dir.join("config.toml");
+        // What errors name in place of a file: there is none, and a `config.toml` named in
+        // the state folder would send the operator looking for it.
+        let file = PathBuf::from(format!("{} (embedded defaults)", state_dir.display()));
         let err = |key: &str, msg: String| ConfigError::new(&file, key, msg);
         let tls_dir = state_dir.join("tls");
         let secrets = state_dir.join("secrets");

@@ -230,6 +230,30 @@ fn admin_of_version(version: &'static str) -> (String, std::sync::Arc<Mutex<Vec<
     (at, seen)
 }
 
+/// A config error under the embedded defaults names the state folder, not a config.toml
+/// in it that does not exist.
+#[test]
+fn an_embedded_defaults_error_names_no_file_that_is_not_there() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let o = output_within({
+        let mut c = Command::new(BIN);
+        c.args(["serve", "--state-dir", open.to_str().unwrap()])
+            .args(["--listen", "127.0.0.1:0", "--admin", "127.0.0.1:0"]);
+        c
+    });
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(78), "{said}");
+    let named = format!("config error: {} (embedded defaults): ", open.display());
+    assert!(
+        said.contains(&named) && !said.contains("config.toml"),
+        "{said}"
+    );
+}
+
 /// `--state-dir` is the embedded defaults' folder: beside `--config`, whose file names its
 /// own paths, it would be ignored, so the pair is refused as a usage error.
 #[test]
