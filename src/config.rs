@@ -350,14 +350,16 @@ impl Config {
         };
         // Load once now so that a bad certificate is a config error, not a runtime one.
         tls.load().map_err(|e| {
+            use crate::gateway::tls::Role;
             let key = match &e {
-                TlsError::Key(_) => "server.key",
-                TlsError::File { path, .. } if Path::new(path) == tls.key => "server.key",
-                TlsError::File { path, .. }
-                    if tls.client_ca.as_deref() == Some(Path::new(path)) =>
-                {
-                    "server.client_ca"
-                }
+                TlsError::Key(_)
+                | TlsError::File {
+                    role: Role::Key, ..
+                } => "server.key",
+                TlsError::File {
+                    role: Role::ClientCa,
+                    ..
+                } => "server.client_ca",
                 _ => "server.cert",
             };
             err(key, e.to_string())
@@ -1193,6 +1195,15 @@ mod tests {
             Some("server.client_ca")
         );
         assert!(blamed(|_| {}).is_none());
+        // One path for two of them: the one whose file it is not is named.
+        assert_eq!(
+            blamed(|r| r.server.cert = r.server.key.clone()).as_deref(),
+            Some("server.cert")
+        );
+        assert_eq!(
+            blamed(|r| r.server.client_ca = r.server.key.clone()).as_deref(),
+            Some("server.client_ca")
+        );
         // A key anyone may read.
         let key = dir.path().join("tls/key.pem");
         std::fs::set_permissions(&key, std::os::unix::fs::PermissionsExt::from_mode(0o644))

@@ -13,8 +13,14 @@ use rustls::{RootCertStore, ServerConfig};
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
+    /// A file that could not be used, and which of the three it was: one path may be given
+    /// for two of them (the key as the certificate), and the error names the one at fault.
     #[error("{path}: {message}")]
-    File { path: String, message: String },
+    File {
+        role: Role,
+        path: String,
+        message: String,
+    },
     /// The private key or the client CA is open to others (readable, or in a folder they
     /// may write), or could not be checked.
     #[error("{0}")]
@@ -25,8 +31,17 @@ pub enum TlsError {
     Generate(String),
 }
 
-fn file_err(path: &Path, message: impl ToString) -> TlsError {
+/// Which of the TLS files an error is about.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Role {
+    Cert,
+    Key,
+    ClientCa,
+}
+
+fn file_err(role: Role, path: &Path, message: impl ToString) -> TlsError {
     TlsError::File {
+        role,
         path: path.display().to_string(),
         message: message.to_string(),
     }
@@ -145,23 +160,29 @@ impl TlsFiles {
         // Here, so that a reload refuses a key made world-readable since the start.
         crate::secrets::refuse_world_readable(&self.key)?;
         let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&self.cert)
-            .map_err(|e| file_err(&self.cert, e))?
+            .map_err(|e| file_err(Role::Cert, &self.cert, e))?
             .collect::<Result<_, _>>()
-            .map_err(|e| file_err(&self.cert, e))?;
+            .map_err(|e| file_err(Role::Cert, &self.cert, e))?;
         let Some(leaf) = chain.first().cloned() else {
-            return Err(file_err(&self.cert, "no certificate in PEM file"));
+            return Err(file_err(
+                Role::Cert,
+                &self.cert,
+                "no certificate in PEM file",
+            ));
         };
         let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|e| match e {
             rustls::pki_types::pem::Error::NoItemsFound if encrypted(&self.key) => file_err(
+                Role::Key,
                 &self.key,
                 "the private key is encrypted, and the gateway starts unattended: decrypt \
                  it (openssl pkey -in key.pem -out key.pem) and keep the file private",
             ),
             rustls::pki_types::pem::Error::NoItemsFound => file_err(
+                Role::Key,
                 &self.key,
                 "no private key in PEM file (a BEGIN PRIVATE KEY block; is it the certificate?)",
             ),
-            e => file_err(&self.key, e),
+            e => file_err(Role::Key, &self.key, e),
         })?;
         let builder = ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
@@ -170,18 +191,20 @@ impl TlsFiles {
             None => (builder.with_no_client_auth(), None),
             Some(ca) => {
                 if let Some(why) = crate::secrets::open_to_writes(ca) {
-                    return Err(file_err(ca, why));
+                    return Err(file_err(Role::ClientCa, ca, why));
                 }
                 let mut roots = RootCertStore::empty();
-                for c in CertificateDer::pem_file_iter(ca).map_err(|e| file_err(ca, e))? {
+                for c in CertificateDer::pem_file_iter(ca)
+                    .map_err(|e| file_err(Role::ClientCa, ca, e))?
+                {
                     roots
-                        .add(c.map_err(|e| file_err(ca, e))?)
-                        .map_err(|e| file_err(ca, e))?;
+                        .add(c.map_err(|e| file_err(Role::ClientCa, ca, e))?)
+                        .map_err(|e| file_err(Role::ClientCa, ca, e))?;
                 }
                 let verifier =
                     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
                         .build()
-                        .map_err(|e| file_err(ca, e))?;
+                        .map_err(|e| file_err(Role::ClientCa, ca, e))?;
                 (
                     builder.with_client_cert_verifier(verifier.clone()),
                     Some(verifier),
@@ -190,10 +213,11 @@ impl TlsFiles {
         };
         let mut cfg = builder.with_single_cert(chain, key).map_err(|e| match e {
             rustls::Error::InconsistentKeys(_) => file_err(
+                Role::Key,
                 &self.key,
                 format!("does not match the certificate in {}", self.cert.display()),
             ),
-            e => file_err(&self.key, e),
+            e => file_err(Role::Key, &self.key, e),
         })?;
         cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         Ok(Arc::new(Tls {
@@ -281,8 +305,9 @@ pub fn generate_self_signed(dir: &Path, names: &[String]) -> Result<(), TlsError
     let cert_path = dir.join("cert.pem");
     let key_path = dir.join("key.pem");
     crate::config::write_private(&key_path, &key.serialize_pem())
-        .map_err(|e| file_err(&key_path, e))?;
-    crate::config::write_private(&cert_path, &cert.pem()).map_err(|e| file_err(&cert_path, e))?;
+        .map_err(|e| file_err(Role::Key, &key_path, e))?;
+    crate::config::write_private(&cert_path, &cert.pem())
+        .map_err(|e| file_err(Role::Cert, &cert_path, e))?;
     Ok(())
 }
 
