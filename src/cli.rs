@@ -186,7 +186,7 @@ pub fn main() -> ExitCode {
                             path += "&force=1";
                         }
                     }
-                    return operator_release(&admin, &path);
+                    return operator_release(&admin, &path, entry.is_some());
                 }
             };
             operator(&admin, method, &path)
@@ -566,30 +566,40 @@ fn operator(args: &AdminArgs, method: &str, path: &str) -> ExitCode {
     operator_judged(args, method, path, |_| None)
 }
 
-/// A release, which the gateway guards, not this command: a gateway older than this
-/// command (the window of an upgrade, between the package's files and the restart) makes
-/// the refusals of its own version only. 0.2.10's freed a committed key without `--entry`,
-/// 0.2.0's a key whose order was out: the retry was placed a second time. So the release is
-/// sent only to a gateway of this version or newer.
-fn operator_release(args: &AdminArgs, path: &str) -> ExitCode {
+/// A release, which the gateway guards, not this command. A gateway older than this
+/// command (an upgrade's window, between the package's files and the restart, or an upgrade
+/// held by its config check) makes the refusals of its own version only: before 0.2.11 a
+/// plain release freed a committed key, and before 0.2.4 any release freed a key whose
+/// order was out, `--entry` unread; the retry was placed a second time. So a plain release
+/// goes to 0.2.11 or later, one pinned by `--entry` to 0.2.4 or later, which honour what
+/// they ask.
+fn operator_release(args: &AdminArgs, path: &str, pinned: bool) -> ExitCode {
     let (listen, rt) = match admin_face(args) {
         Ok(face) => face,
         Err(code) => return code,
     };
-    let ours = env!("CARGO_PKG_VERSION");
     // A gateway that does not answer is left to the release itself to report.
     if let Ok((200, body)) = rt.block_on(admin::client::request(&listen, "GET", "/status")) {
         let theirs = serde_json::from_str::<serde_json::Value>(&body)
             .ok()
             .and_then(|s| s.get("version")?.as_str().map(str::to_owned));
-        if theirs.as_deref().is_none_or(|v| older(v, ours)) {
-            let v = theirs.as_deref().unwrap_or("a version that does not say");
-            eprintln!(
-                "hoox-edge: the gateway at {listen} runs {v}, older than this hoox-edge \
-                 ({ours}): its release does not refuse what this version's does (a \
-                 committed key without --entry, an order at the executor). Finish the \
-                 upgrade first (systemctl restart hoox-edge), then release."
-            );
+        let v = theirs.as_deref().unwrap_or("a version that does not say");
+        let finish = "or finish the upgrade: check-config with this hoox-edge, then \
+                      systemctl restart hoox-edge";
+        let refusal = if theirs.as_deref().is_none_or(|v| older(v, "0.2.4")) {
+            Some(format!(
+                "which reads no --entry and frees a key whose order is out: {finish}"
+            ))
+        } else if !pinned && older(v, "0.2.11") {
+            Some(format!(
+                "which frees a committed key on a plain release: give the entry tag `keys \
+                 show` prints (--entry), which it honours, {finish}"
+            ))
+        } else {
+            None
+        };
+        if let Some(why) = refusal {
+            eprintln!("hoox-edge: not sent: the gateway at {listen} runs {v}, {why}");
             return ExitCode::FAILURE;
         }
     }

@@ -413,18 +413,34 @@ impl Config {
             None => None,
             Some(s) => Some(Listen::parse_in(&s, base).map_err(|m| err("admin.listen", m))?),
         };
-        // Both on one port: the second bind fails at every start (exit 1, restarted).
-        if let Some(Listen::Tcp(a)) = &admin {
-            let overlap =
-                a.ip() == listen.ip() || a.ip().is_unspecified() || listen.ip().is_unspecified();
-            if a.port() == listen.port() && a.port() != 0 && overlap {
-                return Err(err(
-                    "admin.listen",
-                    format!(
-                        "{a} is where server.listen ({listen}) takes webhooks: give it a port of its own"
-                    ),
-                ));
-            }
+        // Both on one address and port: the second bind fails at every start (exit 1,
+        // restarted).
+        if let Some(Listen::Tcp(a)) = &admin
+            && a.port() == listen.port()
+            && a.port() != 0
+            && binds_overlap(a.ip(), listen.ip())
+        {
+            return Err(err(
+                "admin.listen",
+                format!(
+                    "{a} is where server.listen ({listen}) takes webhooks: give it a port of \
+                     its own"
+                ),
+            ));
+        }
+        // A socket's path taken by a file or a folder: `serve` removes only a socket left
+        // behind, and would fail to bind at every start.
+        if let Some(Listen::Unix(p)) = &admin
+            && let Ok(meta) = std::fs::symlink_metadata(p)
+            && !std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type())
+        {
+            return Err(err(
+                "admin.listen",
+                format!(
+                    "{} exists and is not a socket: name a path of its own",
+                    p.display()
+                ),
+            ));
         }
 
         let store_path = rel(raw
@@ -779,6 +795,18 @@ impl Config {
     }
 }
 
+/// Whether two listeners on one port cannot both bind, as Linux has it: the same address, a
+/// wildcard of the same family, or IPv6's wildcard, which takes IPv4 too (dual stack, as
+/// the listeners are bound). `0.0.0.0` and `::1` live side by side.
+fn binds_overlap(a: std::net::IpAddr, b: std::net::IpAddr) -> bool {
+    use std::net::IpAddr::{V4, V6};
+    a == b
+        || match (a, b) {
+            (V4(_), V4(_)) | (V6(_), V6(_)) => a.is_unspecified() || b.is_unspecified(),
+            (V6(v6), V4(_)) | (V4(_), V6(v6)) => v6.is_unspecified(),
+        }
+}
+
 /// A config file's settings but the ones a reload applies (`Config::reload`), as written.
 /// Its Debug shows none of them: `executor.url` may carry credentials.
 #[derive(Clone, Default)]
@@ -1029,12 +1057,30 @@ mod tests {
                 });
             })
         };
-        for same in ["127.0.0.1:8443", "[::1]:8443"] {
-            let e = admin(same).expect_err(same);
-            assert_eq!(e.key, "admin.listen", "{e}");
-            assert!(e.message.contains("give it a port of its own"), "{e}");
-        }
+        let e = admin("127.0.0.1:8443").expect_err("under 0.0.0.0 on its port");
+        assert_eq!(e.key, "admin.listen", "{e}");
+        assert!(e.message.contains("give it a port of its own"), "{e}");
+        // Beside 0.0.0.0, ::1 binds the same port (0.2.11 ran such a config).
+        assert!(admin("[::1]:8443").is_ok());
         assert!(admin("127.0.0.1:9980").is_ok());
+        use std::net::IpAddr;
+        let ip = |s: &str| s.parse::<IpAddr>().unwrap();
+        for (a, b, overlap) in [
+            ("0.0.0.0", "127.0.0.1", true),
+            ("::", "::1", true),
+            ("::", "127.0.0.1", true),
+            ("::", "0.0.0.0", true),
+            ("127.0.0.1", "127.0.0.1", true),
+            ("0.0.0.0", "::1", false),
+            ("127.0.0.1", "::1", false),
+            ("127.0.0.1", "127.0.0.2", false),
+        ] {
+            assert_eq!(binds_overlap(ip(a), ip(b)), overlap, "{a} {b}");
+            assert_eq!(binds_overlap(ip(b), ip(a)), overlap, "{b} {a}");
+        }
+        // A file where the socket would go.
+        let e = admin("unix:tls/cert.pem").expect_err("a file for a socket");
+        assert!(e.message.contains("exists and is not a socket"), "{e}");
         let long = format!("unix:/run/{}.sock", "s".repeat(100));
         let e = admin(&long).expect_err("a socket path of 110 bytes");
         assert_eq!(e.key, "admin.listen", "{e}");

@@ -1,9 +1,9 @@
-//! Secret files: the secrets of the auth methods, the TLS key, the client CA, an
-//! executor's token. Each is read once it is known that no other user of this machine can
-//! read it or put one of their own in its place (the file's mode, and every folder on the
-//! way to it as the kernel resolves it), and under systemd a bare name may come from
-//! `$CREDENTIALS_DIRECTORY`. What a secret is read as, and whom it names, is here too;
-//! how it is compared is `gateway::auth`'s.
+//! Secret files, and the files that vouch for others: the secrets of the auth methods, the
+//! TLS key, the client CA, the executor's CA. Each is read once it is known that no other
+//! user of this machine can read a secret, nor put a file of their own in its place (the
+//! file's mode, and every folder on the way to it as the kernel resolves it); under
+//! systemd a bare name may come from `$CREDENTIALS_DIRECTORY`. What a secret is read as,
+//! and whom it names, is here too; how it is compared is `gateway::auth`'s.
 
 use std::fmt;
 use std::io::Read;

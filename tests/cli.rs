@@ -192,9 +192,6 @@ async fn failing_closed_beside(holder: &Setup) -> (Setup, Gateway) {
     (setup, gw)
 }
 
-/// A gateway that cannot answer (its database is held by another process, so it fails
-/// closed) makes operator commands exit 69, as an unreachable one does: to a script both
-/// mean "try again later", unlike a refusal (exit 1).
 /// An admin face that says it runs `version` and answers every request 200 `{}`, as a
 /// gateway of another version would; the request lines it got, in order.
 fn admin_of_version(version: &'static str) -> (String, std::sync::Arc<Mutex<Vec<String>>>) {
@@ -274,31 +271,45 @@ fn a_state_dir_beside_a_config_is_refused_not_ignored() {
 }
 
 /// In an upgrade's window the new `hoox-edge` may talk to the old gateway, whose release
-/// does not make this version's refusals (0.2.10 freed a committed key without `--entry`):
-/// the release is not sent to a gateway older than the command, and is to one as new.
+/// does not make this version's refusals (0.2.10 freed a committed key without `--entry`,
+/// 0.2.3 read no `--entry`): a release is sent only where it is honoured as asked.
 #[test]
-fn a_release_is_not_sent_to_an_older_gateway() {
+fn a_release_is_not_sent_to_a_gateway_that_would_not_honour_it() {
     let ours = env!("CARGO_PKG_VERSION");
-    for (version, sent) in [
-        ("0.2.10", false),
-        ("0.1.0", false),
-        (ours, true),
-        ("99.0.0", true),
+    let plain = ["keys", "release", "client:psk:live:k"];
+    let pinned = [
+        &plain[..],
+        &["--entry", "3.1764770000123.committed.ab12cd34"],
+    ]
+    .concat();
+    for (version, args, sent) in [
+        ("0.2.10", &plain[..], false),
+        ("0.2.9", &plain[..], false),
+        ("0.2.10", &pinned[..], true),
+        ("0.2.4", &pinned[..], true),
+        ("0.2.3", &pinned[..], false),
+        ("0.1.0", &pinned[..], false),
+        (ours, &plain[..], true),
+        ("0.2.11", &plain[..], true),
+        ("99.0.0", &plain[..], true),
     ] {
         let (at, seen) = admin_of_version(version);
-        let o = cli(&["keys", "release", "client:psk:live:k", "--admin", &at]);
+        let o = cli(&[args, &["--admin", &at]].concat());
         let said = String::from_utf8_lossy(&o.stderr);
         let seen = seen.lock().unwrap().clone();
         let released = seen.iter().any(|l| l.starts_with("POST /keys/"));
-        assert_eq!(released, sent, "{version}: {seen:?} {said}");
+        assert_eq!(released, sent, "{version} {args:?}: {seen:?} {said}");
         assert_eq!(o.status.success(), sent, "{version}: {said}");
         if !sent {
-            let why = format!("runs {version}, older than this hoox-edge ({ours})");
+            let why = format!("not sent: the gateway at {at} runs {version}, which ");
             assert!(said.contains(&why), "{said}");
         }
     }
 }
 
+/// A gateway that cannot answer (its database is held by another process, so it fails
+/// closed) makes operator commands exit 69, as an unreachable one does: to a script both
+/// mean "try again later", unlike a refusal (exit 1).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn an_operator_command_the_gateway_cannot_answer_exits_69() {
     let holder_setup = Setup::new(None);

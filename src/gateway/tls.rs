@@ -171,7 +171,8 @@ impl TlsFiles {
             ));
         };
         let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|e| match e {
-            rustls::pki_types::pem::Error::NoItemsFound if encrypted(&self.key) => file_err(
+            // Found none, or read OpenSSL's `Proc-Type` header as bad base64.
+            _ if encrypted(&self.key) => file_err(
                 Role::Key,
                 &self.key,
                 "the private key is encrypted, and the gateway starts unattended: decrypt \
@@ -475,6 +476,16 @@ mod tests {
             key: locked,
             ..files.clone()
         };
+        let e = encrypted.load().err().expect("refused").to_string();
+        assert!(e.contains("the private key is encrypted"), "{e}");
+        // OpenSSL's older form: a header inside the block, which no base64 reads.
+        crate::config::write_private(
+            &encrypted.key,
+            "-----BEGIN RSA PRIVATE KEY-----\nProc-Type: 4,ENCRYPTED\n\
+             DEK-Info: AES-128-CBC,00112233445566778899AABBCCDDEEFF\n\nAAAA\n\
+             -----END RSA PRIVATE KEY-----\n",
+        )
+        .unwrap();
         let e = encrypted.load().err().expect("refused").to_string();
         assert!(e.contains("the private key is encrypted"), "{e}");
         let swapped = TlsFiles {
