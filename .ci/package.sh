@@ -25,8 +25,10 @@
 #      (chroot): user, directories and modes, generated secrets, conffile, unit enabled; then
 #      reinstall keeps the secret; a config the new binary refuses fails the install
 #      (half-configured) until fixed, and so does a key.pem only root may read (the check
-#      runs as the service's user); remove keeps config; purge removes config, secrets,
-#      certificates, state and user.
+#      runs as the service's user), and so does a deleted config.toml; a login account
+#      named hoox-edge is not taken over; remove keeps config; purge removes config,
+#      secrets, certificates, state and user, and leaves an operator's own file in
+#      /etc/hoox-edge on root's group.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
@@ -287,6 +289,20 @@ install_test() {
     cp "$deb" "$CHROOT/tmp/hoox-edge.deb"
     # A previous run that failed midway may have left it installed.
     in_root dpkg --purge hoox-edge >/dev/null 2>&1 || true
+    in_root userdel -r hoox-edge >/dev/null 2>&1 || true
+
+    # A person's login named hoox-edge is not taken over as the service's account.
+    in_root useradd -m -u 1500 -s /bin/sh hoox-edge
+    local out rc=0
+    out=$(in_root dpkg -i /tmp/hoox-edge.deb 2>&1) || rc=$?
+    ((rc != 0)) || fail "dpkg -i took over a login account hoox-edge:"$'\n'"$out"
+    grep -qF "is not a system account (uid 1500)" <<<"$out" ||
+        fail "the refused install did not say why:"$'\n'"$out"
+    [[ ! -e $CHROOT/etc/hoox-edge/secrets/hmac ]] || fail "secrets made for a login account"
+    in_root userdel -r hoox-edge >/dev/null 2>&1
+    in_root dpkg --configure -a >/dev/null || fail "dpkg --configure -a failed once the login was gone"
+    in_root dpkg --purge hoox-edge >/dev/null
+    echo "ok: a login account named hoox-edge fails the install; gone, the install ends"
 
     in_root dpkg -i /tmp/hoox-edge.deb
     in_root getent passwd hoox-edge | grep -q ':/var/lib/hoox-edge:/usr/sbin/nologin$' ||
@@ -335,8 +351,25 @@ install_test() {
     ! in_root getent passwd hoox-edge >/dev/null || fail "purge left the user"
     [[ ! -e $CHROOT/etc/systemd/system/multi-user.target.wants/hoox-edge.service ]] ||
         fail "purge left the unit enabled"
-    rm -f "$CHROOT/tmp/hoox-edge.deb"
     echo "ok: purge removes config, secrets, certificates, state, user and enablement"
+
+    # A file of the operator's in /etc/hoox-edge stays, on root's group: the package's GID
+    # goes with the group, to whichever system group comes next.
+    in_root dpkg -i /tmp/hoox-edge.deb >/dev/null
+    in_root sh -c 'echo ca >/etc/hoox-edge/clients.pem && chown root:hoox-edge /etc/hoox-edge/clients.pem && chmod 0640 /etc/hoox-edge/clients.pem'
+    in_root dpkg --purge hoox-edge >/dev/null
+    expect_mode /etc/hoox-edge "750 root:root"
+    expect_mode /etc/hoox-edge/clients.pem "640 root:root"
+    rm -rf "$CHROOT/etc/hoox-edge"
+    echo "ok: purge leaves the operator's own files, on root's group"
+
+    # A host name gen-cert refuses (all digits) costs that name, not the certificate.
+    unshare --uts sh -c "hostname 1234 && chroot '$CHROOT' dpkg -i /tmp/hoox-edge.deb" >/dev/null ||
+        fail "the install failed on a host named 1234"
+    expect_mode /etc/hoox-edge/tls/cert.pem "644 root:hoox-edge"
+    in_root dpkg --purge hoox-edge >/dev/null
+    echo "ok: on a host whose name no certificate can carry, the loopback names are certified"
+    rm -f "$CHROOT/tmp/hoox-edge.deb"
 }
 
 # The postinst checks the config with the binary it installs before the service is
@@ -372,6 +405,17 @@ upgrade_check_test() {
     grep -qF "server.key" <<<"$out" || fail "the refused install did not name server.key:"$'\n'"$out"
     in_root dpkg --configure -a >/dev/null || fail "dpkg --configure -a failed once the key was readable again"
     echo "ok: the check runs as the service's user: a key.pem only root reads fails the install"
+
+    # A deleted conffile, which dpkg does not bring back: refused too, with how to restore it.
+    rm "$conf"
+    rc=0
+    out=$(in_root dpkg -i /tmp/hoox-edge.deb 2>&1) || rc=$?
+    cp -p "$saved" "$conf"
+    ((rc != 0)) || fail "dpkg -i succeeded with config.toml deleted:"$'\n'"$out"
+    grep -qF "config.toml is missing" <<<"$out" && grep -qF "force-confmiss" <<<"$out" ||
+        fail "the refused install did not say config.toml is missing and how to restore it:"$'\n'"$out"
+    in_root dpkg --configure -a >/dev/null || fail "dpkg --configure -a failed once config.toml was back"
+    echo "ok: a deleted config.toml fails the install, saying how to restore it"
 
     printf '\n[not_a_section]\n' >>"$conf"
     rc=0
