@@ -221,14 +221,23 @@ impl Metrics {
 fn mutex_registry(shared: &Shared) -> Registry {
     let s = &shared.stats;
     let mut r = Registry::with_prefix("hoox_mutex");
-    let counters: [(&str, &str, &AtomicU64); 10] = [
+    let counters: [(&str, &str, &AtomicU64); 11] = [
         ("reserves", "Reserve requests decided", &s.reserves),
         ("proceeds", "Reserves answered Proceed", &s.proceeds),
         ("duplicates", "Reserves answered Duplicate", &s.duplicates),
         ("mismatches", "Reserves answered Mismatch", &s.mismatches),
         ("unavailable", "Calls answered Unavailable", &s.unavailable),
         ("commits", "Keys committed", &s.commits),
-        ("releases", "Keys released", &s.releases),
+        (
+            "releases",
+            "Keys the gateway released (its order failed or was not sent)",
+            &s.releases,
+        ),
+        (
+            "operator_releases",
+            "Keys an operator released (keys release)",
+            &s.operator_releases,
+        ),
         (
             "release_failures",
             "Releases refused while failing closed (made at the reopen, or the key lives until its TTL)",
@@ -256,10 +265,18 @@ fn mutex_registry(shared: &Shared) -> Registry {
         "1 while the kill switch is on",
         flag(&shared.halted),
     );
+    // What `/readyz` and `status` call serving: a full index refuses every new trade as a
+    // closed database does, and an alert on this gauge must fire for both.
+    let full = shared.at_capacity.load(Ordering::Relaxed);
     r.register(
         "serving",
-        "1 while the database is open and the mutex serves",
-        flag(&shared.serving),
+        "1 while the mutex takes new trades: its database open, and not at limits.capacity",
+        ConstGauge::new(i64::from(shared.serving.load(Ordering::Relaxed) && !full)),
+    );
+    r.register(
+        "at_capacity",
+        "1 while limits.capacity keys are live: every new trade is refused (503) until one expires",
+        ConstGauge::new(i64::from(full)),
     );
     r.register(
         "fsync_seconds",
@@ -435,11 +452,13 @@ mod tests {
         // Every mutex family is there even before anything happened.
         for (family, ty) in [
             ("hoox_mutex_reserves_total", "counter"),
+            ("hoox_mutex_operator_releases_total", "counter"),
             ("hoox_mutex_release_failures_total", "counter"),
             ("hoox_mutex_reopen_attempts_total", "counter"),
             ("hoox_mutex_live_keys", "gauge"),
             ("hoox_mutex_halted", "gauge"),
             ("hoox_mutex_serving", "gauge"),
+            ("hoox_mutex_at_capacity", "gauge"),
             ("hoox_mutex_fsync_seconds", "histogram"),
             ("hoox_mutex_batch_size", "histogram"),
             ("hoox_mutex_checkpoint_seconds", "histogram"),

@@ -532,8 +532,18 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
     // Seen before its order went out: not the entry the operator judged.
     let forced = |tag: &str| format!("{release}?force=1&entry={tag}");
     assert_eq!(answer(forced(&seen)).await, changed);
-    // Seen out, and out still: the force the operator meant.
+    // Seen out, and out still: the force the operator meant, counted as an operator's.
+    let (_, text) = a.text("/metrics").await;
+    assert_eq!(
+        samples(&text).get("hoox_mutex_operator_releases_total"),
+        Some(&0.0)
+    );
     assert_eq!(answer(forced(&out_tag)).await, released);
+    let (_, text) = a.text("/metrics").await;
+    assert_eq!(
+        samples(&text).get("hoox_mutex_operator_releases_total"),
+        Some(&1.0)
+    );
     drop(out);
     // Seen out; the order ends, its commit lost (dropped with the queue full): the entry
     // is pending and unmarked, a filled trade as far as anyone knows, and a release with

@@ -704,7 +704,10 @@ async fn under_journald_records_go_to_the_journal_with_their_fields() {
         );
         let fields = journal_fields(&buf[..n]);
         records.push(fields.clone());
-        if fields.get("MESSAGE").map(String::as_str) == Some("webhook") {
+        if fields
+            .get("MESSAGE")
+            .is_some_and(|m| m.starts_with("webhook "))
+        {
             break fields;
         }
     };
@@ -718,6 +721,15 @@ async fn under_journald_records_go_to_the_journal_with_their_fields() {
         "{webhook:?}"
     );
     assert_eq!(field("OUTCOME"), Some("committed"), "{webhook:?}");
+    // The fields in the text too: `journalctl -f` and `systemctl status` show only that.
+    let text = field("MESSAGE").unwrap_or_default();
+    for said in [
+        " status=200",
+        " outcome=committed",
+        " key=client:psk:live:journal-1",
+    ] {
+        assert!(text.contains(said), "{text}");
+    }
     assert_eq!(field("CLIENT"), Some("psk"), "{webhook:?}");
     assert!(field("LATENCY_US").is_some_and(|v| v.parse::<u64>().is_ok()));
     // The start-up lines went there too, the executor's among them, and nothing to stderr.

@@ -279,7 +279,14 @@ async fn timeout_after_send_holds_the_key() {
             key_state(&gw, &format!("client:psk:live:{k}")).await,
             "pending"
         );
-        // The order may have filled: a retry is refused.
+        // Its error line names the key as a field, quoted as any value is, with the
+        // request's id: a key's text cannot pass for another field.
+        let said = gw.wait_logged(&format!("key=client:psk:live:{k}"));
+        let line = said
+            .lines()
+            .find(|l| l.contains("executor outcome unknown") && l.contains(k))
+            .unwrap_or_else(|| panic!("{said}"));
+        assert!(line.contains(" request_id="), "{line}");
         exec.set_mode(Mode::Success);
         let calls = exec.calls();
         let r = gw.post(&t, &[]).await;
@@ -1102,6 +1109,12 @@ async fn capacity_refuses_new_keys_but_still_finds_duplicates() {
         (&json!(false), &json!("capacity"), &json!(false)),
         "{status}"
     );
+    // And the metric an alert reads says so too.
+    let gauges = async || {
+        let serving = metric(&gw, "hoox_mutex_serving").await;
+        (serving, metric(&gw, "hoox_mutex_at_capacity").await)
+    };
+    assert_eq!(gauges().await, (0.0, 1.0));
     // Halted, the kill switch is the reason, the operator's own doing: `status` serves.
     assert_eq!(gw.admin("POST", "/halt").await.0, 200);
     gw.wait_unready_because("halted").await;
@@ -1113,6 +1126,7 @@ async fn capacity_refuses_new_keys_but_still_finds_duplicates() {
     gw.wait_ready().await;
     let (_, status) = gw.admin("GET", "/status").await;
     assert_eq!(status["serving"], json!(true), "{status}");
+    assert_eq!(gauges().await, (1.0, 0.0));
     assert_eq!(gw.post(&keyed("cap-3"), &[]).await.status, 200);
     assert_eq!(exec.calls(), 3);
 }
@@ -2095,14 +2109,19 @@ async fn a_client_that_hangs_up_mid_order_still_has_it_committed() {
     assert_eq!(exec.calls(), 1);
 }
 
-/// `hoox_connections_refused_total`, from the admin face.
-async fn connections_refused(gw: &support::gateway::Gateway) -> u64 {
+/// The value of the unlabelled metric `name`, from the admin face.
+async fn metric(gw: &support::gateway::Gateway, name: &str) -> f64 {
     let (_, m) = gw.admin("GET", "/metrics").await;
     let m = m.as_str().unwrap_or_default().to_string();
     m.lines()
-        .find_map(|l| l.strip_prefix("hoox_connections_refused_total "))
-        .and_then(|v| v.parse::<u64>().ok())
-        .unwrap_or_else(|| panic!("no refused count in {m}"))
+        .find_map(|l| l.strip_prefix(name)?.strip_prefix(' '))
+        .and_then(|v| v.parse::<f64>().ok())
+        .unwrap_or_else(|| panic!("no {name} in {m}"))
+}
+
+/// `hoox_connections_refused_total`, from the admin face.
+async fn connections_refused(gw: &support::gateway::Gateway) -> u64 {
+    metric(gw, "hoox_connections_refused_total").await as u64
 }
 
 /// A connection still in its TLS handshake at SIGTERM (a port scan, a TCP health check)

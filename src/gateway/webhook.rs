@@ -365,7 +365,10 @@ async fn pipeline(
         Decision::Mismatch => return Err(keyed(Problem::KeyReused, None)),
         Decision::Unavailable(u) => {
             gw.metrics.refused(u.reason());
-            log::error!("mutex unavailable, refusing trade: {u} request_id={request_id}");
+            // The request's own line says 503 and why; failing closed itself is said once,
+            // by the supervisor, at error. One more line a request would, with senders
+            // retrying, crowd that news out of the journal's rate limit.
+            log::debug!(request_id = request_id; "mutex unavailable, refusing trade: {u}");
             return Err(keyed(Problem::from(&u), None));
         }
     };
@@ -625,7 +628,11 @@ async fn execute_and_settle(gw: &Gateway, grant: Grant, order: &Order, _out: Out
                 // The order went through but the commit did not: the key stays pending until
                 // its TTL, which blocks retries just as well. Say so.
                 Err(e) => {
-                    log::error!("commit failed, key held until TTL: {e} key={}", order.key);
+                    log::error!(
+                        key = order.key.as_str(),
+                        request_id = order.request_id.as_str();
+                        "commit failed, key held until TTL: {e}"
+                    );
                     Settled::Held
                 }
             };
@@ -637,13 +644,18 @@ async fn execute_and_settle(gw: &Gateway, grant: Grant, order: &Order, _out: Out
         ),
         Outcome::NotSent(why) => {
             log::warn!(
-                "executor unreachable, key released: {why} key={}",
-                order.key
+                key = order.key.as_str(),
+                request_id = order.request_id.as_str();
+                "executor unreachable, key released: {why}"
             );
             problem(Problem::ExecutorUnreachable, release(gw, grant))
         }
         Outcome::Unknown(why) => {
-            log::error!("executor outcome unknown: {why} key={}", order.key);
+            log::error!(
+                key = order.key.as_str(),
+                request_id = order.request_id.as_str();
+                "executor outcome unknown: {why}"
+            );
             match gw.on_unknown {
                 OnUnknown::Hold => problem(Problem::OutcomeUnknown, Settled::Held),
                 OnUnknown::Release => problem(Problem::OutcomeUnknown, release(gw, grant)),

@@ -383,7 +383,10 @@ pub struct Mutex {
 pub struct Shared {
     pub halted: std::sync::atomic::AtomicBool,
     pub live_keys: std::sync::atomic::AtomicUsize,
+    /// The database is open.
     pub serving: std::sync::atomic::AtomicBool,
+    /// As [`Status::at_capacity`]: every new key refused, until one expires or is released.
+    pub at_capacity: std::sync::atomic::AtomicBool,
     /// Set while the owner fails closed. Unlike `!serving`, false before the owner's first
     /// open: commands queued then are applied once it is open.
     pub failing: std::sync::atomic::AtomicBool,

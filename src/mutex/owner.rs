@@ -710,6 +710,7 @@ impl Owner {
                     Ok(was_live) => {
                         *durable = true;
                         let r = if was_live {
+                            inc(&self.shared.stats.operator_releases);
                             Released::Yes
                         } else {
                             Released::NotFound
@@ -1209,11 +1210,14 @@ impl Owner {
             live_keys: self.live_keys(),
             halted: self.halted,
             fail_closed: self.failure.clone(),
-            // Halted, every trade is refused for that, the operator's own doing.
-            at_capacity: self.failure.is_none()
-                && !self.halted
-                && self.index.len() >= self.config.capacity,
+            at_capacity: self.at_capacity(),
         }
+    }
+
+    /// Whether every new key is refused for the index being full. Halted or failing
+    /// closed, every trade is refused for that, and said so.
+    fn at_capacity(&self) -> bool {
+        self.failure.is_none() && !self.halted && self.index.len() >= self.config.capacity
     }
 
     /// A file of the database removed or replaced while open (`Store::files_in_place`)
@@ -1416,6 +1420,9 @@ impl Owner {
         self.shared
             .live_keys
             .store(self.live_keys(), Ordering::Relaxed);
+        self.shared
+            .at_capacity
+            .store(self.at_capacity(), Ordering::Relaxed);
     }
 
     /// The keys held: the index's, or while failing closed, whose index is gone with the

@@ -72,6 +72,8 @@ pub struct Stats {
     pub unavailable: AtomicU64,
     pub commits: AtomicU64,
     pub releases: AtomicU64,
+    /// Keys an operator released (`keys release`), counted apart from the gateway's own.
+    pub operator_releases: AtomicU64,
     pub release_failures: AtomicU64,
     pub expired: AtomicU64,
     pub reopen_attempts: AtomicU64,
@@ -94,6 +96,7 @@ impl Default for Stats {
             unavailable: AtomicU64::new(0),
             commits: AtomicU64::new(0),
             releases: AtomicU64::new(0),
+            operator_releases: AtomicU64::new(0),
             release_failures: AtomicU64::new(0),
             expired: AtomicU64::new(0),
             reopen_attempts: AtomicU64::new(0),

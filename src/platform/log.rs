@@ -3,7 +3,8 @@
 //! Callers use the `log` macros, with key-value fields for what an operator filters on:
 //! `log::info!(key = key.as_str(), outcome = "committed"; "trade accepted")`. In the journal
 //! each field becomes its own upper-cased journal field (`KEY=…`, `OUTCOME=…`, searchable with
-//! `journalctl -u hoox-edge OUTCOME=committed`); on stderr they follow the message as `k=v`.
+//! `journalctl -u hoox-edge OUTCOME=committed`), and follows the message as `k=v` in its
+//! text too, as on stderr: `journalctl -f` and `systemctl status` show only the text.
 //!
 //! **Rule for every caller: no secret is ever logged**: not an API key, HMAC secret, bearer
 //! token, signature, private key, nor a request body (it may carry `apiKey`). Log the name of the
@@ -24,7 +25,7 @@ use log::{LevelFilter, Log, Metadata, Record};
 pub fn init(level: LevelFilter) {
     let installed = if systemd_journal_logger::connected_to_journal() {
         match systemd_journal_logger::JournalLog::new() {
-            Ok(journal) => journal.install(),
+            Ok(journal) => log::set_boxed_logger(Box::new(Journal(journal))),
             // The journal socket can be absent even when stderr is a journal stream (a
             // container without /run/systemd/journal): stderr still reaches journald.
             Err(_) => log::set_boxed_logger(Box::new(Stderr)),
@@ -34,6 +35,36 @@ pub fn init(level: LevelFilter) {
     };
     if installed.is_ok() {
         log::set_max_level(level);
+    }
+}
+
+/// The journal's logger, with each record's fields in its message too: `webhook` alone
+/// is what `journalctl -f` would show of every trade.
+struct Journal(systemd_journal_logger::JournalLog);
+
+impl Log for Journal {
+    fn enabled(&self, metadata: &Metadata) -> bool {
+        self.0.enabled(metadata)
+    }
+
+    fn log(&self, record: &Record) {
+        let mut text = record.args().to_string();
+        let _ = record.key_values().visit(&mut Fields(&mut text));
+        self.0.log(
+            &Record::builder()
+                .args(format_args!("{text}"))
+                .level(record.level())
+                .target(record.target())
+                .module_path(record.module_path())
+                .file(record.file())
+                .line(record.line())
+                .key_values(record.key_values())
+                .build(),
+        );
+    }
+
+    fn flush(&self) {
+        self.0.flush();
     }
 }
 
