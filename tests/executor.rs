@@ -326,6 +326,73 @@ async fn keep_alive_reuses_one_connection() {
     assert_eq!(mock.connections(), 1);
 }
 
+/// A connection the executor may have closed for idleness is not reused. An executor
+/// closes one left idle past its keep-alive timeout (gunicorn's is 2 s, uvicorn's and
+/// Node's 5 s); an order sent on it as it closes may or may not have been read, so it is a
+/// 504 with its key held, and the sender's retry is refused for the key's life, though the
+/// order was never placed. The server here plays that close at its worst: a request that
+/// comes on a connection idle over 1.8 s is taken and dropped unanswered.
+#[tokio::test]
+async fn a_connection_idle_near_the_executors_timeout_is_not_reused() {
+    use std::sync::atomic::{AtomicUsize, Ordering};
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/orders", listener.local_addr().unwrap());
+    let stale = Arc::new(AtomicUsize::new(0));
+    let seen_stale = stale.clone();
+    tokio::spawn(async move {
+        while let Ok((mut tcp, _)) = listener.accept().await {
+            let stale = stale.clone();
+            tokio::spawn(async move {
+                let mut last = std::time::Instant::now();
+                let mut buf = vec![0u8; 64 * 1024];
+                let mut seen = Vec::new();
+                loop {
+                    // One request: its head, then its Content-Length.
+                    let whole = |seen: &[u8]| {
+                        let end = seen.windows(4).position(|w| w == b"\r\n\r\n")?;
+                        let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
+                        let len: usize = head
+                            .lines()
+                            .find_map(|l| l.strip_prefix("content-length:"))
+                            .and_then(|v| v.trim().parse().ok())?;
+                        (seen.len() >= end + 4 + len).then_some(end + 4 + len)
+                    };
+                    while whole(&seen).is_none() {
+                        match tcp.read(&mut buf).await {
+                            Ok(0) | Err(_) => return,
+                            Ok(n) => seen.extend_from_slice(&buf[..n]),
+                        }
+                    }
+                    if last.elapsed() > Duration::from_millis(1800) {
+                        stale.fetch_add(1, Ordering::Relaxed);
+                        return;
+                    }
+                    let n = whole(&seen).unwrap_or(seen.len());
+                    seen.drain(..n);
+                    let body = br#"{"success":true}"#;
+                    let head = format!(
+                        "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {}\r\n\r\n",
+                        body.len()
+                    );
+                    let _ = tcp.write_all(&[head.as_bytes(), body].concat()).await;
+                    last = std::time::Instant::now();
+                }
+            });
+        }
+    });
+    let exec = http(&url, Duration::from_secs(5));
+    for key in ["first", "after-a-pause"] {
+        let outcome = exec.execute(&order(key)).await;
+        assert!(
+            matches!(outcome, Outcome::Success { .. }),
+            "{key}: {outcome:?}"
+        );
+        tokio::time::sleep(Duration::from_millis(2200)).await;
+    }
+    assert_eq!(seen_stale.load(Ordering::Relaxed), 0);
+}
+
 #[tokio::test]
 async fn concurrent_orders_all_arrive_once() {
     let mock = MockExecutor::start().await;

@@ -37,8 +37,13 @@ const MAX_ANSWER: usize = 1 << 20;
 /// timeout. It must stay strictly inside the overall bound: a connect that outlived it would be
 /// reported as `Unknown` (key held) although nothing was sent.
 const MAX_CONNECT: Duration = Duration::from_secs(3);
-/// Pooled connections idle longer than this are closed, ahead of typical server idle timeouts.
-const POOL_IDLE: Duration = Duration::from_secs(50);
+/// Pooled connections idle longer than this are not reused. An executor closes one left
+/// idle past its own keep-alive timeout (gunicorn's is 2 s; uvicorn's, Node's and Apache's
+/// 5 s), and an order written as it closes may or may not have been read: a 504 with its
+/// key held, the retry refused for the key's life, for an order perhaps never placed. So a
+/// connection is dropped well before the shortest such timeout. At a trade every second or
+/// more the pool stays warm; a trade after a pause pays a new connection (and handshake).
+const POOL_IDLE: Duration = Duration::from_millis(1500);
 
 #[derive(Clone)]
 pub struct HttpConfig {
