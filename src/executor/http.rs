@@ -212,7 +212,7 @@ impl HttpExecutor {
                 body: Bytes::new(),
             },
             // A 2xx whose body we could not read may have been a fill: we cannot tell.
-            Ok(Err(e)) => Outcome::Unknown(format!("answer {status} unreadable: {e}")),
+            Ok(Err(e)) => Outcome::Unknown(format!("answer {status} unreadable: {}", chain(&*e))),
             Err(_) => Outcome::Unknown(format!("answer {status}, then {}", late())),
         }
     }
