@@ -390,11 +390,12 @@ async fn pipeline(
     };
     let (response, settled, code) = if gw.executor.may_wait() {
         let gw2 = gw.clone();
-        let (tx, mut awaited) = Awaited::channel(&order);
+        let (tx, mut awaited) = Awaited::channel(&order, &client);
+        let who = client.clone();
         gw.in_flight.spawn(async move {
             let answer = execute_and_settle(&gw2, grant, &order, out).await;
-            if let Err((_, settled, code)) = tx.send(answer) {
-                hung_up(&order.key, &order.request_id, settled, code);
+            if let Err(answer) = tx.send(answer) {
+                hung_up(&order.key, &order.request_id, &who, &answer);
             }
         });
         match awaited.answer().await {
@@ -432,15 +433,17 @@ struct Awaited {
     rx: Option<tokio::sync::oneshot::Receiver<Settlement>>,
     key: String,
     request_id: String,
+    client: String,
 }
 
 impl Awaited {
-    fn channel(order: &Order) -> (tokio::sync::oneshot::Sender<Settlement>, Awaited) {
+    fn channel(order: &Order, client: &str) -> (tokio::sync::oneshot::Sender<Settlement>, Awaited) {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let awaited = Awaited {
             rx: Some(rx),
             key: order.key.clone(),
             request_id: order.request_id.clone(),
+            client: client.to_owned(),
         };
         (tx, awaited)
     }
@@ -458,20 +461,24 @@ impl Drop for Awaited {
         if let Some(mut rx) = self.rx.take() {
             // Closed first: a send after this fails, and the task says it instead.
             rx.close();
-            if let Ok((_, settled, code)) = rx.try_recv() {
-                hung_up(&self.key, &self.request_id, settled, code);
+            if let Ok(answer) = rx.try_recv() {
+                hung_up(&self.key, &self.request_id, &self.client, &answer);
             }
         }
     }
 }
 
-/// The log line of an order whose client hung up before its answer was sent.
-fn hung_up(key: &str, request_id: &str, settled: Settled, code: Option<&str>) {
+/// The log line of an order whose client hung up before its answer was sent: the fields
+/// of the request's own line, so that a search by client or status finds it too.
+fn hung_up(key: &str, request_id: &str, client: &str, answer: &Settlement) {
+    let (response, settled, code) = answer;
     log::warn!(
+        client = client,
         code = code.unwrap_or("-"),
         key = key,
         outcome = settled.as_str(),
-        request_id = request_id;
+        request_id = request_id,
+        status = response.status().as_u16();
         "webhook settled after its client hung up"
     );
 }
@@ -910,7 +917,7 @@ mod tests {
         let line = "webhook settled after its client hung up";
 
         // The answer arrived, and the request was dropped before it read it.
-        let (tx, awaited) = Awaited::channel(&order("unread"));
+        let (tx, awaited) = Awaited::channel(&order("unread"), "desk-a");
         assert!(tx.send(answer(Settled::Committed)).is_ok());
         drop(awaited);
         let lines = said("unread");
@@ -918,22 +925,24 @@ mod tests {
         assert!(lines[0].starts_with(line), "{lines:?}");
         assert!(lines[0].contains("outcome=committed"), "{lines:?}");
         assert!(lines[0].contains("request_id=req-unread"), "{lines:?}");
+        assert!(lines[0].contains("client=desk-a"), "{lines:?}");
+        assert!(lines[0].contains("status=200"), "{lines:?}");
 
         // The request was gone first: the send fails, and the task says it.
-        let (tx, awaited) = Awaited::channel(&order("early"));
+        let (tx, awaited) = Awaited::channel(&order("early"), "desk-a");
         drop(awaited);
         assert!(tx.send(answer(Settled::Released)).is_err());
         assert!(said("early").is_empty());
 
         // Read: nothing to add.
-        let (tx, mut awaited) = Awaited::channel(&order("read"));
+        let (tx, mut awaited) = Awaited::channel(&order("read"), "desk-a");
         assert!(tx.send(answer(Settled::Held)).is_ok());
         assert_eq!(awaited.answer().await.map(|a| a.1), Some(Settled::Held));
         drop(awaited);
         assert!(said("read").is_empty());
 
         // The task ended without an answer (a panic): nothing to say.
-        let (tx, mut awaited) = Awaited::channel(&order("panicked"));
+        let (tx, mut awaited) = Awaited::channel(&order("panicked"), "desk-a");
         drop(tx);
         assert!(awaited.answer().await.is_none());
         drop(awaited);
