@@ -70,7 +70,7 @@ enum Cmd {
         #[arg(long)]
         out: PathBuf,
         /// DNS name or IP address to certify; repeatable.
-        #[arg(long = "name", default_values_t = ["localhost".to_string(), "127.0.0.1".to_string(), "::1".to_string()])]
+        #[arg(long = "name", default_values_t = crate::gateway::tls::LOOPBACK_NAMES.map(String::from))]
         names: Vec<String>,
         /// Overwrite an existing certificate.
         #[arg(long)]

@@ -757,7 +757,7 @@ impl Config {
         if !tls_dir.join("cert.pem").exists() {
             crate::gateway::tls::generate_self_signed(
                 &tls_dir,
-                &["localhost".into(), "127.0.0.1".into(), "::1".into()],
+                &crate::gateway::tls::LOOPBACK_NAMES.map(String::from),
             )
             .map_err(|e| err("server.cert", e.to_string()))?;
         }

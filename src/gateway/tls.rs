@@ -262,6 +262,10 @@ pub fn client_name(cert: &CertificateDer<'_>) -> Option<String> {
     Some(name.to_owned())
 }
 
+/// What a self-signed certificate names when nothing else is asked: the embedded defaults',
+/// `gen-cert`'s and the bench's, which senders on this host reach.
+pub const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
+
 /// Whether the PEM file at `path` holds an encrypted private key (PKCS#8's `ENCRYPTED
 /// PRIVATE KEY`, or OpenSSL's `Proc-Type: 4,ENCRYPTED` header), which no parser here reads.
 fn encrypted(path: &Path) -> bool {

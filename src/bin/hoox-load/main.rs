@@ -158,7 +158,7 @@ fn tokio_main(command: Command) -> Result<ExitCode, Error> {
 fn gen_cert(dir: &std::path::Path) -> Result<ExitCode, Error> {
     // The gateway's own: the bench's servers present what `hoox-edge gen-cert` makes, and
     // a key already there (a second run in the same folder) is replaced, owner-only.
-    let names = ["localhost", "127.0.0.1", "::1"].map(String::from);
+    let names = hoox_edge::gateway::tls::LOOPBACK_NAMES.map(String::from);
     hoox_edge::config::create_private_dir(dir).map_err(|e| format!("{}: {e}", dir.display()))?;
     hoox_edge::gateway::tls::generate_self_signed(dir, &names)?;
     println!(
