@@ -88,8 +88,10 @@ pub struct Args {
     timeout: Duration,
     /// Ledger to check at the end (http://HOST:PORT/ledger); exit 1 if a key was forwarded
     /// twice. Its verdict covers every order the ledger has taken since it started, this
-    /// run's and earlier ones'. It is asked once before the run too, so that a wrong URL
-    /// costs no run.
+    /// run's and earlier ones', and cannot tell a double from a key sent again after its
+    /// TTL, which the gateway rightly forwards again: give runs with repeats a `store.ttl`
+    /// longer than the run. It is asked once before the run too, so that a wrong URL costs
+    /// no run.
     #[arg(long)]
     ledger: Option<String>,
     /// Machine-readable output: one JSON object for the run, and with --ledger a second line,
