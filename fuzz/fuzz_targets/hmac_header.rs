@@ -3,9 +3,10 @@
 
 use arbitrary::Arbitrary;
 use hoox_edge::gateway::auth::{
-    AuthInput, Authenticator, Method, SIGNATURE_HEADER, Secret, TIMESTAMP_HEADER,
-    parse_signature_header, sign,
+    AuthInput, Authenticator, Method, SIGNATURE_HEADER, TIMESTAMP_HEADER, parse_signature_header,
+    sign,
 };
+use hoox_edge::secrets::Secret;
 use hyper::HeaderMap;
 use hyper::header::{HeaderName, HeaderValue};
 use libfuzzer_sys::fuzz_target;
