@@ -428,18 +428,14 @@ impl Config {
                 ),
             ));
         }
-        // A socket's path taken by a file or a folder: `serve` removes only a socket left
-        // behind, and would fail to bind at every start.
+        // A socket's path taken by a file or a folder: `serve` would fail to bind at every
+        // start.
         if let Some(Listen::Unix(p)) = &admin
-            && let Ok(meta) = std::fs::symlink_metadata(p)
-            && !std::os::unix::fs::FileTypeExt::is_socket(&meta.file_type())
+            && let Some(why) = crate::admin::taken_by_other_than_a_socket(p)
         {
             return Err(err(
                 "admin.listen",
-                format!(
-                    "{} exists and is not a socket: name a path of its own",
-                    p.display()
-                ),
+                format!("{why}: name a path of its own"),
             ));
         }
 

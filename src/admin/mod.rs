@@ -204,17 +204,17 @@ pub async fn bind(listen: &Listen) -> io::Result<Bound> {
     Ok(Bound { listener })
 }
 
+/// Why no socket can be made at `path`, if a file or folder stands there: only a socket
+/// left behind is ours to replace. Asked at the bind, and by the config's check first.
+pub fn taken_by_other_than_a_socket(path: &Path) -> Option<String> {
+    let meta = std::fs::symlink_metadata(path).ok()?;
+    (!meta.file_type().is_socket())
+        .then(|| format!("{} exists and is not a socket", path.display()))
+}
+
 async fn remove_stale_socket(path: &Path) -> io::Result<()> {
-    let meta = match std::fs::symlink_metadata(path) {
-        Ok(m) => m,
-        Err(e) if e.kind() == io::ErrorKind::NotFound => return Ok(()),
-        Err(e) => return Err(e),
-    };
-    if !meta.file_type().is_socket() {
-        return Err(io::Error::new(
-            io::ErrorKind::AlreadyExists,
-            format!("{} exists and is not a socket", path.display()),
-        ));
+    if let Some(why) = taken_by_other_than_a_socket(path) {
+        return Err(io::Error::new(io::ErrorKind::AlreadyExists, why));
     }
     if tokio::net::UnixStream::connect(path).await.is_ok() {
         return Err(io::Error::new(
@@ -222,7 +222,10 @@ async fn remove_stale_socket(path: &Path) -> io::Result<()> {
             format!("another process is listening on {}", path.display()),
         ));
     }
-    std::fs::remove_file(path)
+    match std::fs::remove_file(path) {
+        Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+        done => done,
+    }
 }
 
 /// Serves until `shutdown` completes, then lets in-flight requests finish (briefly).

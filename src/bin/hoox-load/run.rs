@@ -831,10 +831,6 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
     let target = Arc::try_unwrap(target).map_err(|_| "connection setup still holds the target")?;
 
     let start = Instant::now();
-    let deadline = match duration {
-        Some(d) => Some(start.checked_add(d).ok_or("--duration: too long")?),
-        None => None,
-    };
     let plan = Arc::new(Plan {
         target,
         auth,
@@ -846,7 +842,8 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
         fresh: AtomicU64::new(0),
         limit,
         start,
-        deadline,
+        // Within a year (checked above), far from the clock's end.
+        deadline: duration.map(|d| start + d),
         rate: args.rate,
         paced: args.rate.map(|_| Paced::new()),
         dup_ratio: args.dup_ratio,
