@@ -1262,6 +1262,9 @@ async fn mtls_requires_a_client_certificate_and_namespaces_by_it() {
         ("bot.lan", setup.pki.client_san_only("bot.lan")),
         ("desk_c", setup.pki.client("desk_c")),
         ("desk c", setup.pki.client("desk c")),
+        // Two machines certified by their addresses alone.
+        ("192.168.1.20", setup.pki.client_san_only("192.168.1.20")),
+        ("192.168.1.21", setup.pki.client_san_only("192.168.1.21")),
     ];
     let mut namespaces = Vec::new();
     for (name, id) in &clients {
@@ -1285,6 +1288,8 @@ async fn mtls_requires_a_client_certificate_and_namespaces_by_it() {
         "{}",
         namespaces[4]
     );
+    assert_eq!(namespaces[5], "client:cert.192.168.1.20:live:shared");
+    assert_eq!(namespaces[6], "client:cert.192.168.1.21:live:shared");
     assert_eq!(exec.calls(), clients.len());
     // The same client again is the duplicate it should be.
     let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Any, Some(&clients[4].1));
@@ -1294,6 +1299,123 @@ async fn mtls_requires_a_client_certificate_and_namespaces_by_it() {
     assert_eq!(r.status, 409, "{:?}", r.json());
     assert_eq!(r.header("idempotency-key").unwrap(), namespaces[4]);
     assert_eq!(exec.calls(), clients.len());
+}
+
+/// A client certificate that verifies but names nobody (no CN, no alt name) is refused,
+/// and says why at warn: with the shared secret beside it, it once went on as `psk`, and
+/// two such clients shared one namespace, one's key refusing the other's trade.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_certificate_that_names_no_one_is_refused() {
+    let (exec, setup, gw) = with_mock_configured(|setup| {
+        let ca = setup.pki.ca_cert.display().to_string();
+        setup.set("server", "client_ca", ca);
+    })
+    .await;
+    let t = json!({"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,
+        "idempotencyKey":"shared","apiKey":SECRET});
+    let nobody = setup.pki.client_nameless("nobody");
+    let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Any, Some(&nobody));
+    let r = c
+        .request(hyper::Method::POST, &gw.url(), &[], t.to_string())
+        .await;
+    assert_eq!(r.status, 401, "{:?}", r.json());
+    assert_eq!(code(&r.json()), "AUTH_FAILED");
+    assert_eq!(exec.calls(), 0);
+    gw.wait_logged("names no one");
+    // A named one, with the same key and secret, is served.
+    let named = TlsClient::with(
+        &setup.pki.ca_cert,
+        Alpn::Any,
+        Some(&setup.pki.client("desk-a")),
+    );
+    let r = named
+        .request(hyper::Method::POST, &gw.url(), &[], t.to_string())
+        .await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    assert_eq!(exec.calls(), 1);
+}
+
+/// A client certificate that expires places no order after its end: not on a connection
+/// it opened before (HTTP/1.1 and HTTP/2), which is refused and closed, and not on a new
+/// one, whose handshake is a full one. Resumed, a TLS session was not verified again:
+/// an expired certificate kept placing orders for as long as its client kept resuming.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_expired_client_certificate_places_no_order_on_open_or_resumed_connections() {
+    let (exec, setup, gw) = with_mock_configured(|setup| {
+        require_client_certificates(setup, vec!["mtls"]);
+        // Open connections must outlive the certificate.
+        setup.set("server", "header_timeout", "30s");
+    })
+    .await;
+    // Whole seconds: a certificate's dates have no finer grain.
+    let end = time::OffsetDateTime::now_utc()
+        .replace_nanosecond(0)
+        .unwrap()
+        + time::Duration::seconds(4);
+    let desk = setup.pki.client_until("desk-soon", end);
+    let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Any, Some(&desk));
+    let order = |k: &str| {
+        json!({"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,
+            "idempotencyKey":k})
+        .to_string()
+    };
+    let mut kept = connections_that_ordered(&setup, &gw, &desk, &order).await;
+    // A session to resume: its tickets come with the first answer.
+    let mut first = c.connect(&gw.url()).await.unwrap();
+    assert_eq!(
+        first
+            .post(&gw.url(), &[], order("first"))
+            .await
+            .unwrap()
+            .status,
+        200
+    );
+    let calls = exec.calls();
+    assert_eq!(calls, 3);
+    let wait = end - time::OffsetDateTime::now_utc() + time::Duration::milliseconds(1100);
+    tokio::time::sleep(wait.try_into().unwrap_or_default()).await;
+    each_refused_then_closed(&mut kept, &gw, &order).await;
+    gw.wait_logged("no longer verifies (it expired)");
+    // A new connection, which would have resumed the session: refused at its handshake.
+    let placed = match c.connect(&gw.url()).await {
+        Err(_) => false,
+        Ok(mut conn) => conn
+            .post(&gw.url(), &[], order("resumed"))
+            .await
+            .is_ok_and(|r| r.status == 200),
+    };
+    assert!(!placed, "an expired certificate placed an order");
+    assert_eq!(exec.calls(), calls);
+}
+
+/// With client certificates, no session is resumed (see the test above); without them,
+/// sessions are, which shows that this test sees a resumption when there is one.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sessions_are_resumed_only_without_client_certificates() {
+    for mtls in [false, true] {
+        let (_exec, setup, gw) = with_mock_configured(|setup| {
+            if mtls {
+                require_client_certificates(setup, vec!["mtls", "api_key"]);
+            }
+        })
+        .await;
+        let desk = setup.pki.client("desk-a");
+        let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Http1, mtls.then_some(&desk));
+        let mut conn = c.connect(&gw.url()).await.unwrap();
+        let r = conn
+            .post(&gw.url(), &[], trade("BTCUSDT").to_string())
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{:?}", r.json());
+        let again = c.connect_raw(&gw.url()).await.unwrap();
+        let kind = again.get_ref().1.handshake_kind();
+        let want = if mtls {
+            rustls::HandshakeKind::Full
+        } else {
+            rustls::HandshakeKind::Resumed
+        };
+        assert_eq!(kind, Some(want), "client certificates: {mtls}");
+    }
 }
 
 /// A reload that takes a client's CA out of `server.client_ca` cuts that client off on the
@@ -1328,17 +1450,7 @@ async fn cut_off_by_a_reload(mtls_required: bool) {
         }
         t.to_string()
     };
-    let mut kept = Vec::new();
-    for alpn in [Alpn::Http1, Alpn::Http2] {
-        let c = TlsClient::with(&setup.pki.ca_cert, alpn, Some(&desk));
-        let mut conn = c.connect(&gw.url()).await.unwrap();
-        let r = conn
-            .post(&gw.url(), &[], order(&format!("before-{alpn:?}")))
-            .await
-            .unwrap();
-        assert_eq!(r.status, 200, "{alpn:?}: {:?}", r.json());
-        kept.push((alpn, conn));
-    }
+    let mut kept = connections_that_ordered(&setup, &gw, &desk, &order).await;
     // Another CA in its place, and a reload.
     let other = support::pki::Pki::new(setup.dir.path(), "other");
     std::fs::copy(&other.ca_cert, setup.dir.path().join("client-ca.pem")).unwrap();
@@ -1362,28 +1474,56 @@ async fn cut_off_by_a_reload(mtls_required: bool) {
         );
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
-    for (alpn, conn) in &mut kept {
-        // The retry of the trade sent before: refused, and the connection then closed,
-        // so that its sender opens another rather than be refused on this one for good.
+    each_refused_then_closed(&mut kept, &gw, &order).await;
+    assert_eq!(exec.calls(), 2, "only the orders from before the reload");
+    // Lines reach the test from a reading thread, after the answers may have.
+    gw.wait_logged("no longer verifies after a reload");
+}
+
+/// A connection over each protocol with `desk`'s certificate, each of which placed the
+/// order `order("{protocol}")`.
+async fn connections_that_ordered(
+    setup: &Setup,
+    gw: &support::gateway::Gateway,
+    desk: &support::pki::CertFiles,
+    order: &impl Fn(&str) -> String,
+) -> Vec<(Alpn, support::client::Conn)> {
+    let mut kept = Vec::new();
+    for alpn in [Alpn::Http1, Alpn::Http2] {
+        let c = TlsClient::with(&setup.pki.ca_cert, alpn, Some(desk));
+        let mut conn = c.connect(&gw.url()).await.unwrap();
         let r = conn
-            .post(&gw.url(), &[], order(&format!("before-{alpn:?}")))
+            .post(&gw.url(), &[], order(&format!("{alpn:?}")))
             .await
-            .expect("the reload dropped an open connection before answering");
+            .unwrap();
+        assert_eq!(r.status, 200, "{alpn:?}: {:?}", r.json());
+        kept.push((alpn, conn));
+    }
+    kept
+}
+
+/// On each connection, the retry of the order it placed is refused (401), and the
+/// connection then closed, so that its sender opens another rather than be refused on
+/// this one for good.
+async fn each_refused_then_closed(
+    kept: &mut [(Alpn, support::client::Conn)],
+    gw: &support::gateway::Gateway,
+    order: &impl Fn(&str) -> String,
+) {
+    for (alpn, conn) in kept {
+        let r = conn
+            .post(&gw.url(), &[], order(&format!("{alpn:?}")))
+            .await
+            .expect("an open connection dropped before answering");
         assert_eq!(r.status, 401, "{alpn:?}: {:?}", r.json());
         assert_eq!(code(&r.json()), "AUTH_FAILED");
         let closed = tokio::time::timeout(Duration::from_secs(10), async {
-            loop {
-                if conn.post(&gw.url(), &[], order("after")).await.is_err() {
-                    break;
-                }
+            while conn.post(&gw.url(), &[], order("again")).await.is_ok() {
                 tokio::time::sleep(Duration::from_millis(20)).await;
             }
         });
         assert!(closed.await.is_ok(), "{alpn:?}: the connection stayed open");
     }
-    assert_eq!(exec.calls(), 2, "only the orders from before the reload");
-    // Lines reach the test from a reading thread, after the answers may have.
-    gw.wait_logged("no longer verifies after a reload");
 }
 
 /// A signature is its secret's, not the certificate's it came with: a signed request

@@ -96,13 +96,17 @@ impl<T> Reloadable<T> {
 }
 
 /// A connection's client certificate, checked again under each TLS configuration a reload
-/// brings: a client whose CA the operator took out of `server.client_ca` must not keep
+/// brings, and once its first certificate's end date has passed: a client whose CA the
+/// operator took out of `server.client_ca`, or whose certificate expired, must not keep
 /// placing orders over a connection it opened before. Untrusted now, its requests are
 /// refused (401), whatever other credential they carry: as a client without a
 /// certificate, its trades would move to the shared secret's namespace, where a retry
-/// is new. Checked once per configuration, not per request.
+/// is new. Checked once per configuration and once at the end date, not per request.
 struct ClientCheck {
     chain: Vec<CertificateDer<'static>>,
+    /// Unix second after which a certificate of the chain has expired
+    /// (`tls::valid_until`).
+    until: Option<i64>,
     /// The configuration last checked under, and whether the chain verified in it.
     last: std::sync::Mutex<(Arc<tls::Tls>, bool)>,
     /// The peer as it is once untrusted: the same, without its certificate's name. Its
@@ -118,14 +122,10 @@ impl ClientCheck {
         ip: std::net::IpAddr,
     ) -> Self {
         ClientCheck {
+            until: tls::valid_until(&chain),
             chain,
             last: std::sync::Mutex::new((verified_under, true)),
-            untrusted: Arc::new(Peer {
-                ip,
-                client_name: None,
-                cut_off: true,
-                bodies: Semaphore::new(webhook::BODIES_AT_ONCE),
-            }),
+            untrusted: Arc::new(Peer::cut_off(ip)),
         }
     }
 
@@ -134,14 +134,26 @@ impl ClientCheck {
         let current = tls.current();
         // A poisoned lock holds a whole pair (assigned in one store): still the truth.
         let mut last = self.last.lock().unwrap_or_else(|p| p.into_inner());
-        if !Arc::ptr_eq(&last.0, &current) {
+        let reloaded = !Arc::ptr_eq(&last.0, &current);
+        // Past its end date, a chain still trusted is verified at each request until the
+        // verifier agrees (within the second, its clock and this one may differ).
+        let past_end = last.1
+            && self
+                .until
+                .is_some_and(|t| crate::mutex::clock::unix_s() > t);
+        if reloaded || past_end {
             let trusted = current.still_trusts(&self.chain);
             if last.1 && !trusted {
                 log::warn!(
-                    "client certificate {} from {} no longer verifies after a reload: its \
-                     connection's requests are refused",
+                    "client certificate {} from {} no longer verifies {}: its connection's \
+                     requests are refused",
                     verified.client_name.as_deref().unwrap_or("?"),
-                    verified.ip
+                    verified.ip,
+                    if reloaded {
+                        "after a reload"
+                    } else {
+                        "(it expired)"
+                    }
                 );
             }
             *last = (current, trusted);
@@ -185,7 +197,8 @@ pub async fn serve(
     // 16 × 64 KiB), and the bodies being read (4 × 64 KiB, which frees their window):
     // ~1.4 MiB of request data (~1.7 MiB of memory measured, with TLS and HTTP/2 state),
     // against ~17 MiB with hyper's defaults (256 streams, each body read at once, 1 MiB
-    // windows); over HTTP/1.1, hyper's read buffer holds at most ~408 KiB. A body is
+    // windows); over HTTP/1.1, hyper's read buffer stops growing past ~408 KiB, checked
+    // between reads, so one last read can take it to ~816 KiB (1.12). A body is
     // copied as it is read (`webhook::read_body`), so tiny frames add nothing to it.
     // `server.max_connections` times that bounds them all.
     builder
@@ -268,18 +281,26 @@ pub async fn serve(
             };
             let chain = stream.get_ref().1.peer_certificates();
             let client_name = chain.and_then(|c| c.first()).and_then(tls::client_name);
-            let check = match (&client_name, chain) {
-                (Some(_), Some(chain)) => {
-                    Some(ClientCheck::new(chain.to_vec(), accepted_under, ip))
+            let (check, peer) = match (client_name, chain) {
+                (Some(name), Some(chain)) => (
+                    Some(ClientCheck::new(chain.to_vec(), accepted_under, ip)),
+                    Peer::new(ip, Some(name)),
+                ),
+                // A certificate that verified but names nobody: two such clients could
+                // not be told apart, so neither is served. Said at warn, once a
+                // connection: the handshake succeeded, and only this says why every
+                // request then fails.
+                (None, Some(_)) => {
+                    log::warn!(
+                        "client certificate from {ip} names no one (no common name, and no \
+                         DNS name, URI, email or IP address in its subjectAltName): its \
+                         requests are refused"
+                    );
+                    (None, Peer::cut_off(ip))
                 }
-                _ => None,
+                (_, None) => (None, Peer::new(ip, None)),
             };
-            let peer = Arc::new(Peer {
-                ip,
-                client_name,
-                cut_off: false,
-                bodies: Semaphore::new(webhook::BODIES_AT_ONCE),
-            });
+            let peer = Arc::new(peer);
             let activity = Arc::new(idle::Activity::new());
             let busy = activity.clone();
             // Cancelled by the first request of a client certificate no longer trusted:

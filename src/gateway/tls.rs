@@ -134,6 +134,17 @@ impl Validity {
     }
 }
 
+/// The unix second at which the first certificate of `chain` expires, `None` if a date
+/// cannot be read (the verifier, which read it, judges then).
+pub fn valid_until(chain: &[CertificateDer<'_>]) -> Option<i64> {
+    chain
+        .iter()
+        .map(|c| Validity::of(c).map(|v| v.not_after))
+        .collect::<Option<Vec<_>>>()?
+        .into_iter()
+        .min()
+}
+
 impl Tls {
     /// The served certificate's dates, said now if clients refuse it or soon will
     /// ([`Validity::warning`]); `cert` is the file it came from, for the message.
@@ -221,6 +232,15 @@ impl TlsFiles {
             e => file_err(Role::Key, &self.key, e),
         })?;
         cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+        if clients.is_some() {
+            // A resumed session is not verified again: rustls restores the client's
+            // certificate from it. An expired certificate (or one a reload has taken
+            // out) then kept placing orders for as long as its client kept resuming, each
+            // resumption bringing new tickets. With client certificates, every
+            // connection makes a full handshake; a sender keeps its connections open.
+            cfg.session_storage = Arc::new(rustls::server::NoServerSessionStorage {});
+            cfg.send_tls13_tickets = 0;
+        }
         Ok(Arc::new(Tls {
             config: Arc::new(cfg),
             clients,
@@ -231,8 +251,11 @@ impl TlsFiles {
 
 /// The name a verified client certificate goes by: its subject's common name, or, for a
 /// certificate without one (current practice puts names only in the subjectAltName), the
-/// first DNS name there, else the first URI, else the first email address. A CN and a DNS
-/// name that read alike are one client: the CA that signed both meant one name.
+/// first DNS name there, else the first URI, else the first email address, else the first
+/// IP address (what a machine on a LAN is often certified by). A CN and a DNS name that
+/// read alike are one client: the CA that signed both meant one name. `None` for a
+/// certificate that names nobody: the caller refuses it, for two such clients could not
+/// be told apart.
 pub fn client_name(cert: &CertificateDer<'_>) -> Option<String> {
     use x509_parser::extensions::GeneralName;
     let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
@@ -252,14 +275,24 @@ pub fn client_name(cert: &CertificateDer<'_>) -> Option<String> {
         .general_names
         .iter()
         .filter_map(|n| match *n {
-            GeneralName::DNSName(s) => Some((0, s)),
-            GeneralName::URI(s) => Some((1, s)),
-            GeneralName::RFC822Name(s) => Some((2, s)),
+            GeneralName::DNSName(s) => Some((0, s.to_owned())),
+            GeneralName::URI(s) => Some((1, s.to_owned())),
+            GeneralName::RFC822Name(s) => Some((2, s.to_owned())),
+            GeneralName::IPAddress(b) => ip_address(b).map(|ip| (3, ip.to_string())),
             _ => None,
         })
-        .filter(|&(_, s)| !s.is_empty())
+        .filter(|(_, s)| !s.is_empty())
         .min_by_key(|&(rank, _)| rank)?;
-    Some(name.to_owned())
+    Some(name)
+}
+
+/// An iPAddress alt name: 4 bytes for IPv4, 16 for IPv6 (RFC 5280 §4.2.1.6).
+fn ip_address(bytes: &[u8]) -> Option<std::net::IpAddr> {
+    match bytes.len() {
+        4 => <[u8; 4]>::try_from(bytes).ok().map(std::net::IpAddr::from),
+        16 => <[u8; 16]>::try_from(bytes).ok().map(std::net::IpAddr::from),
+        _ => None,
+    }
 }
 
 /// What a self-signed certificate names when nothing else is asked: the embedded defaults',
@@ -337,7 +370,7 @@ mod tests {
 
     #[test]
     fn a_client_is_named_by_its_cn_else_its_best_alt_name() {
-        use rcgen::SanType::{DnsName, Rfc822Name, URI};
+        use rcgen::SanType::{DnsName, IpAddress, Rfc822Name, URI};
         let dns = |s: &str| DnsName(s.try_into().unwrap());
         let uri = |s: &str| URI(s.try_into().unwrap());
         let mail = |s: &str| Rfc822Name(s.try_into().unwrap());
@@ -360,6 +393,21 @@ mod tests {
             Some("spiffe://x/y")
         );
         assert_eq!(name(None, vec![mail("a@b.c")]).as_deref(), Some("a@b.c"));
+        // An IP address names a client too, after every other kind: a machine on a LAN is
+        // often certified by nothing else.
+        let ip = |s: &str| IpAddress(s.parse().unwrap());
+        assert_eq!(
+            name(None, vec![ip("192.168.1.20"), mail("a@b.c")]).as_deref(),
+            Some("a@b.c")
+        );
+        assert_eq!(
+            name(Some(""), vec![ip("192.168.1.20"), ip("10.0.0.1")]).as_deref(),
+            Some("192.168.1.20")
+        );
+        assert_eq!(
+            name(None, vec![ip("fd00::20")]).as_deref(),
+            Some("fd00::20")
+        );
         // Nothing to go by: no name, so mTLS refuses it rather than share a namespace.
         assert_eq!(name(Some(""), vec![]), None);
         assert_eq!(name(None, vec![]), None);

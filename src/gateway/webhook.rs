@@ -79,12 +79,31 @@ pub struct Peer {
     pub ip: IpAddr,
     /// The name of a verified client certificate (mTLS): `tls::client_name`.
     pub client_name: Option<String>,
-    /// The connection's client certificate no longer verifies: a reload took its CA out
-    /// (or it expired, and a reload checked it again). Its requests are refused, whatever
-    /// else they carry (`gateway::ClientCheck`).
+    /// The connection's client certificate is not served: it names nobody, or it no
+    /// longer verifies (a reload took its CA out, or it expired). Its requests are
+    /// refused, whatever else they carry (`gateway::ClientCheck`).
     pub cut_off: bool,
     /// The connection's turns at reading a body ([`BODIES_AT_ONCE`]).
     pub bodies: tokio::sync::Semaphore,
+}
+
+impl Peer {
+    pub fn new(ip: IpAddr, client_name: Option<String>) -> Self {
+        Peer {
+            ip,
+            client_name,
+            cut_off: false,
+            bodies: tokio::sync::Semaphore::new(BODIES_AT_ONCE),
+        }
+    }
+
+    /// A peer whose client certificate is not served: each request is refused.
+    pub fn cut_off(ip: IpAddr) -> Self {
+        Peer {
+            cut_off: true,
+            ..Peer::new(ip, None)
+        }
+    }
 }
 
 /// After an order's outcome, what its commit or release and its answer may take, at most,
@@ -250,7 +269,7 @@ async fn pipeline(
     // sent before the reload is new, and placed again.
     if peer.cut_off {
         log::debug!(
-            "webhook auth refused: client certificate no longer trusted ip={} \
+            "webhook auth refused: client certificate not served ip={} \
              request_id={request_id}",
             peer.ip
         );

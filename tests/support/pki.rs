@@ -65,15 +65,40 @@ impl Pki {
         self.issue(cn, &[], ExtendedKeyUsagePurpose::ClientAuth)
     }
 
-    /// A client certificate with no common name, only the DNS name `name` in its
-    /// subjectAltName, as `<name>.pem` / `<name>.key`.
+    /// A client certificate with no common name, only `name` in its subjectAltName (an
+    /// IP address if it reads as one, else a DNS name), as `<name>.pem` / `<name>.key`.
     pub fn client_san_only(&self, name: &str) -> CertFiles {
         self.issue("", &[name], ExtendedKeyUsagePurpose::ClientAuth)
+    }
+
+    /// A client certificate that names nobody: no common name, no subjectAltName, as
+    /// `<stem>.pem` / `<stem>.key`.
+    pub fn client_nameless(&self, stem: &str) -> CertFiles {
+        self.issue_as(stem, "", &[], ExtendedKeyUsagePurpose::ClientAuth, |_| {})
+    }
+
+    /// A client certificate with common name `cn` that expires at `not_after`.
+    pub fn client_until(&self, cn: &str, not_after: time::OffsetDateTime) -> CertFiles {
+        self.issue_as(cn, cn, &[], ExtendedKeyUsagePurpose::ClientAuth, |p| {
+            p.not_after = not_after
+        })
     }
 
     /// `cn` empty: no common name (the files are then named after the first of `names`).
     fn issue(&self, cn: &str, names: &[&str], usage: ExtendedKeyUsagePurpose) -> CertFiles {
         let stem = if cn.is_empty() { names[0] } else { cn };
+        self.issue_as(stem, cn, names, usage, |_| {})
+    }
+
+    /// As `<stem>.pem` / `<stem>.key`, the parameters then changed by `adjust`.
+    fn issue_as(
+        &self,
+        stem: &str,
+        cn: &str,
+        names: &[&str],
+        usage: ExtendedKeyUsagePurpose,
+        adjust: impl FnOnce(&mut CertificateParams),
+    ) -> CertFiles {
         let names: Vec<String> = names.iter().map(|n| n.to_string()).collect();
         let mut params = CertificateParams::new(names).unwrap();
         // rcgen's default subject is a common name of its own: replace it.
@@ -86,6 +111,7 @@ impl Pki {
             KeyUsagePurpose::KeyEncipherment,
         ];
         params.extended_key_usages = vec![usage];
+        adjust(&mut params);
         let key = KeyPair::generate().unwrap();
         let cert = params.signed_by(&key, &*self.ca).unwrap();
         let files = CertFiles {
