@@ -55,6 +55,7 @@ async fn success_arrives_with_its_headers_and_body_as_sent() {
     assert_eq!(got.idempotency_key.as_deref(), Some("trade-1"));
     assert_eq!(got.request_id.as_deref(), Some("req-trade-1"));
     assert_eq!(got.content_type.as_deref(), Some("application/json"));
+    assert_eq!(got.accept_encoding.as_deref(), Some("identity"));
     assert_eq!(got.body, TRADE.as_bytes(), "the body arrives byte for byte");
 }
 
@@ -172,42 +173,90 @@ async fn reset_after_send_is_unknown() {
 /// A server on loopback that reads each request whole, writes `answer` as given, and
 /// closes the connection, or with `hold` keeps it open and silent.
 async fn answering(answer: &'static [u8], hold: bool) -> String {
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    answering_on(answer, hold, None).await
+}
+
+/// How a server over TLS ends its answer: with TLS's close_notify, or by closing the
+/// connection without it (as Python's `ssl` does).
+#[derive(Debug, Clone, Copy)]
+enum Close {
+    Notify,
+    Bare,
+}
+
+/// As [`answering`], over TLS with the acceptor in `tls` when given.
+async fn answering_on(
+    answer: &'static [u8],
+    hold: bool,
+    tls: Option<(tokio_rustls::TlsAcceptor, Close)>,
+) -> String {
+    use tokio::io::AsyncWriteExt;
     let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
     let port = listener.local_addr().unwrap().port();
+    let scheme = if tls.is_some() { "https" } else { "http" };
     tokio::spawn(async move {
         while let Ok((mut tcp, _)) = listener.accept().await {
+            let tls = tls.clone();
             tokio::spawn(async move {
-                // Read the head and the Content-Length after it: a close with request
-                // bytes unread would be a reset, and the client would see no answer.
-                let mut seen = Vec::new();
-                let mut buf = [0u8; 4096];
-                loop {
-                    if let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
-                        let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
-                        let len: usize = head
-                            .lines()
-                            .find_map(|l| l.strip_prefix("content-length:"))
-                            .and_then(|v| v.trim().parse().ok())
-                            .unwrap_or(0);
-                        if seen.len() >= end + 4 + len {
-                            break;
+                let Some((acceptor, close)) = tls else {
+                    answer_one(&mut tcp, answer, hold).await;
+                    let _ = tcp.shutdown().await;
+                    return;
+                };
+                let Ok(mut stream) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                if answer_one(&mut stream, answer, hold).await {
+                    match close {
+                        Close::Notify => {
+                            let _ = stream.shutdown().await;
+                        }
+                        // The TCP close alone.
+                        Close::Bare => {
+                            let _ = stream.get_mut().0.shutdown().await;
                         }
                     }
-                    match tcp.read(&mut buf).await {
-                        Ok(0) | Err(_) => return,
-                        Ok(n) => seen.extend_from_slice(&buf[..n]),
-                    }
                 }
-                let _ = tcp.write_all(answer).await;
-                if hold {
-                    tokio::time::sleep(Duration::from_secs(60)).await;
-                }
-                let _ = tcp.shutdown().await;
             });
         }
     });
-    format!("http://127.0.0.1:{port}/orders")
+    format!("{scheme}://127.0.0.1:{port}/orders")
+}
+
+/// Reads one request whole and writes `answer`; with `hold`, then stays silent for a
+/// minute. Whether the request was read.
+async fn answer_one<S>(io: &mut S, answer: &[u8], hold: bool) -> bool
+where
+    S: tokio::io::AsyncRead + tokio::io::AsyncWrite + Unpin,
+{
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    // Read the head and the Content-Length after it: a close with request bytes unread
+    // would be a reset, and the client would see no answer.
+    let mut seen = Vec::new();
+    let mut buf = [0u8; 4096];
+    loop {
+        if let Some(end) = seen.windows(4).position(|w| w == b"\r\n\r\n") {
+            let head = String::from_utf8_lossy(&seen[..end]).to_ascii_lowercase();
+            let len: usize = head
+                .lines()
+                .find_map(|l| l.strip_prefix("content-length:"))
+                .and_then(|v| v.trim().parse().ok())
+                .unwrap_or(0);
+            if seen.len() >= end + 4 + len {
+                break;
+            }
+        }
+        match io.read(&mut buf).await {
+            Ok(0) | Err(_) => return false,
+            Ok(n) => seen.extend_from_slice(&buf[..n]),
+        }
+    }
+    let _ = io.write_all(answer).await;
+    let _ = io.flush().await;
+    if hold {
+        tokio::time::sleep(Duration::from_secs(60)).await;
+    }
+    true
 }
 
 /// An answer whose body cannot be read (cut short, over the 1 MiB read, or stalled past
@@ -308,6 +357,86 @@ async fn a_2xx_ended_by_a_close_that_is_not_json_is_unknown() {
         assert_eq!(
             &is,
             want,
+            "{}: {outcome:?}",
+            String::from_utf8_lossy(answer)
+        );
+    }
+}
+
+/// Over https, a body that only the connection's close ends reads the same whether the
+/// executor sends TLS's close_notify or closes the connection bare, as Python's `ssl`
+/// does: under the rule above. Read as an error, a bare close made every answer unknown,
+/// `{"success":false}` included: the key held, its corrected retry refused for the TTL.
+#[tokio::test]
+async fn a_close_without_close_notify_ends_a_close_delimited_answer() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "upstream");
+    let acceptor = support::executor::tls_acceptor(&pki.server);
+    let answers: &[(&'static [u8], &str)] = &[
+        (b"HTTP/1.0 200 OK\r\n\r\n{\"success\":false}", "soft_fail"),
+        (b"HTTP/1.0 200 OK\r\n\r\n{\"success\":true}", "success"),
+        (b"HTTP/1.0 200 OK\r\n\r\n{\"success\":tr", "unknown"),
+        (
+            b"HTTP/1.0 500 Internal Server Error\r\n\r\n{\"err",
+            "failed",
+        ),
+        // Framed answers cut short stay unknown, however the connection closed.
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 99\r\n\r\n{\"success\":false}",
+            "unknown",
+        ),
+    ];
+    for close in [Close::Notify, Close::Bare] {
+        for (answer, want) in answers {
+            let url = answering_on(answer, false, Some((acceptor.clone(), close))).await;
+            let exec = Executor::Http(
+                HttpExecutor::new(HttpConfig {
+                    url: url.parse().unwrap(),
+                    timeout: Duration::from_secs(2),
+                    ca_file: Some(pki.ca_cert.clone()),
+                })
+                .unwrap(),
+            );
+            let outcome = exec.execute(&order("tls-close")).await;
+            assert_eq!(
+                outcome.label(),
+                *want,
+                "{close:?}, {}: {outcome:?}",
+                String::from_utf8_lossy(answer)
+            );
+        }
+    }
+}
+
+/// The gateway asks for no content coding; a 2xx in one anyway cannot be read, and may be
+/// a fill: unknown (held), not an unparsable soft-fail (released, and the retry placed
+/// again). A failure in one is a failure.
+#[tokio::test]
+async fn a_2xx_in_a_content_coding_is_unknown() {
+    let answers: &[(&'static [u8], &str)] = &[
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-encoding: gzip\r\ncontent-length: 3\r\n\r\n\x1f\x8b\x08",
+            "unknown",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-encoding: identity, br\r\ncontent-length: 2\r\n\r\nxx",
+            "unknown",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-encoding: identity\r\ncontent-length: 16\r\n\r\n{\"success\":true}",
+            "success",
+        ),
+        (
+            b"HTTP/1.1 500 Oops\r\ncontent-encoding: gzip\r\ncontent-length: 3\r\n\r\n\x1f\x8b\x08",
+            "failed",
+        ),
+    ];
+    for (answer, want) in answers {
+        let exec = http(&answering(answer, false).await, Duration::from_secs(2));
+        let outcome = exec.execute(&order("coded")).await;
+        assert_eq!(
+            outcome.label(),
+            *want,
             "{}: {outcome:?}",
             String::from_utf8_lossy(answer)
         );

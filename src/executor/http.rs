@@ -6,8 +6,10 @@
 //! written to it, and an HTTP/2 stream the executor refused unprocessed (`not_sent`). Anything
 //! later — a reset, a timeout while waiting for the answer, a body cut short — may follow a
 //! fill, so it is `Unknown` and the key is held. So is a 2xx whose body only the
-//! connection's close ended and which is not JSON: such a body cut short by a clean close
-//! reads as whole, and "unparsable" (a soft-fail, SPEC §4) cannot be told from "cut short".
+//! connection's close ended (with TLS's close_notify or without) and which is not JSON:
+//! such a body cut short by a clean close reads as whole, and "unparsable" (a soft-fail,
+//! SPEC §4) cannot be told from "cut short". So is a 2xx in a content coding: its
+//! `success` cannot be read.
 
 use std::fmt;
 use std::future::Future;
@@ -18,8 +20,10 @@ use std::task::{Context, Poll};
 use std::time::Duration;
 
 use bytes::Bytes;
-use http_body_util::{BodyExt, Full, Limited};
-use hyper::header::{CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, TRANSFER_ENCODING};
+use http_body_util::{BodyExt, Full};
+use hyper::header::{
+    ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, TRANSFER_ENCODING,
+};
 use hyper::{Request, Uri};
 use hyper_rustls::{ConfigBuilderExt, HttpsConnector, HttpsConnectorBuilder};
 use hyper_util::client::legacy::Client;
@@ -188,13 +192,22 @@ impl HttpExecutor {
             Err(_) => return Outcome::Unknown(late()),
         };
         let status = response.status().as_u16();
+        // A 2xx in a coding this reads not (it asks for none, but RFC 9110 lets a server
+        // send one anyway): its `success` cannot be read, and the order may have filled.
+        // Read as unparsable, its key was released and the retry placed again.
+        if let Some(coding) = content_coding(response.headers()).filter(|_| is_2xx(status)) {
+            return Outcome::Unknown(format!(
+                "answer {status} in Content-Encoding {coding:?}, which the gateway does not \
+                 decode: it may have been a fill"
+            ));
+        }
         // Without a length or chunks, the body ends where the connection does (RFC 9112
         // §6.3; HTTP/1.0, or `Connection: close`), so one cut short by a clean close (an
         // executor that crashed mid-answer) reads as whole. A 204 has no body at all.
         let close_delimited = status != 204 && !framed(response.headers());
-        let body = Limited::new(response.into_body(), MAX_ANSWER).collect();
+        let body = read_answer(response.into_body(), close_delimited);
         match tokio::time::timeout_at(deadline, body).await {
-            Ok(Ok(body)) => match classify(status, body.to_bytes()) {
+            Ok(Ok(body)) => match classify(status, body) {
                 // A parsed `"success": false` is a soft-fail however the body ended; a body
                 // that is not JSON may be a fill's answer cut short.
                 Outcome::SoftFail { status, body } if close_delimited && !is_json(&body) => {
@@ -220,6 +233,8 @@ impl HttpExecutor {
     fn request(&self, order: &Order) -> Result<Request<Full<Bytes>>, hyper::http::Error> {
         Request::post(self.cfg.url.clone())
             .header(CONTENT_TYPE, HeaderValue::from_static("application/json"))
+            // The answer is read as it comes: say so, rather than meet a compressed one.
+            .header(ACCEPT_ENCODING, HeaderValue::from_static("identity"))
             .header("idempotency-key", order.key.as_str())
             .header("x-request-id", order.request_id.as_str())
             .body(Full::new(order.body.clone()))
@@ -309,6 +324,57 @@ fn load_roots(path: &Path) -> Result<rustls::RootCertStore, ExecutorError> {
 ///   then such an order is only held (`Unknown`), never released wrongly.
 fn not_sent(e: &hyper_util::client::legacy::Error) -> bool {
     e.is_connect() || e.to_string() == "client error (Canceled)"
+}
+
+/// An answer's body, up to [`MAX_ANSWER`]. A body that only the connection's close ends
+/// ends as well at a close without TLS's close_notify (Python's `ssl`, among others, closes
+/// so): over plain HTTP the same bytes end at the TCP close, and read as whole there, so
+/// here too, under the same rule (a 2xx that is not JSON is unknown, `execute`). Read
+/// as an error, an executor over https that answered `{"success":false}` so had every
+/// refused order held, its corrected retry refused for the key's life.
+async fn read_answer(
+    mut body: hyper::body::Incoming,
+    close_delimited: bool,
+) -> Result<Bytes, BoxError> {
+    let mut read = bytes::BytesMut::new();
+    while let Some(frame) = body.frame().await {
+        match frame {
+            Ok(frame) => {
+                if let Ok(data) = frame.into_data() {
+                    if read.len() + data.len() > MAX_ANSWER {
+                        return Err(format!("answer over {MAX_ANSWER} bytes").into());
+                    }
+                    read.extend_from_slice(&data);
+                }
+            }
+            Err(e) if close_delimited && closed_without_notify(&e) => break,
+            Err(e) => return Err(e.into()),
+        }
+    }
+    Ok(read.freeze())
+}
+
+/// Whether reading failed because the peer closed the connection without TLS's
+/// close_notify: rustls says so as an `UnexpectedEof` I/O error.
+fn closed_without_notify(e: &hyper::Error) -> bool {
+    let mut cause = std::error::Error::source(e);
+    while let Some(c) = cause {
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            return io.kind() == std::io::ErrorKind::UnexpectedEof;
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// The content coding of an answer, if any but `identity`.
+fn content_coding(headers: &hyper::HeaderMap) -> Option<String> {
+    headers
+        .get_all(CONTENT_ENCODING)
+        .iter()
+        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+        .map(|c| String::from_utf8_lossy(c.trim_ascii()).into_owned())
+        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
 }
 
 /// Whether an answer's head says where its body ends (RFC 9112 §6.3, as hyper reads it):

@@ -52,6 +52,7 @@ pub struct Received {
     pub idempotency_key: Option<String>,
     pub request_id: Option<String>,
     pub content_type: Option<String>,
+    pub accept_encoding: Option<String>,
     pub body: Bytes,
     /// When its body had been read.
     pub at: std::time::Instant,
@@ -169,7 +170,7 @@ pub fn refused_url() -> String {
     format!("http://127.0.0.1:{port}/orders")
 }
 
-fn tls_acceptor(server: &CertFiles) -> TlsAcceptor {
+pub fn tls_acceptor(server: &CertFiles) -> TlsAcceptor {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&server.cert)
@@ -243,10 +244,11 @@ async fn answer(
             .and_then(|v| v.to_str().ok())
             .map(str::to_owned)
     };
-    let (idempotency_key, request_id, content_type) = (
+    let (idempotency_key, request_id, content_type, accept_encoding) = (
         header("idempotency-key"),
         header("x-request-id"),
         header("content-type"),
+        header("accept-encoding"),
     );
     let (method, path, version) = (
         req.method().to_string(),
@@ -263,6 +265,7 @@ async fn answer(
             idempotency_key: idempotency_key.clone(),
             request_id,
             content_type,
+            accept_encoding,
             body,
             at: std::time::Instant::now(),
         });
