@@ -240,7 +240,13 @@ echo "-- fill: $KEYS unique keys, $CONNECTIONS connections, HTTP/1.1"
 timeout 900 "$BIN/hoox-load" run --url "https://127.0.0.1:$GW_PORT/webhook" --ca "$WORK/tls/cert.pem" \
     --http1 --auth bearer --secret-file "$WORK/secrets/token" --connections "$CONNECTIONS" \
     --requests "$KEYS" --key-prefix "memstart-$$" --json >"$WORK/fill.json" || true
-echo "  $(grep -o '"throughput_rps":[0-9.]*' "$WORK/fill.json") $(grep -o '"status":{[^}]*}' "$WORK/fill.json")"
+STATUS=$(grep -o '"status":{[^}]*}' "$WORK/fill.json")
+echo "  $(grep -o '"throughput_rps":[0-9.]*' "$WORK/fill.json") $STATUS"
+# The figures below are for KEYS live keys: a fill that was refused in part measured fewer.
+if [ "$STATUS" != "\"status\":{\"200\":$KEYS}" ]; then
+    echo "memstart: the fill was not $KEYS answers of 200 ($STATUS)" >&2
+    exit 1
+fi
 sleep 1
 snapshot "after fill"
 FILL_HWM=$(mem VmHWM)
