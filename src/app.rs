@@ -440,6 +440,24 @@ impl Announce {
         Some(status)
     }
 
+    /// Before a reload: `None` once STOPPING=1 has been said (no reload then: nothing new
+    /// is served anyway, and RELOADING=1 would follow STOPPING=1), else whether
+    /// RELOADING=1 was said, which is only once READY=1 was: before that, the READY=1 that
+    /// ends a reload would tell systemd the database is open when it is not. Under `told`:
+    /// a SIGTERM just before the SIGHUP said STOPPING=1 between a look at `stopping` and
+    /// the RELOADING=1 that followed it.
+    fn reloading(&self) -> Option<bool> {
+        let _told = lock(&self.told);
+        if self.stopping.load(Ordering::Acquire) {
+            return None;
+        }
+        let announced = self.ready.load(Ordering::Relaxed);
+        if announced {
+            notify::reloading();
+        }
+        Some(announced)
+    }
+
     fn stopping(&self) {
         let _told = lock(&self.told);
         self.stopping.store(true, Ordering::Release);
@@ -499,6 +517,24 @@ fn served(tls: &gateway::tls::Tls, config: &Config, metrics: &Metrics) {
 /// config with them), and the keys changed that only a restart applies; or why not.
 type Reloaded = (Arc<gateway::tls::Tls>, Authenticator, Config, Vec<String>);
 
+/// [`reload`] on a thread of its own: it reads files, and one that blocks (a FIFO put in a
+/// secret's place, a hung network mount) froze the runtime's worker with it: handshakes,
+/// answers, `/readyz` and the watchdog's pings, until the read returned. Not on tokio's
+/// blocking pool, which the runtime waits for at exit: a read that never returns would
+/// hold the process after the database closed, until systemd killed it.
+async fn reload_off_the_runtime(config: &Config) -> Result<Reloaded, String> {
+    let (tx, rx) = tokio::sync::oneshot::channel();
+    let config = config.clone();
+    std::thread::Builder::new()
+        .name("reload".into())
+        .spawn(move || {
+            let _ = tx.send(reload(&config));
+        })
+        .map_err(|e| format!("reload failed: cannot start its thread: {e}"))?;
+    rx.await
+        .map_err(|_| "reload failed: its thread ended without an answer".to_string())?
+}
+
 fn reload(config: &Config) -> Result<Reloaded, String> {
     let (next, pending) = config
         .reload()
@@ -531,20 +567,14 @@ async fn reload_on_hangup(
     };
     let mut config = config;
     while hup.recv().await.is_some() {
-        // Stopping: STOPPING=1 was said, and a READY=1 after it would tell systemd the
-        // service runs again. Nothing new is served anyway.
-        if announce.stopping.load(Ordering::Acquire) {
+        let Some(announced) = announce.reloading() else {
             log::info!("SIGHUP while stopping: not reloaded");
             continue;
-        }
-        let announced = announce.ready.load(Ordering::Relaxed);
-        if announced {
-            notify::reloading();
-        }
+        };
         // Both, or neither: a client CA and the secrets that go with it (or a certificate
         // deployed with a rotation) must not run half old, half new because one file of the
         // two was bad.
-        match reload(&config) {
+        match reload_off_the_runtime(&config).await {
             Ok((new_tls, authenticator, next, pending)) => {
                 served(&new_tls, &next, &gw.metrics);
                 tls.replace(new_tls);

@@ -7,7 +7,7 @@
 
 use std::fmt;
 use std::io::Read;
-use std::os::unix::fs::PermissionsExt;
+use std::os::unix::fs::{OpenOptionsExt, PermissionsExt};
 use std::path::{Component, Path, PathBuf};
 
 use crate::gateway::auth::identity_char;
@@ -104,6 +104,9 @@ pub enum SecretError {
     },
     #[error("{} is a folder, not a file (an empty path names the config's folder)", .path.display())]
     Folder { path: PathBuf },
+    /// A FIFO, a socket, a device: a read of one may never end.
+    #[error("{} is not a regular file", .path.display())]
+    NotAFile { path: PathBuf },
     #[error("secrets file {} holds no secret", .path.display())]
     Empty { path: PathBuf },
     #[error("secrets file {} is larger than 1 MiB", .path.display())]
@@ -124,7 +127,13 @@ pub fn load_secrets(path: &Path) -> Result<Vec<Secret>, SecretError> {
         path: path.to_owned(),
         source,
     };
-    let file = std::fs::File::open(path).map_err(io)?;
+    // Non-blocking: opening a FIFO to read otherwise waits for a writer, for ever if none
+    // comes. A regular file ignores the flag; anything else is refused below, unread.
+    let file = std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+        .map_err(io)?;
     private(path, &file.metadata().map_err(io)?)?;
     let mut text = Vec::new();
     file.take(MAX_SECRETS_FILE + 1)
@@ -259,6 +268,11 @@ fn private(path: &Path, meta: &std::fs::Metadata) -> Result<(), SecretError> {
             path: path.to_owned(),
         });
     }
+    if !meta.is_file() {
+        return Err(SecretError::NotAFile {
+            path: path.to_owned(),
+        });
+    }
     let mode = meta.permissions().mode();
     let (path, shown) = (path.to_owned(), mode & 0o7777);
     if mode & 0o004 != 0 {
@@ -382,6 +396,19 @@ mod tests {
             let e = e.unwrap_err();
             assert!(matches!(e, SecretError::Folder { .. }), "{e}");
             assert!(e.to_string().contains("is a folder, not a file"), "{e}");
+        }
+
+        // A FIFO no one writes to is refused at once, not read (for ever).
+        let fifo = d.path().join("fifo");
+        let c = std::ffi::CString::new(fifo.as_os_str().as_encoded_bytes()).unwrap();
+        // SAFETY: a valid NUL-terminated path.
+        assert_eq!(unsafe { libc::mkfifo(c.as_ptr(), 0o600) }, 0);
+        for e in [
+            load_secrets(&fifo),
+            refuse_world_readable(&fifo).map(|()| vec![]),
+        ] {
+            let e = e.unwrap_err();
+            assert!(matches!(e, SecretError::NotAFile { .. }), "{e}");
         }
 
         let missing = d.path().join("missing");
