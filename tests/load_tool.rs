@@ -172,6 +172,32 @@ fn answered(report: &Value, status: &str) -> u64 {
     report["status"][status].as_u64().unwrap_or(0)
 }
 
+/// A run of `requests` at `--dup-ratio 0.5` on a fresh ledger: only 200s and 409s, about
+/// as many of each, and the ledger took each 200 once. How many were forwarded.
+fn half_repeats_forwarded_once(run: &Run, requests: u64) -> u64 {
+    let (report, verdict) = (&run.report, &run.verdict);
+    assert_eq!(run.code, Some(0), "{report} {verdict}");
+    assert_eq!(report["responses"], requests, "{report}");
+    assert_eq!(report["errors"], serde_json::json!({}), "{report}");
+    let (forwarded, refused) = (answered(report, "200"), answered(report, "409"));
+    assert_eq!(
+        forwarded + refused,
+        requests,
+        "only 200 and 409 expected: {report}"
+    );
+    // requests - 1 draws at even odds (the first request has nothing to repeat): half of
+    // them repeats on average, with a standard deviation of sqrt(draws) / 2. The bounds
+    // are five of those.
+    let draws = (requests - 1) as f64;
+    let spread = 5.0 * draws.sqrt() / 2.0;
+    let expected = (draws / 2.0 - spread)..=(draws / 2.0 + spread);
+    assert!(expected.contains(&(refused as f64)), "{report}");
+    assert_eq!(verdict["ledger"]["total"], forwarded, "{verdict}");
+    assert_eq!(verdict["ledger"]["unique"], forwarded, "{verdict}");
+    assert_eq!(verdict["no_key_forwarded_twice"], true, "{verdict}");
+    forwarded
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_load_tool_passes_a_gateway_that_forwards_once_and_catches_one_that_forgot() {
     let ledger = Server::ledger();
@@ -188,25 +214,7 @@ async fn the_load_tool_passes_a_gateway_that_forwards_once_and_catches_one_that_
         "-c 4 --requests 400 --dup-ratio 0.5",
     )
     .await;
-    let (report, verdict) = (&first.report, &first.verdict);
-    assert_eq!(first.code, Some(0), "{report} {verdict}");
-    assert_eq!(report["responses"], 400, "{report}");
-    assert_eq!(report["errors"], serde_json::json!({}), "{report}");
-    let (forwarded, refused) = (
-        answered(&first.report, "200"),
-        answered(&first.report, "409"),
-    );
-    assert_eq!(
-        forwarded + refused,
-        400,
-        "only 200 and 409 expected: {report}"
-    );
-    // 399 draws at even odds (the first request has no key to repeat): 200 repeats on
-    // average, with a standard deviation of 10. The bounds are five of those.
-    assert!((150..=250).contains(&refused), "{report}");
-    assert_eq!(verdict["ledger"]["total"], forwarded, "{verdict}");
-    assert_eq!(verdict["ledger"]["unique"], forwarded, "{verdict}");
-    assert_eq!(verdict["no_key_forwarded_twice"], true, "{verdict}");
+    let forwarded = half_repeats_forwarded_once(&first, 400);
 
     // A storm: 200 requests drawn from 5 keys. Each key is forwarded once.
     let storm = run(
@@ -268,6 +276,79 @@ async fn the_load_tool_passes_a_gateway_that_forwards_once_and_catches_one_that_
         "{}",
         check.stdout
     );
+}
+
+/// Trades without a key (`--keyless`), as a sender that sends none: each forwarded once,
+/// told apart by its fingerprint alone; a repeat within the minute, in the run or in the
+/// next one, refused.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn keyless_trades_are_told_apart_by_their_fingerprints() {
+    let ledger = Server::ledger();
+    let setup = forwarding_to(&ledger);
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let first = run(
+        &setup,
+        &gw,
+        &ledger,
+        "nokey",
+        "-c 4 --requests 200 --dup-ratio 0.5 --keyless",
+    )
+    .await;
+    let forwarded = half_repeats_forwarded_once(&first, 200);
+    assert_eq!(
+        first.verdict["ledger"]["missing_key"], 0,
+        "{}",
+        first.verdict
+    );
+    // The same trades again, within the minute: every one a duplicate of its fingerprint.
+    let again = run(
+        &setup,
+        &gw,
+        &ledger,
+        "nokey",
+        "-c 2 --requests 50 --keyless",
+    )
+    .await;
+    assert_eq!(again.code, Some(0), "{} {}", again.report, again.verdict);
+    assert_eq!(answered(&again.report, "409"), 50, "{}", again.report);
+    assert_eq!(
+        again.verdict["ledger"]["total"], forwarded,
+        "{}",
+        again.verdict
+    );
+    // The gateway saw no client key: its live keys are fingerprints (and the signatures'
+    // guards, `sig:`).
+    let (status, keys) = gw.admin("GET", "/keys?limit=10000").await;
+    assert_eq!(status, 200, "{keys}");
+    let keys: Vec<&str> = keys["keys"]
+        .as_array()
+        .expect("a list of keys")
+        .iter()
+        .map(|k| k["key"].as_str().unwrap())
+        .collect();
+    let trades = keys
+        .iter()
+        .filter(|k| k.starts_with("trade:nokey:"))
+        .count();
+    assert_eq!(trades as u64, forwarded, "{keys:?}");
+    assert!(
+        keys.iter()
+            .all(|k| k.starts_with("trade:") || k.starts_with("sig:")),
+        "{keys:?}"
+    );
+    // Refused: a prefix longer than an exchange may be.
+    let long = format!("--key-prefix {} --keyless --requests 1", "x".repeat(33));
+    let out = load_with_stderr(&run_line(
+        &setup,
+        &gw,
+        "hmac",
+        &setup.dir.path().join("load-secret"),
+        &long,
+    ))
+    .await;
+    assert_eq!(out.code, Some(2), "{}", out.stderr);
+    assert!(out.stderr.contains("at most 32"), "{}", out.stderr);
 }
 
 /// The baseline every ratio in docs/BENCHMARKS.md divides by: it must answer every POST with

@@ -115,6 +115,12 @@ pub struct Args {
     /// --key-prefix is not used.
     #[arg(long, conflicts_with_all = ["duration", "requests", "keys", "dup_ratio"])]
     replay_keys: Option<PathBuf>,
+    /// Trades without an idempotencyKey, each told apart by its fingerprint alone (SPEC
+    /// §2), as a sender that sends no key is: a repeat (--dup-ratio, --keys) is a duplicate
+    /// within the minute, a new trade after it. The trades' exchange is the key prefix (at
+    /// most 32 characters), their symbol their number.
+    #[arg(long, conflicts_with_all = ["replay_keys", "write_2xx_keys"])]
+    keyless: bool,
 }
 
 /// The exit code of a run in which an answer was neither 2xx nor 409, or a request failed in
@@ -482,6 +488,8 @@ struct Plan {
     replay: Option<Vec<(String, u64)>>,
     /// With --write-2xx-keys: collect the keys answered 2xx.
     record_ok_keys: bool,
+    /// With --keyless: trades without a key.
+    keyless: bool,
 }
 
 impl Plan {
@@ -512,6 +520,12 @@ impl Plan {
             Auth::ApiKey(json) => format!(",\"apiKey\":{json}"),
             _ => String::new(),
         };
+        if self.keyless {
+            // The fingerprint's fields: this run's, and this trade's.
+            return format!(
+                "{{\"exchange\":\"{prefix}\",\"symbol\":\"S{j}\",\"action\":\"{action}\",\"quantity\":1{api_key}}}"
+            );
+        }
         format!(
             "{{\"exchange\":\"binance\",\"symbol\":\"BTCUSDT\",\"action\":\"{action}\",\"quantity\":{}.{:03},\"idempotencyKey\":\"{}-{j}\"{api_key}}}",
             milli / 1000,
@@ -770,6 +784,10 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
     if args.key_prefix.as_deref().is_some_and(|p| !valid_prefix(p)) {
         return Err("--key-prefix: at most 200 of A-Z a-z 0-9 - _ . :".into());
     }
+    // The gateway's bound on an exchange (gateway::trade).
+    if args.keyless && args.key_prefix.as_ref().is_some_and(|p| p.len() > 32) {
+        return Err("--key-prefix: at most 32 characters with --keyless (the exchange)".into());
+    }
     let replay = match &args.replay_keys {
         Some(path) => Some(read_replay(path)?),
         None => None,
@@ -851,6 +869,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
         timeout: args.timeout,
         replay,
         record_ok_keys: args.write_2xx_keys.is_some(),
+        keyless: args.keyless,
     });
     let pacer = plan.paced.is_some().then(|| {
         let (plan, connections) = (plan.clone(), args.connections);
@@ -1108,6 +1127,7 @@ mod tests {
             timeout: Duration::from_secs(1),
             replay: None,
             record_ok_keys: false,
+            keyless: false,
         }
     }
 
@@ -1121,6 +1141,22 @@ mod tests {
         assert_eq!(v["quantity"].as_f64(), Some(1.0));
         assert_eq!(v["idempotencyKey"], "p-1999");
         assert_eq!(v["apiKey"], "s\"cret");
+        assert_eq!(p.body(7), p.body(7));
+        assert_ne!(p.body(7), p.body(8));
+        // Keyless: a trade the gateway reads, its fingerprint its only key.
+        let p = Plan {
+            keyless: true,
+            ..plan(Auth::None)
+        };
+        let trade = hoox_edge::gateway::trade::parse_object(p.body(1999).into())
+            .and_then(hoox_edge::gateway::trade::Trade::from_object)
+            .unwrap();
+        assert_eq!(trade.idempotency_key(), None);
+        let v: serde_json::Value = serde_json::from_str(&p.body(1999)).unwrap();
+        assert_eq!(
+            (&v["exchange"], &v["symbol"]),
+            (&"p".into(), &"S1999".into())
+        );
         assert_eq!(p.body(7), p.body(7));
         assert_ne!(p.body(7), p.body(8));
     }
