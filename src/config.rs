@@ -628,10 +628,15 @@ impl Config {
             }
         };
 
+        // A slower bucket refills in more than an hour, the longest `Retry-After` given
+        // (`limits::MAX_RETRY_AFTER`): a sender that waits as told would be refused again.
         if let Some(r) = raw.limits.rate_per_s
-            && !(r.is_finite() && r > 0.0)
+            && !(r.is_finite() && r >= crate::gateway::limits::MIN_RATE_PER_S)
         {
-            return Err(err("limits.rate_per_s", "must be a positive number".into()));
+            return Err(err(
+                "limits.rate_per_s",
+                "must be a number of at least 1/3600 (0.000278: one request an hour)".into(),
+            ));
         }
         let burst = match (raw.limits.burst, raw.limits.rate_per_s) {
             (Some(0), _) => return Err(err("limits.burst", "must be at least 1".into())),
@@ -1389,6 +1394,8 @@ mod tests {
         expect("limits.capacity", false, |r| r.limits.capacity = Some(0));
         let rate = "limits.rate_per_s";
         expect(rate, true, |r| r.limits.rate_per_s = Some(0.001));
+        expect(rate, true, |r| r.limits.rate_per_s = Some(1.0 / 3600.0));
+        expect(rate, false, |r| r.limits.rate_per_s = Some(0.999 / 3600.0));
         for bad in [0.0, -1.0, f64::NAN, f64::INFINITY] {
             let e = checked(|r| r.limits.rate_per_s = Some(bad)).err();
             assert_eq!(e.map(|e| e.key).as_deref(), Some(rate), "{bad}");

@@ -13,6 +13,9 @@ use ipnet::IpNet;
 pub const MAX_BUCKETS: usize = 4096;
 /// Longest wait ever advised; keeps `Retry-After` sane whatever the configured rate.
 const MAX_RETRY_AFTER: Duration = Duration::from_secs(3600);
+/// The slowest rate a config may set: a bucket refills a token within `MAX_RETRY_AFTER`,
+/// so a sender that waits as advised is served.
+pub const MIN_RATE_PER_S: f64 = 1.0 / MAX_RETRY_AFTER.as_secs() as f64;
 
 /// A token bucket per identity: `burst` requests at once, refilled at `rate_per_s`.
 #[derive(Debug)]
