@@ -522,9 +522,8 @@ type Reloaded = (Arc<gateway::tls::Tls>, Authenticator, Config, Vec<String>);
 /// answers, `/readyz` and the watchdog's pings, until the read returned. Not on tokio's
 /// blocking pool, which the runtime waits for at exit: a read that never returns would
 /// hold the process after the database closed, until systemd killed it.
-async fn reload_off_the_runtime(config: &Config) -> Result<Reloaded, String> {
+async fn reload_off_the_runtime(config: Config) -> Result<Reloaded, String> {
     let (tx, rx) = tokio::sync::oneshot::channel();
-    let config = config.clone();
     std::thread::Builder::new()
         .name("reload".into())
         .spawn(move || {
@@ -574,7 +573,21 @@ async fn reload_on_hangup(
         // Both, or neither: a client CA and the secrets that go with it (or a certificate
         // deployed with a rotation) must not run half old, half new because one file of the
         // two was bad.
-        match reload_off_the_runtime(&config).await {
+        // A SIGHUP that comes while this one's files are still being read (a hung mount)
+        // is said to be not applied: taken silently, the operator's next reload seemed to
+        // do nothing, with no line to say why.
+        let reloading = reload_off_the_runtime(config.clone());
+        tokio::pin!(reloading);
+        let reloaded = loop {
+            tokio::select! {
+                r = &mut reloading => break r,
+                Some(()) = hup.recv() => log::warn!(
+                    "SIGHUP while the reload before it still reads its files (a hung mount?): \
+                     not applied; that reload goes on"
+                ),
+            }
+        };
+        match reloaded {
             Ok((new_tls, authenticator, next, pending)) => {
                 served(&new_tls, &next, &gw.metrics);
                 tls.replace(new_tls);
@@ -603,6 +616,30 @@ async fn reload_on_hangup(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A reload is framed (RELOADING=1) only once READY=1 was said, and not at all once
+    /// STOPPING=1 was: the look and the word under one lock with STOPPING=1's
+    /// (tests/systemd.rs sends the two signals together, which hits the race seldom).
+    #[test]
+    fn a_reload_is_framed_only_between_ready_and_stopping() {
+        let announce = Announce {
+            ready: Arc::default(),
+            stopping: Arc::default(),
+            told: Arc::default(),
+            restart_pending: Arc::default(),
+        };
+        assert_eq!(
+            announce.reloading(),
+            Some(false),
+            "before READY=1: reload, unframed"
+        );
+        assert!(announce.ready());
+        announce.ready.store(true, Ordering::Relaxed);
+        assert_eq!(announce.reloading(), Some(true));
+        announce.stopping();
+        assert_eq!(announce.reloading(), None, "after STOPPING=1: no reload");
+        assert!(!announce.ready(), "no READY=1 after STOPPING=1");
+    }
 
     /// The watchdog's question, asked of a real owner: one whose queue is full (a backlog
     /// of reserves) is busy, alive, and one stalled (a wedged disk) is not, whatever its

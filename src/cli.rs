@@ -189,13 +189,17 @@ pub fn main() -> ExitCode {
                     return operator_release(&admin, &path, entry.is_some());
                 }
             };
-            operator(&admin, method, &path)
+            let field = match op {
+                KeysOp::List { .. } => "keys",
+                _ => "key",
+            };
+            operator(&admin, method, &path, field)
         }
-        Cmd::Halt { admin } => operator(&admin, "POST", "/halt"),
-        Cmd::Resume { admin } => operator(&admin, "POST", "/resume"),
+        Cmd::Halt { admin } => operator(&admin, "POST", "/halt", "halted"),
+        Cmd::Resume { admin } => operator(&admin, "POST", "/resume", "halted"),
         // A gateway failing closed answers `/status` (200: it says why), but it takes no
         // trade: exit 69, as for one that cannot answer, so that `status || alert` alerts.
-        Cmd::Status { admin } => operator_judged(&admin, "GET", "/status", not_serving),
+        Cmd::Status { admin } => operator_judged(&admin, "GET", "/status", "serving", not_serving),
     }
 }
 
@@ -540,13 +544,14 @@ fn admin_listen(args: &AdminArgs, default_config: &Path) -> Result<Listen, Strin
     struct PartialAdmin {
         listen: Option<String>,
     }
-    let text = match std::fs::read_to_string(path) {
-        Ok(t) => t,
+    let text = match crate::secrets::read_regular(path).map(String::from_utf8) {
+        Ok(Ok(t)) => t,
         // No config at all: the gateway runs on its embedded defaults, admin included.
         Err(e) if e.kind() == std::io::ErrorKind::NotFound && args.config.is_none() => {
             return Listen::parse(DEFAULT_ADMIN);
         }
         Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
+        Ok(Err(_)) => return Err(format!("cannot read {}: not UTF-8 text", path.display())),
     };
     let partial = toml::from_str::<Partial>(&text).map_err(|e| {
         let (key, message) = crate::config::syntax(&text, &e);
@@ -562,8 +567,9 @@ fn admin_listen(args: &AdminArgs, default_config: &Path) -> Result<Listen, Strin
     }
 }
 
-fn operator(args: &AdminArgs, method: &str, path: &str) -> ExitCode {
-    operator_judged(args, method, path, |_| None)
+/// An operator command whose 2xx answer carries `field`, as hoox-edge's admin API answers it.
+fn operator(args: &AdminArgs, method: &str, path: &str, field: &str) -> ExitCode {
+    operator_judged(args, method, path, field, |_| None)
 }
 
 /// A release, which the gateway guards, not this command. A gateway older than this
@@ -603,7 +609,7 @@ fn operator_release(args: &AdminArgs, path: &str, pinned: bool) -> ExitCode {
             return ExitCode::FAILURE;
         }
     }
-    call(&listen, &rt, "POST", path, |_| None)
+    call(&listen, &rt, "POST", path, "released", |_| None)
 }
 
 /// Whether version `a` comes before `b`, both `MAJOR.MINOR.PATCH`; one that does not read
@@ -614,6 +620,11 @@ fn older(a: &str, b: &str) -> bool {
         (Some(a), Some(b)) => a < b,
         _ => true,
     }
+}
+
+/// Whether `body` is a JSON object with a member `field`.
+fn has_member(body: &str, field: &str) -> bool {
+    serde_json::from_str::<serde_json::Value>(body).is_ok_and(|v| v.get(field).is_some())
 }
 
 /// Why a `/status` answer (its body) says the gateway takes no trades now, if it does.
@@ -643,10 +654,11 @@ fn operator_judged(
     args: &AdminArgs,
     method: &str,
     path: &str,
+    field: &str,
     judge: fn(&str) -> Option<String>,
 ) -> ExitCode {
     match admin_face(args) {
-        Ok((listen, rt)) => call(&listen, &rt, method, path, judge),
+        Ok((listen, rt)) => call(&listen, &rt, method, path, field, judge),
         Err(code) => code,
     }
 }
@@ -660,17 +672,28 @@ fn admin_face(args: &AdminArgs) -> Result<(Listen, tokio::runtime::Runtime), Exi
     Ok((listen, runtime()?))
 }
 
-/// One operator request, its answer printed and judged as [`operator_judged`] says.
+/// One operator request, its answer printed and judged as [`operator_judged`] says. A 2xx
+/// answer without `field` (a JSON object's member) is not hoox-edge's: another service at
+/// the admin address, whose `{}` to `halt` once exited 0, the operator told that trading
+/// was halted. It exits 69, on stderr.
 fn call(
     listen: &Listen,
     rt: &tokio::runtime::Runtime,
     method: &str,
     path: &str,
+    field: &str,
     judge: fn(&str) -> Option<String>,
 ) -> ExitCode {
     // The answer goes to stdout only when it is the data asked for; a refusal (its
     // problem document) goes to stderr, so `keys show K | jq` never parses an error.
     match rt.block_on(admin::client::request(listen, method, path)) {
+        Ok((status, body)) if (200..300).contains(&status) && !has_member(&body, field) => {
+            eprintln!(
+                "hoox-edge: admin listener {listen} answered {status} without \"{field}\": not \
+                 hoox-edge's admin API (another service at that address?): {body}"
+            );
+            ExitCode::from(EX_UNAVAILABLE)
+        }
         Ok((status, body)) if (200..300).contains(&status) => {
             println!("{body}");
             match judge(&body) {

@@ -300,8 +300,11 @@ struct RawKeys {
 impl Config {
     /// Reads and checks a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
-        let text = std::fs::read_to_string(path)
-            .map_err(|e| ConfigError::new(path, "(file)", format!("cannot read: {e}")))?;
+        let cannot = |e: &dyn std::fmt::Display| {
+            ConfigError::new(path, "(file)", format!("cannot read: {e}"))
+        };
+        let bytes = crate::secrets::read_regular(path).map_err(|e| cannot(&e))?;
+        let text = String::from_utf8(bytes).map_err(|_| cannot(&"not UTF-8 text"))?;
         let raw: RawFile = toml::from_str(&text).map_err(|e| {
             let (key, message) = syntax(&text, &e);
             ConfigError::new(path, &key, message)

@@ -270,12 +270,12 @@ fn mutex_registry(shared: &Shared) -> Registry {
     let full = shared.at_capacity.load(Ordering::Relaxed);
     r.register(
         "serving",
-        "1 while the mutex takes new trades: its database open, and not at limits.capacity",
+        "1 while the mutex takes new trades: its database open, and not full (hoox_mutex_at_capacity)",
         ConstGauge::new(i64::from(shared.serving.load(Ordering::Relaxed) && !full)),
     );
     r.register(
         "at_capacity",
-        "1 while limits.capacity keys are live: every new trade is refused (503) until one expires",
+        "1 while fewer than two places are left under limits.capacity (too few for a signed trade): new trades are refused (503) until keys expire",
         ConstGauge::new(i64::from(full)),
     );
     r.register(

@@ -127,13 +127,7 @@ pub fn load_secrets(path: &Path) -> Result<Vec<Secret>, SecretError> {
         path: path.to_owned(),
         source,
     };
-    // Non-blocking: opening a FIFO to read otherwise waits for a writer, for ever if none
-    // comes. A regular file ignores the flag; anything else is refused below, unread.
-    let file = std::fs::OpenOptions::new()
-        .read(true)
-        .custom_flags(libc::O_NONBLOCK)
-        .open(path)
-        .map_err(io)?;
+    let file = open_unblocked(path).map_err(io)?;
     private(path, &file.metadata().map_err(io)?)?;
     let mut text = Vec::new();
     file.take(MAX_SECRETS_FILE + 1)
@@ -174,6 +168,32 @@ pub fn load_secrets(path: &Path) -> Result<Vec<Secret>, SecretError> {
         });
     }
     Ok(secrets)
+}
+
+/// Opens `path` to read without waiting: opening a FIFO to read otherwise waits for a
+/// writer, for ever if none comes (and a reload waiting so took no other SIGHUP). A regular
+/// file ignores the flag; the caller refuses anything else, unread.
+fn open_unblocked(path: &Path) -> std::io::Result<std::fs::File> {
+    std::fs::OpenOptions::new()
+        .read(true)
+        .custom_flags(libc::O_NONBLOCK)
+        .open(path)
+}
+
+/// The whole of a file the config names (itself, a certificate, a CA bundle), refusing at
+/// once a folder or what is not a regular file (a FIFO, a device), whose read may never end.
+pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
+    let mut file = open_unblocked(path)?;
+    let meta = file.metadata()?;
+    if meta.is_dir() {
+        return Err(std::io::Error::other("is a folder, not a file"));
+    }
+    if !meta.is_file() {
+        return Err(std::io::Error::other("is not a regular file"));
+    }
+    let mut bytes = Vec::new();
+    file.read_to_end(&mut bytes)?;
+    Ok(bytes)
 }
 
 /// Refuses a secret file (a secrets list, a TLS key) that everyone may read, or write.
@@ -410,6 +430,12 @@ mod tests {
             let e = e.unwrap_err();
             assert!(matches!(e, SecretError::NotAFile { .. }), "{e}");
         }
+        // So is any file the config names (itself, a certificate, a CA bundle).
+        let e = read_regular(&fifo).unwrap_err();
+        assert!(e.to_string().contains("not a regular file"), "{e}");
+        let e = read_regular(&folder).unwrap_err();
+        assert!(e.to_string().contains("is a folder"), "{e}");
+        assert_eq!(read_regular(&p).unwrap(), b"\n# only a comment\n   \n");
 
         let missing = d.path().join("missing");
         let e = load_secrets(&missing).unwrap_err();

@@ -213,6 +213,8 @@ fn admin_of_version(version: &'static str) -> (String, std::sync::Arc<Mutex<Vec<
             }
             let body = if line.starts_with("GET /status ") {
                 format!(r#"{{"version":"{version}","serving":true}}"#)
+            } else if line.starts_with("POST /keys/") {
+                r#"{"key":"k","released":true}"#.to_string()
             } else {
                 "{}".to_string()
             };
@@ -305,6 +307,30 @@ fn a_release_is_not_sent_to_a_gateway_that_would_not_honour_it() {
             assert!(said.contains(&why), "{said}");
         }
     }
+}
+
+/// Another service at the admin address, which answers 200 `{}` to everything: no
+/// operator command takes that for hoox-edge's answer. `halt` printed its `{}` and exited
+/// 0, and the operator believed trading halted.
+#[test]
+fn an_answer_that_is_not_hoox_edges_is_not_taken_for_one() {
+    let (at, seen) = admin_of_version("0.2.13");
+    for args in [
+        &["halt"][..],
+        &["resume"],
+        &["keys", "list"],
+        &["keys", "show", "client:psk:live:k"],
+    ] {
+        let o = cli(&[args, &["--admin", &at]].concat());
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(69), "{args:?}: {said}");
+        assert!(o.stdout.is_empty(), "{args:?}");
+        assert!(
+            said.contains("not hoox-edge's admin API"),
+            "{args:?}: {said}"
+        );
+    }
+    assert_eq!(seen.lock().unwrap().len(), 4);
 }
 
 /// A gateway that cannot answer (its database is held by another process, so it fails

@@ -335,9 +335,10 @@ async fn a_2xx_ended_by_a_close_that_is_not_json_is_unknown() {
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip\r\ncontent-length: 99\r\n\r\n{\"su",
             Is::Unknown,
         ),
+        // Chunks undone, gzip left on: unreadable, unknown (see the next test).
         (
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",
-            Is::SoftFail,
+            Is::Unknown,
         ),
         (
             b"HTTP/1.0 500 Internal Server Error\r\n\r\n{\"err",
@@ -408,9 +409,9 @@ async fn a_close_without_close_notify_ends_a_close_delimited_answer() {
     }
 }
 
-/// The gateway asks for no content coding; a 2xx in one anyway cannot be read, and may be
-/// a fill: unknown (held), not an unparsable soft-fail (released, and the retry placed
-/// again). A failure in one is a failure.
+/// The gateway asks for no content coding (and offers no transfer coding but chunked); a
+/// 2xx in one anyway cannot be read, and may be a fill: unknown (held), not an unparsable
+/// soft-fail (released, and the retry placed again). A failure in one is a failure.
 #[tokio::test]
 async fn a_2xx_in_a_content_coding_is_unknown() {
     let answers: &[(&'static [u8], &str)] = &[
@@ -424,6 +425,14 @@ async fn a_2xx_in_a_content_coding_is_unknown() {
         ),
         (
             b"HTTP/1.1 200 OK\r\ncontent-encoding: identity\r\ncontent-length: 16\r\n\r\n{\"success\":true}",
+            "success",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: gzip, chunked\r\n\r\n3\r\n\x1f\x8b\x08\r\n0\r\n\r\n",
+            "unknown",
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: identity, chunked\r\n\r\n10\r\n{\"success\":true}\r\n0\r\n\r\n",
             "success",
         ),
         (

@@ -1067,12 +1067,13 @@ async fn replay_answers_a_duplicate_with_the_stored_response() {
 
 /// `limits.capacity` bounds the live keys: a new key beyond it is refused, failing closed
 /// (503, with Retry-After, nothing sent), while a duplicate of a live key is still told so.
-/// Readiness and `status` say so, so that monitoring learns that every new trade is
-/// refused, and ready again once a key is freed.
+/// Readiness and `status` say so, so that monitoring learns that new trades are refused,
+/// and ready again once keys are freed: from one place left on, where a signed trade (its
+/// key and its guard) no longer fits, though a keyed one still does.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn capacity_refuses_new_keys_but_still_finds_duplicates() {
     let (exec, _setup, gw) = with_mock_configured(|setup| {
-        setup.set("limits", "capacity", 2);
+        setup.set("limits", "capacity", 3);
     })
     .await;
     let keyed = |k: &str| {
@@ -1081,8 +1082,11 @@ async fn capacity_refuses_new_keys_but_still_finds_duplicates() {
         t
     };
     assert_eq!(gw.post(&keyed("cap-1"), &[]).await.status, 200);
+    gw.wait_ready().await;
     assert_eq!(gw.post(&keyed("cap-2"), &[]).await.status, 200);
-    for t in [keyed("cap-3"), trade("ETHUSDT")] {
+    gw.wait_unready_because("capacity").await;
+    assert_eq!(gw.post(&keyed("cap-3"), &[]).await.status, 200);
+    for t in [keyed("cap-4"), trade("ETHUSDT")] {
         let r = gw.post(&t, &[]).await;
         assert_eq!(
             (r.status.as_u16(), code(&r.json())),
@@ -1093,13 +1097,13 @@ async fn capacity_refuses_new_keys_but_still_finds_duplicates() {
         let retry_after: u64 = r.header("retry-after").unwrap().parse().unwrap();
         assert!(retry_after >= 1, "Retry-After {retry_after}");
     }
-    assert_eq!(exec.calls(), 2);
-    assert_eq!(key_state(&gw, "client:psk:live:cap-3").await, "absent");
+    assert_eq!(exec.calls(), 3);
+    assert_eq!(key_state(&gw, "client:psk:live:cap-4").await, "absent");
     let r = gw.post(&keyed("cap-1"), &[]).await;
     let v = r.json();
     assert_eq!((r.status.as_u16(), code(&v)), (409, "DUPLICATE"), "{v:?}");
     assert_eq!(v["key"], "client:psk:live:cap-1");
-    assert_eq!(exec.calls(), 2);
+    assert_eq!(exec.calls(), 3);
 
     let (s, v) = gw.admin("GET", "/readyz").await;
     assert_eq!((s, &v["reason"]), (503, &json!("capacity")), "{v}");
@@ -1122,13 +1126,17 @@ async fn capacity_refuses_new_keys_but_still_finds_duplicates() {
     assert_eq!(status["serving"], json!(true), "{status}");
     assert_eq!(gw.admin("POST", "/resume").await.0, 200);
     gw.wait_unready_because("capacity").await;
+    // One place: still full for a signed trade.
+    assert_eq!(release_as_seen(&gw, "client:psk:live:cap-3").await, 200);
+    gw.wait_unready_because("capacity").await;
+    assert_eq!(gauges().await, (0.0, 1.0));
     assert_eq!(release_as_seen(&gw, "client:psk:live:cap-2").await, 200);
     gw.wait_ready().await;
     let (_, status) = gw.admin("GET", "/status").await;
     assert_eq!(status["serving"], json!(true), "{status}");
     assert_eq!(gauges().await, (1.0, 0.0));
-    assert_eq!(gw.post(&keyed("cap-3"), &[]).await.status, 200);
-    assert_eq!(exec.calls(), 3);
+    assert_eq!(gw.post(&keyed("cap-4"), &[]).await.status, 200);
+    assert_eq!(exec.calls(), 4);
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
@@ -1315,13 +1323,17 @@ async fn a_client_certificate_that_names_no_one_is_refused() {
         "idempotencyKey":"shared","apiKey":SECRET});
     let nobody = setup.pki.client_nameless("nobody");
     let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Any, Some(&nobody));
-    let r = c
-        .request(hyper::Method::POST, &gw.url(), &[], t.to_string())
-        .await;
-    assert_eq!(r.status, 401, "{:?}", r.json());
-    assert_eq!(code(&r.json()), "AUTH_FAILED");
+    // Three connections, one line: said at most once a minute.
+    for _ in 0..3 {
+        let r = c
+            .request(hyper::Method::POST, &gw.url(), &[], t.to_string())
+            .await;
+        assert_eq!(r.status, 401, "{:?}", r.json());
+        assert_eq!(code(&r.json()), "AUTH_FAILED");
+    }
     assert_eq!(exec.calls(), 0);
-    gw.wait_logged("names no one");
+    let log = gw.wait_logged("names no one");
+    assert_eq!(log.matches("names no one").count(), 1, "{log}");
     // A named one, with the same key and secret, is served.
     let named = TlsClient::with(
         &setup.pki.ca_cert,

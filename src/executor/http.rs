@@ -195,9 +195,9 @@ impl HttpExecutor {
         // A 2xx in a coding this reads not (it asks for none, but RFC 9110 lets a server
         // send one anyway): its `success` cannot be read, and the order may have filled.
         // Read as unparsable, its key was released and the retry placed again.
-        if let Some(coding) = content_coding(response.headers()).filter(|_| is_2xx(status)) {
+        if let Some(coding) = coding(response.headers()).filter(|_| is_2xx(status)) {
             return Outcome::Unknown(format!(
-                "answer {status} in Content-Encoding {coding:?}, which the gateway does not \
+                "answer {status} in the coding {coding:?}, which the gateway does not \
                  decode: it may have been a fill"
             ));
         }
@@ -300,7 +300,8 @@ fn load_roots(path: &Path) -> Result<rustls::RootCertStore, ExecutorError> {
         return Err(bad(why));
     }
     let mut roots = rustls::RootCertStore::empty();
-    for cert in CertificateDer::pem_file_iter(path).map_err(|e| bad(e.to_string()))? {
+    let pem = crate::secrets::read_regular(path).map_err(|e| bad(e.to_string()))?;
+    for cert in CertificateDer::pem_slice_iter(&pem) {
         let cert = cert.map_err(|e| bad(e.to_string()))?;
         roots.add(cert).map_err(|e| bad(e.to_string()))?;
     }
@@ -367,14 +368,20 @@ fn closed_without_notify(e: &hyper::Error) -> bool {
     false
 }
 
-/// The content coding of an answer, if any but `identity`.
-fn content_coding(headers: &hyper::HeaderMap) -> Option<String> {
-    headers
-        .get_all(CONTENT_ENCODING)
-        .iter()
-        .flat_map(|v| v.as_bytes().split(|&b| b == b','))
-        .map(|c| String::from_utf8_lossy(c.trim_ascii()).into_owned())
-        .find(|c| !c.is_empty() && !c.eq_ignore_ascii_case("identity"))
+/// A coding of an answer's body that the client does not undo, if any: a content coding
+/// but `identity`, or a transfer coding but `chunked` (which hyper undoes) and
+/// `identity`. An executor should send neither (`Accept-Encoding: identity`, no `TE`).
+fn coding(headers: &hyper::HeaderMap) -> Option<String> {
+    let first = |name, undone: &[&str]| {
+        headers
+            .get_all(name)
+            .iter()
+            .flat_map(|v| v.as_bytes().split(|&b| b == b','))
+            .map(|c| String::from_utf8_lossy(c.trim_ascii()).into_owned())
+            .find(|c| !c.is_empty() && !undone.iter().any(|u| c.eq_ignore_ascii_case(u)))
+    };
+    first(CONTENT_ENCODING, &["identity"])
+        .or_else(|| first(TRANSFER_ENCODING, &["chunked", "identity"]))
 }
 
 /// Whether an answer's head says where its body ends (RFC 9112 §6.3, as hyper reads it):

@@ -51,6 +51,10 @@ pub const DRAIN: Duration = Duration::from_secs(30);
 /// how many since the last line): a flood must not become a flood of log lines.
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
 
+/// Connections whose client certificate names no one, said at most this often.
+static NAMELESS: std::sync::Mutex<crate::platform::log::Throttled> =
+    std::sync::Mutex::new(crate::platform::log::Throttled::new(REFUSAL_LOG_EVERY));
+
 /// Connection-level limits.
 #[derive(Debug, Clone, Copy)]
 pub struct ConnLimits {
@@ -287,15 +291,23 @@ pub async fn serve(
                     Peer::new(ip, Some(name)),
                 ),
                 // A certificate that verified but names nobody: two such clients could
-                // not be told apart, so neither is served. Said at warn, once a
-                // connection: the handshake succeeded, and only this says why every
-                // request then fails.
+                // not be told apart, so neither is served. Said at warn (the handshake
+                // succeeded, and only this says why every request then fails), at most
+                // once a minute with how many since: one line a connection was a flood.
                 (None, Some(_)) => {
-                    log::warn!(
-                        "client certificate from {ip} names no one (no common name, and no \
-                         DNS name, URI, email or IP address in its subjectAltName): its \
-                         requests are refused"
-                    );
+                    // A poisoned lock holds counts only: still usable.
+                    let said = NAMELESS
+                        .lock()
+                        .unwrap_or_else(|p| p.into_inner())
+                        .say(Instant::now());
+                    if let Some(n) = said {
+                        log::warn!(
+                            "{n} connection(s) with a client certificate that names no one \
+                             (no common name, and no DNS name, URI, email or IP address in \
+                             its subjectAltName), the latest from {ip}: their requests are \
+                             refused"
+                        );
+                    }
                     (None, Peer::cut_off(ip))
                 }
                 (_, None) => (None, Peer::new(ip, None)),

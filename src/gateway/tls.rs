@@ -170,10 +170,13 @@ impl TlsFiles {
     pub fn load(&self) -> Result<Arc<Tls>, TlsError> {
         // Here, so that a reload refuses a key made world-readable since the start.
         crate::secrets::refuse_world_readable(&self.key)?;
-        let chain: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&self.cert)
-            .map_err(|e| file_err(Role::Cert, &self.cert, e))?
-            .collect::<Result<_, _>>()
-            .map_err(|e| file_err(Role::Cert, &self.cert, e))?;
+        let read = |role, path: &Path| {
+            crate::secrets::read_regular(path).map_err(|e| file_err(role, path, e))
+        };
+        let chain: Vec<CertificateDer<'static>> =
+            CertificateDer::pem_slice_iter(&read(Role::Cert, &self.cert)?)
+                .collect::<Result<_, _>>()
+                .map_err(|e| file_err(Role::Cert, &self.cert, e))?;
         let Some(leaf) = chain.first().cloned() else {
             return Err(file_err(
                 Role::Cert,
@@ -181,7 +184,7 @@ impl TlsFiles {
                 "no certificate in PEM file",
             ));
         };
-        let key = PrivateKeyDer::from_pem_file(&self.key).map_err(|e| match e {
+        let key = PrivateKeyDer::from_pem_slice(&read(Role::Key, &self.key)?).map_err(|e| match e {
             // Found none, or read OpenSSL's `Proc-Type` header as bad base64.
             _ if encrypted(&self.key) => file_err(
                 Role::Key,
@@ -206,9 +209,7 @@ impl TlsFiles {
                     return Err(file_err(Role::ClientCa, ca, why));
                 }
                 let mut roots = RootCertStore::empty();
-                for c in CertificateDer::pem_file_iter(ca)
-                    .map_err(|e| file_err(Role::ClientCa, ca, e))?
-                {
+                for c in CertificateDer::pem_slice_iter(&read(Role::ClientCa, ca)?) {
                     roots
                         .add(c.map_err(|e| file_err(Role::ClientCa, ca, e))?)
                         .map_err(|e| file_err(Role::ClientCa, ca, e))?;

@@ -282,10 +282,10 @@ pub struct Status {
     pub halted: bool,
     /// `None` while serving; the reason while failing closed.
     pub fail_closed: Option<Unavailable>,
-    /// The index holds `capacity` keys: every new key is refused (`Capacity`) until one
-    /// expires or is released, while duplicates are still answered. (With one place left
-    /// a signed trade, which holds two, is refused too; that is not reported.) False
-    /// while halted or failing closed, which say so themselves.
+    /// Fewer places are left under `capacity` than a signed trade takes (two: its key and
+    /// its guard), so new trades are refused (`Capacity`) until keys expire or are
+    /// released, while duplicates are still answered. False while halted or failing
+    /// closed, which say so themselves.
     pub at_capacity: bool,
 }
 
@@ -385,7 +385,7 @@ pub struct Shared {
     pub live_keys: std::sync::atomic::AtomicUsize,
     /// The database is open.
     pub serving: std::sync::atomic::AtomicBool,
-    /// As [`Status::at_capacity`]: every new key refused, until one expires or is released.
+    /// As [`Status::at_capacity`]: new trades refused, until keys expire or are released.
     pub at_capacity: std::sync::atomic::AtomicBool,
     /// Set while the owner fails closed. Unlike `!serving`, false before the owner's first
     /// open: commands queued then are applied once it is open.

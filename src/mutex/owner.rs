@@ -33,6 +33,8 @@ use super::{
     Reserve, Shared, Snapshot, State, Status, Unavailable,
 };
 
+/// The most keys one trade takes: its own, and a signed request's guard.
+const MOST_KEYS_PER_TRADE: usize = 2;
 /// First pause after a failure; doubled up to `Config::reopen_backoff_max`.
 const BACKOFF_START: Duration = Duration::from_millis(50);
 
@@ -1214,10 +1216,15 @@ impl Owner {
         }
     }
 
-    /// Whether every new key is refused for the index being full. Halted or failing
-    /// closed, every trade is refused for that, and said so.
+    /// Whether a new trade may be refused for the index being full: fewer places are left
+    /// than a signed trade takes (its key and its signature's guard; at a capacity of one,
+    /// none). With one place left every signed trade was refused while readiness, `status`
+    /// and the gauges said the gateway served. Halted or failing closed, every trade is
+    /// refused for that, and said so.
     fn at_capacity(&self) -> bool {
-        self.failure.is_none() && !self.halted && self.index.len() >= self.config.capacity
+        let capacity = self.config.capacity;
+        let signed = MOST_KEYS_PER_TRADE.min(capacity);
+        self.failure.is_none() && !self.halted && self.index.len() + signed > capacity
     }
 
     /// A file of the database removed or replaced while open (`Store::files_in_place`)

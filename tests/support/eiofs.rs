@@ -137,6 +137,12 @@ impl EioMount {
         self.power.frozen.store(true, Ordering::SeqCst);
     }
 
+    /// While `hold`, every read waits, as on a hung network mount: its reader sits in
+    /// read(2) until the hold ends (or 30 s pass).
+    pub fn hold_reads(&self, hold: bool) {
+        self.power.reads_held.store(hold, Ordering::SeqCst);
+    }
+
     /// How many O_DSYNC writes a volatile mount has taken (the journal's direct I/O).
     pub fn dsync_writes(&self) -> u64 {
         self.power.dsync_writes.load(Ordering::SeqCst)
@@ -165,6 +171,8 @@ impl EioMount {
 
 impl Drop for EioMount {
     fn drop(&mut self) {
+        // A read held would hold the unmount too.
+        self.hold_reads(false);
         if let Some(s) = self.session.take()
             && let Err(e) = s.umount_and_join()
         {
@@ -332,6 +340,8 @@ struct Power {
     frozen: AtomicBool,
     /// O_DSYNC writes seen: a test tells the journal's two ways of syncing apart by it.
     dsync_writes: AtomicU64,
+    /// Reads wait while set ([`EioMount::hold_reads`]).
+    reads_held: AtomicBool,
 }
 
 impl Power {
@@ -664,6 +674,12 @@ impl Filesystem for EioFs {
         _lock_owner: Option<LockOwner>,
         reply: ReplyData,
     ) {
+        // At most 30 s: a test that failed while it held reads drops its gateway first,
+        // which waits for the gateway's exit, which waits for this read.
+        let until = std::time::Instant::now() + Duration::from_secs(30);
+        while self.power.reads_held.load(Ordering::SeqCst) && std::time::Instant::now() < until {
+            std::thread::sleep(Duration::from_millis(10));
+        }
         let st = self.state();
         let r = st.file(fh).and_then(|f| {
             let mut buf = vec![0u8; size as usize];
