@@ -259,8 +259,8 @@ where
     true
 }
 
-/// An answer whose body cannot be read (cut short, over the 1 MiB read, or stalled past
-/// the timeout): a 2xx may have been a fill, so its outcome is unknown and the key is held;
+/// An answer whose body cannot be read (cut short, or stalled past the timeout; over the
+/// 1 MiB read: `an_answer_is_read_up_to_one_mib_and_no_further`): a 2xx may have been a fill, so its outcome is unknown and the key is held;
 /// anything else is a failure whatever its body said, and the key is released.
 #[tokio::test]
 async fn an_unreadable_answer_is_unknown_only_when_it_is_2xx() {
@@ -407,6 +407,55 @@ async fn a_close_without_close_notify_ends_a_close_delimited_answer() {
             );
         }
     }
+}
+
+/// The executor's answer is read up to 1 MiB, however it arrives: a 2xx of exactly 1 MiB,
+/// in many reads, is a fill; one byte more is not read, and may be one (unknown, held).
+#[tokio::test]
+async fn an_answer_is_read_up_to_one_mib_and_no_further() {
+    const MIB: usize = 1 << 20;
+    for (size, want) in [(MIB, "success"), (MIB + 1, "unknown")] {
+        let head = r#"{"success":true,"pad":""#;
+        let pad = "x".repeat(size - head.len() - 2);
+        let body = format!("{head}{pad}\"}}");
+        assert_eq!(body.len(), size);
+        let answer = format!(
+            "HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: {size}\r\n\r\n{body}"
+        );
+        let answer: &'static [u8] = Box::leak(answer.into_bytes().into_boxed_slice());
+        let exec = http(&answering(answer, false).await, Duration::from_secs(5));
+        let outcome = exec.execute(&order("big")).await;
+        assert_eq!(outcome.label(), want, "{size} bytes");
+    }
+}
+
+/// A body that only the connection's close ends is ended by a close, not by a reset: an
+/// executor that dies mid-answer resets, and what came before the reset (here a whole
+/// `{"success":false}`) may be the start of a longer answer. Unknown, held.
+#[tokio::test]
+async fn a_reset_does_not_end_a_close_delimited_answer() {
+    use tokio::io::AsyncWriteExt;
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!("http://{}/orders", listener.local_addr().unwrap());
+    tokio::spawn(async move {
+        let (mut tcp, _) = listener.accept().await.unwrap();
+        if answer_one(
+            &mut tcp,
+            b"HTTP/1.0 200 OK\r\n\r\n{\"success\":false}",
+            false,
+        )
+        .await
+        {
+            let _ = tcp.flush().await;
+            // Let the client read the body before the reset comes.
+            tokio::time::sleep(Duration::from_millis(200)).await;
+            tcp.set_linger(Some(Duration::ZERO)).unwrap();
+            drop(tcp);
+        }
+    });
+    let exec = http(&url, Duration::from_secs(5));
+    let outcome = exec.execute(&order("reset-after-body")).await;
+    assert_eq!(outcome.label(), "unknown", "{outcome:?}");
 }
 
 /// The gateway asks for no content coding (and offers no transfer coding but chunked); a

@@ -1463,6 +1463,17 @@ async fn cut_off_by_a_reload(mtls_required: bool) {
         t.to_string()
     };
     let mut kept = connections_that_ordered(&setup, &gw, &desk, &order).await;
+    // A reload that keeps the CA (a secret rotated, say) cuts no one off.
+    unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
+    gw.wait_logged("reloaded the TLS certificate and the secrets");
+    for (alpn, conn) in &mut kept {
+        let r = conn
+            .post(&gw.url(), &[], order(&format!("same-ca-{alpn:?}")))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{alpn:?}: {:?}", r.json());
+    }
+    assert_eq!(exec.calls(), 4);
     // Another CA in its place, and a reload.
     let other = support::pki::Pki::new(setup.dir.path(), "other");
     std::fs::copy(&other.ca_cert, setup.dir.path().join("client-ca.pem")).unwrap();
@@ -1487,7 +1498,7 @@ async fn cut_off_by_a_reload(mtls_required: bool) {
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
     each_refused_then_closed(&mut kept, &gw, &order).await;
-    assert_eq!(exec.calls(), 2, "only the orders from before the reload");
+    assert_eq!(exec.calls(), 4, "only the orders from before the reload");
     // Lines reach the test from a reading thread, after the answers may have.
     gw.wait_logged("no longer verifies after a reload");
 }
