@@ -449,7 +449,7 @@ async fn a_reset_does_not_end_a_close_delimited_answer() {
             let _ = tcp.flush().await;
             // Let the client read the body before the reset comes.
             tokio::time::sleep(Duration::from_millis(200)).await;
-            tcp.set_linger(Some(Duration::ZERO)).unwrap();
+            tcp.set_zero_linger().unwrap();
             drop(tcp);
         }
     });
