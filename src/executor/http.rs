@@ -8,8 +8,8 @@
 //! fill, so it is `Unknown` and the key is held. So is a 2xx whose body only the
 //! connection's close ended (with TLS's close_notify or without) and which is not JSON:
 //! such a body cut short by a clean close reads as whole, and "unparsable" (a soft-fail,
-//! SPEC §4) cannot be told from "cut short". So is a 2xx in a content coding: its
-//! `success` cannot be read.
+//! SPEC §4) cannot be told from "cut short". So is a 2xx in a coding the client does not
+//! undo (a content coding, a transfer coding but chunked): its `success` cannot be read.
 
 use std::fmt;
 use std::future::Future;
