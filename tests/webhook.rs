@@ -1363,7 +1363,7 @@ async fn an_expired_client_certificate_places_no_order_on_open_or_resumed_connec
     let end = time::OffsetDateTime::now_utc()
         .replace_nanosecond(0)
         .unwrap()
-        + time::Duration::seconds(4);
+        + time::Duration::seconds(6);
     let desk = setup.pki.client_until("desk-soon", end);
     let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Any, Some(&desk));
     let order = |k: &str| {
