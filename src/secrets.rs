@@ -102,11 +102,9 @@ pub enum SecretError {
         dir: PathBuf,
         mode: u32,
     },
-    #[error("{} is a folder, not a file (an empty path names the config's folder)", .path.display())]
-    Folder { path: PathBuf },
-    /// A FIFO, a socket, a device: a read of one may never end.
-    #[error("{} is not a regular file", .path.display())]
-    NotAFile { path: PathBuf },
+    /// A folder, or a FIFO, a socket, a device (a read of one may never end): `not_a_file`.
+    #[error("{} {why}", .path.display())]
+    NotAFile { path: PathBuf, why: &'static str },
     #[error("secrets file {} holds no secret", .path.display())]
     Empty { path: PathBuf },
     #[error("secrets file {} is larger than 1 MiB", .path.display())]
@@ -180,16 +178,24 @@ fn open_unblocked(path: &Path) -> std::io::Result<std::fs::File> {
         .open(path)
 }
 
+/// Why what `meta` describes is no file to read, if it is not one: a folder, or what is
+/// not a regular file (a FIFO, a device), whose read may never end.
+fn not_a_file(meta: &std::fs::Metadata) -> Option<&'static str> {
+    if meta.is_dir() {
+        Some("is a folder, not a file (an empty path names the config's folder)")
+    } else if !meta.is_file() {
+        Some("is not a regular file")
+    } else {
+        None
+    }
+}
+
 /// The whole of a file the config names (itself, a certificate, a CA bundle), refusing at
 /// once a folder or what is not a regular file (a FIFO, a device), whose read may never end.
 pub fn read_regular(path: &Path) -> std::io::Result<Vec<u8>> {
     let mut file = open_unblocked(path)?;
-    let meta = file.metadata()?;
-    if meta.is_dir() {
-        return Err(std::io::Error::other("is a folder, not a file"));
-    }
-    if !meta.is_file() {
-        return Err(std::io::Error::other("is not a regular file"));
+    if let Some(why) = not_a_file(&file.metadata()?) {
+        return Err(std::io::Error::other(why));
     }
     let mut bytes = Vec::new();
     file.read_to_end(&mut bytes)?;
@@ -283,14 +289,10 @@ fn open_folder(path: &Path) -> Option<(PathBuf, u32)> {
 fn private(path: &Path, meta: &std::fs::Metadata) -> Result<(), SecretError> {
     // Before its mode: a folder's usual 0755 would read as "readable by everyone", and the
     // chmod that suggests leaves it a folder.
-    if meta.is_dir() {
-        return Err(SecretError::Folder {
-            path: path.to_owned(),
-        });
-    }
-    if !meta.is_file() {
+    if let Some(why) = not_a_file(meta) {
         return Err(SecretError::NotAFile {
             path: path.to_owned(),
+            why,
         });
     }
     let mode = meta.permissions().mode();
@@ -414,7 +416,7 @@ mod tests {
             refuse_world_readable(&folder).map(|()| vec![]),
         ] {
             let e = e.unwrap_err();
-            assert!(matches!(e, SecretError::Folder { .. }), "{e}");
+            assert!(matches!(e, SecretError::NotAFile { .. }), "{e}");
             assert!(e.to_string().contains("is a folder, not a file"), "{e}");
         }
 

@@ -25,11 +25,16 @@ fn order(key: &str) -> Order {
 }
 
 fn http(url: &str, timeout: Duration) -> Executor {
+    trusting(url, timeout, None)
+}
+
+/// An executor at `url` that trusts the private CA in `ca_file` (https), if given.
+fn trusting(url: &str, timeout: Duration, ca_file: Option<&std::path::Path>) -> Executor {
     Executor::Http(
         HttpExecutor::new(HttpConfig {
             url: url.parse().unwrap(),
             timeout,
-            ca_file: None,
+            ca_file: ca_file.map(ToOwned::to_owned),
         })
         .unwrap(),
     )
@@ -390,14 +395,7 @@ async fn a_close_without_close_notify_ends_a_close_delimited_answer() {
     for close in [Close::Notify, Close::Bare] {
         for (answer, want) in answers {
             let url = answering_on(answer, false, Some((acceptor.clone(), close))).await;
-            let exec = Executor::Http(
-                HttpExecutor::new(HttpConfig {
-                    url: url.parse().unwrap(),
-                    timeout: Duration::from_secs(2),
-                    ca_file: Some(pki.ca_cert.clone()),
-                })
-                .unwrap(),
-            );
+            let exec = trusting(&url, Duration::from_secs(2), Some(&pki.ca_cert));
             let outcome = exec.execute(&order("tls-close")).await;
             assert_eq!(
                 outcome.label(),
@@ -609,14 +607,7 @@ async fn https_upstream_on_a_private_ca() {
     let pki = Pki::new(dir.path(), "upstream");
     let mock = MockExecutor::start_tls(&pki.server).await;
     for url in [mock.url(), mock.url_localhost()] {
-        let exec = Executor::Http(
-            HttpExecutor::new(HttpConfig {
-                url: url.parse().unwrap(),
-                timeout: Duration::from_secs(5),
-                ca_file: Some(pki.ca_cert.clone()),
-            })
-            .unwrap(),
-        );
+        let exec = trusting(&url, Duration::from_secs(5), Some(&pki.ca_cert));
         let outcome = exec.execute(&order("tls")).await;
         assert!(
             matches!(outcome, Outcome::Success { .. }),

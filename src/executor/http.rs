@@ -195,7 +195,9 @@ impl HttpExecutor {
         // A 2xx in a coding this reads not (it asks for none, but RFC 9110 lets a server
         // send one anyway): its `success` cannot be read, and the order may have filled.
         // Read as unparsable, its key was released and the retry placed again.
-        if let Some(coding) = coding(response.headers()).filter(|_| is_2xx(status)) {
+        if is_2xx(status)
+            && let Some(coding) = coding(response.headers())
+        {
             return Outcome::Unknown(format!(
                 "answer {status} in the coding {coding:?}, which the gateway does not \
                  decode: it may have been a fill"
