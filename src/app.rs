@@ -236,6 +236,7 @@ impl Started {
     pub async fn serve(self, shutdown: impl Future<Output = ()>) {
         let Started {
             gateway_addr,
+            admin_addr,
             config,
             mutex,
             owner,
@@ -288,6 +289,7 @@ impl Started {
             hangup,
             announce.clone(),
             config.clone(),
+            admin_addr,
             tls.clone(),
             gw.clone(),
         ));
@@ -496,6 +498,42 @@ async fn ping(mutex: &Mutex) -> Result<mutex::Status, (Unavailable, bool)> {
     })
 }
 
+/// The client namespaces (`psk.NAME`) `before` gave and `after` does not: a client
+/// renamed or taken out. Its live keys keep the old name, so its retries, under the new
+/// one, no longer meet them: said at the reload, while the operator is looking.
+fn names_gone(before: &Authenticator, after: &Authenticator) -> Vec<String> {
+    let after = after.namespaces();
+    before
+        .namespaces()
+        .into_iter()
+        .filter(|n| !after.contains(n))
+        .collect()
+}
+
+/// What the restart that applies `pending` will also do, for the keys whose change costs
+/// more than a setting: said at the reload, not at a restart days later (a crash, an
+/// upgrade) that no one is watching.
+fn restart_would(running: &Config, admin_addr: Option<&str>, pending: &[String]) -> String {
+    let mut out = String::new();
+    if pending.iter().any(|k| k == "store.path") {
+        out += &format!(
+            "; store.path: the restart opens the database at the new path, without the \
+             live keys (or a halt) held in {}: retries of their trades will be sent",
+            running.store_path.display()
+        );
+    }
+    if let Some(admin) = admin_addr
+        && pending.iter().any(|k| k == "admin.listen")
+    {
+        out += &format!(
+            "; admin.listen: the admin API stays at {admin} until the restart, where \
+             `hoox-edge status`, `halt` and the other commands reading this file do not look \
+             (give them --admin {admin})"
+        );
+    }
+    out
+}
+
 /// Where `config` came from, as an error names it.
 fn config_file(config: &Config) -> String {
     config.source.as_ref().map_or_else(
@@ -557,6 +595,7 @@ async fn reload_on_hangup(
     hangup: std::io::Result<Signal>,
     announce: Announce,
     config: Config,
+    admin_addr: Option<String>,
     tls: TlsConfig,
     gw: Arc<Gateway>,
 ) {
@@ -591,16 +630,27 @@ async fn reload_on_hangup(
             Ok((new_tls, authenticator, next, pending)) => {
                 served(&new_tls, &next, &gw.metrics);
                 tls.replace(new_tls);
+                let gone = names_gone(&gw.auth.current(), &authenticator);
                 gw.auth.replace(Arc::new(authenticator));
                 config = next;
                 log::info!("reloaded the TLS certificate and the secrets");
+                if !gone.is_empty() {
+                    log::warn!(
+                        "{}: the secrets no longer name {}: the keys taken under those \
+                         names stay there, so a trade they hold, sent again under another \
+                         name, is a new trade and will be sent",
+                        config_file(&config),
+                        gone.join(", ")
+                    );
+                }
                 lock(&announce.restart_pending).clone_from(&pending);
                 if !pending.is_empty() {
                     log::warn!(
                         "{}: {}: changed since the start, which only a restart applies \
-                         (systemctl restart hoox-edge): not applied",
+                         (systemctl restart hoox-edge): not applied{}",
                         config_file(&config),
-                        pending.join(", ")
+                        pending.join(", "),
+                        restart_would(&config, admin_addr.as_deref(), &pending)
                     );
                 }
             }

@@ -227,6 +227,20 @@ fn check_config(config: &Path) -> ExitCode {
     if loaded.admin.is_none() {
         eprintln!("hoox-edge: warning: {}", crate::app::NO_ADMIN);
     }
+    // Not an error: the gateway starts without it (a mount not up yet), failing closed
+    // until it is there. But a typo passed for ok here refuses every trade.
+    let folder = match loaded.store_path.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    if !folder.is_dir() {
+        eprintln!(
+            "hoox-edge: warning: {}: store.path: the folder {} is not there (yet): the \
+             gateway refuses every trade (503) until it is",
+            config.display(),
+            folder.display()
+        );
+    }
     // Loaded once already, by `Config::load`: this only reads the certificate's dates.
     let tls = loaded.tls.load().ok();
     if let Some(w) = tls.and_then(|t| t.date_warning(&loaded.tls.cert)) {

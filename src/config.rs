@@ -663,8 +663,13 @@ impl Config {
             crate::gateway::limits::Allowlist::parse(&raw.limits.allow_ips.unwrap_or_default())
                 .map_err(|e| err("limits.allow_ips", e))?;
         let capacity = raw.limits.capacity.unwrap_or(1_000_000);
-        if capacity == 0 {
-            return Err(err("limits.capacity", "must be at least 1".into()));
+        if capacity < 2 {
+            return Err(err(
+                "limits.capacity",
+                "must be at least 2: a signed trade takes two places (its key and its \
+                 signature's guard), and new trades are refused from fewer free"
+                    .into(),
+            ));
         }
 
         Ok(Config {
@@ -1393,7 +1398,8 @@ mod tests {
             r.limits.allow_ips = Some(vec!["10.1.1.1".into()])
         });
         expect(ips, false, |r| r.limits.allow_ips = Some(vec![]));
-        expect("limits.capacity", true, |r| r.limits.capacity = Some(1));
+        expect("limits.capacity", true, |r| r.limits.capacity = Some(2));
+        expect("limits.capacity", false, |r| r.limits.capacity = Some(1));
         expect("limits.capacity", false, |r| r.limits.capacity = Some(0));
         let rate = "limits.rate_per_s";
         expect(rate, true, |r| r.limits.rate_per_s = Some(0.001));

@@ -1036,6 +1036,24 @@ fn check_config(config: &std::path::Path) -> (Option<i32>, String) {
     )
 }
 
+/// A `store.path` whose folder is not there passes (the gateway starts and fails closed
+/// until a late mount comes up), with a warning: a typo said ok refused every trade.
+#[test]
+fn check_config_warns_of_a_store_folder_not_there() {
+    let mut setup = Setup::new(None);
+    let warning = "store.path: the folder";
+    for (path, warned) in [
+        ("state/mutex.redb", false),
+        ("mutex.redb", false),
+        ("stat/mutex.redb", true),
+    ] {
+        setup.set("store", "path", path);
+        let (code, err) = check_config(&setup.write_config());
+        assert_eq!(code, Some(0), "{path}: {err}");
+        assert_eq!(err.contains(warning), warned, "{path}: {err}");
+    }
+}
+
 /// A config without `[admin]` passes (an operator may want no admin face), and is warned
 /// of, as `serve` warns: before a deploy finds no /readyz, key release or kill switch.
 /// Its "ok" names the executor, as `serve` does at start: a config without `[executor]`

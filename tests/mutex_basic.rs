@@ -356,7 +356,9 @@ fn after_a_reboot_a_key_is_held_no_longer_than_its_ttl_by_the_monotonic_clock() 
 fn capacity_refuses_new_keys_but_not_duplicates() {
     let dir = tempfile::tempdir().unwrap();
     let (clock, time) = Clock::manual(T0);
-    let (m, owner) = start_capped(&dir.path().join("m.redb"), clock, 2);
+    // Two keys of three: one place is left, fewer than a signed trade takes, so every
+    // new trade is refused, keyed or signed.
+    let (m, owner) = start_capped(&dir.path().join("m.redb"), clock, 3);
     rt().block_on(async {
         granted(m.reserve(reserve(&key("a"), 1_000, 1)).await);
         granted(m.reserve(reserve(&key("b"), 5_000, 1)).await);
@@ -838,7 +840,8 @@ fn a_guard_holds_a_signature_beside_its_trade() {
         granted(m.reserve(guarded(&other, 2)).await);
 
         // Four entries live (two trades, two guards) of five: a guarded request needs
-        // two places, and is refused; a plain one fits.
+        // two places, and is refused; so is a plain one, which would fit: full is one rule
+        // for every new trade, the one `/readyz` and `status` report.
         assert_eq!(
             m.reserve(guarded(&key("full"), 3)).await,
             Decision::Unavailable(Unavailable::Capacity)
@@ -848,7 +851,11 @@ fn a_guard_holds_a_signature_beside_its_trade() {
             None,
             "a refusal stores nothing"
         );
-        granted(m.reserve(reserve(&key("plain"), 300_000, 1)).await);
+        assert_eq!(
+            m.reserve(reserve(&key("plain"), 300_000, 1)).await,
+            Decision::Unavailable(Unavailable::Capacity)
+        );
+        assert!(m.ping().await.unwrap().at_capacity);
 
         // The guard lives its own TTL: past it, the signature holds nothing.
         time.advance_ms(600_000);

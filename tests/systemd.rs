@@ -651,6 +651,69 @@ async fn sighup_applies_the_config_files_auth_and_names_what_takes_a_restart() {
     );
 }
 
+/// What a restart or a reload leaves behind is said while the operator is looking. The
+/// start that makes the database says so: the one start that should is the first; any
+/// other (a `store.path` changed, a state folder moved) runs without the old database's
+/// keys, and their retries are sent. A start that finds it says nothing of the kind. A
+/// reload that leaves `store.path` or `admin.listen` to a restart says what that restart
+/// costs; one whose secrets no longer name a client, that its keys stay behind.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn what_a_restart_or_a_renamed_client_leaves_behind_is_said() {
+    let mut setup = Setup::new(None);
+    let bearer = setup.dir.path().join("secrets/bearer");
+    let secret = support::gateway::SECRET;
+    support::gateway::write_secret(&bearer, &format!("@desk-a tok-a\n{secret}\n"));
+    let made = "mutex: no database at";
+    let mut gw = setup.start();
+    gw.wait_ready().await;
+    let db = setup.dir.path().join("state/mutex.redb");
+    let log = gw.wait_logged(made);
+    let line = log.lines().find(|l| l.contains(made)).unwrap();
+    assert!(
+        line.contains(&format!("{}: made a new one", db.display())),
+        "{line}"
+    );
+    assert!(gw.terminate().success());
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let log = gw.wait_logged("ready: database open");
+    assert!(!log.contains(made), "{log}");
+
+    support::gateway::write_secret(&bearer, &format!("@desk-c tok-a\n{secret}\n"));
+    setup.set("store", "path", "state/moved.redb");
+    setup.set("admin", "listen", "127.0.0.1:9");
+    setup.write_config();
+    unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
+    let log = gw.wait_logged("only a restart applies");
+    let line = log
+        .lines()
+        .find(|l| l.contains("only a restart applies"))
+        .unwrap();
+    assert!(
+        line.contains("admin.listen, store.path: changed since the start"),
+        "{line}"
+    );
+    let held = format!("without the live keys (or a halt) held in {}", db.display());
+    assert!(line.contains(&held), "{line}");
+    let admin = gw.admin.as_ref().unwrap().to_string();
+    assert!(
+        line.contains(&format!("the admin API stays at {admin} until the restart")),
+        "{line}"
+    );
+    let line = log
+        .lines()
+        .find(|l| l.contains("the secrets no longer name"))
+        .unwrap_or_else(|| panic!("{log}"));
+    // `psk`, the unnamed secrets' namespace, is still given.
+    assert!(
+        line.contains("no longer name psk.desk-a: the keys"),
+        "{line}"
+    );
+    // The old admin address still answers, and the gateway still serves.
+    assert_eq!(gw.admin("GET", "/readyz").await.0, 200);
+    assert_eq!(gw.post(&trade("BTCUSDT"), &[]).await.status, 200);
+}
+
 /// The unit file the package installs runs the gateway the way the code above expects: it
 /// waits for READY=1 (Type=notify), takes the notify messages the main process sends from any
 /// of its threads (NotifyAccess=main), and enables the watchdog the supervisor feeds.
@@ -878,7 +941,7 @@ impl Drop for MadeDirs {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_full_gateway_says_so_and_still_starts_ready() {
     let mut setup = Setup::new(None);
-    setup.set("limits", "capacity", 1);
+    setup.set("limits", "capacity", 2);
     let full = "fail-closed: live-key capacity reached; 1 live keys";
     let watchdog = [("WATCHDOG_USEC", "2000000")];
     let (sock, mut gw) = start_notified(&setup, &watchdog);

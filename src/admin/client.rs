@@ -17,7 +17,13 @@ pub const TIMEOUT: Duration = Duration::from_secs(10);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {
-    #[error("cannot connect to the admin listener at {at}: {source}")]
+    /// The address comes from the config file as it is now, or `--admin`: a gateway
+    /// started before `[admin] listen` was changed still listens where it was.
+    #[error(
+        "cannot connect to the admin listener at {at}: {source} (is the gateway running? \
+         it listens where `[admin] listen` said when it started, until a restart; --admin \
+         names another address)"
+    )]
     Connect {
         at: String,
         #[source]

@@ -216,6 +216,16 @@ impl Authenticator {
         Ok(a)
     }
 
+    /// The namespaces the shared secrets give their clients (`psk`, `psk.NAME`), for a
+    /// reload to say which it takes away.
+    pub fn namespaces(&self) -> std::collections::BTreeSet<String> {
+        [&self.api_keys, &self.hmac, &self.bearer]
+            .into_iter()
+            .flatten()
+            .map(|s| Identity::psk_of(s.client()).as_str().to_owned())
+            .collect()
+    }
+
     pub fn configured(&self, m: Method) -> bool {
         match m {
             Method::ApiKey => !self.api_keys.is_empty(),

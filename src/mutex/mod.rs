@@ -42,7 +42,8 @@ pub type PayloadHash = [u8; 32];
 pub struct Config {
     /// The redb file. Its directory must exist; the file is created on first open.
     pub path: PathBuf,
-    /// Most live keys held at once; a reserve beyond it is `Unavailable::Capacity`.
+    /// Most live keys held at once. A new trade is refused (`Unavailable::Capacity`) with
+    /// fewer places free than a signed trade takes (two); at least 2.
     pub capacity: usize,
     /// Most commands taken from the channel for one batch (one journal record; a batch
     /// that does not fit the journal costs a checkpoint too). Commits, releases and kill

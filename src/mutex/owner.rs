@@ -807,13 +807,15 @@ impl Owner {
             return Ok(Decision::Duplicate(duplicate(&g.key, live, now)));
         }
         // Both keys are free by now: one still in the index is expired, and is replaced in
-        // place, so only those not in it take a new one.
+        // place, so only those not in it take a new one. A trade that takes any place needs
+        // as many free as a signed one takes, signed or not: so full (`at_capacity`, what
+        // `/readyz`, `status` and the gauges say) is exactly when new trades are refused.
         let new = [Some(&req.key), req.guard.as_ref().map(|g| &g.key)]
             .into_iter()
             .flatten()
             .filter(|k| !self.index.contains_key(k.as_str()))
             .count();
-        if self.index.len() + new > self.config.capacity {
+        if new > 0 && self.index.len() + MOST_KEYS_PER_TRADE > self.config.capacity {
             return Ok(Decision::Unavailable(Unavailable::Capacity));
         }
         *durable = true;
@@ -1216,15 +1218,14 @@ impl Owner {
         }
     }
 
-    /// Whether a new trade may be refused for the index being full: fewer places are left
-    /// than a signed trade takes (its key and its signature's guard; at a capacity of one,
-    /// none). With one place left every signed trade was refused while readiness, `status`
-    /// and the gauges said the gateway served. Halted or failing closed, every trade is
-    /// refused for that, and said so.
+    /// Whether new trades are refused for the index being full: fewer places are left than
+    /// a signed trade takes (its key and its signature's guard), the rule `reserve` applies
+    /// to every new trade. Halted or failing closed, every trade is refused for that, and
+    /// said so.
     fn at_capacity(&self) -> bool {
-        let capacity = self.config.capacity;
-        let signed = MOST_KEYS_PER_TRADE.min(capacity);
-        self.failure.is_none() && !self.halted && self.index.len() + signed > capacity
+        self.failure.is_none()
+            && !self.halted
+            && self.index.len() + MOST_KEYS_PER_TRADE > self.config.capacity
     }
 
     /// A file of the database removed or replaced while open (`Store::files_in_place`)

@@ -362,7 +362,18 @@ pub(super) fn open(
             Some(&journal_path),
         ));
     } else {
-        create(&builder, path)?
+        let db = create(&builder, path)?;
+        // Said loudly, once: the one start that should make a database is the first. Any
+        // other (a `store.path` changed, a state folder moved or restored elsewhere) has
+        // left every live key, and a halt, in a database this gateway no longer reads.
+        log::warn!(
+            "mutex: no database at {}: made a new one, with no live keys. On a first \
+             start that is as it should be; otherwise the keys held in the database used \
+             before (another store.path, a state folder moved) are not here, nor a halt \
+             set there: retries of their trades will be sent",
+            path.display()
+        );
+        db
     };
     let db_identity = identity(path)?;
     // Drafts never held a key: this start's own, once linked a second name of the database
