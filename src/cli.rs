@@ -687,9 +687,9 @@ fn admin_face(args: &AdminArgs) -> Result<(Listen, tokio::runtime::Runtime), Exi
 }
 
 /// One operator request, its answer printed and judged as [`operator_judged`] says. A 2xx
-/// answer without `field` (a JSON object's member) is not hoox-edge's: another service at
-/// the admin address, whose `{}` to `halt` once exited 0, the operator told that trading
-/// was halted. It exits 69, on stderr.
+/// answer without `field` (a JSON object's member), or a refusal without a problem `code`,
+/// is not hoox-edge's: another service at the admin address, whose `{}` to `halt` once
+/// exited 0, the operator told that trading was halted. It exits 69, on stderr.
 fn call(
     listen: &Listen,
     rt: &tokio::runtime::Runtime,
@@ -717,6 +717,15 @@ fn call(
                     ExitCode::from(EX_UNAVAILABLE)
                 }
             }
+        }
+        // hoox-edge's refusals are problem documents with a `code`: anything else (a web
+        // server's 404 page) is another service's, not a "no such key".
+        Ok((status, body)) if !has_member(&body, "code") => {
+            eprintln!(
+                "hoox-edge: admin listener {listen} answered {status} without a problem \
+                 \"code\": not hoox-edge's admin API (another service at that address?): {body}"
+            );
+            ExitCode::from(EX_UNAVAILABLE)
         }
         Ok((status, body)) => {
             eprintln!("{body}");

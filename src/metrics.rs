@@ -126,7 +126,7 @@ impl Metrics {
         );
         registry.register(
             "executor_duration_seconds",
-            "Time the executor took to answer",
+            "Time the executor took to answer, or to fail to be reached",
             executor_duration.clone(),
         );
         registry.register(
@@ -290,7 +290,7 @@ fn mutex_registry(shared: &Shared) -> Registry {
     );
     r.register(
         "batch_size",
-        "Commands applied per group commit",
+        "Commands the owner took in one turn; a turn that grants a key is one group commit, reads and carried commits take turns too",
         HistogramCopy::of(&s.batch_size),
     );
     r

@@ -195,6 +195,14 @@ async fn failing_closed_beside(holder: &Setup) -> (Setup, Gateway) {
 /// An admin face that says it runs `version` and answers every request 200 `{}`, as a
 /// gateway of another version would; the request lines it got, in order.
 fn admin_of_version(version: &'static str) -> (String, std::sync::Arc<Mutex<Vec<String>>>) {
+    admin_answering("200 OK", version)
+}
+
+/// As [`admin_of_version`], answering every request with `status` (`"404 Not Found"`).
+fn admin_answering(
+    status: &'static str,
+    version: &'static str,
+) -> (String, std::sync::Arc<Mutex<Vec<String>>>) {
     use std::io::{BufRead, BufReader, Write};
     let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
     let at = listener.local_addr().unwrap().to_string();
@@ -220,7 +228,7 @@ fn admin_of_version(version: &'static str) -> (String, std::sync::Arc<Mutex<Vec<
             };
             log.lock().unwrap().push(line.trim().to_string());
             let answer = format!(
-                "HTTP/1.1 200 OK\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
+                "HTTP/1.1 {status}\r\ncontent-length: {}\r\nconnection: close\r\n\r\n{body}",
                 body.len()
             );
             let _ = tcp.write_all(answer.as_bytes());
@@ -331,6 +339,17 @@ fn an_answer_that_is_not_hoox_edges_is_not_taken_for_one() {
         );
     }
     assert_eq!(seen.lock().unwrap().len(), 4);
+    // Nor a refusal that is not hoox-edge's (a 404 page): exit 1 would tell `keys show K`
+    // there is no such key, and `halt` that it was refused for a reason of hoox-edge's.
+    for status in ["404 Not Found", "501 Not Implemented"] {
+        let (at, _) = admin_answering(status, "0.2.14");
+        for args in [&["halt"][..], &["keys", "show", "client:psk:live:k"]] {
+            let o = cli(&[args, &["--admin", &at]].concat());
+            let said = String::from_utf8_lossy(&o.stderr);
+            assert_eq!(o.status.code(), Some(69), "{status} {args:?}: {said}");
+            assert!(said.contains("not hoox-edge's admin API"), "{said}");
+        }
+    }
 }
 
 /// A gateway that cannot answer (its database is held by another process, so it fails

@@ -219,13 +219,19 @@ async fn soft_fail_and_errors_release_so_a_retry_runs() {
         t["idempotencyKey"] = json!(k);
         t
     };
-    for (mode, k) in [(Mode::SoftFail, "soft-1"), (Mode::ServerError, "err-1")] {
+    for (mode, k, said) in [
+        (Mode::SoftFail, "soft-1", "200 without success (soft_fail)"),
+        (Mode::ServerError, "err-1", "500 without success (failed)"),
+    ] {
         exec.set_mode(mode);
         let before = exec.calls();
         let r = gw.post(&body(k), &[]).await;
         assert_eq!(r.status, 502, "{mode:?}");
         assert_eq!(code(&r.json()), "EXECUTION_FAILED");
         assert_eq!(r.header("hoox-idempotency-outcome"), Some("released"));
+        // The log says what the executor answered, which the webhook's line does not.
+        let log = gw.wait_logged(&format!("executor answered {said}: key released"));
+        assert!(log.contains(&format!("key=client:psk:live:{k}")), "{log}");
         assert_eq!(exec.calls(), before + 1);
         assert_eq!(
             key_state(&gw, &format!("client:psk:live:{k}")).await,
@@ -944,6 +950,10 @@ async fn kill_switch_halts_and_persists() {
     assert!(gw.terminate().success());
     let gw = setup.start();
     gw.wait_unready_because("halted").await;
+    // A clean start that finds the switch set says so, not that a failed write reached
+    // the disk.
+    let log = gw.stderr();
+    assert!(!log.contains("the kill switch reads"), "{log}");
     let r = gw.post(&trade("BTCUSDT"), &[]).await;
     assert_eq!(code(&r.json()), "KILL_SWITCH");
     assert_eq!(gw.admin("POST", "/resume").await.0, 200);
@@ -1022,6 +1032,17 @@ async fn replay_answers_a_duplicate_with_the_stored_response() {
     // The stored body: the mock numbers its orders, so a second call would differ.
     assert_eq!(again.body, first.body);
     assert_eq!(exec.calls(), 1);
+    // The key is committed, as the header says; the audit trail says the second request
+    // placed nothing: with `outcome=committed` on both lines it read as two fills.
+    assert_eq!(again.header("hoox-idempotency-outcome"), Some("committed"));
+    let outcomes: Vec<_> = gw
+        .wait_logged("outcome=replayed")
+        .lines()
+        .filter(|l| l.contains(": webhook ") && l.contains(key))
+        .filter_map(|l| l.split(" outcome=").nth(1)?.split(' ').next())
+        .map(str::to_owned)
+        .collect();
+    assert_eq!(outcomes, ["committed", "replayed"]);
 
     // A 2xx other than 200 is replayed with its own status.
     exec.set_mode(Mode::SuccessWith(201));
@@ -1341,6 +1362,16 @@ async fn a_client_certificate_that_names_no_one_is_refused() {
         .await;
     assert_eq!(r.status, 200, "{:?}", r.json());
     assert_eq!(exec.calls(), 1);
+    // The two held back are said at the stop at the latest, not lost.
+    let mut gw = gw;
+    assert!(gw.terminate().success());
+    let log = gw.stderr();
+    let said: Vec<_> = log.lines().filter(|l| l.contains("names no one")).collect();
+    assert_eq!(said.len(), 2, "{log}");
+    assert!(
+        said[1].contains(" 2 connection(s) with a client certificate"),
+        "{log}"
+    );
 }
 
 /// A client certificate that expires places no order after its end: not on a connection
@@ -2555,6 +2586,19 @@ async fn one_address_cannot_take_every_connection() {
     t["idempotencyKey"] = json!("ip-3");
     let r = third.post(&gw.url(), &[], t.to_string()).await.unwrap();
     assert_eq!(r.status, 200);
+    // What was held back is said at the stop at the latest, not lost: only said with the
+    // next refusal, the last of a burst never was. The lines count every refusal.
+    let all = refused().await;
+    let mut gw = gw;
+    assert!(gw.terminate().success());
+    let said = gw.stderr();
+    let counts: Vec<u64> = said
+        .lines()
+        .filter(|l| l.contains("over server.max_connections_per_ip = 2"))
+        .filter_map(|l| l.split("closed ").nth(1)?.split(' ').next()?.parse().ok())
+        .collect();
+    assert_eq!(counts.len(), 2, "{said}");
+    assert_eq!(counts.iter().sum::<u64>(), all, "{said}");
 }
 
 /// A paper gateway with `server.<cap> = 2`, and an HTTP/1.1 client for it. Idle

@@ -11,7 +11,7 @@ pub mod trade;
 pub mod webhook;
 
 use std::future::Future;
-use std::net::SocketAddr;
+use std::net::{IpAddr, SocketAddr};
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -25,6 +25,7 @@ use tokio_rustls::TlsAcceptor;
 use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
+use crate::platform::log::Throttled;
 use limits::PerIp;
 pub use webhook::{Gateway, Peer};
 
@@ -51,9 +52,113 @@ pub const DRAIN: Duration = Duration::from_secs(30);
 /// how many since the last line): a flood must not become a flood of log lines.
 const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
 
-/// Connections whose client certificate names no one, said at most this often.
-static NAMELESS: std::sync::Mutex<crate::platform::log::Throttled> =
-    std::sync::Mutex::new(crate::platform::log::Throttled::new(REFUSAL_LOG_EVERY));
+/// Connections whose client certificate names no one, said at most this often, and the
+/// address of the latest.
+static NAMELESS: std::sync::Mutex<(Throttled, Option<IpAddr>)> =
+    std::sync::Mutex::new((Throttled::new(REFUSAL_LOG_EVERY), None));
+
+/// The accept loop's warnings that can come in floods, each said at most once a period
+/// with how many since (`Throttled`), with what the latest was. What a period held back
+/// is said when the period ends, on the loop's tick, or at the stop: said only with the
+/// next event, the last of a burst never was (200 refused, "closed 1").
+struct Floods {
+    refused: Throttled,
+    /// The latest connection refused: its address, and whether `limits.allow_ips` lets
+    /// it in (else it is held to one connection).
+    refused_latest: Option<(IpAddr, bool)>,
+    accept_failed: Throttled,
+    accept_error: String,
+}
+
+impl Floods {
+    fn new() -> Floods {
+        Floods {
+            refused: Throttled::new(REFUSAL_LOG_EVERY),
+            refused_latest: None,
+            accept_failed: Throttled::new(crate::platform::log::REPEATED_EVERY),
+            accept_error: String::new(),
+        }
+    }
+
+    fn refused(&mut self, ip: IpAddr, allowed: bool, limits: &ConnLimits) {
+        self.refused_latest = Some((ip, allowed));
+        if let Some(n) = self.refused.say(Instant::now()) {
+            self.say_refused(n, limits);
+        }
+    }
+
+    fn accept_failed(&mut self, e: &std::io::Error) {
+        self.accept_error = e.to_string();
+        if let Some(n) = self.accept_failed.say(Instant::now()) {
+            self.say_accept_failed(n);
+        }
+    }
+
+    /// Says what a period held back once it is over (`at_stop`: all of it, now).
+    fn tick(&mut self, limits: &ConnLimits, at_stop: bool) {
+        let now = Instant::now();
+        let held = |t: &mut Throttled| if at_stop { t.rest() } else { t.due(now) };
+        if let Some(n) = held(&mut self.refused) {
+            self.say_refused(n, limits);
+        }
+        if let Some(n) = held(&mut self.accept_failed) {
+            self.say_accept_failed(n);
+        }
+        // A poisoned lock holds counts only: still usable.
+        let mut nameless = NAMELESS.lock().unwrap_or_else(|p| p.into_inner());
+        if let (Some(n), Some(ip)) = (held(&mut nameless.0), nameless.1) {
+            say_nameless(n, ip);
+        }
+    }
+
+    fn say_refused(&self, n: u64, limits: &ConnLimits) {
+        let Some((ip, allowed)) = self.refused_latest else {
+            return;
+        };
+        // The limit the latest one met: an address limits.allow_ips leaves out is held
+        // to one connection, whatever max_connections_per_ip says.
+        let over = if allowed {
+            format!(
+                "server.max_connections_per_ip = {}",
+                limits.max_connections_per_ip
+            )
+        } else {
+            "one connection for an address outside limits.allow_ips".into()
+        };
+        log::warn!(
+            "closed {n} connection(s) over their address's share, the latest from {ip} \
+             (over {over})"
+        );
+    }
+
+    fn say_accept_failed(&self, n: u64) {
+        log::warn!(
+            "accept failed {n} time(s) since the last such warning: {}",
+            self.accept_error
+        );
+    }
+}
+
+/// A certificate that verified but names nobody: two such clients could not be told
+/// apart, so neither is served. Said at warn (the handshake succeeded, and only this says
+/// why every request then fails), at most once a minute with how many since: one line a
+/// connection was a flood.
+fn nameless(ip: IpAddr) {
+    // A poisoned lock holds counts only: still usable.
+    let mut nameless = NAMELESS.lock().unwrap_or_else(|p| p.into_inner());
+    nameless.1 = Some(ip);
+    if let Some(n) = nameless.0.say(Instant::now()) {
+        say_nameless(n, ip);
+    }
+}
+
+fn say_nameless(n: u64, ip: IpAddr) {
+    log::warn!(
+        "{n} connection(s) with a client certificate that names no one (no common name, \
+         and no DNS name, URI, email or IP address in its subjectAltName), the latest \
+         from {ip}: their requests are refused"
+    );
+}
 
 /// Connection-level limits.
 #[derive(Debug, Clone, Copy)]
@@ -186,10 +291,10 @@ pub async fn serve(
     // scan, a TCP health check), with the listener already closed.
     let draining = CancellationToken::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let mut accept_failed =
-        crate::platform::log::Throttled::new(crate::platform::log::REPEATED_EVERY);
+    let mut floods = Floods::new();
+    let mut tick = tokio::time::interval(crate::platform::log::REPEATED_EVERY);
+    tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let per_ip = PerIp::new(limits.max_connections_per_ip);
-    let mut refusals = crate::platform::log::Throttled::new(REFUSAL_LOG_EVERY);
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // A client that never finishes its headers is dropped (slowloris).
     builder
@@ -230,13 +335,15 @@ pub async fn serve(
                 Ok(c) => c,
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
-                    if let Some(n) = accept_failed.say(std::time::Instant::now()) {
-                        log::warn!("accept failed {n} time(s) since the last such warning: {e}");
-                    }
+                    floods.accept_failed(&e);
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             },
+            _ = tick.tick() => {
+                floods.tick(&limits, false);
+                continue;
+            }
             _ = &mut shutdown => break,
         };
         // Over its share: closed before the handshake, and its permit goes back.
@@ -244,23 +351,7 @@ pub async fn serve(
         let allowed = gw.allowlist.allows(ip);
         let Some(ip_slot) = per_ip.acquire(ip, allowed) else {
             gw.metrics.connection_refused();
-            if let Some(n) = refusals.say(std::time::Instant::now()) {
-                // The limit the latest one met: an address limits.allow_ips leaves out is
-                // held to one connection, whatever max_connections_per_ip says.
-                let over = if allowed {
-                    format!(
-                        "server.max_connections_per_ip = {}",
-                        limits.max_connections_per_ip
-                    )
-                } else {
-                    "one connection for an address outside limits.allow_ips".into()
-                };
-                log::warn!(
-                    "closed {n} connection(s) over their address's share, the latest from {} \
-                     (over {over})",
-                    addr.ip()
-                );
-            }
+            floods.refused(addr.ip(), allowed, &limits);
             continue;
         };
         let _ = tcp.set_nodelay(true);
@@ -290,24 +381,8 @@ pub async fn serve(
                     Some(ClientCheck::new(chain.to_vec(), accepted_under, ip)),
                     Peer::new(ip, Some(name)),
                 ),
-                // A certificate that verified but names nobody: two such clients could
-                // not be told apart, so neither is served. Said at warn (the handshake
-                // succeeded, and only this says why every request then fails), at most
-                // once a minute with how many since: one line a connection was a flood.
                 (None, Some(_)) => {
-                    // A poisoned lock holds counts only: still usable.
-                    let said = NAMELESS
-                        .lock()
-                        .unwrap_or_else(|p| p.into_inner())
-                        .say(Instant::now());
-                    if let Some(n) = said {
-                        log::warn!(
-                            "{n} connection(s) with a client certificate that names no one \
-                             (no common name, and no DNS name, URI, email or IP address in \
-                             its subjectAltName), the latest from {ip}: their requests are \
-                             refused"
-                        );
-                    }
+                    nameless(ip);
                     (None, Peer::cut_off(ip))
                 }
                 (_, None) => (None, Peer::new(ip, None)),
@@ -389,6 +464,7 @@ pub async fn serve(
         });
     }
     drop(listener);
+    floods.tick(&limits, true);
     draining.cancel();
     // From here no order starts that could not end within the drain (`webhook::handle`).
     let _ = gw.drain_end.set(Instant::now() + DRAIN);

@@ -127,14 +127,28 @@ enum Settled {
     Committed,
     Released,
     Held,
+    /// A duplicate answered with the stored answer of a committed trade
+    /// (`duplicate_response = "replay"`): nothing was sent. Its log line says so; with
+    /// `committed` there, the audit trail showed the trade placed twice.
+    Replayed,
 }
 
 impl Settled {
+    /// The `outcome` of the request's log line: what this request did.
     fn as_str(self) -> &'static str {
         match self {
             Settled::Committed => "committed",
             Settled::Released => "released",
             Settled::Held => "held",
+            Settled::Replayed => "replayed",
+        }
+    }
+
+    /// `Hoox-Idempotency-Outcome`: the state the request leaves its key in.
+    fn key_state(self) -> &'static str {
+        match self {
+            Settled::Replayed => Settled::Committed.as_str(),
+            s => s.as_str(),
         }
     }
 }
@@ -184,7 +198,7 @@ pub async fn handle(
     if let Some(s) = answer.settled {
         response.headers_mut().insert(
             "hoox-idempotency-outcome",
-            HeaderValue::from_static(s.as_str()),
+            HeaderValue::from_static(s.key_state()),
         );
     }
     let elapsed = started.elapsed();
@@ -372,7 +386,7 @@ async fn pipeline(
                 return Ok(Answer {
                     response,
                     key: Some(d.key),
-                    settled: Some(Settled::Committed),
+                    settled: Some(Settled::Replayed),
                     client: Some(client),
                     code: None,
                 });
@@ -664,10 +678,17 @@ async fn execute_and_settle(gw: &Gateway, grant: Grant, order: &Order, _out: Out
             };
             (json_response(status, body), settled, None)
         }
-        Outcome::SoftFail { status, .. } | Outcome::Failed { status, .. } => problem(
-            Problem::ExecutionFailed(format!("executor answered {status} without success")),
-            release(gw, grant),
-        ),
+        Outcome::SoftFail { status, .. } | Outcome::Failed { status, .. } => {
+            // The webhook's own line says 502 EXECUTION_FAILED; only this one says what the
+            // executor answered (a refusal of its own, or a 2xx without success).
+            let why = format!("executor answered {status} without success");
+            log::info!(
+                key = order.key.as_str(),
+                request_id = order.request_id.as_str();
+                "{why} ({}): key released", outcome.label()
+            );
+            problem(Problem::ExecutionFailed(why), release(gw, grant))
+        }
         Outcome::NotSent(why) => {
             log::warn!(
                 key = order.key.as_str(),

@@ -1302,7 +1302,9 @@ impl Owner {
                     .stats
                     .expired
                     .fetch_add(loaded.purged, Ordering::Relaxed);
-                if loaded.halted != self.halted_written {
+                // Only a reopen has a write to compare with: before the first open,
+                // `halted_written` is no reading of the disk.
+                if !first && loaded.halted != self.halted_written {
                     log::warn!(
                         "mutex: the kill switch reads {} after the reopen: the change the \
                          failed write was said to lose reached the disk",

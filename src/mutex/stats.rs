@@ -58,7 +58,7 @@ impl Histogram {
 pub const LATENCY_BOUNDS: &[f64] = &[
     0.00005, 0.0001, 0.00025, 0.0005, 0.001, 0.0025, 0.005, 0.01, 0.025, 0.05, 0.1, 0.25, 0.5, 1.0,
 ];
-/// Commands per group commit.
+/// Commands per owner turn (a turn that grants a key is one group commit).
 pub const BATCH_BOUNDS: &[f64] = &[
     1.0, 2.0, 4.0, 8.0, 16.0, 32.0, 64.0, 128.0, 256.0, 512.0, 1024.0,
 ];

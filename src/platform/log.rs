@@ -159,14 +159,27 @@ impl Throttled {
     /// happened since the warning was last said, this one included.
     pub fn say(&mut self, now: std::time::Instant) -> Option<u64> {
         self.held += 1;
-        if self
-            .last
-            .is_some_and(|t| now.duration_since(t) < self.every)
+        self.due(now)
+    }
+
+    /// How many times it happened since it was last said, if any and if a period has
+    /// passed since: for a timer to say the last of a burst, which no later event comes
+    /// to say.
+    pub fn due(&mut self, now: std::time::Instant) -> Option<u64> {
+        if self.held == 0
+            || self
+                .last
+                .is_some_and(|t| now.duration_since(t) < self.every)
         {
             return None;
         }
         self.last = Some(now);
         Some(std::mem::take(&mut self.held))
+    }
+
+    /// At the stop: whatever is held back, said now.
+    pub fn rest(&mut self) -> Option<u64> {
+        (self.held > 0).then(|| std::mem::take(&mut self.held))
     }
 }
 
@@ -184,6 +197,16 @@ mod tests {
         assert_eq!(t.say(t0 + Duration::from_secs(9)), None);
         assert_eq!(t.say(t0 + Duration::from_secs(10)), Some(3));
         assert_eq!(t.say(t0 + Duration::from_secs(21)), Some(1));
+        // Held back, then said by the timer once the period is over, not before; and the
+        // rest at the stop.
+        assert_eq!(t.say(t0 + Duration::from_secs(22)), None);
+        assert_eq!(t.due(t0 + Duration::from_secs(30)), None);
+        assert_eq!(t.due(t0 + Duration::from_secs(31)), Some(1));
+        assert_eq!(t.due(t0 + Duration::from_secs(99)), None, "nothing held");
+        assert_eq!(t.say(t0 + Duration::from_secs(100)), Some(1));
+        assert_eq!(t.say(t0 + Duration::from_secs(101)), None);
+        assert_eq!(t.rest(), Some(1));
+        assert_eq!(t.rest(), None);
     }
 
     fn line(args: std::fmt::Arguments, kvs: &[(&str, &str)]) -> String {
