@@ -304,6 +304,24 @@ install_test() {
     in_root dpkg --purge hoox-edge >/dev/null
     echo "ok: a login account named hoox-edge fails the install; gone, the install ends"
 
+    # Nor a group of that name made before the package: a login's group (gid 1600), or a
+    # system group with a member, who would read the TLS key and the config.
+    in_root useradd -M -u 1601 -s /bin/sh alice
+    for make_group in "groupadd -g 1600 hoox-edge" "groupadd --system -U alice hoox-edge"; do
+        in_root $make_group
+        rc=0
+        out=$(in_root dpkg -i /tmp/hoox-edge.deb 2>&1) || rc=$?
+        ((rc != 0)) || fail "dpkg -i took over a group hoox-edge ($make_group):"$'\n'"$out"
+        grep -qF "a group hoox-edge exists" <<<"$out" ||
+            fail "the refused install did not say why ($make_group):"$'\n'"$out"
+        ! in_root getent passwd hoox-edge >/dev/null || fail "a user made beside that group"
+        in_root groupdel hoox-edge
+        in_root dpkg --configure -a >/dev/null || fail "dpkg --configure -a failed once the group was gone"
+        in_root dpkg --purge hoox-edge >/dev/null
+    done
+    in_root userdel alice
+    echo "ok: a group hoox-edge not the package's fails the install; gone, the install ends"
+
     in_root dpkg -i /tmp/hoox-edge.deb
     in_root getent passwd hoox-edge | grep -q ':/var/lib/hoox-edge:/usr/sbin/nologin$' ||
         fail "no system user hoox-edge"
@@ -412,10 +430,19 @@ upgrade_check_test() {
     out=$(in_root dpkg -i /tmp/hoox-edge.deb 2>&1) || rc=$?
     cp -p "$saved" "$conf"
     ((rc != 0)) || fail "dpkg -i succeeded with config.toml deleted:"$'\n'"$out"
-    grep -qF "config.toml is missing" <<<"$out" && grep -qF "force-confmiss" <<<"$out" ||
+    grep -qF "config.toml is missing" <<<"$out" &&
+        grep -qF "dpkg -i --force-confmiss ./hoox-edge_<version>_<arch>.deb" <<<"$out" ||
         fail "the refused install did not say config.toml is missing and how to restore it:"$'\n'"$out"
-    in_root dpkg --configure -a >/dev/null || fail "dpkg --configure -a failed once config.toml was back"
-    echo "ok: a deleted config.toml fails the install, saying how to restore it"
+    # The command it gives, for a package installed from its file, brings the packaged one
+    # back and ends the install, naming the paper executor it has.
+    rm "$conf"
+    out=$(in_root dpkg -i --force-confmiss /tmp/hoox-edge.deb 2>&1) ||
+        fail "dpkg -i --force-confmiss did not restore config.toml:"$'\n'"$out"
+    [[ -e $conf ]] || fail "dpkg -i --force-confmiss left no config.toml"
+    grep -qF "ok (executor: paper" <<<"$out" ||
+        fail "the install did not say its config's executor:"$'\n'"$out"
+    cp -p "$saved" "$conf"
+    echo "ok: a deleted config.toml fails the install, saying how to restore it, which works"
 
     printf '\n[not_a_section]\n' >>"$conf"
     rc=0
