@@ -542,11 +542,11 @@ fn config_file(config: &Config) -> String {
     )
 }
 
-/// A certificate about to be served: its end to the metrics, and a warning if its dates
-/// make clients refuse it, now or soon (`Validity::warning`).
+/// A certificate about to be served: its chain's end to the metrics, and a warning for
+/// what makes clients refuse it, now or soon (`Tls::warnings`).
 fn served(tls: &gateway::tls::Tls, config: &Config, metrics: &Metrics) {
     metrics.tls_served(tls.validity);
-    if let Some(w) = tls.date_warning(&config.tls.cert) {
+    for w in tls.warnings(&config.tls.cert) {
         log::warn!("{w}");
     }
 }

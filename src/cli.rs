@@ -241,9 +241,12 @@ fn check_config(config: &Path) -> ExitCode {
             folder.display()
         );
     }
-    // Loaded once already, by `Config::load`: this only reads the certificate's dates.
+    // Loaded once already, by `Config::load`: this only reads what clients would refuse.
     let tls = loaded.tls.load().ok();
-    if let Some(w) = tls.and_then(|t| t.date_warning(&loaded.tls.cert)) {
+    for w in tls
+        .map(|t| t.warnings(&loaded.tls.cert))
+        .unwrap_or_default()
+    {
         eprintln!("hoox-edge: warning: {w}");
     }
     // Where orders go, as `serve` logs it at start: a config that passes but fills

@@ -445,6 +445,10 @@ async fn the_load_tool_reports_what_failed() {
             "--duration: at most a year",
         ),
         ("--secret-file /nonexistent", "--auth"),
+        // Nothing to measure: said, not an empty report.
+        ("--duration 0s", "must be more than 0"),
+        ("--timeout 0ms", "must be more than 0"),
+        ("--requests 0", "--requests"),
     ] {
         let line = format!("run --url {closed} --ca {ca} {extra}").replace("--requests 1", "");
         assert_refused(&line, why).await;

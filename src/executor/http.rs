@@ -30,8 +30,6 @@ use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::ClientConfig;
-use rustls::pki_types::CertificateDer;
-use rustls::pki_types::pem::PemObject;
 
 use super::{Order, Outcome, classify, is_2xx, is_json};
 
@@ -302,13 +300,8 @@ fn load_roots(path: &Path) -> Result<rustls::RootCertStore, ExecutorError> {
         return Err(bad(why));
     }
     let mut roots = rustls::RootCertStore::empty();
-    let pem = crate::secrets::read_regular(path).map_err(|e| bad(e.to_string()))?;
-    for cert in CertificateDer::pem_slice_iter(&pem) {
-        let cert = cert.map_err(|e| bad(e.to_string()))?;
+    for cert in crate::gateway::tls::read_certificates(path).map_err(bad)? {
         roots.add(cert).map_err(|e| bad(e.to_string()))?;
-    }
-    if roots.is_empty() {
-        return Err(bad("no certificate found".into()));
     }
     Ok(roots)
 }

@@ -5,11 +5,12 @@
 use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
-use rustls::pki_types::pem::PemObject;
+use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::ClientCertVerifier;
 use rustls::{RootCertStore, ServerConfig};
+use x509_parser::certificate::X509Certificate;
 
 #[derive(Debug, thiserror::Error)]
 pub enum TlsError {
@@ -67,9 +68,13 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 pub struct Tls {
     pub config: Arc<ServerConfig>,
     clients: Option<Arc<dyn ClientCertVerifier>>,
-    /// The served certificate's dates, unix seconds (`None` if they cannot be read: rustls
-    /// serves what it can, and the clients judge).
+    /// When the served chain is valid, unix seconds: the latest start and the earliest end
+    /// of its certificates, for a client refuses the chain when any one is out of its
+    /// dates (`None` if one cannot be read: rustls serves what it can, and the clients
+    /// judge).
     pub validity: Option<Validity>,
+    /// The served chain, leaf first, for [`Tls::warnings`].
+    chain: Vec<CertificateDer<'static>>,
 }
 
 /// When the served certificate is valid: rustls serves an expired one without a word, and
@@ -84,38 +89,51 @@ pub struct Validity {
 const EXPIRES_SOON_S: i64 = 14 * 24 * 3600;
 
 impl Validity {
-    fn of(cert: &CertificateDer<'_>) -> Option<Validity> {
-        let (_, parsed) = x509_parser::parse_x509_certificate(cert.as_ref()).ok()?;
-        let v = parsed.validity();
-        Some(Validity {
+    fn of(cert: &X509Certificate<'_>) -> Validity {
+        let v = cert.validity();
+        Validity {
             not_before: v.not_before.timestamp(),
             not_after: v.not_after.timestamp(),
-        })
+        }
+    }
+
+    /// The dates within which every certificate of `chain` is valid; `None` if one
+    /// cannot be read.
+    fn of_chain(chain: &[CertificateDer<'_>]) -> Option<Validity> {
+        chain
+            .iter()
+            .map(|c| parse(c).map(|c| Validity::of(&c)))
+            .reduce(|a, b| {
+                let (a, b) = (a?, b?);
+                Some(Validity {
+                    not_before: a.not_before.max(b.not_before),
+                    not_after: a.not_after.min(b.not_after),
+                })
+            })?
     }
 
     /// What an operator must hear of these dates at `now` (unix seconds), of the
-    /// certificate in `cert`: expired, not yet valid, or ending within 14 days. Said at
+    /// certificate `which` names: expired, not yet valid, or ending within 14 days. Said at
     /// start, at each reload and by `check-config`; not a refusal, for a client that skips
     /// the dates (`curl -k`) is still served, and a box without a clock battery may boot
     /// with its clock behind.
-    pub fn warning(&self, cert: &Path, now: i64) -> Option<String> {
+    pub fn warning(&self, which: &str, now: i64) -> Option<String> {
         let date = |t: i64| {
             x509_parser::time::ASN1Time::from_timestamp(t)
                 .ok()
                 .and_then(|t| t.to_rfc2822().ok())
                 .unwrap_or_else(|| format!("unix time {t}"))
         };
-        let cert = cert.display();
         if now < self.not_before {
             Some(format!(
-                "{cert}: the certificate is not valid before {} (or this host's clock is \
-                 behind): clients that check dates refuse it until then",
+                "{which} is not valid before {} (or this host's clock is behind): clients \
+                 that check dates refuse it until then",
                 date(self.not_before)
             ))
         } else if now >= self.not_after {
             Some(format!(
-                "{cert}: the certificate expired on {}: clients that check dates refuse \
-                 every connection; renew it and reload",
+                "{which} expired on {}: clients that check dates refuse every connection; \
+                 renew it and reload",
                 date(self.not_after)
             ))
         } else if self.not_after - now < EXPIRES_SOON_S {
@@ -125,7 +143,7 @@ impl Validity {
                 days => format!("{days} day(s)"),
             };
             Some(format!(
-                "{cert}: the certificate expires on {}, in {left}: renew it and reload",
+                "{which} expires on {}, in {left}: renew it and reload",
                 date(self.not_after),
             ))
         } else {
@@ -137,20 +155,65 @@ impl Validity {
 /// The unix second at which the first certificate of `chain` expires, `None` if a date
 /// cannot be read (the verifier, which read it, judges then).
 pub fn valid_until(chain: &[CertificateDer<'_>]) -> Option<i64> {
-    chain
-        .iter()
-        .map(|c| Validity::of(c).map(|v| v.not_after))
-        .collect::<Option<Vec<_>>>()?
-        .into_iter()
-        .min()
+    Validity::of_chain(chain).map(|v| v.not_after)
+}
+
+fn parse<'a>(cert: &'a CertificateDer<'_>) -> Option<X509Certificate<'a>> {
+    x509_parser::parse_x509_certificate(cert.as_ref())
+        .ok()
+        .map(|(_, c)| c)
+}
+
+/// Whether a certificate says it is a CA's (basicConstraints CA:TRUE).
+fn is_ca(cert: &X509Certificate<'_>) -> bool {
+    cert.basic_constraints()
+        .ok()
+        .flatten()
+        .is_some_and(|b| b.value.ca)
 }
 
 impl Tls {
-    /// The served certificate's dates, said now if clients refuse it or soon will
-    /// ([`Validity::warning`]); `cert` is the file it came from, for the message.
-    pub fn date_warning(&self, cert: &Path) -> Option<String> {
+    /// What an operator must hear of the served chain now, `cert` the file it came from:
+    /// a certificate of it out of its dates, or ending within 14 days
+    /// ([`Validity::warning`]); and a server certificate that clients which verify refuse
+    /// whatever its dates: a CA's, or one naming the server by its common name alone.
+    /// Warnings, not refusals: a client that verifies nothing (`curl -k`) is served, and
+    /// rustls serves them all without a word, while `/readyz` says ready and every
+    /// handshake fails, logged at debug only.
+    pub fn warnings(&self, cert: &Path) -> Vec<String> {
         let now = crate::mutex::clock::unix_s();
-        self.validity.and_then(|v| v.warning(cert, now))
+        let mut said = Vec::new();
+        for (i, c) in self.chain.iter().enumerate() {
+            let Some(c) = parse(c) else { continue };
+            let which = match i {
+                0 => "the certificate".to_string(),
+                _ => format!("certificate {} of its chain ({})", i + 1, c.subject()),
+            };
+            said.extend(Validity::of(&c).warning(&which, now));
+            if i > 0 {
+                continue;
+            }
+            if is_ca(&c) {
+                said.push(
+                    "the certificate is a CA's (basicConstraints CA:TRUE, which `openssl req \
+                     -x509` sets by default): clients built on rustls or Go refuse it as a \
+                     server's; serve one issued for this server (`hoox-edge gen-cert` makes a \
+                     self-signed one)"
+                        .into(),
+                );
+            }
+            if !matches!(c.subject_alternative_name(), Ok(Some(_))) {
+                said.push(
+                    "the certificate names this server by its common name alone (no \
+                     subjectAltName): clients that check names (rustls, Go, browsers) refuse \
+                     it; reissue it with the names senders use as subjectAltNames \
+                     (`hoox-edge gen-cert --name ...`)"
+                        .into(),
+                );
+            }
+        }
+        let cert = cert.display();
+        said.into_iter().map(|w| format!("{cert}: {w}")).collect()
     }
 
     /// Whether a client certificate chain (end entity first), verified at a handshake under
@@ -170,35 +233,36 @@ impl TlsFiles {
     pub fn load(&self) -> Result<Arc<Tls>, TlsError> {
         // Here, so that a reload refuses a key made world-readable since the start.
         crate::secrets::refuse_world_readable(&self.key)?;
-        let read = |role, path: &Path| {
-            crate::secrets::read_regular(path).map_err(|e| file_err(role, path, e))
-        };
-        let chain: Vec<CertificateDer<'static>> =
-            CertificateDer::pem_slice_iter(&read(Role::Cert, &self.cert)?)
-                .collect::<Result<_, _>>()
-                .map_err(|e| file_err(Role::Cert, &self.cert, e))?;
-        let Some(leaf) = chain.first().cloned() else {
-            return Err(file_err(
-                Role::Cert,
-                &self.cert,
-                "no certificate in PEM file",
-            ));
-        };
-        let key = PrivateKeyDer::from_pem_slice(&read(Role::Key, &self.key)?).map_err(|e| match e {
-            // Found none, or read OpenSSL's `Proc-Type` header as bad base64.
-            _ if encrypted(&self.key) => file_err(
-                Role::Key,
-                &self.key,
-                "the private key is encrypted, and the gateway starts unattended: decrypt \
-                 it (openssl pkey -in key.pem -out key.pem) and keep the file private",
-            ),
-            rustls::pki_types::pem::Error::NoItemsFound => file_err(
-                Role::Key,
-                &self.key,
-                "no private key in PEM file (a BEGIN PRIVATE KEY block; is it the certificate?)",
-            ),
-            e => file_err(Role::Key, &self.key, e),
+        let chain =
+            read_certificates(&self.cert).map_err(|m| file_err(Role::Cert, &self.cert, m))?;
+        let key_pem = read_pem(&self.key).map_err(|m| file_err(Role::Key, &self.key, m))?;
+        let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
+            let message = match e {
+                // Found none, or read OpenSSL's `Proc-Type` header as bad base64.
+                _ if encrypted(&key_pem) => "the private key is encrypted, and the gateway \
+                    starts unattended: decrypt it (openssl pkey -in key.pem -out key.pem) and \
+                    keep the file private"
+                    .to_string(),
+                pem::Error::NoItemsFound if !der(&key_pem) => "no private key in PEM file (a \
+                    BEGIN PRIVATE KEY block; is it the certificate?)"
+                    .to_string(),
+                e => pem_error(&e, &key_pem, "private key", "pkey"),
+            };
+            file_err(Role::Key, &self.key, message)
         })?;
+        // What ring signs with: said as such, not as a key that would not parse.
+        let signer = provider()
+            .key_provider
+            .load_private_key(key.clone_key())
+            .map_err(|_| {
+                file_err(
+                    Role::Key,
+                    &self.key,
+                    "a key of a kind the gateway cannot sign with: it takes RSA (2048 to \
+                     8192 bits), ECDSA P-256 or P-384, or Ed25519; not P-521, RSA-PSS or \
+                     RSA under 2048 bits",
+                )
+            })?;
         let builder = ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .map_err(|e| TlsError::Config(e.to_string()))?;
@@ -209,10 +273,22 @@ impl TlsFiles {
                     return Err(file_err(Role::ClientCa, ca, why));
                 }
                 let mut roots = RootCertStore::empty();
-                for c in CertificateDer::pem_slice_iter(&read(Role::ClientCa, ca)?) {
-                    roots
-                        .add(c.map_err(|e| file_err(Role::ClientCa, ca, e))?)
-                        .map_err(|e| file_err(Role::ClientCa, ca, e))?;
+                let bad = |m| file_err(Role::ClientCa, ca, m);
+                for (i, c) in read_certificates(ca).map_err(bad)?.into_iter().enumerate() {
+                    // A trust anchor is a name and a key, whatever the certificate says:
+                    // a client's own certificate here would let its key issue one under
+                    // any client's name, and webpki would take it.
+                    if let Some(c) = parse(&c).filter(|c| !is_ca(c)) {
+                        return Err(bad(format!(
+                            "certificate {} ({}) is not a CA's (no basicConstraints CA:TRUE): \
+                             client_ca names the CAs that issue client certificates, and a \
+                             client's own certificate there would let its key issue one under \
+                             any client's name",
+                            i + 1,
+                            c.subject()
+                        )));
+                    }
+                    roots.add(c).map_err(|e| bad(e.to_string()))?;
                 }
                 let verifier =
                     WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
@@ -224,14 +300,29 @@ impl TlsFiles {
                 )
             }
         };
-        let mut cfg = builder.with_single_cert(chain, key).map_err(|e| match e {
-            rustls::Error::InconsistentKeys(_) => file_err(
-                Role::Key,
-                &self.key,
-                format!("does not match the certificate in {}", self.cert.display()),
-            ),
-            e => file_err(Role::Key, &self.key, e),
-        })?;
+        let mut cfg = builder
+            .with_single_cert(chain.clone(), key)
+            .map_err(|e| match e {
+                rustls::Error::InconsistentKeys(_) => {
+                    let cert = self.cert.display();
+                    // A chain in the wrong order: the key matches one further down.
+                    let spki = signer.public_key();
+                    let at = chain.iter().position(|c| {
+                        parse(c).map(|c| c.tbs_certificate.subject_pki.raw)
+                            == spki.as_ref().map(|k| k.as_ref())
+                    });
+                    let m = match at {
+                        Some(i) => format!(
+                            "matches certificate {} in {cert}, not the first: the server's \
+                             own certificate comes first, then its intermediates",
+                            i + 1
+                        ),
+                        None => format!("does not match the certificate in {cert}"),
+                    };
+                    file_err(Role::Key, &self.key, m)
+                }
+                e => file_err(Role::Key, &self.key, e),
+            })?;
         cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         if clients.is_some() {
             // A resumed session is not verified again: rustls restores the client's
@@ -245,7 +336,8 @@ impl TlsFiles {
         Ok(Arc::new(Tls {
             config: Arc::new(cfg),
             clients,
-            validity: Validity::of(&leaf),
+            validity: Validity::of_chain(&chain),
+            chain,
         }))
     }
 }
@@ -300,12 +392,68 @@ fn ip_address(bytes: &[u8]) -> Option<std::net::IpAddr> {
 /// `gen-cert`'s and the bench's, which senders on this host reach.
 pub const LOOPBACK_NAMES: [&str; 3] = ["localhost", "127.0.0.1", "::1"];
 
-/// Whether the PEM file at `path` holds an encrypted private key (PKCS#8's `ENCRYPTED
-/// PRIVATE KEY`, or OpenSSL's `Proc-Type: 4,ENCRYPTED` header), which no parser here reads.
-fn encrypted(path: &Path) -> bool {
-    let text = std::fs::read(path).unwrap_or_default();
+/// Whether PEM text holds an encrypted private key (PKCS#8's `ENCRYPTED PRIVATE KEY`, or
+/// OpenSSL's `Proc-Type: 4,ENCRYPTED` header), which no parser here reads.
+fn encrypted(text: &[u8]) -> bool {
     let has = |needle: &[u8]| text.windows(needle.len()).any(|w| w == needle);
     has(b"-----BEGIN ENCRYPTED PRIVATE KEY-----") || has(b"Proc-Type: 4,ENCRYPTED")
+}
+
+/// The bytes of a PEM file, read as [`crate::secrets::read_regular`] reads (a regular
+/// file, not waited on), less a UTF-8 byte order mark. openssl skips one; the PEM reader
+/// took the first BEGIN line for text before the first block, and left that block unread
+/// without a word: a chain's leaf (the key then said not to match), a bundle's first CA.
+pub fn read_pem(path: &Path) -> Result<Vec<u8>, String> {
+    let mut bytes = crate::secrets::read_regular(path).map_err(|e| e.to_string())?;
+    if bytes.starts_with(b"\xEF\xBB\xBF") {
+        bytes.drain(..3);
+    }
+    Ok(bytes)
+}
+
+/// The certificates of the PEM file at `path`, in order, at least one: the served chain,
+/// `server.client_ca`, `executor.ca_file`.
+pub fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, String> {
+    let pem = read_pem(path)?;
+    let certs = CertificateDer::pem_slice_iter(&pem)
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(|e| pem_error(&e, &pem, "certificate", "x509"))?;
+    if certs.is_empty() {
+        return Err(pem_error(
+            &pem::Error::NoItemsFound,
+            &pem,
+            "certificate",
+            "x509",
+        ));
+    }
+    Ok(certs)
+}
+
+/// Whether bytes look like DER (an ASN.1 SEQUENCE), not PEM text.
+fn der(bytes: &[u8]) -> bool {
+    bytes.first() == Some(&0x30)
+}
+
+/// A PEM reader's error in words: its own name the bytes of a line as numbers. `what` is
+/// what was looked for, `tool` the openssl command that converts one from DER.
+fn pem_error(e: &pem::Error, bytes: &[u8], what: &str, tool: &str) -> String {
+    let text = |b: &[u8]| String::from_utf8_lossy(b).trim().to_string();
+    match e {
+        pem::Error::NoItemsFound if der(bytes) => format!(
+            "no {what} in PEM form: the file looks like DER (binary); convert it: openssl \
+             {tool} -inform der -in FILE -out FILE.pem"
+        ),
+        pem::Error::NoItemsFound => format!("no {what} in PEM file"),
+        pem::Error::MissingSectionEnd { end_marker } => format!(
+            "a PEM block is not closed: no \"-----END {}-----\" line (is the file cut short?)",
+            text(end_marker)
+        ),
+        pem::Error::IllegalSectionStart { line } => {
+            format!("a PEM BEGIN line cannot be read: \"{}\"", text(line))
+        }
+        pem::Error::Base64Decode(m) => format!("a PEM block's base64 is damaged: {m}"),
+        e => e.to_string(),
+    }
 }
 
 /// Writes `cert.pem` and `key.pem` (mode 0600) into `dir`: a self-signed certificate for
@@ -434,7 +582,7 @@ mod tests {
         let (from, to) = (1_767_225_600, 1_798_761_600); // 2026-01-01, 2027-01-01 UTC
         let v = files.load().unwrap().validity.unwrap();
         assert_eq!((v.not_before, v.not_after), (from, to));
-        let said = |now| v.warning(&files.cert, now);
+        let said = |now| v.warning("the certificate", now);
         assert!(
             said(from - 1)
                 .unwrap()
@@ -453,6 +601,198 @@ mod tests {
                 .ends_with("in 2 hour(s): renew it and reload")
         );
         assert!(said(to).unwrap().contains("expired on Fri, 01 Jan 2027"));
+    }
+
+    /// A CA, an intermediate (its dates `inter`) and a leaf for localhost, as PEM: the
+    /// chain (leaf, intermediate), the leaf's key, the CA, the intermediate alone.
+    fn three_tier(inter: (i32, i32)) -> (String, String, String, String) {
+        use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, IsCa, KeyPair};
+        let ca_params = |cn: &str| {
+            let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+            p.distinguished_name.push(rcgen::DnType::CommonName, cn);
+            p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+            p
+        };
+        let root =
+            CertifiedIssuer::self_signed(ca_params("root"), KeyPair::generate().unwrap()).unwrap();
+        let mut p = ca_params("inter");
+        p.not_before = rcgen::date_time_ymd(inter.0, 1, 1);
+        p.not_after = rcgen::date_time_ymd(inter.1, 1, 1);
+        let inter = CertifiedIssuer::signed_by(p, KeyPair::generate().unwrap(), &root).unwrap();
+        let key = KeyPair::generate().unwrap();
+        let leaf = CertificateParams::new(vec!["localhost".into()])
+            .unwrap()
+            .signed_by(&key, &inter)
+            .unwrap();
+        (
+            format!("{}{}", leaf.pem(), inter.pem()),
+            key.serialize_pem(),
+            root.pem(),
+            inter.pem(),
+        )
+    }
+
+    fn files_of(dir: &Path, cert: &str, key: &str) -> TlsFiles {
+        let files = TlsFiles {
+            cert: dir.join("cert.pem"),
+            key: dir.join("key.pem"),
+            client_ca: None,
+        };
+        crate::config::write_private(&files.cert, cert).unwrap();
+        crate::config::write_private(&files.key, key).unwrap();
+        files
+    }
+
+    /// A chain is served only if each of its certificates is in its dates: the metric gives
+    /// the chain's first end, and an expired intermediate is warned of, by name. A
+    /// certificate made by `gen-cert` is warned of for nothing.
+    #[test]
+    fn the_whole_chain_is_judged_by_its_dates() {
+        let dir = tempfile::tempdir().unwrap();
+        let (chain, key, _, _) = three_tier((2020, 2025));
+        let files = files_of(dir.path(), &chain, &key);
+        let tls = files.load().unwrap();
+        assert_eq!(tls.validity.unwrap().not_after, 1_735_689_600); // 2025-01-01
+        let said = tls.warnings(&files.cert);
+        assert_eq!(said.len(), 1, "{said:?}");
+        assert!(
+            said[0].contains("certificate 2 of its chain (CN=inter) expired on Wed, 01 Jan 2025"),
+            "{said:?}"
+        );
+        let fine = dir.path().join("fine");
+        std::fs::create_dir(&fine).unwrap();
+        generate_self_signed(&fine, &["localhost".into()]).unwrap();
+        let fine = TlsFiles {
+            cert: fine.join("cert.pem"),
+            key: fine.join("key.pem"),
+            client_ca: None,
+        };
+        assert_eq!(
+            fine.load().unwrap().warnings(&fine.cert),
+            Vec::<String>::new()
+        );
+    }
+
+    /// A server certificate no verifying client takes, whatever its dates, is warned of:
+    /// a CA's (what `openssl req -x509` makes), and one without a subjectAltName.
+    #[test]
+    fn a_certificate_clients_refuse_is_warned_of() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let mut ca = rcgen::CertificateParams::new(vec!["localhost".into()]).unwrap();
+        ca.is_ca = rcgen::IsCa::Ca(rcgen::BasicConstraints::Unconstrained);
+        let mut cn_only = rcgen::CertificateParams::new(Vec::<String>::new()).unwrap();
+        cn_only
+            .distinguished_name
+            .push(rcgen::DnType::CommonName, "localhost");
+        for (params, want) in [(ca, "is a CA's"), (cn_only, "by its common name alone")] {
+            let cert = params.self_signed(&key).unwrap();
+            let files = files_of(dir.path(), &cert.pem(), &key.serialize_pem());
+            let said = files.load().unwrap().warnings(&files.cert);
+            assert_eq!(said.len(), 1, "{said:?}");
+            assert!(said[0].contains(want), "{said:?}");
+        }
+    }
+
+    /// Files as operators have them are read, or refused saying what is wrong with them:
+    /// a byte order mark, a chain in the wrong order, DER, a block cut short, a key ring
+    /// cannot sign with.
+    #[test]
+    fn odd_files_are_read_or_refused_in_words() {
+        let dir = tempfile::tempdir().unwrap();
+        let (chain, key, _, inter) = three_tier((2020, 2090));
+        let refused = |cert: &str, key: &str| {
+            let files = files_of(dir.path(), cert, key);
+            files.load().err().expect("refused").to_string()
+        };
+        // openssl reads past a byte order mark, and so does the gateway: the leaf is
+        // served, not skipped (the key then said not to match).
+        let files = files_of(dir.path(), &format!("\u{feff}{chain}"), &key);
+        assert!(files.load().unwrap().warnings(&files.cert).is_empty());
+        let files = files_of(dir.path(), &chain, &format!("\u{feff}{key}"));
+        assert!(files.load().is_ok());
+        // The intermediate first: the key is said to match the second certificate.
+        let leaf = chain.strip_suffix(&inter).unwrap();
+        let e = refused(&format!("{inter}{leaf}"), &key);
+        assert!(e.contains("matches certificate 2 in"), "{e}");
+        assert!(e.contains("not the first"), "{e}");
+        // DER, for the certificate and the key.
+        let der = CertificateDer::from_pem_slice(leaf.as_bytes()).unwrap();
+        std::fs::write(dir.path().join("der"), der.as_ref()).unwrap();
+        let files = TlsFiles {
+            cert: dir.path().join("der"),
+            ..files_of(dir.path(), &chain, &key)
+        };
+        let e = files.load().err().expect("refused").to_string();
+        assert!(
+            e.contains("looks like DER") && e.contains("openssl x509"),
+            "{e}"
+        );
+        let key_der = PrivateKeyDer::from_pem_slice(key.as_bytes()).unwrap();
+        let files = TlsFiles {
+            key: dir.path().join("key.der"),
+            ..files_of(dir.path(), &chain, &key)
+        };
+        crate::config::write_private(&files.key, "").unwrap();
+        std::fs::write(&files.key, key_der.secret_der()).unwrap();
+        let e = files.load().err().expect("refused").to_string();
+        assert!(
+            e.contains("looks like DER") && e.contains("openssl pkey"),
+            "{e}"
+        );
+        // Cut short: the line it misses, in words.
+        let cut = &chain[..chain.len() / 3];
+        let e = refused(cut, &key);
+        assert!(
+            e.contains("not closed: no \"-----END CERTIFICATE-----\" line"),
+            "{e}"
+        );
+        // A P-521 key (a test key, made for this test): ring cannot sign with it.
+        let p521 = "-----BEGIN PRIVATE KEY-----
+MIHuAgEAMBAGByqGSM49AgEGBSuBBAAjBIHWMIHTAgEBBEIAIQEnJ37UKtkHaCUr
+o1cMdwAIjb0kdFg+QzH8BD/0nxExQsTKYQKV7oylwOrIY2Wea3V4Js+AfwTpIv8e
+C31gzM2hgYkDgYYABADykS866X0E9XAKkk4zJenpgmt+0Q/yIkqHMs3P+jGm9bzr
+U+uUOtIcOBhZhNUFM9Dr03ocmq6bWYl3iX8HMCnkrwAs5L3nYjEX72jSvUYoubl6
+lW25DjiZQDaK+SgEdHtU+r3aIwsFOu1ZaAW1bdzg991mAblb1opKOUpAy3gvTiym
+8g==
+-----END PRIVATE KEY-----
+";
+        let e = refused(&chain, p521);
+        assert!(
+            e.contains("cannot sign with") && e.contains("not P-521"),
+            "{e}"
+        );
+    }
+
+    /// `client_ca` takes CA certificates only: a client's own there would be a trust
+    /// anchor whose key issues certificates under any client's name.
+    #[test]
+    fn a_client_ca_takes_ca_certificates_only() {
+        let dir = tempfile::tempdir().unwrap();
+        let (chain, key, root, inter) = three_tier((2020, 2090));
+        let leaf = chain.strip_suffix(&inter).unwrap();
+        let ca = dir.path().join("ca.pem");
+        let files = TlsFiles {
+            client_ca: Some(ca.clone()),
+            ..files_of(dir.path(), &chain, &key)
+        };
+        for (bundle, ok) in [
+            (format!("{root}{inter}"), true),
+            (format!("{root}{leaf}"), false),
+        ] {
+            std::fs::write(&ca, bundle).unwrap();
+            match files.load() {
+                Ok(_) => assert!(ok),
+                Err(e) => {
+                    assert!(!ok, "{e}");
+                    let e = e.to_string();
+                    assert!(
+                        e.contains("certificate 2 (CN=") && e.contains("not a CA's"),
+                        "{e}"
+                    );
+                }
+            }
+        }
     }
 
     /// The common name is the first name asked for, and the names a client checks are all
@@ -560,7 +900,7 @@ mod tests {
         assert!(e.contains("ca.pem"), "{e}");
         // A good one that anyone may write is refused too: anyone could add a CA to it.
         let ca = dir.path().join("ca.pem");
-        std::fs::copy(dir.path().join("cert.pem"), &ca).unwrap();
+        std::fs::write(&ca, three_tier((2020, 2090)).2).unwrap();
         assert!(bad.load().is_ok());
         std::fs::set_permissions(&ca, std::os::unix::fs::PermissionsExt::from_mode(0o646)).unwrap();
         let e = bad.load().err().expect("refused").to_string();

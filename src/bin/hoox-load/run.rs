@@ -59,10 +59,10 @@ pub struct Args {
     #[arg(long)]
     http1: bool,
     /// How long to send, e.g. 10s (default 10s unless --requests is given).
-    #[arg(long, value_parser = humantime::parse_duration, conflicts_with = "requests")]
+    #[arg(long, value_parser = parse_span, conflicts_with = "requests")]
     duration: Option<Duration>,
     /// Send exactly this many requests.
-    #[arg(long)]
+    #[arg(long, value_parser = clap::value_parser!(u64).range(1..))]
     requests: Option<u64>,
     /// Open loop at this rate, e.g. 1000/s; latency counts from each request's scheduled time.
     #[arg(long, value_parser = parse_rate)]
@@ -84,7 +84,7 @@ pub struct Args {
     #[arg(long, requires = "auth")]
     secret_file: Option<PathBuf>,
     /// Per-request timeout.
-    #[arg(long, value_parser = humantime::parse_duration, default_value = "10s")]
+    #[arg(long, value_parser = parse_span, default_value = "10s")]
     timeout: Duration,
     /// Ledger to check at the end (http://HOST:PORT/ledger); exit 1 if a key was forwarded
     /// twice. Its verdict covers every order the ledger has taken since it started, this
@@ -192,6 +192,16 @@ pub fn parse_rate(s: &str) -> Result<f64, String> {
         _ => Err(format!(
             "rate must be a number per second from 0.01 to 10000000, like 1000/s: {s}"
         )),
+    }
+}
+
+/// A span of time, more than none: a run of 0 s sent nothing and said nothing, and a
+/// timeout of 0 s failed requests at random.
+fn parse_span(s: &str) -> Result<Duration, String> {
+    match humantime::parse_duration(s) {
+        Ok(d) if d > Duration::ZERO => Ok(d),
+        Ok(_) => Err(format!("must be more than 0, like 10s: {s}")),
+        Err(e) => Err(e.to_string()),
     }
 }
 
