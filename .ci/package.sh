@@ -305,16 +305,19 @@ install_test() {
     echo "ok: a login account named hoox-edge fails the install; gone, the install ends"
 
     # Nor a group of that name made before the package: a login's group (gid 1600), or a
-    # system group with a member, who would read the TLS key and the config.
+    # system group with a member, listed or by its primary group, who would read the TLS
+    # key and the config.
     in_root useradd -M -u 1601 -s /bin/sh alice
-    for make_group in "groupadd -g 1600 hoox-edge" "groupadd --system -U alice hoox-edge"; do
-        in_root $make_group
+    for make_group in "groupadd -g 1600 hoox-edge" "groupadd --system -U alice hoox-edge" \
+        "groupadd --system hoox-edge && useradd -M -u 1602 -g hoox-edge -s /bin/sh bob"; do
+        in_root sh -c "$make_group"
         rc=0
         out=$(in_root dpkg -i /tmp/hoox-edge.deb 2>&1) || rc=$?
         ((rc != 0)) || fail "dpkg -i took over a group hoox-edge ($make_group):"$'\n'"$out"
         grep -qF "a group hoox-edge exists" <<<"$out" ||
             fail "the refused install did not say why ($make_group):"$'\n'"$out"
         ! in_root getent passwd hoox-edge >/dev/null || fail "a user made beside that group"
+        in_root userdel bob 2>/dev/null || true
         in_root groupdel hoox-edge
         in_root dpkg --configure -a >/dev/null || fail "dpkg --configure -a failed once the group was gone"
         in_root dpkg --purge hoox-edge >/dev/null
@@ -322,9 +325,15 @@ install_test() {
     in_root userdel alice
     echo "ok: a group hoox-edge not the package's fails the install; gone, the install ends"
 
-    in_root dpkg -i /tmp/hoox-edge.deb
+    out=$(in_root dpkg -i /tmp/hoox-edge.deb 2>&1) || fail "dpkg -i failed:"$'\n'"$out"
+    printf '%s\n' "$out"
+    # A first install is clean: the check it prints says ok, and warns of nothing (the
+    # state folder, which check-config looks for, is there).
+    grep -qF "config.toml: ok (executor: paper" <<<"$out" || fail "the install printed no ok"
+    ! grep -qi "warning" <<<"$out" || fail "a first install warns:"$'\n'"$out"
     in_root getent passwd hoox-edge | grep -q ':/var/lib/hoox-edge:/usr/sbin/nologin$' ||
         fail "no system user hoox-edge"
+    expect_mode /var/lib/hoox-edge "700 hoox-edge:hoox-edge"
     expect_mode /etc/hoox-edge "750 root:hoox-edge"
     expect_mode /etc/hoox-edge/tls "750 root:hoox-edge"
     expect_mode /etc/hoox-edge/secrets "700 hoox-edge:hoox-edge"

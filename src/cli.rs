@@ -84,8 +84,9 @@ enum Cmd {
         /// The body to sign; standard input when absent.
         #[arg(long)]
         body_file: Option<PathBuf>,
-        /// Unix seconds; now when absent.
-        #[arg(long)]
+        /// Unix seconds; now when absent. Milliseconds (13 digits) are refused: the
+        /// gateway reads seconds, and every request so signed would be a 401.
+        #[arg(long, value_parser = clap::value_parser!(i64).range(0..=9_999_999_999))]
         timestamp: Option<i64>,
     },
     /// Inspect or release live keys.

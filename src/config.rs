@@ -441,6 +441,13 @@ impl Config {
                 format!("{why}: name a path of its own"),
             ));
         }
+        // In a folder anyone may write: anyone could put a socket of their own there, and
+        // answer the operator's `halt` with a success while the gateway trades on.
+        if let Some(Listen::Unix(p)) = &admin
+            && let Some(why) = crate::secrets::folder_open_to_others(p)
+        {
+            return Err(err("admin.listen", format!("{}: {why}", p.display())));
+        }
 
         let store_path = rel(raw
             .store
@@ -741,7 +748,12 @@ impl Config {
             ));
         };
         let next = Config::load(path)?;
-        let pending = self.restart_only.changed(&next.restart_only);
+        let mut pending = self.restart_only.changed(&next.restart_only);
+        // The same database written another way (relative, absolute): nothing to restart
+        // for, and no keys left behind, which the reload would otherwise say.
+        if next.store_path == self.store_path {
+            pending.retain(|k| k != "store.path");
+        }
         let applied = Config {
             tls: next.tls,
             auth: next.auth,
@@ -809,6 +821,8 @@ impl Config {
 /// the listeners are bound). `0.0.0.0` and `::1` live side by side.
 fn binds_overlap(a: std::net::IpAddr, b: std::net::IpAddr) -> bool {
     use std::net::IpAddr::{V4, V6};
+    // `[::ffff:127.0.0.1]` binds 127.0.0.1, as the kernel maps it.
+    let (a, b) = (a.to_canonical(), b.to_canonical());
     a == b
         || match (a, b) {
             (V4(_), V4(_)) | (V6(_), V6(_)) => a.is_unspecified() || b.is_unspecified(),
@@ -1017,6 +1031,18 @@ mod tests {
         );
         // Compared with what it started on, not with the last reload.
         assert_eq!(next.reload().unwrap().1, pending);
+        // The same database written another way is no change to restart for.
+        let db = dir.path().join("mutex.redb");
+        let same = edited.replace("path = \"mutex.redb\"", &format!("path = {db:?}"));
+        assert_ne!(same, edited);
+        std::fs::write(&path, &same).unwrap();
+        assert_eq!(running.reload().unwrap().1, pending);
+        let moved = edited.replace("path = \"mutex.redb\"", "path = \"moved.redb\"");
+        std::fs::write(&path, &moved).unwrap();
+        assert_eq!(
+            running.reload().unwrap().1,
+            ["limits.rate_per_s", "store.path", "store.ttl"]
+        );
 
         // The embedded defaults have no file to read again: their secret is.
         let embedded = Config::embedded(dir.path()).unwrap();
@@ -1083,6 +1109,9 @@ mod tests {
             ("0.0.0.0", "::1", false),
             ("127.0.0.1", "::1", false),
             ("127.0.0.1", "127.0.0.2", false),
+            // IPv4-mapped: the kernel binds the IPv4 address.
+            ("::ffff:127.0.0.1", "127.0.0.1", true),
+            ("::ffff:0.0.0.0", "127.0.0.1", true),
         ] {
             assert_eq!(binds_overlap(ip(a), ip(b)), overlap, "{a} {b}");
             assert_eq!(binds_overlap(ip(b), ip(a)), overlap, "{b} {a}");
@@ -1095,6 +1124,19 @@ mod tests {
         assert_eq!(e.key, "admin.listen", "{e}");
         assert!(e.message.contains("is 110 bytes"), "{e}");
         assert!(admin(&format!("unix:/run/{}.sock", "s".repeat(97))).is_ok());
+        // In a folder anyone may write, without the sticky bit: refused, naming it.
+        let open = tempfile::tempdir().unwrap();
+        use std::os::unix::fs::PermissionsExt;
+        std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o777)).unwrap();
+        let sock = open.path().join("admin.sock");
+        let e = admin(&format!("unix:{}", sock.display())).expect_err("an open folder");
+        assert_eq!(e.key, "admin.listen", "{e}");
+        assert!(e.message.contains("writable by everyone"), "{e}");
+        std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
+        assert!(
+            admin(&format!("unix:{}", sock.display())).is_ok(),
+            "sticky, as /tmp"
+        );
         for folder in ["", ".", "tls"] {
             let e = checked(|r| r.store.path = Some(folder.into())).expect_err(folder);
             assert_eq!(e.key, "store.path", "{e}");

@@ -233,6 +233,19 @@ pub fn open_to_writes(path: &Path) -> Option<String> {
     ))
 }
 
+/// Why a file this gateway makes at `path` (the admin socket) could be replaced by anyone:
+/// a folder on its way that everyone may write, without the sticky bit ([`open_folder`]).
+pub fn folder_open_to_others(path: &Path) -> Option<String> {
+    let (dir, mode) = open_folder(path)?;
+    Some(format!(
+        "in {}, which is writable by everyone (mode {mode:o}): any user of this machine \
+         could put one of their own in its place; run chmod o-w on {}, or choose another \
+         folder",
+        dir.display(),
+        dir.display()
+    ))
+}
+
 /// A folder on the way to `path` that everyone may write and that lacks the sticky bit
 /// (which, as on /tmp, keeps others from renaming what is not theirs): there, anyone could
 /// put a file of their own in the place of `path`, or of a link on the way to it, whatever

@@ -669,14 +669,18 @@ async fn sign_produces_headers_the_gateway_accepts() {
     let body_file = setup.dir.path().join("body.json");
     std::fs::write(&body_file, &body).unwrap();
     let secret_file = setup.dir.path().join("secrets/hmac");
+    let sign = |extra: &[&str]| {
+        let files = [
+            "sign",
+            "--secret-file",
+            secret_file.to_str().unwrap(),
+            "--body-file",
+            body_file.to_str().unwrap(),
+        ];
+        cli(&[&files[..], extra].concat())
+    };
     let before = unix_s();
-    let o = cli(&[
-        "sign",
-        "--secret-file",
-        secret_file.to_str().unwrap(),
-        "--body-file",
-        body_file.to_str().unwrap(),
-    ]);
+    let o = sign(&[]);
     assert!(o.status.success(), "{}", String::from_utf8_lossy(&o.stderr));
     let out = String::from_utf8(o.stdout).unwrap();
     let err = String::from_utf8(o.stderr).unwrap();
@@ -737,6 +741,10 @@ async fn sign_produces_headers_the_gateway_accepts() {
         .request(hyper::Method::POST, &gw.url(), &h, body.replace("0.5", "5"))
         .await;
     assert_eq!(r.status, 401);
+    // A timestamp in milliseconds is refused: the gateway reads seconds.
+    let o = sign(&["--timestamp", "1764900000000"]);
+    assert_eq!(o.status.code(), Some(2));
+    assert!(o.stdout.is_empty());
 }
 
 #[test]

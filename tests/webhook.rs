@@ -299,6 +299,27 @@ async fn timeout_after_send_holds_the_key() {
         assert_eq!(r.status, 409);
         assert_eq!(r.json()["state"], "pending");
         assert_eq!(exec.calls(), calls);
+        // Past the longest an order can take, the 409 says its outcome is unknown: a
+        // sender told only "pending" could not tell it from an order still out, and
+        // either dropped a trade that then failed or kept resending until the key
+        // expired, and placed it again. Until then it may still be out.
+        let deadline = std::time::Instant::now() + Duration::from_secs(15);
+        loop {
+            let r = gw.post(&t, &[]).await;
+            let v = r.json();
+            assert_eq!((r.status.as_u16(), &v["state"]), (409, &json!("pending")));
+            if v["order"] == "unknown" {
+                assert!(
+                    v["detail"].as_str().unwrap().contains("check the exchange"),
+                    "{v}"
+                );
+                break;
+            }
+            assert_eq!(v["order"], "in_flight", "{v}");
+            assert!(std::time::Instant::now() < deadline, "{v}");
+            tokio::time::sleep(Duration::from_millis(250)).await;
+        }
+        assert_eq!(exec.calls(), calls);
     }
 }
 
@@ -359,6 +380,16 @@ async fn bad_requests_are_refused_before_the_executor() {
     t["action"] = json!("BUY");
     let r = gw.post(&t, &[]).await;
     assert!(r.json()["detail"].as_str().unwrap().contains("action"));
+    // The log line gives the reason too: a sender that shows its user little (a
+    // TradingView alert) leaves the operator only this.
+    let log = gw.wait_logged("webhook refused: field `action`");
+    let line = log
+        .lines()
+        .find(|l| l.contains("webhook refused: field `action`"));
+    assert!(
+        line.unwrap().contains(" status=400 code=INVALID_REQUEST "),
+        "{log}"
+    );
     // Schema before key: an invalid trade with an invalid key is told about the trade.
     let long = "k".repeat(256);
     let r = gw.post(&t, &[("idempotency-key", long.as_str())]).await;
@@ -1074,7 +1105,10 @@ async fn replay_answers_a_duplicate_with_the_stored_response() {
     let dup = gw.post(&t, &[]).await;
     let v = dup.json();
     assert_eq!((dup.status.as_u16(), code(&v)), (409, "DUPLICATE"), "{v:?}");
-    assert_eq!(v["state"], "pending");
+    assert_eq!(
+        (&v["state"], &v["order"]),
+        (&json!("pending"), &json!("in_flight"))
+    );
     assert_eq!(dup.header("idempotent-replayed"), None);
     let first = in_flight.await.unwrap();
     assert_eq!(first.status, 200);

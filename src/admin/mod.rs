@@ -84,7 +84,7 @@ impl Listen {
                  \"unix:/path/to/admin.sock\""
             )
         })?;
-        if !addr.ip().is_loopback() {
+        if !addr.ip().to_canonical().is_loopback() {
             return Err(format!(
                 "admin listen {s:?} is not a loopback address: the admin face has no \
                  authentication, so it listens only on 127.0.0.1, ::1 or a Unix socket"
@@ -160,11 +160,28 @@ enum Listener {
 }
 
 /// Removes the socket file when the listener goes, so a clean stop leaves nothing behind.
-struct SocketFile(PathBuf);
+/// The socket this gateway bound, removed at its stop only if it is still the one at the
+/// path (its device and inode): another's, bound there since, is not ours to take away.
+struct SocketFile(PathBuf, Option<(u64, u64)>);
+
+impl SocketFile {
+    fn of(path: &Path) -> SocketFile {
+        SocketFile(path.to_owned(), identity(path))
+    }
+}
+
+fn identity(path: &Path) -> Option<(u64, u64)> {
+    use std::os::unix::fs::MetadataExt;
+    std::fs::symlink_metadata(path)
+        .ok()
+        .map(|m| (m.dev(), m.ino()))
+}
 
 impl Drop for SocketFile {
     fn drop(&mut self) {
-        let _ = std::fs::remove_file(&self.0);
+        if self.1.is_some() && identity(&self.0) == self.1 {
+            let _ = std::fs::remove_file(&self.0);
+        }
     }
 }
 
@@ -194,7 +211,7 @@ pub async fn bind(listen: &Listen) -> io::Result<Bound> {
         Listen::Unix(path) => {
             remove_stale_socket(path).await?;
             let l = UnixListener::bind(path)?;
-            let file = SocketFile(path.clone());
+            let file = SocketFile::of(path);
             // chmod after bind leaves a moment where the umask's mode applies; the
             // directory (RuntimeDirectory=, mode 0750) is what closes that window.
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
@@ -212,19 +229,35 @@ pub fn taken_by_other_than_a_socket(path: &Path) -> Option<String> {
         .then(|| format!("{} exists and is not a socket", path.display()))
 }
 
+/// A socket left at `path` by a process that stopped is replaced; one whose listener may
+/// still be there is not. Only a refused connection says nobody listens: a socket of a
+/// gateway running as another user refuses permission, one whose backlog is full asks to
+/// try again, and taking the path from under either had `halt` halt the wrong gateway
+/// while the first went on trading.
 async fn remove_stale_socket(path: &Path) -> io::Result<()> {
     if let Some(why) = taken_by_other_than_a_socket(path) {
         return Err(io::Error::new(io::ErrorKind::AlreadyExists, why));
     }
-    if tokio::net::UnixStream::connect(path).await.is_ok() {
-        return Err(io::Error::new(
+    match tokio::net::UnixStream::connect(path).await {
+        Ok(_) => Err(io::Error::new(
             io::ErrorKind::AddrInUse,
             format!("another process is listening on {}", path.display()),
-        ));
-    }
-    match std::fs::remove_file(path) {
+        )),
         Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
-        done => done,
+        Err(e) if e.kind() == io::ErrorKind::ConnectionRefused => {
+            match std::fs::remove_file(path) {
+                Err(e) if e.kind() == io::ErrorKind::NotFound => Ok(()),
+                done => done,
+            }
+        }
+        Err(e) => Err(io::Error::new(
+            io::ErrorKind::AddrInUse,
+            format!(
+                "{} may belong to a running process ({e}): not replaced; stop it, or give \
+                 this gateway another path",
+                path.display()
+            ),
+        )),
     }
 }
 
@@ -812,6 +845,11 @@ mod tests {
             Ok(Listen::Tcp("127.0.0.1:9980".parse().unwrap()))
         );
         assert!(matches!(Listen::parse("[::1]:9980"), Ok(Listen::Tcp(_))));
+        // 127.0.0.1 written as IPv4-mapped IPv6 is loopback too.
+        assert!(matches!(
+            Listen::parse("[::ffff:127.0.0.1]:9980"),
+            Ok(Listen::Tcp(_))
+        ));
         assert_eq!(
             Listen::parse("unix:/run/hoox-edge/admin.sock"),
             Ok(Listen::Unix("/run/hoox-edge/admin.sock".into()))
@@ -825,6 +863,40 @@ mod tests {
         }
         let shown = Listen::parse("unix:/tmp/a.sock").unwrap().to_string();
         assert_eq!(shown, "unix:/tmp/a.sock");
+    }
+
+    /// A socket file another process may still listen on is not replaced: only a refused
+    /// connection says it was left behind. Here a live datagram socket (as systemd's
+    /// notify socket), which a stream connect cannot reach; it was taken before. And a
+    /// gateway that stops removes its socket only if the path still holds it.
+    #[tokio::test]
+    async fn a_socket_is_replaced_only_when_left_behind() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("admin.sock");
+        let other = std::os::unix::net::UnixDatagram::bind(&path).unwrap();
+        let e = bind(&Listen::Unix(path.clone()))
+            .await
+            .err()
+            .expect("refused");
+        assert!(
+            e.to_string().contains("may belong to a running process"),
+            "{e}"
+        );
+        drop(other);
+        // Left behind by a process that stopped (a bound, closed listener): replaced.
+        drop(std::os::unix::net::UnixListener::bind(&path));
+        assert!(path.exists());
+        let bound = bind(&Listen::Unix(path.clone())).await.unwrap();
+        // Another's, bound at the path since: still there after this one stops.
+        std::fs::remove_file(&path).unwrap();
+        let _theirs = std::os::unix::net::UnixListener::bind(&path).unwrap();
+        drop(bound);
+        assert!(path.exists(), "another's socket removed");
+        // Its own: removed at its stop.
+        drop(_theirs);
+        std::fs::remove_file(&path).unwrap();
+        drop(bind(&Listen::Unix(path.clone())).await.unwrap());
+        assert!(!path.exists());
     }
 
     #[test]

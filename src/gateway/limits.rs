@@ -108,12 +108,23 @@ impl Allowlist {
             .iter()
             .map(|e| {
                 let e = e.trim();
-                e.parse::<IpNet>()
+                let n = e
+                    .parse::<IpNet>()
                     .or_else(|err| e.parse::<IpAddr>().map(IpNet::from).map_err(|_| err))
-                    .map(|n| canonical_net(n.trunc()))
                     .map_err(|err| {
                         format!("{e:?}: {err} (an address, or a CIDR such as 10.0.0.0/8)")
-                    })
+                    })?;
+                // `10.1.2.3/8`: the one host, or the whole /8? Asked, not guessed: taken
+                // as the network, it let in every address of it.
+                if n != n.trunc() {
+                    return Err(format!(
+                        "{e:?} has bits set past its prefix: write {} for the network, or \
+                         {} for the one address",
+                        n.trunc(),
+                        n.addr()
+                    ));
+                }
+                Ok(canonical_net(n))
             })
             .collect::<Result<_, _>>()
             .map(Allowlist)
@@ -338,8 +349,24 @@ mod tests {
         assert!(a.allows(ip("fd12::5")));
         assert!(a.allows(ip("2001:db8::1")));
         assert!(!a.allows(ip("2001:db8::2")));
-        // Host bits in a CIDR are ignored, as a router would.
-        assert!(list(&["10.1.2.3/8"]).allows(ip("10.9.9.9")));
+        // Bits past the prefix: the one host, or the whole network? Refused, not guessed
+        // (taken as the network, `127.0.0.5/8` let in the whole /8 without a word).
+        for (bad, net, one) in [
+            ("10.1.2.3/8", "10.0.0.0/8", "10.1.2.3"),
+            ("fd00::1/64", "fd00::/64", "fd00::1"),
+        ] {
+            let e = Allowlist::parse(&[bad.to_string()]).unwrap_err();
+            assert!(
+                e.contains(&format!(
+                    "write {net} for the network, or {one} for the one"
+                )),
+                "{e}"
+            );
+        }
+        // An IPv6 range holds no IPv4 client, not even `::/0`: a dual-stack listener's
+        // IPv4 peers are matched by their IPv4 address.
+        assert!(!list(&["::/0"]).allows(ip("::ffff:10.1.2.3")));
+        assert!(list(&["::/0"]).allows(ip("fd00::5")));
     }
 
     #[test]

@@ -351,7 +351,7 @@ pub async fn serve(
         let allowed = gw.allowlist.allows(ip);
         let Some(ip_slot) = per_ip.acquire(ip, allowed) else {
             gw.metrics.connection_refused();
-            floods.refused(addr.ip(), allowed, &limits);
+            floods.refused(ip, allowed, &limits);
             continue;
         };
         let _ = tcp.set_nodelay(true);

@@ -41,6 +41,11 @@ pub enum Problem {
         /// `Result<_, Problem>` would then carry.
         key: String,
         state: &'static str,
+        /// Where the first delivery's order is ([`Problem::duplicate`]): `in_flight` (it
+        /// may still be at the executor), `unknown` or `succeeded`. `state` alone said `pending` both while the order
+        /// was at the executor and after its outcome was lost (a 504, held): a sender that
+        /// took the one for the other dropped a trade, or placed it again.
+        order: &'static str,
         age_ms: u64,
         expires_in_ms: u64,
     },
@@ -126,6 +131,16 @@ impl Problem {
         }
     }
 
+    /// What the log line adds to its code: the detail of a request refused for its
+    /// content, which only the sender saw (a TradingView alert's sender shows its user
+    /// little, and retries nothing). Other codes say it all.
+    pub fn reason(&self) -> Option<&str> {
+        match self {
+            Problem::InvalidRequest(d) | Problem::InvalidIdempotencyKey(d) => Some(d),
+            _ => None,
+        }
+    }
+
     pub fn detail(&self) -> String {
         use Problem::*;
         match self {
@@ -139,12 +154,42 @@ impl Problem {
             NotFound => "no such resource; POST trades to /webhook".into(),
             MethodNotAllowed => "use POST".into(),
             PayloadTooLarge => "body larger than 64 KiB".into(),
-            UnsupportedMediaType => "body must be application/json".into(),
-            // Held by its signature's guard, not by the trade's key (docs/DESIGN.md).
-            Duplicate { key, state, .. } if crate::mutex::key::is_guard(key) => {
-                format!("this signed request was already accepted ({state}); sign a new one")
+            UnsupportedMediaType => {
+                "body must be JSON, sent as application/json, a +json type, text/plain or \
+                 with no Content-Type"
+                    .into()
             }
-            Duplicate { state, .. } => format!("this trade was already accepted ({state})"),
+            Duplicate {
+                key, state, order, ..
+            } => {
+                // Held by its signature's guard, not by the trade's key (docs/DESIGN.md):
+                // the very request, resent. A new trade with the same body is told what
+                // tells it apart, without being told to send anything again.
+                let guard = crate::mutex::key::is_guard(key);
+                let what = if guard {
+                    "this signed request (the same body, signed in the same second)"
+                } else {
+                    "this trade"
+                };
+                let next = match *order {
+                    "in_flight" => {
+                        "its order may still be at the executor: send it again in a few \
+                         seconds for its outcome"
+                    }
+                    "unknown" => {
+                        "its order's outcome is unknown (the executor did not answer, or \
+                         the gateway stopped under it): check the exchange before sending \
+                         it as a new trade"
+                    }
+                    _ => "the executor took its order",
+                };
+                let new = if guard {
+                    "; a new trade with the same body needs a new signature"
+                } else {
+                    ""
+                };
+                format!("{what} was already accepted ({state}): {next}{new}")
+            }
             KeyReused => "this idempotency key was used with a different trade".into(),
             RateLimited { retry_after_s } => {
                 format!("rate limit exceeded; retry in {retry_after_s} s")
@@ -172,12 +217,14 @@ impl Problem {
         if let Problem::Duplicate {
             key,
             state,
+            order,
             age_ms,
             expires_in_ms,
         } = self
         {
             doc["key"] = json!(key);
             doc["state"] = json!(state);
+            doc["order"] = json!(order);
             doc["age_ms"] = json!(age_ms);
             doc["expires_in_ms"] = json!(expires_in_ms);
         }
@@ -242,13 +289,22 @@ pub fn respond(status: StatusCode, doc: &Value) -> Response<Full<Bytes>> {
     res
 }
 
-impl From<&crate::mutex::Duplicate> for Problem {
-    /// The key as stored (namespace included): the same string the `Idempotency-Key`
-    /// answer header, the executor and the operator's `hoox-edge keys` use.
-    fn from(d: &crate::mutex::Duplicate) -> Self {
+impl Problem {
+    /// A duplicate of `d`, its key as stored (namespace included): the same string the
+    /// `Idempotency-Key` answer header, the executor and the operator's `hoox-edge keys`
+    /// use. A pending entry older than `order_time` (the longest an order may take from
+    /// its reserve to its outcome, and its settling) has no order at the executor: its
+    /// outcome was not known (a 504, held), or the gateway stopped under it.
+    pub fn duplicate(d: &crate::mutex::Duplicate, order_time: std::time::Duration) -> Self {
+        let order = match d.state {
+            crate::mutex::State::Committed => "succeeded",
+            _ if u128::from(d.age_ms) <= order_time.as_millis() => "in_flight",
+            _ => "unknown",
+        };
         Problem::Duplicate {
             key: d.key.as_str().to_owned(),
             state: d.state.as_str(),
+            order,
             age_ms: d.age_ms,
             expires_in_ms: d.expires_in_ms,
         }
@@ -289,6 +345,7 @@ mod tests {
             Duplicate {
                 key: "k".into(),
                 state: "pending",
+                order: "in_flight",
                 age_ms: 5,
                 expires_in_ms: 7,
             },
@@ -390,27 +447,36 @@ mod tests {
         let (_, v) = body_of(&Problem::Duplicate {
             key: "order-1".into(),
             state: "committed",
+            order: "succeeded",
             age_ms: 1500,
             expires_in_ms: 298_500,
         })
         .await;
         assert_eq!(v["key"], "order-1");
         assert_eq!(v["state"], "committed");
+        assert_eq!(v["order"], "succeeded");
         assert_eq!(v["age_ms"], 1500);
         assert_eq!(v["expires_in_ms"], 298_500);
-        assert_eq!(v["detail"], "this trade was already accepted (committed)");
-        // Held by a signature's guard: the sender is told what to change (a new signature),
-        // for a new key alone would not help.
+        assert_eq!(
+            v["detail"],
+            "this trade was already accepted (committed): the executor took its order"
+        );
+        // Held by a signature's guard: the very request, resent. A new trade with the same
+        // body is told what tells it apart (a new signature), for a new key alone would not.
         let (_, v) = body_of(&Problem::Duplicate {
             key: "sig:0123456789abcdef0123456789abcdef".into(),
             state: "pending",
+            order: "in_flight",
             age_ms: 10,
             expires_in_ms: 1_000,
         })
         .await;
-        assert_eq!(
-            v["detail"],
-            "this signed request was already accepted (pending); sign a new one"
+        let detail = v["detail"].as_str().unwrap();
+        assert!(
+            detail.starts_with("this signed request (the same body, signed in the same second)")
+                && detail.contains("(pending): its order may still be at the executor")
+                && detail.ends_with("a new trade with the same body needs a new signature"),
+            "{detail}"
         );
     }
 
@@ -429,22 +495,33 @@ mod tests {
     fn conversions_from_the_mutex_and_auth() {
         use crate::mutex::{ClientKey, Key, Mode, State};
         let k = Key::client("psk", Mode::Live, &ClientKey::parse("order-9").unwrap()).unwrap();
-        let d = crate::mutex::Duplicate {
+        let mut d = crate::mutex::Duplicate {
             key: k,
             state: State::Committed,
             age_ms: 10,
             expires_in_ms: 20,
             response: None,
         };
+        let order_time = std::time::Duration::from_millis(10);
         assert_eq!(
-            Problem::from(&d),
+            Problem::duplicate(&d, order_time),
             Problem::Duplicate {
                 key: "client:psk:live:order-9".into(),
                 state: "committed",
+                order: "succeeded",
                 age_ms: 10,
                 expires_in_ms: 20
             }
         );
+        // Pending: at the executor up to the longest an order takes, unknown after.
+        d.state = State::Pending;
+        let order = |d: &crate::mutex::Duplicate| match Problem::duplicate(d, order_time) {
+            Problem::Duplicate { order, .. } => order,
+            p => panic!("{p:?}"),
+        };
+        assert_eq!(order(&d), "in_flight");
+        d.age_ms = 11;
+        assert_eq!(order(&d), "unknown");
         let u = crate::mutex::Unavailable::Busy;
         assert_eq!(Problem::from(&u), Problem::Unavailable { reason: "busy" });
         for e in [

@@ -68,10 +68,11 @@ pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
 pub struct Tls {
     pub config: Arc<ServerConfig>,
     clients: Option<Arc<dyn ClientCertVerifier>>,
-    /// When the served chain is valid, unix seconds: the latest start and the earliest end
-    /// of its certificates, for a client refuses the chain when any one is out of its
-    /// dates (`None` if one cannot be read: rustls serves what it can, and the clients
-    /// judge).
+    /// When the served certificate is valid, unix seconds (`None` if its dates cannot be
+    /// read: rustls serves what it can, and the clients judge). The leaf's: a chain may
+    /// carry an expired cross-signed root that clients never reach, stopping at the root
+    /// they trust, and the expiry alert would fire for good. [`Tls::warnings`] names the
+    /// chain's others.
     pub validity: Option<Validity>,
     /// The served chain, leaf first, for [`Tls::warnings`].
     chain: Vec<CertificateDer<'static>>,
@@ -164,6 +165,13 @@ fn parse<'a>(cert: &'a CertificateDer<'_>) -> Option<X509Certificate<'a>> {
         .map(|(_, c)| c)
 }
 
+/// Whether a certificate may stand as an issuer in `client_ca`: a CA's, or an X.509 v1
+/// one (no extensions at all; what `openssl x509 -req -signkey` makes), which webpki never
+/// takes as a client's own certificate, so it can only be an issuer there.
+fn may_issue(cert: &X509Certificate<'_>) -> bool {
+    cert.version() == x509_parser::x509::X509Version::V1 || is_ca(cert)
+}
+
 /// Whether a certificate says it is a CA's (basicConstraints CA:TRUE).
 fn is_ca(cert: &X509Certificate<'_>) -> bool {
     cert.basic_constraints()
@@ -185,14 +193,20 @@ impl Tls {
         let mut said = Vec::new();
         for (i, c) in self.chain.iter().enumerate() {
             let Some(c) = parse(c) else { continue };
-            let which = match i {
-                0 => "the certificate".to_string(),
-                _ => format!("certificate {} of its chain ({})", i + 1, c.subject()),
-            };
-            said.extend(Validity::of(&c).warning(&which, now));
             if i > 0 {
+                // Clients that trust a certificate before it in the chain never reach it
+                // (an old cross-signed root): said, but as what it may be.
+                let which = format!("certificate {} of its chain ({})", i + 1, c.subject());
+                said.extend(Validity::of(&c).warning(&which, now).map(|w| {
+                    format!(
+                        "{w} (a client that needs it to reach a root it trusts refuses the \
+                         connection; if it is a cross-signed root no client needs, take it out \
+                         of the file)"
+                    )
+                }));
                 continue;
             }
+            said.extend(Validity::of(&c).warning("the certificate", now));
             if is_ca(&c) {
                 said.push(
                     "the certificate is a CA's (basicConstraints CA:TRUE, which `openssl req \
@@ -246,7 +260,12 @@ impl TlsFiles {
                 pem::Error::NoItemsFound if !der(&key_pem) => "no private key in PEM file (a \
                     BEGIN PRIVATE KEY block; is it the certificate?)"
                     .to_string(),
-                e => pem_error(&e, &key_pem, "private key", "pkey"),
+                e => pem_error(
+                    &e,
+                    &key_pem,
+                    "private key",
+                    "openssl pkey -inform der -in FILE -out FILE.pem, then chmod 0600 FILE.pem",
+                ),
             };
             file_err(Role::Key, &self.key, message)
         })?;
@@ -278,12 +297,14 @@ impl TlsFiles {
                     // A trust anchor is a name and a key, whatever the certificate says:
                     // a client's own certificate here would let its key issue one under
                     // any client's name, and webpki would take it.
-                    if let Some(c) = parse(&c).filter(|c| !is_ca(c)) {
+                    if let Some(c) = parse(&c).filter(|c| !may_issue(c)) {
                         return Err(bad(format!(
                             "certificate {} ({}) is not a CA's (no basicConstraints CA:TRUE): \
                              client_ca names the CAs that issue client certificates, and a \
                              client's own certificate there would let its key issue one under \
-                             any client's name",
+                             any client's name; a CA of your own made without it can be \
+                             signed again with the same key and subject, as a CA's \
+                             (openssl x509 -extfile with basicConstraints=critical,CA:TRUE)",
                             i + 1,
                             c.subject()
                         )));
@@ -336,7 +357,7 @@ impl TlsFiles {
         Ok(Arc::new(Tls {
             config: Arc::new(cfg),
             clients,
-            validity: Validity::of_chain(&chain),
+            validity: chain.first().and_then(parse).map(|c| Validity::of(&c)),
             chain,
         }))
     }
@@ -417,17 +438,19 @@ pub fn read_certificates(path: &Path) -> Result<Vec<CertificateDer<'static>>, St
     let pem = read_pem(path)?;
     let certs = CertificateDer::pem_slice_iter(&pem)
         .collect::<Result<Vec<_>, _>>()
-        .map_err(|e| pem_error(&e, &pem, "certificate", "x509"))?;
+        .map_err(|e| pem_error(&e, &pem, "certificate", CONVERT_CERT))?;
     if certs.is_empty() {
         return Err(pem_error(
             &pem::Error::NoItemsFound,
             &pem,
             "certificate",
-            "x509",
+            CONVERT_CERT,
         ));
     }
     Ok(certs)
 }
+
+const CONVERT_CERT: &str = "openssl x509 -inform der -in FILE -out FILE.pem";
 
 /// Whether bytes look like DER (an ASN.1 SEQUENCE), not PEM text.
 fn der(bytes: &[u8]) -> bool {
@@ -435,13 +458,12 @@ fn der(bytes: &[u8]) -> bool {
 }
 
 /// A PEM reader's error in words: its own name the bytes of a line as numbers. `what` is
-/// what was looked for, `tool` the openssl command that converts one from DER.
-fn pem_error(e: &pem::Error, bytes: &[u8], what: &str, tool: &str) -> String {
+/// what was looked for, `convert` the command that makes one from DER.
+fn pem_error(e: &pem::Error, bytes: &[u8], what: &str, convert: &str) -> String {
     let text = |b: &[u8]| String::from_utf8_lossy(b).trim().to_string();
     match e {
         pem::Error::NoItemsFound if der(bytes) => format!(
-            "no {what} in PEM form: the file looks like DER (binary); convert it: openssl \
-             {tool} -inform der -in FILE -out FILE.pem"
+            "no {what} in PEM form: the file looks like DER (binary); convert it: {convert}"
         ),
         pem::Error::NoItemsFound => format!("no {what} in PEM file"),
         pem::Error::MissingSectionEnd { end_marker } => format!(
@@ -643,20 +665,22 @@ mod tests {
         files
     }
 
-    /// A chain is served only if each of its certificates is in its dates: the metric gives
-    /// the chain's first end, and an expired intermediate is warned of, by name. A
-    /// certificate made by `gen-cert` is warned of for nothing.
+    /// A chain's certificates past the leaf are judged by their dates too: an expired
+    /// intermediate is warned of, by name, as what it may be (an old cross-signed root no
+    /// client reaches is harmless). The metric gives the leaf's end: such a root would have
+    /// it fire for good. A certificate made by `gen-cert` is warned of for nothing.
     #[test]
     fn the_whole_chain_is_judged_by_its_dates() {
         let dir = tempfile::tempdir().unwrap();
         let (chain, key, _, _) = three_tier((2020, 2025));
         let files = files_of(dir.path(), &chain, &key);
         let tls = files.load().unwrap();
-        assert_eq!(tls.validity.unwrap().not_after, 1_735_689_600); // 2025-01-01
+        assert_eq!(tls.validity.unwrap().not_after, 67_090_118_400); // rcgen's leaf: 4096
         let said = tls.warnings(&files.cert);
         assert_eq!(said.len(), 1, "{said:?}");
         assert!(
-            said[0].contains("certificate 2 of its chain (CN=inter) expired on Wed, 01 Jan 2025"),
+            said[0].contains("certificate 2 of its chain (CN=inter) expired on Wed, 01 Jan 2025")
+                && said[0].contains("if it is a cross-signed root no client needs"),
             "{said:?}"
         );
         let fine = dir.path().join("fine");
@@ -737,7 +761,9 @@ mod tests {
         std::fs::write(&files.key, key_der.secret_der()).unwrap();
         let e = files.load().err().expect("refused").to_string();
         assert!(
-            e.contains("looks like DER") && e.contains("openssl pkey"),
+            e.contains("looks like DER")
+                && e.contains("openssl pkey")
+                && e.contains("then chmod 0600"),
             "{e}"
         );
         // Cut short: the line it misses, in words.
@@ -776,8 +802,21 @@ lW25DjiZQDaK+SgEdHtU+r3aIwsFOu1ZaAW1bdzg991mAblb1opKOUpAy3gvTiym
             client_ca: Some(ca.clone()),
             ..files_of(dir.path(), &chain, &key)
         };
+        // An X.509 v1 CA (`openssl x509 -req -signkey`, no extensions): an issuer, as webpki
+        // never takes a v1 certificate for a client's own.
+        let v1 = "-----BEGIN CERTIFICATE-----
+MIIBHTCBwwIUJyCUAKEH09ZMqg+mLNJDkYC0F6YwCgYIKoZIzj0EAwIwEDEOMAwG
+A1UEAwwFdjEtY2EwIBcNMjYxMjA1MDEzMjI1WhgPMjEyNjExMTEwMTMyMjVaMBAx
+DjAMBgNVBAMMBXYxLWNhMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAE/pqWU3z5
+HMLihZGw8lC+bx6DVMIy5RGpl5TOfTqcMtgox0BYjzjucOjJ/bu56yRgZy0YVHAH
+4HNu/+Y8R9c4oDAKBggqhkjOPQQDAgNJADBGAiEAtkm85IenS+InCwRWb+ihNSLk
+S2ltS5NZ0ah/9w1YO2QCIQCtl3VN1+Lr+dgr/7CSV6EhwkQenIfftX7HegB4599I
+Mg==
+-----END CERTIFICATE-----
+";
         for (bundle, ok) in [
             (format!("{root}{inter}"), true),
+            (format!("{root}{v1}"), true),
             (format!("{root}{leaf}"), false),
         ] {
             std::fs::write(&ca, bundle).unwrap();

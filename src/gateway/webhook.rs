@@ -160,12 +160,15 @@ struct Answer {
     settled: Option<Settled>,
     client: Option<String>,
     code: Option<&'static str>,
+    /// Why, for a request refused for its content (`Problem::reason`).
+    reason: Option<String>,
 }
 
 impl From<Problem> for Answer {
     fn from(p: Problem) -> Self {
         Answer {
             code: Some(p.code()),
+            reason: p.reason().map(str::to_owned),
             response: p.response(),
             key: None,
             settled: None,
@@ -225,7 +228,9 @@ pub async fn handle(
         client = answer.client.as_deref().unwrap_or("-"),
         request_id = request_id.as_str(),
         latency_us = elapsed.as_micros() as u64;
-        "webhook"
+        "webhook{}{}",
+        if answer.reason.is_some() { " refused: " } else { "" },
+        answer.reason.as_deref().unwrap_or("")
     );
     Ok(response)
 }
@@ -389,9 +394,10 @@ async fn pipeline(
                     settled: Some(Settled::Replayed),
                     client: Some(client),
                     code: None,
+                    reason: None,
                 });
             }
-            let mut a = fail(Problem::from(&d));
+            let mut a = fail(Problem::duplicate(&d, gw.order_time + SETTLE));
             a.key = Some(d.key);
             return Err(a);
         }
@@ -449,6 +455,7 @@ async fn pipeline(
         settled: Some(settled),
         client: Some(client),
         code,
+        reason: None,
     })
 }
 
