@@ -241,6 +241,15 @@ fn check_config(config: &Path) -> ExitCode {
             config.display(),
             folder.display()
         );
+    } else if !writable(folder) {
+        // What the package's install and the unit's reload check see: they run this as
+        // the service's user.
+        eprintln!(
+            "hoox-edge: warning: {}: store.path: this user cannot write the folder {}: a \
+             gateway run as it refuses every trade (503) until it can",
+            config.display(),
+            folder.display()
+        );
     }
     // Loaded once already, by `Config::load`: this only reads what clients would refuse.
     let tls = loaded.tls.load().ok();
@@ -258,6 +267,17 @@ fn check_config(config: &Path) -> ExitCode {
         loaded.executor.describe()
     );
     ExitCode::SUCCESS
+}
+
+/// Whether this process may make and remove files in `folder` (access(2), W_OK | X_OK:
+/// as the kernel judges this user, root included).
+fn writable(folder: &Path) -> bool {
+    use std::os::unix::ffi::OsStrExt;
+    let Ok(c) = std::ffi::CString::new(folder.as_os_str().as_bytes()) else {
+        return false;
+    };
+    // SAFETY: `c` is a NUL-terminated path that lives across the call.
+    unsafe { libc::access(c.as_ptr(), libc::W_OK | libc::X_OK) == 0 }
 }
 
 /// The level `HOOX_EDGE_LOG` names, or why it names none. The caller then logs at info and

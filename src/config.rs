@@ -749,9 +749,11 @@ impl Config {
         };
         let next = Config::load(path)?;
         let mut pending = self.restart_only.changed(&next.restart_only);
-        // The same database written another way (relative, absolute): nothing to restart
-        // for, and no keys left behind, which the reload would otherwise say.
-        if next.store_path == self.store_path {
+        // The same database written another way (relative, absolute, through `..` or a
+        // link): nothing to restart for, and no keys left behind, which the reload would
+        // otherwise say.
+        let real = |p: &Path| std::fs::canonicalize(p).unwrap_or_else(|_| p.to_path_buf());
+        if real(&next.store_path) == real(&self.store_path) {
             pending.retain(|k| k != "store.path");
         }
         let applied = Config {
@@ -1031,12 +1033,17 @@ mod tests {
         );
         // Compared with what it started on, not with the last reload.
         assert_eq!(next.reload().unwrap().1, pending);
-        // The same database written another way is no change to restart for.
+        // The same database written another way is no change to restart for: absolute,
+        // or through a link to its folder.
         let db = dir.path().join("mutex.redb");
-        let same = edited.replace("path = \"mutex.redb\"", &format!("path = {db:?}"));
-        assert_ne!(same, edited);
-        std::fs::write(&path, &same).unwrap();
-        assert_eq!(running.reload().unwrap().1, pending);
+        std::fs::write(&db, "").unwrap();
+        std::os::unix::fs::symlink(dir.path(), dir.path().join("link")).unwrap();
+        for other in [format!("{db:?}"), "\"link/mutex.redb\"".to_string()] {
+            let same = edited.replace("path = \"mutex.redb\"", &format!("path = {other}"));
+            assert_ne!(same, edited);
+            std::fs::write(&path, &same).unwrap();
+            assert_eq!(running.reload().unwrap().1, pending, "{other}");
+        }
         let moved = edited.replace("path = \"mutex.redb\"", "path = \"moved.redb\"");
         std::fs::write(&path, &moved).unwrap();
         assert_eq!(

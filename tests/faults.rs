@@ -224,9 +224,23 @@ async fn read_only_state_directory() {
     let state = setup.dir.path().join("state");
     let mount = Mount::bind(&state);
     mount.read_only(true);
+    // `check-config` says so first: a folder the gateway cannot write refuses every trade.
+    let check = || {
+        let o = Command::new(support::gateway::BIN)
+            .args(["check-config", "--config"])
+            .arg(setup.config_path())
+            .output()
+            .unwrap();
+        assert!(o.status.success());
+        String::from_utf8_lossy(&o.stderr).into_owned()
+    };
+    setup.write_config();
+    let warning = "this user cannot write the folder";
+    assert!(check().contains(warning), "{}", check());
     let gw = setup.start();
     assert_fails_closed(&gw, &exec, "ro-1").await;
     mount.read_only(false);
+    assert!(!check().contains(warning), "{}", check());
     assert_recovers(&gw, &exec, "ro-2").await;
 }
 

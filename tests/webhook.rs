@@ -382,10 +382,10 @@ async fn bad_requests_are_refused_before_the_executor() {
     assert!(r.json()["detail"].as_str().unwrap().contains("action"));
     // The log line gives the reason too: a sender that shows its user little (a
     // TradingView alert) leaves the operator only this.
-    let log = gw.wait_logged("webhook refused: field `action`");
+    let log = gw.wait_logged("webhook refused: \"field `action`");
     let line = log
         .lines()
-        .find(|l| l.contains("webhook refused: field `action`"));
+        .find(|l| l.contains("webhook refused: \"field `action`"));
     assert!(
         line.unwrap().contains(" status=400 code=INVALID_REQUEST "),
         "{log}"

@@ -118,7 +118,10 @@ impl Validity {
     /// start, at each reload and by `check-config`; not a refusal, for a client that skips
     /// the dates (`curl -k`) is still served, and a box without a clock battery may boot
     /// with its clock behind.
-    pub fn warning(&self, which: &str, now: i64) -> Option<String> {
+    ///
+    /// `who` refuses it: "clients that check dates" for the server's own; for one further
+    /// down its chain, those that need it to reach a root they trust.
+    pub fn warning(&self, which: &str, who: &str, now: i64) -> Option<String> {
         let date = |t: i64| {
             x509_parser::time::ASN1Time::from_timestamp(t)
                 .ok()
@@ -127,14 +130,14 @@ impl Validity {
         };
         if now < self.not_before {
             Some(format!(
-                "{which} is not valid before {} (or this host's clock is behind): clients \
-                 that check dates refuse it until then",
+                "{which} is not valid before {} (or this host's clock is behind): {who} \
+                 refuse it until then",
                 date(self.not_before)
             ))
         } else if now >= self.not_after {
             Some(format!(
-                "{which} expired on {}: clients that check dates refuse every connection; \
-                 renew it and reload",
+                "{which} expired on {}: {who} refuse every connection; renew it and \
+                 reload",
                 date(self.not_after)
             ))
         } else if self.not_after - now < EXPIRES_SOON_S {
@@ -165,11 +168,14 @@ fn parse<'a>(cert: &'a CertificateDer<'_>) -> Option<X509Certificate<'a>> {
         .map(|(_, c)| c)
 }
 
-/// Whether a certificate may stand as an issuer in `client_ca`: a CA's, or an X.509 v1
-/// one (no extensions at all; what `openssl x509 -req -signkey` makes), which webpki never
-/// takes as a client's own certificate, so it can only be an issuer there.
+/// Whether a certificate may stand as an issuer in `client_ca`: a CA's, or a self-signed
+/// X.509 v1 one (no extensions at all: a root made by `openssl x509 -req -signkey`). A v1
+/// certificate a CA issued is a client's own (`openssl x509 -req -CA` makes v1 ones too):
+/// as an anchor, its key could issue one under any client's name.
 fn may_issue(cert: &X509Certificate<'_>) -> bool {
-    cert.version() == x509_parser::x509::X509Version::V1 || is_ca(cert)
+    let v1_root =
+        cert.version() == x509_parser::x509::X509Version::V1 && cert.issuer() == cert.subject();
+    v1_root || is_ca(cert)
 }
 
 /// Whether a certificate says it is a CA's (basicConstraints CA:TRUE).
@@ -197,16 +203,14 @@ impl Tls {
                 // Clients that trust a certificate before it in the chain never reach it
                 // (an old cross-signed root): said, but as what it may be.
                 let which = format!("certificate {} of its chain ({})", i + 1, c.subject());
-                said.extend(Validity::of(&c).warning(&which, now).map(|w| {
-                    format!(
-                        "{w} (a client that needs it to reach a root it trusts refuses the \
-                         connection; if it is a cross-signed root no client needs, take it out \
-                         of the file)"
-                    )
+                let who = "clients that need it to reach a root they trust";
+                said.extend(Validity::of(&c).warning(&which, who, now).map(|w| {
+                    format!("{w} (a cross-signed root no client needs: take it out of the file)")
                 }));
                 continue;
             }
-            said.extend(Validity::of(&c).warning("the certificate", now));
+            let who = "clients that check dates";
+            said.extend(Validity::of(&c).warning("the certificate", who, now));
             if is_ca(&c) {
                 said.push(
                     "the certificate is a CA's (basicConstraints CA:TRUE, which `openssl req \
@@ -604,7 +608,7 @@ mod tests {
         let (from, to) = (1_767_225_600, 1_798_761_600); // 2026-01-01, 2027-01-01 UTC
         let v = files.load().unwrap().validity.unwrap();
         assert_eq!((v.not_before, v.not_after), (from, to));
-        let said = |now| v.warning("the certificate", now);
+        let said = |now| v.warning("the certificate", "clients that check dates", now);
         assert!(
             said(from - 1)
                 .unwrap()
@@ -680,7 +684,8 @@ mod tests {
         assert_eq!(said.len(), 1, "{said:?}");
         assert!(
             said[0].contains("certificate 2 of its chain (CN=inter) expired on Wed, 01 Jan 2025")
-                && said[0].contains("if it is a cross-signed root no client needs"),
+                && said[0].contains("clients that need it to reach a root they trust refuse")
+                && said[0].contains("a cross-signed root no client needs: take it out"),
             "{said:?}"
         );
         let fine = dir.path().join("fine");
@@ -802,8 +807,8 @@ lW25DjiZQDaK+SgEdHtU+r3aIwsFOu1ZaAW1bdzg991mAblb1opKOUpAy3gvTiym
             client_ca: Some(ca.clone()),
             ..files_of(dir.path(), &chain, &key)
         };
-        // An X.509 v1 CA (`openssl x509 -req -signkey`, no extensions): an issuer, as webpki
-        // never takes a v1 certificate for a client's own.
+        // An X.509 v1 root (`openssl x509 -req -signkey`, no extensions): an issuer. A v1
+        // certificate it issued (`openssl x509 -req -CA`) is a client's own: refused.
         let v1 = "-----BEGIN CERTIFICATE-----
 MIIBHTCBwwIUJyCUAKEH09ZMqg+mLNJDkYC0F6YwCgYIKoZIzj0EAwIwEDEOMAwG
 A1UEAwwFdjEtY2EwIBcNMjYxMjA1MDEzMjI1WhgPMjEyNjExMTEwMTMyMjVaMBAx
@@ -814,10 +819,20 @@ S2ltS5NZ0ah/9w1YO2QCIQCtl3VN1+Lr+dgr/7CSV6EhwkQenIfftX7HegB4599I
 Mg==
 -----END CERTIFICATE-----
 ";
+        let v1_client = "-----BEGIN CERTIFICATE-----
+MIIBGzCBwwIUMMUzPLwBG2ujG38INnAAstZPDSswCgYIKoZIzj0EAwIwEDEOMAwG
+A1UEAwwFdjEtY2EwIBcNMjYxMjA1MDE1NjUyWhgPMjEyNjExMTEwMTU2NTJaMBAx
+DjAMBgNVBAMMBWFsaWNlMFkwEwYHKoZIzj0CAQYIKoZIzj0DAQcDQgAEj6lTCRUq
+Klw+3Frr+6kPTNmmVo01GG2pxZP+M4+q1SisAJ04hmN4U/twXiLhkqo5ZER2UZrg
+JCPLMSRXCIZFnjAKBggqhkjOPQQDAgNHADBEAiB9FcutaxI8T439NxbxPeQ3/o1b
++5IAPNs4WUYMT0/RJAIgWADMt5/1MPuhhVwT7wfSo8Kw7z67WeTJ3NDvG26Ul+A=
+-----END CERTIFICATE-----
+";
         for (bundle, ok) in [
             (format!("{root}{inter}"), true),
             (format!("{root}{v1}"), true),
             (format!("{root}{leaf}"), false),
+            (format!("{root}{v1_client}"), false),
         ] {
             std::fs::write(&ca, bundle).unwrap();
             match files.load() {

@@ -211,7 +211,8 @@ pub async fn handle(
     // the audit trail out of journald's rate limit. Those lines are at debug, and a summary
     // at most once a minute says that they happen.
     let level = if answer.client.is_none() {
-        if let Some(summary) = UNAUTHENTICATED.refused(status, peer.ip, monotonic_ms()) {
+        let reason = answer.reason.as_deref();
+        if let Some(summary) = UNAUTHENTICATED.refused(status, peer.ip, monotonic_ms(), reason) {
             log::warn!("{summary}");
         }
         log::Level::Debug
@@ -228,9 +229,14 @@ pub async fn handle(
         client = answer.client.as_deref().unwrap_or("-"),
         request_id = request_id.as_str(),
         latency_us = elapsed.as_micros() as u64;
-        "webhook{}{}",
-        if answer.reason.is_some() { " refused: " } else { "" },
-        answer.reason.as_deref().unwrap_or("")
+        "webhook{}",
+        // Quoted: it may hold what the sender sent (a member's name), which must not pass
+        // for a field of the line.
+        answer
+            .reason
+            .as_ref()
+            .map(|r| format!(" refused: {r:?}"))
+            .unwrap_or_default()
     );
     Ok(response)
 }
@@ -554,6 +560,10 @@ struct Refusals {
     /// When the next summary is due (`monotonic_ms`); 0 until the first, which is due at
     /// once, so that a flood is said when it starts and not a minute later.
     next_ms: AtomicU64,
+    /// The reason of the latest 400 since the last summary: a body that is not JSON is
+    /// refused before its credential is read, and a sender that shows its user little (a
+    /// TradingView alert with a placeholder left unfilled) left the operator only a count.
+    reason: std::sync::Mutex<Option<String>>,
 }
 
 /// What a summary says: how many refusals by status since the last one, over how long,
@@ -565,6 +575,8 @@ struct Summary {
     since_ms: Option<u64>,
     /// The address of the refusal that brought it; none for one the supervisor said.
     latest: Option<IpAddr>,
+    /// The latest 400's reason (`Refusals::reason`).
+    reason: Option<String>,
 }
 
 impl Refusals {
@@ -577,16 +589,31 @@ impl Refusals {
         Refusals {
             counts: [const { AtomicU64::new(0) }; Refusals::STATUSES.len() + 1],
             next_ms: AtomicU64::new(0),
+            reason: std::sync::Mutex::new(None),
         }
     }
 
+    /// The longest reason kept: anyone may send what it quotes (a member's name).
+    const REASON_CHARS: usize = 160;
+
     /// Counts one refusal (`status`, from `ip`) at `now_ms`, and gives the summary if one
     /// is due: the counts since the last one, this refusal included.
-    fn refused(&self, status: u16, ip: IpAddr, now_ms: u64) -> Option<Summary> {
+    fn refused(
+        &self,
+        status: u16,
+        ip: IpAddr,
+        now_ms: u64,
+        reason: Option<&str>,
+    ) -> Option<Summary> {
         let slot = Self::STATUSES
             .iter()
             .position(|&s| s == status)
             .unwrap_or(Self::STATUSES.len());
+        if let (400, Some(r)) = (status, reason) {
+            // A poisoned lock holds a string only: still usable.
+            let mut kept = self.reason.lock().unwrap_or_else(|p| p.into_inner());
+            *kept = Some(r.chars().take(Self::REASON_CHARS).collect());
+        }
         self.counts[slot].fetch_add(1, Ordering::Relaxed);
         self.summary(now_ms, Some(ip), false)
     }
@@ -623,11 +650,13 @@ impl Refusals {
             .map(|(i, c)| (Self::STATUSES.get(i).copied(), c.swap(0, Ordering::Relaxed)))
             .filter(|&(_, n)| n > 0)
             .collect();
+        let reason = self.reason.lock().unwrap_or_else(|p| p.into_inner()).take();
         // The last summary was at `due - EVERY_MS`, if there was one.
         Some(Summary {
             counts,
             since_ms: (due > 0).then(|| now_ms.saturating_sub(due - Self::EVERY_MS)),
             latest,
+            reason,
         })
     }
 }
@@ -650,6 +679,10 @@ impl std::fmt::Display for Summary {
         }
         if let Some(ip) = self.latest {
             write!(f, "; the latest from {ip}")?;
+        }
+        // Quoted: it may hold what anyone sent.
+        if let Some(r) = &self.reason {
+            write!(f, "; the latest 400: {r:?}")?;
         }
         write!(f, " (each is logged at debug)")
     }
@@ -1051,7 +1084,7 @@ mod tests {
         let other: IpAddr = "198.51.100.1".parse().unwrap();
         let t0 = 5_000;
         let first = r
-            .refused(401, other, t0)
+            .refused(401, other, t0, None)
             .expect("the first refusal is said");
         assert_eq!(first.counts, [(Some(401), 1)]);
         assert_eq!(first.latest, Some(other));
@@ -1064,12 +1097,12 @@ mod tests {
         let mut said = 0;
         for i in 0..1000u64 {
             let status = if i % 10 == 0 { 404 } else { 401 };
-            said += usize::from(r.refused(status, other, t0 + i * 59).is_some());
+            said += usize::from(r.refused(status, other, t0 + i * 59, None).is_some());
         }
         assert_eq!(said, 0, "a summary inside the minute");
         // One refusal, any status, in the next minute: the summary, with all of them.
         let next = r
-            .refused(418, ip, t0 + Refusals::EVERY_MS)
+            .refused(418, ip, t0 + Refusals::EVERY_MS, None)
             .expect("the next minute's first refusal is said");
         assert_eq!(
             next,
@@ -1077,6 +1110,7 @@ mod tests {
                 counts: vec![(Some(401), 900), (Some(404), 100), (None, 1)],
                 since_ms: Some(Refusals::EVERY_MS),
                 latest: Some(ip),
+                reason: None,
             }
         );
         assert_eq!(
@@ -1085,9 +1119,12 @@ mod tests {
              401\u{d7}900, 404\u{d7}100, other\u{d7}1; the latest from 192.0.2.7 \
              (each is logged at debug)"
         );
-        assert!(r.refused(401, ip, t0 + Refusals::EVERY_MS + 1).is_none());
+        assert!(
+            r.refused(401, ip, t0 + Refusals::EVERY_MS + 1, None)
+                .is_none()
+        );
         // After a quiet hour, the time said is the time since the last summary.
-        let later = r.refused(413, ip, t0 + 3_600_000).expect("due");
+        let later = r.refused(413, ip, t0 + 3_600_000, None).expect("due");
         assert_eq!(later.counts, [(Some(401), 1), (Some(413), 1)]);
         assert_eq!(later.since_ms, Some(3_600_000 - Refusals::EVERY_MS));
     }
@@ -1100,9 +1137,9 @@ mod tests {
         let r = Refusals::new();
         let ip: IpAddr = "192.0.2.7".parse().unwrap();
         assert!(r.flush(0, false).is_none(), "nothing counted, nothing said");
-        assert!(r.refused(401, ip, 1_000).is_some());
+        assert!(r.refused(401, ip, 1_000, None).is_some());
         for i in 0..99 {
-            assert!(r.refused(401, ip, 2_000 + i).is_none());
+            assert!(r.refused(401, ip, 2_000 + i, None).is_none());
         }
         assert!(r.flush(30_000, false).is_none(), "not due yet");
         let tail = r.flush(61_000, false).expect("due");
@@ -1114,9 +1151,19 @@ mod tests {
                 .ends_with("401\u{d7}99 (each is logged at debug)")
         );
         assert!(r.flush(200_000, false).is_none(), "all of it was said");
-        assert!(r.refused(404, ip, 62_000).is_none());
+        assert!(r.refused(404, ip, 62_000, None).is_none());
+        // A 400 that is not JSON is refused before its credential is read: the summary
+        // gives the latest one's reason, quoted, once.
+        let why = "key must be a string at line 1 column 114 \"x=1\"";
+        assert!(r.refused(400, ip, 62_500, Some(why)).is_none());
         let last = r.flush(63_000, true).expect("said at the stop");
-        assert_eq!(last.counts, [(Some(404), 1)]);
+        assert_eq!(last.counts, [(Some(400), 1), (Some(404), 1)]);
+        assert!(
+            last.to_string()
+                .contains(&format!("; the latest 400: {why:?} (each")),
+            "{last}"
+        );
+        assert!(r.refused(400, ip, 200_000, None).unwrap().reason.is_none());
     }
 
     /// Refusals from many threads at once: one of them wins the summary that is due, and
@@ -1133,7 +1180,7 @@ mod tests {
                     for i in 0..10_000u64 {
                         // Four minutes of refusals, the threads' clocks interleaved.
                         let now = i * 24 + t;
-                        if let Some(sum) = r.refused(401, ip, now) {
+                        if let Some(sum) = r.refused(401, ip, now, None) {
                             summaries.lock().unwrap().push(sum);
                         }
                     }
@@ -1142,7 +1189,7 @@ mod tests {
         });
         let mut summaries = summaries.into_inner().unwrap();
         // What the last summary left is said by the next refusal after a minute.
-        summaries.extend(r.refused(401, ip, u64::MAX / 2));
+        summaries.extend(r.refused(401, ip, u64::MAX / 2, None));
         let total: u64 = summaries.iter().flat_map(|s| &s.counts).map(|c| c.1).sum();
         assert_eq!(total, 40_001);
         // At most one a minute: 0, 1, 2 and 3 minutes in, and the last.
