@@ -352,6 +352,29 @@ fn an_answer_that_is_not_hoox_edges_is_not_taken_for_one() {
     }
 }
 
+/// An admin listener that hangs up without an answer is said to have failed, not taken
+/// for one that is not HTTP (the webhook listener named by mistake): a reason that sends
+/// the operator to the wrong config key.
+#[test]
+fn an_admin_listener_that_hangs_up_is_not_called_the_wrong_one() {
+    use std::io::{BufRead, BufReader};
+    let listener = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let at = listener.local_addr().unwrap().to_string();
+    std::thread::spawn(move || {
+        for tcp in listener.incoming() {
+            let Ok(tcp) = tcp else { return };
+            let mut line = String::new();
+            let _ = BufReader::new(&tcp).read_line(&mut line);
+            drop(tcp);
+        }
+    });
+    let o = cli(&["status", "--admin", &at]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(69), "{said}");
+    assert!(said.contains("admin request failed"), "{said}");
+    assert!(!said.contains("plain HTTP"), "{said}");
+}
+
 /// A gateway that cannot answer (its database is held by another process, so it fails
 /// closed) makes operator commands exit 69, as an unreachable one does: to a script both
 /// mean "try again later", unlike a refusal (exit 1).

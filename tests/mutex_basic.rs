@@ -374,6 +374,28 @@ fn capacity_refuses_new_keys_but_not_duplicates() {
     owner.stop();
 }
 
+/// Full is fewer places left than a signed trade takes: at a capacity of two, one key
+/// is full, and the status says so (what `/readyz` and the gauges report).
+#[test]
+fn one_key_of_two_is_full() {
+    let dir = tempfile::tempdir().unwrap();
+    let (clock, time) = Clock::manual(T0);
+    let (m, owner) = start_capped(&dir.path().join("m.redb"), clock, 2);
+    rt().block_on(async {
+        assert!(!m.ping().await.unwrap().at_capacity);
+        granted(m.reserve(reserve(&key("a"), 1_000, 1)).await);
+        assert!(m.ping().await.unwrap().at_capacity);
+        assert_eq!(
+            m.reserve(reserve(&key("b"), 1_000, 1)).await,
+            Decision::Unavailable(Unavailable::Capacity)
+        );
+        time.advance_ms(1_000);
+        m.ping().await.unwrap();
+        assert!(!m.ping().await.unwrap().at_capacity);
+    });
+    owner.stop();
+}
+
 #[test]
 fn state_and_kill_switch_survive_a_restart() {
     let dir = tempfile::tempdir().unwrap();

@@ -1535,6 +1535,9 @@ async fn cut_off_by_a_reload(mtls_required: bool) {
         assert_eq!(r.status, 200, "{alpn:?}: {:?}", r.json());
     }
     assert_eq!(exec.calls(), 4);
+    // Nor says it does: the line that tells of a client cut off is not written.
+    let log = gw.stderr();
+    assert!(!log.contains("no longer verifies"), "{log}");
     // Another CA in its place, and a reload.
     let other = support::pki::Pki::new(setup.dir.path(), "other");
     std::fs::copy(&other.ca_cert, setup.dir.path().join("client-ca.pem")).unwrap();
@@ -1562,6 +1565,34 @@ async fn cut_off_by_a_reload(mtls_required: bool) {
     assert_eq!(exec.calls(), 4, "only the orders from before the reload");
     // Lines reach the test from a reading thread, after the answers may have.
     gw.wait_logged("no longer verifies after a reload");
+}
+
+/// An HTTP/2 request's headers may take up to 8 KiB (`H2_HEADER_LIST`, DESIGN): 4 KiB of
+/// them is served; more than 8 KiB is refused, before anything is sent.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn http2_headers_are_bounded_at_8_kib() {
+    let (exec, setup, gw) = with_mock().await;
+    let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Http2, None);
+    let post = async |pad: usize, k: &str| {
+        let mut t = trade("BTCUSDT");
+        t["idempotencyKey"] = json!(k);
+        let pad = "x".repeat(pad);
+        let mut conn = c.connect(&gw.url()).await.unwrap();
+        conn.request(
+            hyper::Method::POST,
+            &gw.url(),
+            &[("x-pad", &pad)],
+            t.to_string(),
+        )
+        .await
+    };
+    let r = post(4 * 1024, "h2-4k").await.unwrap();
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    match post(9 * 1024, "h2-9k").await {
+        Ok(r) => assert_eq!(r.status, 431),
+        Err(e) => assert!(e.to_string().contains("error"), "{e}"),
+    }
+    assert_eq!(exec.calls(), 1);
 }
 
 /// A connection over each protocol with `desk`'s certificate, each of which placed the
