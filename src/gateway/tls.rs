@@ -253,99 +253,19 @@ impl TlsFiles {
         crate::secrets::refuse_world_readable(&self.key)?;
         let chain =
             read_certificates(&self.cert).map_err(|m| file_err(Role::Cert, &self.cert, m))?;
-        let key_pem = read_pem(&self.key).map_err(|m| file_err(Role::Key, &self.key, m))?;
-        let key = PrivateKeyDer::from_pem_slice(&key_pem).map_err(|e| {
-            let message = match e {
-                // Found none, or read OpenSSL's `Proc-Type` header as bad base64.
-                _ if encrypted(&key_pem) => "the private key is encrypted, and the gateway \
-                    starts unattended: decrypt it (openssl pkey -in key.pem -out key.pem) and \
-                    keep the file private"
-                    .to_string(),
-                pem::Error::NoItemsFound if !der(&key_pem) => "no private key in PEM file (a \
-                    BEGIN PRIVATE KEY block; is it the certificate?)"
-                    .to_string(),
-                e => pem_error(
-                    &e,
-                    &key_pem,
-                    "private key",
-                    "openssl pkey -inform der -in FILE -out FILE.pem, then chmod 0600 FILE.pem",
-                ),
-            };
-            file_err(Role::Key, &self.key, message)
-        })?;
-        // What ring signs with: said as such, not as a key that would not parse.
-        let signer = provider()
-            .key_provider
-            .load_private_key(key.clone_key())
-            .map_err(|_| {
-                file_err(
-                    Role::Key,
-                    &self.key,
-                    "a key of a kind the gateway cannot sign with: it takes RSA (2048 to \
-                     8192 bits), ECDSA P-256 or P-384, or Ed25519; not P-521, RSA-PSS or \
-                     RSA under 2048 bits",
-                )
-            })?;
+        let (key, signer) = self.private_key()?;
         let builder = ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .map_err(|e| TlsError::Config(e.to_string()))?;
-        let (builder, clients) = match &self.client_ca {
-            None => (builder.with_no_client_auth(), None),
-            Some(ca) => {
-                if let Some(why) = crate::secrets::open_to_writes(ca) {
-                    return Err(file_err(Role::ClientCa, ca, why));
-                }
-                let mut roots = RootCertStore::empty();
-                let bad = |m| file_err(Role::ClientCa, ca, m);
-                for (i, c) in read_certificates(ca).map_err(bad)?.into_iter().enumerate() {
-                    // A trust anchor is a name and a key, whatever the certificate says:
-                    // a client's own certificate here would let its key issue one under
-                    // any client's name, and webpki would take it.
-                    if let Some(c) = parse(&c).filter(|c| !may_issue(c)) {
-                        return Err(bad(format!(
-                            "certificate {} ({}) is not a CA's (no basicConstraints CA:TRUE): \
-                             client_ca names the CAs that issue client certificates, and a \
-                             client's own certificate there would let its key issue one under \
-                             any client's name; a CA of your own made without it can be \
-                             signed again with the same key and subject, as a CA's \
-                             (openssl x509 -extfile with basicConstraints=critical,CA:TRUE)",
-                            i + 1,
-                            c.subject()
-                        )));
-                    }
-                    roots.add(c).map_err(|e| bad(e.to_string()))?;
-                }
-                let verifier =
-                    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
-                        .build()
-                        .map_err(|e| file_err(Role::ClientCa, ca, e))?;
-                (
-                    builder.with_client_cert_verifier(verifier.clone()),
-                    Some(verifier),
-                )
-            }
+        let clients = self.client_ca.as_deref().map(client_verifier).transpose()?;
+        let builder = match &clients {
+            None => builder.with_no_client_auth(),
+            Some(verifier) => builder.with_client_cert_verifier(verifier.clone()),
         };
         let mut cfg = builder
             .with_single_cert(chain.clone(), key)
             .map_err(|e| match e {
-                rustls::Error::InconsistentKeys(_) => {
-                    let cert = self.cert.display();
-                    // A chain in the wrong order: the key matches one further down.
-                    let spki = signer.public_key();
-                    let at = chain.iter().position(|c| {
-                        parse(c).map(|c| c.tbs_certificate.subject_pki.raw)
-                            == spki.as_ref().map(|k| k.as_ref())
-                    });
-                    let m = match at {
-                        Some(i) => format!(
-                            "matches certificate {} in {cert}, not the first: the server's \
-                             own certificate comes first, then its intermediates",
-                            i + 1
-                        ),
-                        None => format!("does not match the certificate in {cert}"),
-                    };
-                    file_err(Role::Key, &self.key, m)
-                }
+                rustls::Error::InconsistentKeys(_) => self.mismatch(&chain, &*signer),
                 e => file_err(Role::Key, &self.key, e),
             })?;
         cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
@@ -365,6 +285,98 @@ impl TlsFiles {
             chain,
         }))
     }
+
+    /// The private key, and what ring signs with: a key of a kind ring cannot use is said
+    /// as such, not as a key that would not parse.
+    fn private_key(
+        &self,
+    ) -> Result<(PrivateKeyDer<'static>, Arc<dyn rustls::sign::SigningKey>), TlsError> {
+        let pem = read_pem(&self.key).map_err(|m| file_err(Role::Key, &self.key, m))?;
+        let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
+            let message = match e {
+                // Found none, or read OpenSSL's `Proc-Type` header as bad base64.
+                _ if encrypted(&pem) => "the private key is encrypted, and the gateway \
+                    starts unattended: decrypt it (openssl pkey -in key.pem -out key.pem) and \
+                    keep the file private"
+                    .to_string(),
+                pem::Error::NoItemsFound if !der(&pem) => "no private key in PEM file (a \
+                    BEGIN PRIVATE KEY block; is it the certificate?)"
+                    .to_string(),
+                e => pem_error(
+                    &e,
+                    &pem,
+                    "private key",
+                    "openssl pkey -inform der -in FILE -out FILE.pem, then chmod 0600 FILE.pem",
+                ),
+            };
+            file_err(Role::Key, &self.key, message)
+        })?;
+        let signer = provider()
+            .key_provider
+            .load_private_key(key.clone_key())
+            .map_err(|_| {
+                file_err(
+                    Role::Key,
+                    &self.key,
+                    "a key of a kind the gateway cannot sign with: it takes RSA (2048 to \
+                     8192 bits), ECDSA P-256 or P-384, or Ed25519; not P-521, RSA-PSS or \
+                     RSA under 2048 bits",
+                )
+            })?;
+        Ok((key, signer))
+    }
+
+    /// The key does not match the chain's first certificate: said, and if it matches one
+    /// further down, that the chain is out of order.
+    fn mismatch(
+        &self,
+        chain: &[CertificateDer<'_>],
+        signer: &dyn rustls::sign::SigningKey,
+    ) -> TlsError {
+        let cert = self.cert.display();
+        let spki = signer.public_key();
+        let at = chain.iter().position(|c| {
+            parse(c).map(|c| c.tbs_certificate.subject_pki.raw) == spki.as_ref().map(|k| k.as_ref())
+        });
+        let m = match at {
+            Some(i) => format!(
+                "matches certificate {} in {cert}, not the first: the server's own \
+                 certificate comes first, then its intermediates",
+                i + 1
+            ),
+            None => format!("does not match the certificate in {cert}"),
+        };
+        file_err(Role::Key, &self.key, m)
+    }
+}
+
+/// The verifier of client certificates issued by the CAs in `ca` (`server.client_ca`).
+fn client_verifier(ca: &Path) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
+    let bad = |m| file_err(Role::ClientCa, ca, m);
+    if let Some(why) = crate::secrets::open_to_writes(ca) {
+        return Err(bad(why));
+    }
+    let mut roots = RootCertStore::empty();
+    for (i, c) in read_certificates(ca).map_err(bad)?.into_iter().enumerate() {
+        // A trust anchor is a name and a key, whatever the certificate says: a client's
+        // own certificate here would let its key issue one under any client's name, and
+        // webpki would take it.
+        if let Some(c) = parse(&c).filter(|c| !may_issue(c)) {
+            return Err(bad(format!(
+                "certificate {} ({}) is not a CA's (no basicConstraints CA:TRUE): client_ca \
+                 names the CAs that issue client certificates, and a client's own certificate \
+                 there would let its key issue one under any client's name; a CA of your own \
+                 made without it can be signed again with the same key and subject, as a \
+                 CA's (openssl x509 -extfile with basicConstraints=critical,CA:TRUE)",
+                i + 1,
+                c.subject()
+            )));
+        }
+        roots.add(c).map_err(|e| bad(e.to_string()))?;
+    }
+    WebPkiClientVerifier::builder_with_provider(Arc::new(roots), provider())
+        .build()
+        .map_err(|e| bad(e.to_string()))
 }
 
 /// The name a verified client certificate goes by: its subject's common name, or, for a
