@@ -444,7 +444,7 @@ impl Config {
         // In a folder anyone may write: anyone could put a socket of their own there, and
         // answer the operator's `halt` with a success while the gateway trades on.
         if let Some(Listen::Unix(p)) = &admin
-            && let Some(why) = crate::secrets::folder_open_to_others(p)
+            && let Some(why) = crate::secrets::folder_open_to_others(p, "a socket")
         {
             return Err(err("admin.listen", format!("{}: {why}", p.display())));
         }

@@ -224,23 +224,18 @@ pub fn open_to_writes(path: &Path) -> Option<String> {
             mode & 0o7777
         ));
     }
-    let (dir, mode) = open_folder(path)?;
-    Some(format!(
-        "in {}, which is writable by everyone (mode {mode:o}): any user of this machine \
-         could put a CA of their own in its place; run chmod o-w on {}",
-        dir.display(),
-        dir.display()
-    ))
+    folder_open_to_others(path, "a CA")
 }
 
-/// Why a file this gateway makes at `path` (the admin socket) could be replaced by anyone:
-/// a folder on its way that everyone may write, without the sticky bit ([`open_folder`]).
-pub fn folder_open_to_others(path: &Path) -> Option<String> {
+/// Why `path` (a CA bundle, or the admin socket this gateway makes) could be replaced by
+/// anyone, with `what` of their own: a folder on its way that everyone may write, without
+/// the sticky bit ([`open_folder`]).
+pub fn folder_open_to_others(path: &Path, what: &str) -> Option<String> {
     let (dir, mode) = open_folder(path)?;
     Some(format!(
         "in {}, which is writable by everyone (mode {mode:o}): any user of this machine \
-         could put one of their own in its place; run chmod o-w on {}, or choose another \
-         folder",
+         could put {what} of their own in its place; run chmod o-w on {}, or choose \
+         another folder",
         dir.display(),
         dir.display()
     ))
