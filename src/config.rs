@@ -994,6 +994,37 @@ pub fn write_private(path: &Path, contents: &str) -> std::io::Result<()> {
 mod tests {
     use super::*;
 
+    /// README's "Configure" block is what operators copy: every key in it is one the
+    /// gateway knows, of its type (`deny_unknown_fields`), and every file it names is one
+    /// the package makes (a `bearer_tokens_file` left in it failed check-config).
+    #[test]
+    fn the_readmes_config_is_one_the_gateway_reads() {
+        let readme = include_str!("../README.md");
+        let from = readme
+            .find("\n## Configure")
+            .expect("README has a Configure section");
+        let block = &readme[from..];
+        let start = block.find("```toml\n").expect("a toml block") + "```toml\n".len();
+        let text = &block[start..start + block[start..].find("```").expect("closed")];
+        assert!(
+            text.contains("\n[auth]") && text.contains("\n[executor]"),
+            "{text}"
+        );
+        toml::from_str::<RawFile>(text).unwrap_or_else(|e| panic!("{e}"));
+        let packaged = [
+            "/etc/hoox-edge/secrets/api-keys",
+            "/etc/hoox-edge/secrets/hmac",
+        ];
+        for line in text.lines().filter(|l| !l.trim_start().starts_with('#')) {
+            if let Some(path) = line.split('"').nth(1).filter(|p| p.contains("/secrets/")) {
+                assert!(
+                    packaged.contains(&path),
+                    "{path}: the package makes no such file"
+                );
+            }
+        }
+    }
+
     #[test]
     fn one_address_gets_a_quarter_of_the_slots_and_at_least_sixteen() {
         let shares: Vec<_> = [1024, 128, 40, 8, 2].map(default_per_ip).into();
