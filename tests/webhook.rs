@@ -760,8 +760,7 @@ async fn authentication_methods_and_failures() {
         r.header("x-request-id").unwrap().to_owned(),
     );
 
-    // Plain text on the TLS port: a failed handshake, logged at debug only. Its line shows
-    // that this run logs at debug, as much as the gateway ever logs.
+    // Plain text on the TLS port: a failed handshake, with the rustls error in its line.
     {
         use tokio::io::AsyncWriteExt;
         let mut plain = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
@@ -775,7 +774,7 @@ async fn authentication_methods_and_failures() {
         let log = gw.stderr();
         if log.matches("auth refused").count() >= 6
             && log.matches(": webhook status=").count() >= 11
-            && log.contains("DEBUG hoox_edge::gateway: TLS handshake from")
+            && log.contains("TLS handshake(s) failed")
         {
             break log;
         }
@@ -1406,6 +1405,77 @@ async fn a_client_certificate_that_names_no_one_is_refused() {
         said[1].contains(" 2 connection(s) with a client certificate"),
         "{log}"
     );
+}
+
+/// What rustls, hyper and h2 refuse before any request reaches the webhook is said at
+/// warn, once a minute with how many since and the latest: plain HTTP on the TLS port, a
+/// malformed head, a head not sent within `header_timeout`, an HTTP/2 protocol error. It
+/// was said at debug only: a sender posting to `http://`, or an HTTP/2 flood, left the
+/// operator nothing to see. A client that connects and closes (a TCP health check) is no
+/// warning.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn connections_refused_before_a_request_are_said() {
+    use support::h2raw::*;
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (exec, setup, gw) = with_mock().await;
+    let mut plain = tokio::net::TcpStream::connect(gw.addr).await.unwrap();
+    plain
+        .write_all(b"POST /webhook HTTP/1.1\r\nHost: localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut sink = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), plain.read_to_end(&mut sink)).await;
+    let log = gw.wait_logged("TLS handshake(s) failed");
+    let said: Vec<_> = log.lines().filter(|l| l.contains("handshake(s)")).collect();
+    assert_eq!(said.len(), 1, "{log}");
+    assert!(said[0].contains(" 1 TLS handshake(s) failed"), "{log}");
+    assert!(said[0].contains("the latest from 127.0.0.1: "), "{log}");
+    // A health check: not one (it would be said at the stop).
+    drop(tokio::net::TcpStream::connect(gw.addr).await.unwrap());
+
+    // A malformed head: hyper answers 400 itself.
+    let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Http1, None);
+    let mut raw = c.connect_raw(&gw.url()).await.unwrap();
+    raw.write_all(b"POST /webhook HTTP/1.1\r\nHost localhost\r\n\r\n")
+        .await
+        .unwrap();
+    let mut answer = Vec::new();
+    let _ = tokio::time::timeout(Duration::from_secs(10), raw.read_to_end(&mut answer)).await;
+    assert!(answer.starts_with(b"HTTP/1.1 400"), "{answer:?}");
+    let log = gw.wait_logged("on a protocol error");
+    assert!(
+        log.contains("closed 1 connection(s) on a protocol error"),
+        "{log}"
+    );
+
+    // Within the minute: held back, and said at the stop with how many.
+    let mut raw = c.connect_raw(&gw.url()).await.unwrap();
+    raw.write_all(b"POST /webhook HTTP/1.1\r\nHost: localhost\r\n")
+        .await
+        .unwrap();
+    let _ = tokio::time::timeout(Duration::from_secs(10), raw.read_to_end(&mut answer)).await;
+    let mut h2 = RawH2::connect(&setup.pki.ca_cert, &gw.url()).await;
+    h2.send(WINDOW_UPDATE, 0, 0, &0u32.to_be_bytes()).await;
+    let goaway = loop {
+        match h2.next(Duration::from_secs(10)).await {
+            Some(f) if f.kind == GOAWAY => break Some(f),
+            Some(_) => continue,
+            None => break None,
+        }
+    };
+    assert!(goaway.is_some(), "no GOAWAY for a WINDOW_UPDATE of 0");
+    let mut gw = gw;
+    assert!(gw.terminate().success());
+    let log = gw.stderr();
+    let said: Vec<_> = log
+        .lines()
+        .filter(|l| l.contains("on a protocol error"))
+        .collect();
+    assert_eq!(said.len(), 2, "{log}");
+    assert!(said[1].contains("closed 2 connection(s)"), "{log}");
+    assert!(said[1].contains("the latest from 127.0.0.1: "), "{log}");
+    assert_eq!(log.matches("handshake(s) failed").count(), 1, "{log}");
+    assert_eq!(exec.calls(), 0);
 }
 
 /// A client certificate that expires places no order after its end: not on a connection

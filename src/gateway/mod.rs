@@ -11,7 +11,7 @@ pub mod trade;
 pub mod webhook;
 
 use std::future::Future;
-use std::net::{IpAddr, SocketAddr};
+use std::net::SocketAddr;
 use std::sync::{Arc, RwLock};
 use std::time::{Duration, Instant};
 
@@ -48,116 +48,136 @@ const H2_CONNECTION_WINDOW: u32 = H2_STREAMS * H2_STREAM_WINDOW;
 /// How long in-flight requests may take to finish their commit or release at shutdown.
 /// The packaged unit's `TimeoutStopSec=45s` leaves the rest for the close.
 pub const DRAIN: Duration = Duration::from_secs(30);
-/// Connections refused over `max_connections_per_ip` are logged at most this often (with
-/// how many since the last line): a flood must not become a flood of log lines.
-const REFUSAL_LOG_EVERY: Duration = Duration::from_secs(60);
+/// Warnings that can come in floods (connections refused over `max_connections_per_ip`,
+/// failed handshakes) are logged at most this often, with how many since the last line: a
+/// flood must not become a flood of log lines.
+const FLOOD_LOG_EVERY: Duration = Duration::from_secs(60);
 
-/// Connections whose client certificate names no one, said at most this often, and the
-/// address of the latest.
-static NAMELESS: std::sync::Mutex<(Throttled, Option<IpAddr>)> =
-    std::sync::Mutex::new((Throttled::new(REFUSAL_LOG_EVERY), None));
+/// The accept loop's and the connections' warnings that can come in floods (a connection
+/// flood, a scan, a sender that does not trust the certificate), each said at most once a
+/// period with how many since (`Throttled`) and what the latest was. What a period held
+/// back is said when the period ends, on the accept loop's tick, or at the stop: said only
+/// with the next event, the last of a burst never was (200 refused, "closed 1").
+#[derive(Clone)]
+struct Floods(Arc<std::sync::Mutex<[(Throttled, String); Flood::ALL.len()]>>);
 
-/// The accept loop's warnings that can come in floods, each said at most once a period
-/// with how many since (`Throttled`), with what the latest was. What a period held back
-/// is said when the period ends, on the loop's tick, or at the stop: said only with the
-/// next event, the last of a burst never was (200 refused, "closed 1").
-struct Floods {
-    refused: Throttled,
-    /// The latest connection refused: its address, and whether `limits.allow_ips` lets
-    /// it in (else it is held to one connection).
-    refused_latest: Option<(IpAddr, bool)>,
-    accept_failed: Throttled,
-    accept_error: String,
+#[derive(Debug, Clone, Copy)]
+enum Flood {
+    /// A connection over its address's share, closed before its handshake.
+    Refused,
+    AcceptFailed,
+    /// A client certificate that verified but names nobody: two such clients could not
+    /// be told apart, so neither is served (the handshake succeeded, and only this says
+    /// why every request then fails).
+    Nameless,
+    /// A handshake the TLS layer refused: plain HTTP on the TLS port, a sender that does
+    /// not trust the gateway's certificate, a client certificate `client_ca` did not issue.
+    /// A client that closes before its hello (a TCP health check) is not one.
+    Handshake,
+    /// A connection closed on the client's protocol error, where hyper or h2 answer before
+    /// any request reaches `webhook::handle` and nothing else would say it: a malformed or
+    /// oversized head (400, 431), a head not sent within `header_timeout` (slowloris), an
+    /// HTTP/2 flood answered with a GOAWAY (rapid reset, CONTINUATION).
+    Protocol,
+}
+
+impl Flood {
+    const ALL: [Flood; 5] = [
+        Flood::Refused,
+        Flood::AcceptFailed,
+        Flood::Nameless,
+        Flood::Handshake,
+        Flood::Protocol,
+    ];
+
+    fn every(self) -> Duration {
+        match self {
+            Flood::AcceptFailed => crate::platform::log::REPEATED_EVERY,
+            _ => FLOOD_LOG_EVERY,
+        }
+    }
+
+    fn say(self, n: u64, latest: &str) {
+        match self {
+            Flood::Refused => log::warn!(
+                "closed {n} connection(s) over their address's share, the latest from {latest}"
+            ),
+            Flood::AcceptFailed => {
+                log::warn!("accept failed {n} time(s) since the last such warning: {latest}")
+            }
+            Flood::Nameless => log::warn!(
+                "{n} connection(s) with a client certificate that names no one (no common \
+                 name, and no DNS name, URI, email or IP address in its subjectAltName), the \
+                 latest from {latest}: their requests are refused"
+            ),
+            Flood::Handshake => log::warn!(
+                "{n} TLS handshake(s) failed (plain HTTP on this port, a client that does not \
+                 trust the certificate, or a client certificate server.client_ca does not \
+                 verify), the latest from {latest}"
+            ),
+            Flood::Protocol => log::warn!(
+                "closed {n} connection(s) on a protocol error (a malformed head or one over \
+                 the header limit, a head not sent within server.header_timeout, an HTTP/2 \
+                 flood), the latest from {latest}"
+            ),
+        }
+    }
 }
 
 impl Floods {
     fn new() -> Floods {
-        Floods {
-            refused: Throttled::new(REFUSAL_LOG_EVERY),
-            refused_latest: None,
-            accept_failed: Throttled::new(crate::platform::log::REPEATED_EVERY),
-            accept_error: String::new(),
-        }
+        let each = Flood::ALL.map(|f| (Throttled::new(f.every()), String::new()));
+        Floods(Arc::new(std::sync::Mutex::new(each)))
     }
 
-    fn refused(&mut self, ip: IpAddr, allowed: bool, limits: &ConnLimits) {
-        self.refused_latest = Some((ip, allowed));
-        if let Some(n) = self.refused.say(Instant::now()) {
-            self.say_refused(n, limits);
-        }
-    }
-
-    fn accept_failed(&mut self, e: &std::io::Error) {
-        self.accept_error = e.to_string();
-        if let Some(n) = self.accept_failed.say(Instant::now()) {
-            self.say_accept_failed(n);
+    /// `what` happened; `latest` says which.
+    fn happened(&self, what: Flood, latest: String) {
+        // A poisoned lock holds counts only: still usable.
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        let (throttled, said) = &mut all[what as usize];
+        *said = latest;
+        if let Some(n) = throttled.say(Instant::now()) {
+            what.say(n, said);
         }
     }
 
     /// Says what a period held back once it is over (`at_stop`: all of it, now).
-    fn tick(&mut self, limits: &ConnLimits, at_stop: bool) {
+    fn tick(&self, at_stop: bool) {
         let now = Instant::now();
-        let held = |t: &mut Throttled| if at_stop { t.rest() } else { t.due(now) };
-        if let Some(n) = held(&mut self.refused) {
-            self.say_refused(n, limits);
+        let mut all = self.0.lock().unwrap_or_else(|p| p.into_inner());
+        for (what, (throttled, latest)) in Flood::ALL.into_iter().zip(all.iter_mut()) {
+            let held = if at_stop {
+                throttled.rest()
+            } else {
+                throttled.due(now)
+            };
+            if let Some(n) = held {
+                what.say(n, latest);
+            }
         }
-        if let Some(n) = held(&mut self.accept_failed) {
-            self.say_accept_failed(n);
-        }
-        // A poisoned lock holds counts only: still usable.
-        let mut nameless = NAMELESS.lock().unwrap_or_else(|p| p.into_inner());
-        if let (Some(n), Some(ip)) = (held(&mut nameless.0), nameless.1) {
-            say_nameless(n, ip);
-        }
-    }
-
-    fn say_refused(&self, n: u64, limits: &ConnLimits) {
-        let Some((ip, allowed)) = self.refused_latest else {
-            return;
-        };
-        // The limit the latest one met: an address limits.allow_ips leaves out is held
-        // to one connection, whatever max_connections_per_ip says.
-        let over = if allowed {
-            format!(
-                "server.max_connections_per_ip = {}",
-                limits.max_connections_per_ip
-            )
-        } else {
-            "one connection for an address outside limits.allow_ips".into()
-        };
-        log::warn!(
-            "closed {n} connection(s) over their address's share, the latest from {ip} \
-             (over {over})"
-        );
-    }
-
-    fn say_accept_failed(&self, n: u64) {
-        log::warn!(
-            "accept failed {n} time(s) since the last such warning: {}",
-            self.accept_error
-        );
     }
 }
 
-/// A certificate that verified but names nobody: two such clients could not be told
-/// apart, so neither is served. Said at warn (the handshake succeeded, and only this says
-/// why every request then fails), at most once a minute with how many since: one line a
-/// connection was a flood.
-fn nameless(ip: IpAddr) {
-    // A poisoned lock holds counts only: still usable.
-    let mut nameless = NAMELESS.lock().unwrap_or_else(|p| p.into_inner());
-    nameless.1 = Some(ip);
-    if let Some(n) = nameless.0.say(Instant::now()) {
-        say_nameless(n, ip);
+/// Whether a connection ended on the client's protocol error (`Flood::Protocol`), rather
+/// than its client going away (a reset, a close mid-request, an HTTP/2 keep-alive ping
+/// unanswered).
+fn protocol_error(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut source = Some(e);
+    while let Some(e) = source {
+        if let Some(h) = e.downcast_ref::<hyper::Error>() {
+            // hyper's header timeout is the one timeout of its own with no cause: its
+            // HTTP/2 keep-alive timeout has one.
+            let head_late = h.is_timeout() && std::error::Error::source(h).is_none();
+            if h.is_parse() || head_late {
+                return true;
+            }
+        }
+        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+            return h2.is_go_away() && h2.is_library() && h2.reason() != Some(h2::Reason::NO_ERROR);
+        }
+        source = e.source();
     }
-}
-
-fn say_nameless(n: u64, ip: IpAddr) {
-    log::warn!(
-        "{n} connection(s) with a client certificate that names no one (no common name, \
-         and no DNS name, URI, email or IP address in its subjectAltName), the latest \
-         from {ip}: their requests are refused"
-    );
+    false
 }
 
 /// Connection-level limits.
@@ -291,7 +311,7 @@ pub async fn serve(
     // scan, a TCP health check), with the listener already closed.
     let draining = CancellationToken::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
-    let mut floods = Floods::new();
+    let floods = Floods::new();
     let mut tick = tokio::time::interval(crate::platform::log::REPEATED_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let per_ip = PerIp::new(limits.max_connections_per_ip);
@@ -335,13 +355,13 @@ pub async fn serve(
                 Ok(c) => c,
                 Err(e) => {
                     // EMFILE and friends: back off instead of spinning.
-                    floods.accept_failed(&e);
+                    floods.happened(Flood::AcceptFailed, e.to_string());
                     tokio::time::sleep(Duration::from_millis(50)).await;
                     continue;
                 }
             },
             _ = tick.tick() => {
-                floods.tick(&limits, false);
+                floods.tick(false);
                 continue;
             }
             _ = &mut shutdown => break,
@@ -351,7 +371,15 @@ pub async fn serve(
         let allowed = gw.allowlist.allows(ip);
         let Some(ip_slot) = per_ip.acquire(ip, allowed) else {
             gw.metrics.connection_refused();
-            floods.refused(ip, allowed, &limits);
+            // The limit it met: an address limits.allow_ips leaves out is held to one
+            // connection, whatever max_connections_per_ip says.
+            let over = if allowed {
+                let most = limits.max_connections_per_ip;
+                format!("server.max_connections_per_ip = {most}")
+            } else {
+                "one connection for an address outside limits.allow_ips".into()
+            };
+            floods.happened(Flood::Refused, format!("{ip} (over {over})"));
             continue;
         };
         let _ = tcp.set_nodelay(true);
@@ -361,6 +389,7 @@ pub async fn serve(
         let gw = gw.clone();
         let builder = builder.clone();
         let draining = draining.clone();
+        let floods = floods.clone();
         connections.spawn(async move {
             let _permit = permit;
             let _ip_slot = ip_slot;
@@ -369,7 +398,13 @@ pub async fn serve(
                 Some(Ok(Ok(s))) => s,
                 // Plaintext on the TLS port, a bad handshake, or a silent client.
                 Some(Ok(Err(e))) => {
-                    log::debug!("TLS handshake from {addr} failed: {e}");
+                    // The TLS layer's refusals are InvalidData; a close before the hello
+                    // (a TCP health check) or a reset is the client going away.
+                    if e.kind() == std::io::ErrorKind::InvalidData {
+                        floods.happened(Flood::Handshake, format!("{ip}: {e}"));
+                    } else {
+                        log::debug!("TLS handshake from {addr} failed: {e}");
+                    }
                     return;
                 }
                 Some(Err(_)) | None => return,
@@ -382,7 +417,7 @@ pub async fn serve(
                     Peer::new(ip, Some(name)),
                 ),
                 (None, Some(_)) => {
-                    nameless(ip);
+                    floods.happened(Flood::Nameless, ip.to_string());
                     (None, Peer::cut_off(ip))
                 }
                 (_, None) => (None, Peer::new(ip, None)),
@@ -436,8 +471,12 @@ pub async fn serve(
                 tokio::select! {
                     biased;
                     r = conn.as_mut() => {
-                        if let Err(e) = r {
-                            log::debug!("connection from {addr} ended: {e}");
+                        match r {
+                            Err(e) if protocol_error(&*e) => {
+                                floods.happened(Flood::Protocol, format!("{ip}: {e}"));
+                            }
+                            Err(e) => log::debug!("connection from {addr} ended: {e}"),
+                            Ok(()) => {}
                         }
                         break;
                     }
@@ -464,7 +503,7 @@ pub async fn serve(
         });
     }
     drop(listener);
-    floods.tick(&limits, true);
+    floods.tick(true);
     draining.cancel();
     // From here no order starts that could not end within the drain (`webhook::handle`).
     let _ = gw.drain_end.set(Instant::now() + DRAIN);
