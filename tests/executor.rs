@@ -154,7 +154,10 @@ async fn hang_is_unknown_after_the_timeout() {
     let exec = http(&mock.url(), timeout);
     let started = Instant::now();
     let outcome = exec.execute(&order("hang")).await;
-    assert!(matches!(outcome, Outcome::Unknown(_)), "{outcome:?}");
+    assert!(
+        matches!(&outcome, Outcome::Unknown(why) if !why.contains("ended with no answer")),
+        "{outcome:?}"
+    );
     assert!(started.elapsed() >= timeout, "gave up before the timeout");
     assert_eq!(mock.calls(), 1, "the order did arrive: holding is right");
 }
@@ -165,7 +168,11 @@ async fn reset_after_send_is_unknown() {
     mock.set_mode(Mode::Reset);
     let exec = http(&mock.url(), Duration::from_secs(5));
     let outcome = exec.execute(&order("reset")).await;
-    assert!(matches!(outcome, Outcome::Unknown(_)), "{outcome:?}");
+    // Its line names the race an executor closing kept-alive connections early meets.
+    assert!(
+        matches!(&outcome, Outcome::Unknown(why) if why.contains("ended with no answer")),
+        "{outcome:?}"
+    );
     assert_eq!(mock.calls(), 1);
 
     // The pool drops the dead connection; the next order goes through on a new one, once.
@@ -621,6 +628,52 @@ async fn https_upstream_on_a_private_ca() {
         "HTTP/1.1 though the executor offers h2 (executor/http.rs says why)"
     );
     assert!(ledger.iter().all(|r| r.body == TRADE.as_bytes()));
+}
+
+/// An executor whose TLS asks for a client certificate, which the gateway has none of: over
+/// TLS 1.3 its refusal (an alert) comes after the gateway has finished its side of the
+/// handshake and written the order, into a connection the executor never completed. Its
+/// application never read the order: not sent, the key released. It was `Unknown`: every
+/// order held for its TTL, none seen. Over TLS 1.2 the refusal comes before.
+#[tokio::test]
+async fn an_executor_that_wants_a_client_certificate_is_not_sent() {
+    use rustls::pki_types::pem::PemObject;
+    use rustls::pki_types::{CertificateDer, PrivateKeyDer};
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "upstream");
+    let provider = Arc::new(rustls::crypto::ring::default_provider());
+    let mut roots = rustls::RootCertStore::empty();
+    roots
+        .add(CertificateDer::from_pem_file(&pki.ca_cert).unwrap())
+        .unwrap();
+    for version in [&rustls::version::TLS13, &rustls::version::TLS12] {
+        let verifier = rustls::server::WebPkiClientVerifier::builder_with_provider(
+            Arc::new(roots.clone()),
+            provider.clone(),
+        )
+        .build()
+        .unwrap();
+        let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&pki.server.cert)
+            .unwrap()
+            .map(|c| c.unwrap())
+            .collect();
+        let key = PrivateKeyDer::from_pem_file(&pki.server.key).unwrap();
+        let config = rustls::ServerConfig::builder_with_provider(provider.clone())
+            .with_protocol_versions(&[version])
+            .unwrap()
+            .with_client_cert_verifier(verifier)
+            .with_single_cert(certs, key)
+            .unwrap();
+        let acceptor = tokio_rustls::TlsAcceptor::from(Arc::new(config));
+        let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 16\r\n\r\n{\"success\":true}";
+        let url = answering_on(answer, false, Some((acceptor, Close::Notify))).await;
+        let exec = trusting(&url, Duration::from_secs(2), Some(&pki.ca_cert));
+        let outcome = exec.execute(&order("mtls")).await;
+        assert!(
+            matches!(outcome, Outcome::NotSent(_)),
+            "{version:?}: {outcome:?}"
+        );
+    }
 }
 
 #[tokio::test]

@@ -186,6 +186,14 @@ impl HttpExecutor {
         let response = match tokio::time::timeout_at(deadline, self.client.request(request)).await {
             Ok(Ok(response)) => response,
             Ok(Err(e)) if not_sent(&e) => return Outcome::NotSent(chain(&e)),
+            Ok(Err(e)) if closed_unanswered(&e) => {
+                return Outcome::Unknown(format!(
+                    "{}: the connection ended with no answer (an executor that closes idle \
+                     connections sooner than {POOL_IDLE:?} after an answer, or closes one \
+                     after an answer without `Connection: close`, meets this at random)",
+                    chain(&e)
+                ));
+            }
             Ok(Err(e)) => return Outcome::Unknown(chain(&e)),
             Err(_) => return Outcome::Unknown(late()),
         };
@@ -317,9 +325,67 @@ fn load_roots(path: &Path) -> Result<rustls::RootCertStore, ExecutorError> {
 ///   follows cannot be told from an executor that read the order and died, so that is
 ///   `Unknown` (held). The kind is private; its `Display` is the one way to
 ///   tell it, pinned by tests/executor.rs: were it to change, the test fails, and until
-///   then such an order is only held (`Unknown`), never released wrongly.
+///   then such an order is only held (`Unknown`), never released wrongly;
+/// - the executor's TLS refusing the gateway's certificate, or its lack of one
+///   ([`refused_handshake`]).
 fn not_sent(e: &hyper_util::client::legacy::Error) -> bool {
-    e.is_connect() || e.to_string() == "client error (Canceled)"
+    e.is_connect() || e.to_string() == "client error (Canceled)" || refused_handshake(e)
+}
+
+/// Whether a request failed on its connection's close or reset before any answer: where
+/// an executor that closes kept-alive connections early loses orders it never read.
+fn closed_unanswered(e: &(dyn std::error::Error + 'static)) -> bool {
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        if c.downcast_ref::<hyper::Error>()
+            .is_some_and(hyper::Error::is_incomplete_message)
+        {
+            return true;
+        }
+        if let Some(io) = c.downcast_ref::<std::io::Error>() {
+            use std::io::ErrorKind as K;
+            return matches!(
+                io.kind(),
+                K::ConnectionReset | K::BrokenPipe | K::UnexpectedEof
+            );
+        }
+        cause = c.source();
+    }
+    false
+}
+
+/// Whether the executor's TLS refused the handshake for the client's certificate (the
+/// gateway presents none). In TLS 1.3 the server says so after the client has finished
+/// its side of the handshake, so hyper has written the order by then: into a connection
+/// the server never completed, whose data no application reads. Such an executor had every
+/// order held, none seen. These alerts are the handshake's own (RFC 8446 §6.2): none
+/// follows data the server has read.
+fn refused_handshake(e: &(dyn std::error::Error + 'static)) -> bool {
+    use rustls::AlertDescription as A;
+    let mut cause = Some(e);
+    while let Some(c) = cause {
+        // tokio-rustls gives rustls's error inside an I/O error.
+        let tls = c.downcast_ref::<rustls::Error>().or_else(|| {
+            let io = c.downcast_ref::<std::io::Error>()?.get_ref()?;
+            io.downcast_ref::<rustls::Error>()
+        });
+        if let Some(rustls::Error::AlertReceived(alert)) = tls {
+            return matches!(
+                alert,
+                A::CertificateRequired
+                    | A::BadCertificate
+                    | A::UnsupportedCertificate
+                    | A::CertificateRevoked
+                    | A::CertificateExpired
+                    | A::CertificateUnknown
+                    | A::UnknownCA
+                    | A::AccessDenied
+                    | A::HandshakeFailure
+            );
+        }
+        cause = c.source();
+    }
+    false
 }
 
 /// An answer's body, up to [`MAX_ANSWER`]. A body that only the connection's close ends
