@@ -11,7 +11,7 @@ use std::time::Duration;
 use hoox_edge::admin::{self, Listen, State, client};
 use hoox_edge::metrics::Metrics;
 use hoox_edge::mutex::{self, ClientKey, Clock, Config, Decision, Key, Mode, Owner, Reserve};
-use serde_json::Value;
+use serde_json::{Value, json};
 use tokio::sync::oneshot;
 use tokio::task::JoinHandle;
 
@@ -511,6 +511,11 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
     // since) is left alone.
     let (_, shown) = a.call("GET", &show).await;
     let seen = entry(&shown);
+    // Pending, no order out: its outcome unknown, as a duplicate's 409 says it.
+    assert_eq!(
+        (&shown["in_flight"], &shown["order"]),
+        (&json!(false), &json!("unknown"))
+    );
     assert_eq!(
         answer(format!("{release}?entry=1.2.pending")).await,
         changed
@@ -521,7 +526,10 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
     let out = marks.begin(&key, None);
     out.bind(&key, seq(&seen));
     let (_, shown) = a.call("GET", &show).await;
-    assert_eq!(shown["in_flight"], true);
+    assert_eq!(
+        (&shown["in_flight"], &shown["order"]),
+        (&json!(true), &json!("in_flight"))
+    );
     let out_tag = entry(&shown);
     assert!(out_tag.contains(".out."), "{out_tag}");
     assert_eq!(answer(release.clone()).await, in_flight);

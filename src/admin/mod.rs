@@ -769,6 +769,8 @@ fn entry_json(e: &EntryInfo, out: bool) -> Value {
         // Which entry this is, in which state, for `keys release --entry`.
         "entry": entry_tag(e, out),
         "in_flight": out,
+        // As a duplicate's 409 says it: `unknown` is a pending entry with no order out.
+        "order": crate::gateway::problem::order_state(e.state, out),
         "state": e.state.as_str(),
         "stored_at": e.stored_at,
         "expires_at": e.expires_at,

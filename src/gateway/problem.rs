@@ -41,7 +41,7 @@ pub enum Problem {
         /// `Result<_, Problem>` would then carry.
         key: String,
         state: &'static str,
-        /// Where the first delivery's order is ([`Problem::duplicate`]): `in_flight` (it
+        /// Where the first delivery's order is ([`order_state`]): `in_flight` (it
         /// may still be at the executor), `unknown` or `succeeded`. `state` alone said `pending` both while the order
         /// was at the executor and after its outcome was lost (a 504, held): a sender that
         /// took the one for the other dropped a trade, or placed it again.
@@ -178,8 +178,8 @@ impl Problem {
                     }
                     "unknown" => {
                         "its order's outcome is unknown (the executor did not answer, or \
-                         the gateway stopped under it): check the exchange before sending \
-                         it as a new trade"
+                         the gateway stopped before writing it): check the exchange before \
+                         sending it as a new trade"
                     }
                     _ => "the executor took its order",
                 };
@@ -289,18 +289,23 @@ pub fn respond(status: StatusCode, doc: &Value) -> Response<Full<Bytes>> {
     res
 }
 
+/// Where an entry's order is, as a 409 and `keys show` say it: `succeeded` (committed),
+/// `in_flight` (`out`: an order bound to the entry is at the executor), or `unknown`: the
+/// entry is pending with no order out, its outcome not known (a 504, held), or not
+/// written before the gateway stopped.
+pub fn order_state(state: crate::mutex::State, out: bool) -> &'static str {
+    match state {
+        crate::mutex::State::Committed => "succeeded",
+        _ if out => "in_flight",
+        _ => "unknown",
+    }
+}
+
 impl Problem {
     /// A duplicate of `d`, its key as stored (namespace included): the same string the
     /// `Idempotency-Key` answer header, the executor and the operator's `hoox-edge keys`
-    /// use. A pending entry older than `order_time` (the longest an order may take from
-    /// its reserve to its outcome, and its settling) has no order at the executor: its
-    /// outcome was not known (a 504, held), or the gateway stopped under it.
-    pub fn duplicate(d: &crate::mutex::Duplicate, order_time: std::time::Duration) -> Self {
-        let order = match d.state {
-            crate::mutex::State::Committed => "succeeded",
-            _ if u128::from(d.age_ms) <= order_time.as_millis() => "in_flight",
-            _ => "unknown",
-        };
+    /// use; `order` as [`order_state`] says it.
+    pub fn duplicate(d: &crate::mutex::Duplicate, order: &'static str) -> Self {
         Problem::Duplicate {
             key: d.key.as_str().to_owned(),
             state: d.state.as_str(),
@@ -501,10 +506,10 @@ mod tests {
             age_ms: 10,
             expires_in_ms: 20,
             response: None,
+            seq: 3,
         };
-        let order_time = std::time::Duration::from_millis(10);
         assert_eq!(
-            Problem::duplicate(&d, order_time),
+            Problem::duplicate(&d, order_state(d.state, false)),
             Problem::Duplicate {
                 key: "client:psk:live:order-9".into(),
                 state: "committed",
@@ -513,15 +518,11 @@ mod tests {
                 expires_in_ms: 20
             }
         );
-        // Pending: at the executor up to the longest an order takes, unknown after.
+        // Pending: at the executor while an order bound to it is out, unknown without.
         d.state = State::Pending;
-        let order = |d: &crate::mutex::Duplicate| match Problem::duplicate(d, order_time) {
-            Problem::Duplicate { order, .. } => order,
-            p => panic!("{p:?}"),
-        };
-        assert_eq!(order(&d), "in_flight");
-        d.age_ms = 11;
-        assert_eq!(order(&d), "unknown");
+        assert_eq!(order_state(d.state, true), "in_flight");
+        assert_eq!(order_state(d.state, false), "unknown");
+        assert_eq!(order_state(State::Committed, true), "succeeded");
         let u = crate::mutex::Unavailable::Busy;
         assert_eq!(Problem::from(&u), Problem::Unavailable { reason: "busy" });
         for e in [

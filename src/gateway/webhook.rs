@@ -385,7 +385,9 @@ async fn pipeline(
         // The answer names the key that blocked, as its body does: for a retry caught in
         // another minute (by its family) or by its signature's guard, that is not the key
         // this request would have taken, which nothing holds and the executor never saw.
-        Decision::Duplicate(d) => {
+        Decision::Duplicate(mut d) => {
+            // This request's own mark: it places nothing.
+            drop(out);
             gw.metrics.duplicate();
             if gw.duplicate_response == DuplicateResponse::Replay
                 && let Some(snap) = d.response
@@ -403,7 +405,8 @@ async fn pipeline(
                     reason: None,
                 });
             }
-            let mut a = fail(Problem::duplicate(&d, gw.order_time + SETTLE));
+            let order = where_is(gw, &mut d).await;
+            let mut a = fail(Problem::duplicate(&d, order));
             a.key = Some(d.key);
             return Err(a);
         }
@@ -748,6 +751,27 @@ async fn execute_and_settle(gw: &Gateway, grant: Grant, order: &Order, _out: Out
                 OnUnknown::Release => problem(Problem::OutcomeUnknown, release(gw, grant)),
             }
         }
+    }
+}
+
+/// Where the order of the entry that blocked a duplicate is ([`super::problem::order_state`]). A
+/// pending entry's order is out while a mark is bound to it; a mark is let go only once its
+/// order's commit or release is queued (`executor::outstanding`), so an entry with no order
+/// out is asked of the owner again, behind that commit: still pending, its outcome is not
+/// known (a 504, or the gateway stopped under it); committed since, it succeeded; gone
+/// (released, expired), the trade sent again gets its answer: `in_flight`, as when the
+/// owner cannot be asked. The age of the entry told this once: an order held after a 504
+/// read as at the executor for seconds more, while `keys show` said it was not.
+async fn where_is(gw: &Gateway, d: &mut crate::mutex::Duplicate) -> &'static str {
+    if d.state == crate::mutex::State::Committed || gw.outstanding.order_out(&d.key, d.seq).await {
+        return super::problem::order_state(d.state, true);
+    }
+    match gw.mutex.get(d.key.clone()).await {
+        Ok(Some(e)) if e.seq == d.seq => {
+            d.state = e.state;
+            super::problem::order_state(e.state, false)
+        }
+        _ => "in_flight",
     }
 }
 

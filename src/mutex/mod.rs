@@ -193,6 +193,8 @@ pub struct Duplicate {
     pub expires_in_ms: u64,
     /// Present for a committed key whose answer was stored.
     pub response: Option<Snapshot>,
+    /// Which entry blocked ([`EntryInfo::seq`]): whether its order is out is asked by it.
+    pub seq: u64,
 }
 
 /// Why the mutex refused. Every variant means: do not forward the trade.

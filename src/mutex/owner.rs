@@ -1568,6 +1568,7 @@ fn duplicate(key: &Key, l: &Live, now: (u64, u64)) -> Duplicate {
         age_ms: l.age_ms(now.1),
         expires_in_ms: l.expires_in_ms(now),
         response: None,
+        seq: l.seq,
     }
 }
 
