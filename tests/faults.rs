@@ -404,6 +404,58 @@ async fn a_journal_removed_while_running_fails_closed() {
     assert!(gw.stderr().contains("went while open"), "{}", gw.stderr());
 }
 
+/// The journal replaced by a file of its length that holds none of its records (zeros, a
+/// blank file made again, another database's journal copied in) beside a database whose
+/// checkpoint has moved: refused, as an empty one is, and served again once the journal is
+/// back. It was opened as a journal with nothing to replay: every key reserved since the
+/// last checkpoint forgotten, and sent again.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_journal_of_zeros_or_of_another_database_is_refused() {
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let mut gw = setup.start();
+    gw.wait_ready().await;
+    assert_eq!(gw.post(&keyed("checkpointed"), &[]).await.status, 200);
+    assert!(gw.terminate().success());
+    // Another database's journal, to copy in.
+    let other = Setup::new(Some(&exec.url()));
+    let mut o = other.start();
+    o.wait_ready().await;
+    assert_eq!(o.post(&keyed("elsewhere"), &[]).await.status, 200);
+    assert!(o.terminate().success());
+    // A key in a record past the checkpoint, the gateway killed before the next.
+    let mut gw = setup.start();
+    gw.wait_ready().await;
+    assert_eq!(gw.post(&keyed("in-the-journal"), &[]).await.status, 200);
+    gw.kill9();
+    let journal = setup.dir.path().join("state/mutex.redb-journal");
+    let aside = setup.dir.path().join("journal.aside");
+    std::fs::rename(&journal, &aside).unwrap();
+    let len = std::fs::metadata(&aside).unwrap().len() as usize;
+    let foreign = other.dir.path().join("state/mutex.redb-journal");
+    let why = "it holds none of them";
+    for put in [vec![0u8; len], std::fs::read(&foreign).unwrap()] {
+        std::fs::write(&journal, &put).unwrap();
+        let mut gw = setup.start();
+        wait_logged(&gw, why, 1).await;
+        gw.wait_unready_until(why, |b| {
+            b["detail"]
+                .as_str()
+                .is_some_and(|d| d.contains(why) && d.contains("restore it"))
+        })
+        .await;
+        assert_fails_closed(&gw, &exec, "in-the-journal").await;
+        assert!(gw.terminate().success());
+    }
+    std::fs::rename(&aside, &journal).unwrap();
+    let gw = setup.start();
+    gw.wait_ready().await;
+    for held in ["in-the-journal", "checkpointed"] {
+        assert_eq!(gw.post(&keyed(held), &[]).await.status, 409, "{held}");
+    }
+    assert_eq!(exec.calls(), 3);
+}
+
 /// The state directory's disk fails and goes while the gateway runs (a USB disk on a Pi,
 /// unplugged), leaving the empty mount point. Both files are gone, as at a first start, but
 /// this process had them open: no empty database on the wrong disk.

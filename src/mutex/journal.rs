@@ -414,6 +414,12 @@ pub fn scan(bytes: &[u8], id: u64, checkpoint: u64) -> Result<Scan<'_>, JournalE
     Ok(Scan { records, torn })
 }
 
+/// Whether the journal holds a slot of the database `id`, intact or not, of any lsn: one
+/// whose checkpoint has moved always does (`store::open`).
+pub fn holds_own(bytes: &[u8], id: u64) -> bool {
+    slots(bytes).any(|slot| slot.id == id)
+}
+
 /// Whether the journal holds an intact record of any journal: a database that never had
 /// one (`store::open`) must find only zeros, or another database's records would be skipped
 /// as not its own, and their keys forgotten.

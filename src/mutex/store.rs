@@ -419,6 +419,16 @@ pub(super) fn open(
             }
         };
         let stored = read_u64(&meta, CHECKPOINT)?.unwrap_or(0);
+        // The journal is never cleared (a checkpoint moves only where the next record
+        // goes), so a database whose checkpoint has moved finds a record of its own there,
+        // of some lsn. None: a journal put in its place, zeros or another database's, of
+        // the same length. Its records past the checkpoint, keys answered Proceed, would
+        // be forgotten without a word.
+        if known.is_some() && stored > 0 && !journal::holds_own(&bytes, id) {
+            let why = "the database wrote records to it, and it holds none of them (zeros, \
+                       or another database's journal)";
+            return Err(LoadError::missing(&journal_path, why, Some(path)));
+        }
         let journal::Scan { records, torn } = journal::scan(&bytes, id, stored)?;
         for (lsn, payload) in &records {
             apply_ops(&mut entries, &mut meta, *lsn, payload)?;
