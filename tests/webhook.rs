@@ -462,6 +462,25 @@ async fn bad_requests_are_refused_before_the_executor() {
         (r.status.as_u16(), code(&r.json())),
         (415, "UNSUPPORTED_MEDIA_TYPE")
     );
+    // A body in a coding the gateway does not decode: a 415 that names it, not a 400
+    // "not JSON" (JSON itself here, so that only the coding refuses it; nothing sent).
+    let calls = exec.calls();
+    for coding in ["gzip", "br, identity"] {
+        let r = raw(
+            r#"{"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1}"#,
+            vec![("content-encoding", coding), ("authorization", "Bearer x")],
+        )
+        .await;
+        assert_eq!(
+            (r.status.as_u16(), code(&r.json())),
+            (415, "UNSUPPORTED_MEDIA_TYPE"),
+            "{coding}"
+        );
+        let first = coding.split(',').next().unwrap();
+        let detail = r.json()["detail"].as_str().unwrap().to_owned();
+        assert!(detail.contains(&format!("{first:?}")), "{detail}");
+    }
+    assert_eq!(exec.calls(), calls);
     // The alias POST / works.
     let mut t = trade("ADAUSDT");
     t["idempotencyKey"] = json!("alias-1");

@@ -429,10 +429,11 @@ fn closed_without_notify(e: &hyper::Error) -> bool {
     false
 }
 
-/// A coding of an answer's body that the client does not undo, if any: a content coding
-/// but `identity`, or a transfer coding but `chunked` (which hyper undoes) and
-/// `identity`. An executor should send neither (`Accept-Encoding: identity`, no `TE`).
-fn coding(headers: &hyper::HeaderMap) -> Option<String> {
+/// A coding of a message's body that hyper does not undo, if any: a content coding but
+/// `identity`, or a transfer coding but `chunked` (which hyper undoes) and `identity`. An
+/// executor's answer should have neither (`Accept-Encoding: identity`, no `TE`), and so
+/// should a webhook (its 415).
+pub(crate) fn coding(headers: &hyper::HeaderMap) -> Option<String> {
     let first = |name, undone: &[&str]| {
         headers
             .get_all(name)

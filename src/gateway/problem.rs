@@ -36,6 +36,9 @@ pub enum Problem {
     MethodNotAllowed,
     PayloadTooLarge,
     UnsupportedMediaType,
+    /// A body in a content or transfer coding the gateway does not decode (gzip): its
+    /// JSON cannot be read, and a 400 "not JSON" would send its sender looking elsewhere.
+    UnsupportedCoding(String),
     Duplicate {
         /// The stored key as text, not a `Key`: that holds 384 bytes inline, which every
         /// `Result<_, Problem>` would then carry.
@@ -86,7 +89,7 @@ impl Problem {
             NotFound => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            UnsupportedMediaType => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            UnsupportedMediaType | UnsupportedCoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
             Duplicate { .. } => StatusCode::CONFLICT,
             KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -109,7 +112,7 @@ impl Problem {
             NotFound => "NOT_FOUND",
             MethodNotAllowed => "METHOD_NOT_ALLOWED",
             PayloadTooLarge => "PAYLOAD_TOO_LARGE",
-            UnsupportedMediaType => "UNSUPPORTED_MEDIA_TYPE",
+            UnsupportedMediaType | UnsupportedCoding(_) => "UNSUPPORTED_MEDIA_TYPE",
             Duplicate { .. } => "DUPLICATE",
             KeyReused => "IDEMPOTENCY_KEY_REUSED",
             RateLimited { .. } => "RATE_LIMITED",
@@ -159,6 +162,10 @@ impl Problem {
                  with no Content-Type"
                     .into()
             }
+            UnsupportedCoding(c) => format!(
+                "body sent in the coding {c:?}, which the gateway does not decode: send the \
+                 JSON as it is (no Content-Encoding; Transfer-Encoding chunked at most)"
+            ),
             Duplicate {
                 key, state, order, ..
             } => {
@@ -347,6 +354,7 @@ mod tests {
             MethodNotAllowed,
             PayloadTooLarge,
             UnsupportedMediaType,
+            UnsupportedCoding("gzip".into()),
             Duplicate {
                 key: "k".into(),
                 state: "pending",
@@ -390,6 +398,7 @@ mod tests {
                 (404, "NOT_FOUND"),
                 (405, "METHOD_NOT_ALLOWED"),
                 (413, "PAYLOAD_TOO_LARGE"),
+                (415, "UNSUPPORTED_MEDIA_TYPE"),
                 (415, "UNSUPPORTED_MEDIA_TYPE"),
                 (409, "DUPLICATE"),
                 (422, "IDEMPOTENCY_KEY_REUSED"),

@@ -275,7 +275,7 @@ async fn pipeline(
     } else if !json_media_type(req.headers().get(CONTENT_TYPE)) {
         Some(Problem::UnsupportedMediaType)
     } else {
-        None
+        crate::executor::http::coding(req.headers()).map(Problem::UnsupportedCoding)
     };
     if let Some(p) = refused {
         if drain {
