@@ -1298,6 +1298,15 @@ impl Owner {
                 if loaded.replayed > 0 {
                     log::info!("mutex: replayed {} journal records", loaded.replayed);
                 }
+                // Skipped as a crash leaves one; said, for damage looks the same.
+                if let Some(lsn) = loaded.torn {
+                    log::warn!(
+                        "mutex: journal record {lsn} fails its checksum and was skipped: a \
+                         write cut off by a crash or a power cut (nothing it held was \
+                         answered as durable), or damage to the disk (the keys it reserved \
+                         are forgotten, and their retries will be sent)"
+                    );
+                }
                 self.shared
                     .stats
                     .expired

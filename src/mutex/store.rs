@@ -207,6 +207,9 @@ pub(super) struct Loaded {
     pub halted: bool,
     /// Journal records replayed into the database.
     pub replayed: usize,
+    /// The newest record newer than the checkpoint that failed its check, skipped
+    /// (`journal::Scan::torn`).
+    pub torn: Option<u64>,
 }
 
 /// Why the store cannot be trusted at open.
@@ -380,7 +383,7 @@ pub(super) fn open(
     // (or left as one by a crash before this sweep), and those of first starts that stopped.
     remove_drafts(path);
     let txn = db.begin_write()?;
-    let (file, journal_identity, id, checkpoint, replayed, halted, unrecorded_len) = {
+    let (file, journal_identity, id, checkpoint, replayed, torn, halted, unrecorded_len) = {
         let mut meta = txn.open_table(META)?;
         let mut entries = txn.open_table(ENTRIES)?;
         let known = read_u64(&meta, JOURNAL_ID)?;
@@ -462,6 +465,7 @@ pub(super) fn open(
             id,
             checkpoint,
             found,
+            torn,
             halted,
             unrecorded,
         )
@@ -501,6 +505,7 @@ pub(super) fn open(
         purged: expired.len() as u64,
         halted,
         replayed,
+        torn,
     };
     let store = Store {
         db,
@@ -897,12 +902,15 @@ mod tests {
 
         let (mut store, loaded) = open(&path, JOURNAL, true, NOW, None, |_| false).unwrap();
         assert_eq!(held(&loaded), [0, 1, 2]);
+        // Named, for the owner to say: damage looks the same.
+        assert_eq!(loaded.torn, Some(4));
         reserve(&mut store, 10..12);
         drop(store);
 
         let (_store, loaded) =
             open(&path, JOURNAL, true, NOW, None, |_| false).expect("third open");
         assert_eq!(held(&loaded), [0, 1, 2, 10, 11]);
+        assert_eq!(loaded.torn, None, "said once: the checkpoint moved past it");
     }
 
     /// Damage the open must not read as "nothing there": a journal cut short (its tail's
