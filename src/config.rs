@@ -455,15 +455,25 @@ impl Config {
             .ok_or_else(|| err("store.path", "required".into()))?);
         // `""` (the config's own folder) or a folder: the database could never open, and
         // the gateway would fail closed for good rather than say why at start.
+        // A folder beside a journal of its name is a database replaced (by a restore gone
+        // wrong): naming a file inside it would start an empty database beside the keys.
         if store_path.is_dir() {
-            return Err(err(
-                "store.path",
+            let journal = crate::mutex::journal::path_for(&store_path);
+            let why = if journal.is_file() {
+                format!(
+                    "{} is a folder, beside the journal {}: the database file that was \
+                     there is gone; restore it",
+                    store_path.display(),
+                    journal.display()
+                )
+            } else {
                 format!(
                     "{} is a folder: name the database file, such as {}",
                     store_path.display(),
                     store_path.join("mutex.redb").display()
-                ),
-            ));
+                )
+            };
+            return Err(err("store.path", why));
         }
         let ttl = duration("store.ttl", &raw.store.ttl, Duration::from_secs(300))?;
         if ttl < Duration::from_secs(1) || ttl > Duration::from_secs(24 * 3600) {
@@ -1183,6 +1193,16 @@ mod tests {
                 "{e}"
             );
         }
+        // A folder where the database was, its journal beside it: a file inside it would
+        // be an empty database. Restore it, says the error.
+        let dir = state();
+        std::fs::create_dir(dir.path().join("gone.redb")).unwrap();
+        std::fs::write(dir.path().join("gone.redb-journal"), b"").unwrap();
+        let e = checked_in(dir.path(), |r| r.store.path = Some("gone.redb".into()))
+            .expect_err("a folder for the database");
+        assert_eq!(e.key, "store.path", "{e}");
+        assert!(e.message.contains("beside the journal"), "{e}");
+        assert!(!e.message.contains("such as"), "{e}");
     }
 
     /// An HTTP executor's config with `timeout`, and `ttl` if given.

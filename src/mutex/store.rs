@@ -246,10 +246,12 @@ pub(super) enum LoadError {
     /// A value of the database's own bookkeeping is not what any version wrote: the file
     /// was damaged or edited, and reading it as absent could drop the journal.
     #[error(
-        "the database's {key:?} holds a value no version writes ({len} bytes): the database \
-         is damaged"
+        "the database's {key:?} holds a value no version writes ({} bytes: {}): the \
+         database is damaged",
+        value.len(),
+        value.iter().take(16).map(|b| format!("{b:02x}")).collect::<String>()
     )]
-    Meta { key: &'static str, len: usize },
+    Meta { key: &'static str, value: Vec<u8> },
 }
 
 impl LoadError {
@@ -625,8 +627,15 @@ fn io(e: std::io::Error) -> LoadError {
 }
 
 /// The length of the file at `path`; 0 when there is none.
+/// A file's length; 0 when there is none. Anything but a file (a directory put in its
+/// place) is an error that says so: its length is no file's.
 fn bytes_at(path: &Path) -> std::io::Result<u64> {
     match std::fs::metadata(path) {
+        Ok(m) if !m.is_file() => Err(std::io::Error::other(format!(
+            "{} is not a file but a {}",
+            path.display(),
+            if m.is_dir() { "folder" } else { "special file" }
+        ))),
         Ok(m) => Ok(m.len()),
         Err(e) if e.kind() == std::io::ErrorKind::NotFound => Ok(0),
         Err(e) => Err(e),
@@ -639,7 +648,7 @@ fn read_u64(meta: &Table<&str, &[u8]>, key: &'static str) -> Result<Option<u64>,
     };
     let bytes = <[u8; 8]>::try_from(v.value()).map_err(|_| LoadError::Meta {
         key,
-        len: v.value().len(),
+        value: v.value().to_vec(),
     })?;
     Ok(Some(u64::from_le_bytes(bytes)))
 }
@@ -655,7 +664,7 @@ fn read_halted(meta: &Table<&str, &[u8]>) -> Result<bool, LoadError> {
         [1] => Ok(true),
         other => Err(LoadError::Meta {
             key: HALTED,
-            len: other.len(),
+            value: other.to_vec(),
         }),
     }
 }
@@ -913,6 +922,24 @@ mod tests {
         assert_eq!(loaded.torn, None, "said once: the checkpoint moved past it");
     }
 
+    /// A folder where the journal was is said to be one: its length read as the journal's
+    /// said the journal was cut short, by a copy or a repair.
+    #[test]
+    fn a_folder_for_the_journal_is_called_one() {
+        const NOW: u64 = 1_700_000_000_000;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        let (store, _) = open(&path, 16 * 4096, true, NOW, None, |_| false).unwrap();
+        drop(store);
+        let journal = journal::path_for(&path);
+        std::fs::remove_file(&journal).unwrap();
+        std::fs::create_dir(&journal).unwrap();
+        match open(&path, 16 * 4096, true, NOW, None, |_| false) {
+            Err(e) => assert!(e.to_string().contains("is not a file but a folder"), "{e}"),
+            Ok(_) => panic!("opened a folder as the journal"),
+        }
+    }
+
     /// Damage the open must not read as "nothing there": a journal cut short (its tail's
     /// records lost, and no later record to name them), and a bookkeeping value of the
     /// wrong length (read as absent, a journal id would be made anew and the journal's
@@ -961,7 +988,7 @@ mod tests {
         for key in [JOURNAL_ID, CHECKPOINT, JOURNAL_LEN] {
             let good = set(key, &[0u8; 7]);
             match open() {
-                Err(LoadError::Meta { key: k, len: 7 }) => assert_eq!(k, key),
+                Err(LoadError::Meta { key: k, value }) => assert_eq!((k, value.len()), (key, 7)),
                 Err(e) => panic!("{key}: refused for another reason: {e}"),
                 Ok(_) => panic!("{key}: opened"),
             }
@@ -980,10 +1007,13 @@ mod tests {
         assert!(open().expect("halted").1.halted);
         for bad in [&[2u8][..], &[1, 0], &[]] {
             put_halted(bad);
-            match open() {
-                Err(LoadError::Meta { key, len }) => assert_eq!((key, len), (HALTED, bad.len())),
-                Err(e) => panic!("{bad:?}: refused for another reason: {e}"),
-                Ok(_) => panic!("{bad:?}: opened"),
+            let e = open().err().unwrap_or_else(|| panic!("{bad:?}: opened"));
+            // The value itself: "1 bytes" alone read as the right length.
+            let hex: String = bad.iter().map(|b| format!("{b:02x}")).collect();
+            assert!(e.to_string().contains(&format!("bytes: {hex})")), "{e}");
+            match e {
+                LoadError::Meta { key, value } => assert_eq!((key, &value[..]), (HALTED, bad)),
+                e => panic!("{bad:?}: refused for another reason: {e}"),
             }
         }
         put_halted(&[0]);
