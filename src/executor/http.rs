@@ -188,9 +188,10 @@ impl HttpExecutor {
             Ok(Err(e)) if not_sent(&e) => return Outcome::NotSent(chain(&e)),
             Ok(Err(e)) if closed_unanswered(&e) => {
                 return Outcome::Unknown(format!(
-                    "{}: the connection ended with no answer (an executor that closes idle \
-                     connections sooner than {POOL_IDLE:?} after an answer, or closes one \
-                     after an answer without `Connection: close`, meets this at random)",
+                    "{}: the connection ended with no answer (the executor crashed, a proxy \
+                     before it lost its backend, or the executor closes idle connections \
+                     sooner than {POOL_IDLE:?} after an answer, or after an answer without \
+                     `Connection: close`)",
                     chain(&e)
                 ));
             }
@@ -354,14 +355,16 @@ fn closed_unanswered(e: &(dyn std::error::Error + 'static)) -> bool {
     false
 }
 
-/// Whether the executor's TLS refused the handshake for the client's certificate (the
-/// gateway presents none). In TLS 1.3 the server says so after the client has finished
-/// its side of the handshake, so hyper has written the order by then: into a connection
-/// the server never completed, whose data no application reads. Such an executor had every
-/// order held, none seen. These alerts are the handshake's own (RFC 8446 §6.2): none
-/// follows data the server has read.
+/// Whether the executor's TLS 1.3 refused the handshake for want of a client certificate
+/// (the gateway presents none): the server says so after the client has finished its side
+/// of the handshake, so hyper has written the order by then, into a connection the server
+/// never completed, whose data no application reads. Such an executor had every order
+/// held, none seen. Only `certificate_required`: TLS 1.3's own (RFC 8446 §6.2), sent only
+/// during a handshake, and rustls offers no later one (post-handshake authentication).
+/// Others are not: under TLS 1.2 a server may ask to renegotiate after it has read the
+/// order, and the refusal of that ends in a `handshake_failure` (TLS 1.2 refuses a missing
+/// certificate before the client's side is done: a connect error, not sent already).
 fn refused_handshake(e: &(dyn std::error::Error + 'static)) -> bool {
-    use rustls::AlertDescription as A;
     let mut cause = Some(e);
     while let Some(c) = cause {
         // tokio-rustls gives rustls's error inside an I/O error.
@@ -370,18 +373,7 @@ fn refused_handshake(e: &(dyn std::error::Error + 'static)) -> bool {
             io.downcast_ref::<rustls::Error>()
         });
         if let Some(rustls::Error::AlertReceived(alert)) = tls {
-            return matches!(
-                alert,
-                A::CertificateRequired
-                    | A::BadCertificate
-                    | A::UnsupportedCertificate
-                    | A::CertificateRevoked
-                    | A::CertificateExpired
-                    | A::CertificateUnknown
-                    | A::UnknownCA
-                    | A::AccessDenied
-                    | A::HandshakeFailure
-            );
+            return *alert == rustls::AlertDescription::CertificateRequired;
         }
         cause = c.source();
     }
@@ -507,6 +499,51 @@ mod tests {
             chain(&e),
             "client error (Connect): tcp connect error: Connection refused (os error 111)"
         );
+    }
+
+    /// Of the alerts an executor's TLS may end a request with, only TLS 1.3's
+    /// `certificate_required` says the order went unread. A `handshake_failure` may end a
+    /// TLS 1.2 renegotiation the executor asked for after reading the order (an
+    /// `openssl s_server` that renegotiates, a per-location client certificate): taken
+    /// for not sent, its key was released, and the retry placed a second time.
+    #[test]
+    fn only_a_missing_certificate_in_tls_1_3_is_not_sent() {
+        use rustls::AlertDescription as A;
+        let alert = |a: A| {
+            std::io::Error::new(
+                std::io::ErrorKind::InvalidData,
+                rustls::Error::AlertReceived(a),
+            )
+        };
+        assert!(refused_handshake(&alert(A::CertificateRequired)));
+        for a in [
+            A::HandshakeFailure,
+            A::BadCertificate,
+            A::UnknownCA,
+            A::AccessDenied,
+            A::DecodeError,
+        ] {
+            assert!(!refused_handshake(&alert(a)), "{a:?}");
+        }
+        // Under hyper's layers too.
+        let io = alert(A::CertificateRequired);
+        assert!(refused_handshake(&Wrapped(io)));
+    }
+
+    /// An error whose source is an I/O error, as hyper's are.
+    #[derive(Debug)]
+    struct Wrapped(std::io::Error);
+
+    impl fmt::Display for Wrapped {
+        fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+            f.write_str("connection error")
+        }
+    }
+
+    impl std::error::Error for Wrapped {
+        fn source(&self) -> Option<&(dyn std::error::Error + 'static)> {
+            Some(&self.0)
+        }
     }
 
     fn cfg(url: &str) -> HttpConfig {

@@ -76,8 +76,10 @@ enum Flood {
     Handshake,
     /// A connection closed on the client's protocol error, where hyper or h2 answer before
     /// any request reaches `webhook::handle` and nothing else would say it: a malformed or
-    /// oversized head (400, 431), a head not sent within `header_timeout` (slowloris), an
-    /// HTTP/2 flood answered with a GOAWAY (rapid reset, CONTINUATION).
+    /// oversized head (400, 431), an HTTP/2 flood or error answered with a GOAWAY (rapid
+    /// reset, CONTINUATION). Not a head late (slowloris): hyper's header timer and the
+    /// gateway's idle close (`idle.rs`) run out together on a kept-alive connection, and
+    /// which one ends it is a race; every idle sender's connection would be warned of.
     Protocol,
 }
 
@@ -117,8 +119,7 @@ impl Flood {
             ),
             Flood::Protocol => log::warn!(
                 "closed {n} connection(s) on a protocol error (a malformed head or one over \
-                 the header limit, a head not sent within server.header_timeout, an HTTP/2 \
-                 flood), the latest from {latest}"
+                 the header limit, an HTTP/2 flood or framing error), the latest from {latest}"
             ),
         }
     }
@@ -158,26 +159,26 @@ impl Floods {
     }
 }
 
-/// Whether a connection ended on the client's protocol error (`Flood::Protocol`), rather
-/// than its client going away (a reset, a close mid-request, an HTTP/2 keep-alive ping
-/// unanswered).
-fn protocol_error(e: &(dyn std::error::Error + 'static)) -> bool {
+/// What protocol error of the client's a connection ended on (`Flood::Protocol`), if it
+/// was one rather than its client going away (a reset, a close mid-request, an HTTP/2
+/// keep-alive ping unanswered, a head late): hyper's words, or h2's, which name the flood
+/// (hyper's say only "http2 error").
+fn protocol_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
     let mut source = Some(e);
     while let Some(e) = source {
-        if let Some(h) = e.downcast_ref::<hyper::Error>() {
-            // hyper's header timeout is the one timeout of its own with no cause: its
-            // HTTP/2 keep-alive timeout has one.
-            let head_late = h.is_timeout() && std::error::Error::source(h).is_none();
-            if h.is_parse() || head_late {
-                return true;
-            }
+        if let Some(h) = e.downcast_ref::<hyper::Error>()
+            && h.is_parse()
+        {
+            return Some(h.to_string());
         }
         if let Some(h2) = e.downcast_ref::<h2::Error>() {
-            return h2.is_go_away() && h2.is_library() && h2.reason() != Some(h2::Reason::NO_ERROR);
+            let ours = h2.is_go_away() && h2.is_library();
+            let refused = ours && h2.reason() != Some(h2::Reason::NO_ERROR);
+            return refused.then(|| h2.to_string());
         }
         source = e.source();
     }
-    false
+    None
 }
 
 /// Connection-level limits.
@@ -471,12 +472,13 @@ pub async fn serve(
                 tokio::select! {
                     biased;
                     r = conn.as_mut() => {
-                        match r {
-                            Err(e) if protocol_error(&*e) => {
-                                floods.happened(Flood::Protocol, format!("{ip}: {e}"));
+                        if let Err(e) = r {
+                            match protocol_error(&*e) {
+                                Some(what) => {
+                                    floods.happened(Flood::Protocol, format!("{ip}: {what}"));
+                                }
+                                None => log::debug!("connection from {addr} ended: {e}"),
                             }
-                            Err(e) => log::debug!("connection from {addr} ended: {e}"),
-                            Ok(()) => {}
                         }
                         break;
                     }
@@ -503,7 +505,6 @@ pub async fn serve(
         });
     }
     drop(listener);
-    floods.tick(true);
     draining.cancel();
     // From here no order starts that could not end within the drain (`webhook::handle`).
     let _ = gw.drain_end.set(Instant::now() + DRAIN);
@@ -519,6 +520,8 @@ pub async fn serve(
         () = drained => {}
         _ = tokio::time::sleep(DRAIN) => log::warn!("in-flight requests did not finish in {DRAIN:?}"),
     }
+    // After the drain: a connection may end on a protocol error during it.
+    floods.tick(true);
 }
 
 /// Binds the webhook listener; port 0 picks a free port (tests).

@@ -163,8 +163,10 @@ impl Problem {
                     .into()
             }
             UnsupportedCoding(c) => format!(
-                "body sent in the coding {c:?}, which the gateway does not decode: send the \
-                 JSON as it is (no Content-Encoding; Transfer-Encoding chunked at most)"
+                "body sent in the coding {:?}, which the gateway does not decode: send the \
+                 JSON as it is (no Content-Encoding; Transfer-Encoding chunked at most)",
+                // A header of any length: its start is enough to name it.
+                c.chars().take(40).collect::<String>()
             ),
             Duplicate {
                 key, state, order, ..
