@@ -340,6 +340,7 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
     let watchdog = notify::watchdog_interval();
     let tick = watchdog.map_or(Duration::from_secs(5), |w| w.min(Duration::from_secs(1)));
     let fast = Duration::from_millis(100);
+    let started = tokio::time::Instant::now();
     let mut last_status = String::new();
     tokio::pin!(stopped);
     loop {
@@ -367,14 +368,14 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
                     keys => format!("{state}; restart pending: {keys}"),
                 }
             }
-            // Behind, not stuck: a gateway is not killed for being busy.
-            Err((u, true)) => {
-                if watchdog.is_some() {
+            Err((u, behind)) => {
+                // Behind, not stuck: a gateway is not killed for being busy.
+                if behind && watchdog.is_some() {
                     notify::watchdog();
                 }
-                format!("behind: {u}")
+                let opening = !ready.load(Ordering::Relaxed) && started.elapsed() < OPENING;
+                unanswered(&u, behind, opening)
             }
-            Err((u, false)) => format!("fail-closed: {u}"),
         };
         if let Some(said) = announce.status(status, &last_status) {
             if said.contains("fail-closed") {
@@ -394,6 +395,21 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
             _ = tokio::time::sleep(wait) => {}
             _ = &mut stopped => return,
         }
+    }
+}
+
+/// How long the first open may take before a ping it leaves unanswered is failing closed:
+/// redb checks a database whole as it opens it, a second or more a gigabyte here.
+const OPENING: Duration = Duration::from_secs(60);
+
+/// What the supervisor says of a ping the owner did not answer: `behind` (it took turns
+/// meanwhile: busy, not stuck), still in its first open (`opening`, a ping timed out: an
+/// error line each start of a large database said it failed closed), or failing closed.
+fn unanswered(u: &Unavailable, behind: bool, opening: bool) -> String {
+    match u {
+        _ if behind => format!("behind: {u}"),
+        Unavailable::Timeout if opening => "starting: opening the database".into(),
+        _ => format!("fail-closed: {u}"),
     }
 }
 
@@ -666,6 +682,23 @@ async fn reload_on_hangup(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A ping the first open leaves unanswered is a start under way, not a failure: each
+    /// start of a large database (1.6 GB: two seconds of redb's check) logged an error
+    /// that it failed closed. Only for a while, and only a timeout: a database that does
+    /// not open says why.
+    #[test]
+    fn an_unanswered_ping_during_the_first_open_is_a_start() {
+        let timeout = Unavailable::Timeout;
+        assert_eq!(
+            unanswered(&timeout, false, true),
+            "starting: opening the database"
+        );
+        assert!(unanswered(&timeout, false, false).starts_with("fail-closed: "));
+        assert!(unanswered(&timeout, true, true).starts_with("behind: "));
+        let broken = Unavailable::NotOpen("journal record 3 is damaged".into());
+        assert!(unanswered(&broken, false, true).starts_with("fail-closed: "));
+    }
 
     /// A reload is framed (RELOADING=1) only once READY=1 was said, and not at all once
     /// STOPPING=1 was: the look and the word under one lock with STOPPING=1's

@@ -433,7 +433,7 @@ async fn a_journal_of_zeros_or_of_another_database_is_refused() {
     std::fs::rename(&journal, &aside).unwrap();
     let len = std::fs::metadata(&aside).unwrap().len() as usize;
     let foreign = other.dir.path().join("state/mutex.redb-journal");
-    let why = "it holds none of them";
+    let why = "holds no record of the database";
     for put in [vec![0u8; len], std::fs::read(&foreign).unwrap()] {
         std::fs::write(&journal, &put).unwrap();
         let mut gw = setup.start();
@@ -441,7 +441,7 @@ async fn a_journal_of_zeros_or_of_another_database_is_refused() {
         gw.wait_unready_until(why, |b| {
             b["detail"]
                 .as_str()
-                .is_some_and(|d| d.contains(why) && d.contains("restore it"))
+                .is_some_and(|d| d.contains(why) && d.contains("Restore its own journal"))
         })
         .await;
         assert_fails_closed(&gw, &exec, "in-the-journal").await;

@@ -234,6 +234,17 @@ pub(super) enum LoadError {
         why: &'static str,
         fix: String,
     },
+    /// The journal holds none of the database's records, though the database wrote some
+    /// and a journal is never cleared: another file put in its place.
+    #[error(
+        "{} holds no record of the database {} (it is zeros, or another database's \
+         journal), though the database wrote records to it: the keys they reserved since \
+         its last checkpoint would be forgotten. Restore its own journal, or remove both \
+         files to start with no live keys",
+        path.display(),
+        db.display()
+    )]
+    Foreign { path: PathBuf, db: PathBuf },
     /// The journal is shorter than it was: the records in its lost tail may have answered
     /// Proceed, and nothing names them (an anchor names only records before its own).
     #[error(
@@ -430,9 +441,8 @@ pub(super) fn open(
         // the same length. Its records past the checkpoint, keys answered Proceed, would
         // be forgotten without a word.
         if known.is_some() && stored > 0 && !journal::holds_own(&bytes, id) {
-            let why = "the database wrote records to it, and it holds none of them (zeros, \
-                       or another database's journal)";
-            return Err(LoadError::missing(&journal_path, why, Some(path)));
+            let (path, db) = (journal_path, path.to_owned());
+            return Err(LoadError::Foreign { path, db });
         }
         let journal::Scan { records, torn } = journal::scan(&bytes, id, stored)?;
         for (lsn, payload) in &records {
@@ -632,7 +642,7 @@ fn io(e: std::io::Error) -> LoadError {
 fn bytes_at(path: &Path) -> std::io::Result<u64> {
     match std::fs::metadata(path) {
         Ok(m) if !m.is_file() => Err(std::io::Error::other(format!(
-            "{} is not a file but a {}",
+            "{} is not a file but a {}: restore the file there",
             path.display(),
             if m.is_dir() { "folder" } else { "special file" }
         ))),
