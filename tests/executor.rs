@@ -174,6 +174,16 @@ async fn reset_after_send_is_unknown() {
         "{outcome:?}"
     );
     assert_eq!(mock.calls(), 1);
+    // An answer that is not HTTP is unknown too, but no connection ended without one.
+    let garbage = http(
+        &answering(b"220 smtp ready\r\n\r\n", false).await,
+        Duration::from_secs(2),
+    );
+    let outcome = garbage.execute(&order("garbage")).await;
+    assert!(
+        matches!(&outcome, Outcome::Unknown(why) if !why.contains("ended with no answer")),
+        "{outcome:?}"
+    );
 
     // The pool drops the dead connection; the next order goes through on a new one, once.
     mock.set_mode(Mode::Success);
