@@ -932,6 +932,18 @@ mod tests {
         assert_eq!(loaded.torn, None, "said once: the checkpoint moved past it");
     }
 
+    /// Only a file that is not there reads as none: one that cannot be looked at (here, a
+    /// path through a file) is an error, not a first start.
+    #[test]
+    fn a_state_file_that_cannot_be_looked_at_is_not_missing() {
+        let dir = tempfile::tempdir().unwrap();
+        let file = dir.path().join("f");
+        std::fs::write(&file, b"1234").unwrap();
+        assert_eq!(bytes_at(&file).unwrap(), 4);
+        assert_eq!(bytes_at(&dir.path().join("none")).unwrap(), 0);
+        assert!(bytes_at(&file.join("x")).is_err());
+    }
+
     /// A folder where the journal was is said to be one: its length read as the journal's
     /// said the journal was cut short, by a copy or a repair.
     #[test]
