@@ -1475,6 +1475,12 @@ async fn connections_refused_before_a_request_are_said() {
         .await;
     assert_eq!(r.status, 200);
     tokio::time::sleep(Duration::from_millis(2500)).await;
+    // A client's own GOAWAY with an error code is its complaint, not its protocol error.
+    let mut theirs = RawH2::connect(&setup.pki.ca_cert, &gw.url()).await;
+    let internal_error = [0u32.to_be_bytes(), 2u32.to_be_bytes()].concat();
+    theirs.send(GOAWAY, 0, 0, &internal_error).await;
+    while theirs.next(Duration::from_secs(5)).await.is_some() {}
+    drop(theirs);
     let mut h2 = RawH2::connect(&setup.pki.ca_cert, &gw.url()).await;
     h2.send(WINDOW_UPDATE, 0, 0, &0u32.to_be_bytes()).await;
     let goaway = loop {
