@@ -336,23 +336,21 @@ fn not_sent(e: &hyper_util::client::legacy::Error) -> bool {
 /// Whether a request failed on its connection's close or reset before any answer: where
 /// an executor that closes kept-alive connections early loses orders it never read.
 fn closed_unanswered(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause = Some(e);
-    while let Some(c) = cause {
-        if c.downcast_ref::<hyper::Error>()
-            .is_some_and(hyper::Error::is_incomplete_message)
-        {
-            return true;
-        }
-        if let Some(io) = c.downcast_ref::<std::io::Error>() {
-            use std::io::ErrorKind as K;
-            return matches!(
+    use std::io::ErrorKind as K;
+    causes(e)
+        .find_map(|c| {
+            if c.downcast_ref::<hyper::Error>()
+                .is_some_and(hyper::Error::is_incomplete_message)
+            {
+                return Some(true);
+            }
+            let io = c.downcast_ref::<std::io::Error>()?;
+            Some(matches!(
                 io.kind(),
                 K::ConnectionReset | K::BrokenPipe | K::UnexpectedEof
-            );
-        }
-        cause = c.source();
-    }
-    false
+            ))
+        })
+        .unwrap_or(false)
 }
 
 /// Whether the executor's TLS 1.3 refused the handshake for want of a client certificate
@@ -365,19 +363,21 @@ fn closed_unanswered(e: &(dyn std::error::Error + 'static)) -> bool {
 /// order, and the refusal of that ends in a `handshake_failure` (TLS 1.2 refuses a missing
 /// certificate before the client's side is done: a connect error, not sent already).
 fn refused_handshake(e: &(dyn std::error::Error + 'static)) -> bool {
-    let mut cause = Some(e);
-    while let Some(c) = cause {
-        // tokio-rustls gives rustls's error inside an I/O error.
-        let tls = c.downcast_ref::<rustls::Error>().or_else(|| {
-            let io = c.downcast_ref::<std::io::Error>()?.get_ref()?;
-            io.downcast_ref::<rustls::Error>()
-        });
-        if let Some(rustls::Error::AlertReceived(alert)) = tls {
-            return *alert == rustls::AlertDescription::CertificateRequired;
-        }
-        cause = c.source();
-    }
-    false
+    causes(e)
+        .find_map(|c| {
+            // tokio-rustls gives rustls's error inside an I/O error.
+            let tls = c.downcast_ref::<rustls::Error>().or_else(|| {
+                let io = c.downcast_ref::<std::io::Error>()?.get_ref()?;
+                io.downcast_ref::<rustls::Error>()
+            });
+            match tls {
+                Some(rustls::Error::AlertReceived(alert)) => {
+                    Some(*alert == rustls::AlertDescription::CertificateRequired)
+                }
+                _ => None,
+            }
+        })
+        .unwrap_or(false)
 }
 
 /// An answer's body, up to [`MAX_ANSWER`]. A body that only the connection's close ends
@@ -411,14 +411,9 @@ async fn read_answer(
 /// Whether reading failed because the peer closed the connection without TLS's
 /// close_notify: rustls says so as an `UnexpectedEof` I/O error.
 fn closed_without_notify(e: &hyper::Error) -> bool {
-    let mut cause = std::error::Error::source(e);
-    while let Some(c) = cause {
-        if let Some(io) = c.downcast_ref::<std::io::Error>() {
-            return io.kind() == std::io::ErrorKind::UnexpectedEof;
-        }
-        cause = c.source();
-    }
-    false
+    causes(e)
+        .find_map(|c| c.downcast_ref::<std::io::Error>())
+        .is_some_and(|io| io.kind() == std::io::ErrorKind::UnexpectedEof)
 }
 
 /// A coding of a message's body that hyper does not undo, if any: a content coding but
@@ -459,14 +454,17 @@ fn framed(headers: &hyper::HeaderMap) -> bool {
 /// The error and its causes on one line: hyper's top-level messages alone ("client error
 /// (Connect)") do not tell an operator what happened.
 fn chain(e: &(dyn std::error::Error + 'static)) -> String {
-    let mut out = e.to_string();
-    let mut cause = e.source();
-    while let Some(c) = cause {
-        out.push_str(": ");
-        out.push_str(&c.to_string());
-        cause = c.source();
-    }
-    out
+    causes(e)
+        .map(|c| c.to_string())
+        .collect::<Vec<_>>()
+        .join(": ")
+}
+
+/// An error and its causes, outermost first: what each look for a kind of error walks.
+pub(crate) fn causes<'a>(
+    e: &'a (dyn std::error::Error + 'static),
+) -> impl Iterator<Item = &'a (dyn std::error::Error + 'static)> {
+    std::iter::successors(Some(e), |c| c.source())
 }
 
 #[cfg(test)]

@@ -164,21 +164,19 @@ impl Floods {
 /// keep-alive ping unanswered, a head late): hyper's words, or h2's, which name the flood
 /// (hyper's say only "http2 error").
 fn protocol_error(e: &(dyn std::error::Error + 'static)) -> Option<String> {
-    let mut source = Some(e);
-    while let Some(e) = source {
-        if let Some(h) = e.downcast_ref::<hyper::Error>()
-            && h.is_parse()
-        {
-            return Some(h.to_string());
-        }
-        if let Some(h2) = e.downcast_ref::<h2::Error>() {
+    crate::executor::http::causes(e)
+        .find_map(|c| {
+            if let Some(h) = c.downcast_ref::<hyper::Error>()
+                && h.is_parse()
+            {
+                return Some(Some(h.to_string()));
+            }
+            let h2 = c.downcast_ref::<h2::Error>()?;
             let ours = h2.is_go_away() && h2.is_library();
             let refused = ours && h2.reason() != Some(h2::Reason::NO_ERROR);
-            return refused.then(|| h2.to_string());
-        }
-        source = e.source();
-    }
-    None
+            Some(refused.then(|| h2.to_string()))
+        })
+        .flatten()
 }
 
 /// Connection-level limits.
