@@ -885,3 +885,28 @@ fn a_guard_holds_a_signature_beside_its_trade() {
     });
     owner.stop();
 }
+
+/// A start that reads the kill switch set is no reopen: it does not warn that a failed
+/// write's change of the switch reached the disk (there was no failed write); nor, the
+/// boot's id known, that it is not.
+#[test]
+fn a_start_that_reads_the_kill_switch_set_warns_of_nothing() {
+    logs::capture();
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let (m, owner) = start(&path, Clock::manual(T0).0);
+    rt().block_on(async { m.set_halted(true).await.unwrap() });
+    owner.stop();
+    let (m, owner) = start(&path, Clock::manual(T0).0);
+    rt().block_on(async { assert!(m.ping().await.unwrap().halted) });
+    owner.stop();
+    let logged = |what: &str| logs::lines().iter().any(|l| l.contains(what));
+    assert!(
+        !logged("the kill switch reads set after the reopen"),
+        "a first open warned of a lost write"
+    );
+    assert!(
+        !logged("this boot's id is not readable"),
+        "warned of an unknown boot that is known"
+    );
+}

@@ -2252,6 +2252,54 @@ mod tests {
         assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
     }
 
+    /// A key kept through a failure by its monotonic deadline alone (the boot unknown, the
+    /// wall clock stepped past its expiry) is held until that deadline and no longer: a
+    /// reopen at the very millisecond it falls due purges it, as `Live::live` frees it.
+    #[test]
+    fn a_reopen_at_the_monotonic_deadline_purges_the_key() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut o, time) = owner_in_boot(dir.path(), false);
+        let k = trade_key("BTC");
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+        o.fail(Unavailable::CommitFailed("a fault".into()));
+        time.step_wall_ms(3_600_000);
+        // Exactly the TTL (300 s) on the monotonic clock.
+        time.advance_ms(300_000);
+        let expired = |o: &Owner| o.shared.stats.expired.load(Ordering::Relaxed);
+        let before = expired(&o);
+        o.reopen();
+        assert!(o.store.is_some(), "{:?}", o.failure);
+        assert!(!o.index.contains_key(k.as_str()), "kept past its deadline");
+        assert_eq!(expired(&o), before + 1, "not purged at the reopen");
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+    }
+
+    /// A key whose kept monotonic deadline has just run out (the boot unknown), but which
+    /// the wall clock (stepped back while failing) still holds at the reopen, is tracked
+    /// as any entry read from the disk: its monotonic deadline follows from the wall
+    /// clock's time left, so a step forward of the wall clock after the reopen frees it
+    /// no earlier than that.
+    #[test]
+    fn a_reopen_as_the_kept_deadline_runs_out_tracks_the_key_by_the_wall_clock() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut o, time) = owner_in_boot(dir.path(), false);
+        let k = trade_key("BTC");
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+        o.fail(Unavailable::CommitFailed("a fault".into()));
+        time.step_wall_back_ms(10_000);
+        // The monotonic clock exactly at the TTL (300 s); the wall clock 10 s short of it.
+        time.advance_ms(300_000);
+        o.reopen();
+        assert!(o.store.is_some(), "{:?}", o.failure);
+        time.step_wall_ms(3_600_000);
+        assert!(
+            matches!(reserve(&mut o, &k), Decision::Duplicate(_)),
+            "freed by a wall clock step before the time the wall clock had left"
+        );
+        time.advance_ms(10_000);
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+    }
+
     /// An alarm left by a released key fires at its old time. The key was reserved again
     /// after a step back, with the same wall clock expiry, and the wall clock was then
     /// stepped forward past it: the alarm matches the new entry by its expiry, but the
@@ -2276,6 +2324,59 @@ mod tests {
         assert!(matches!(reserve(&mut o, &k), Decision::Duplicate(_)));
         time.advance_ms(1_000);
         assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+    }
+
+    /// A stale alarm (its key released, then reserved again with a later expiry) is
+    /// dropped when it fires, not set again: only the alarm of the key's own expiry is
+    /// kept in the wheel.
+    #[test]
+    fn a_stale_alarm_is_dropped_when_it_fires() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut o, time) = owner_with_clock(dir.path());
+        let k = Key::from_stored("client:a:live:again").unwrap();
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+        time.advance_ms(1_000);
+        let freed = ask(&mut o, |tx| {
+            Command::ForceRelease(Box::new(k.clone()), None, tx)
+        });
+        assert_eq!(freed, Ok(Released::Yes));
+        // Again, a second later: a later expiry by both clocks.
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+        assert_eq!(o.wheel.len(), 2, "the old alarm and the new one");
+        // The old alarm's time, not yet the new one's.
+        time.advance_ms(299_500);
+        let now = (o.clock.wall_ms(), o.clock.mono_ms());
+        assert!(o.due_expiries(now.0, now.1).is_empty());
+        assert_eq!(o.wheel.len(), 1, "a stale alarm was set again");
+        assert!(o.index.contains_key(k.as_str()));
+    }
+
+    /// An alarm that finds its key held by the wall clock alone (stepped back) is set
+    /// again for when the wall clock will have passed the expiry (at most a bucket on),
+    /// not for a time already due, which would fire it again at every tick.
+    #[test]
+    fn an_alarm_held_by_the_wall_clock_waits_for_it() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut o, time) = owner_with_clock(dir.path());
+        let k = trade_key("BTC");
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+        time.step_wall_back_ms(30_000);
+        time.advance_ms(300_000);
+        let now = (o.clock.wall_ms(), o.clock.mono_ms());
+        assert!(o.due_expiries(now.0, now.1).is_empty(), "freed early");
+        assert_eq!(o.wheel.len(), 1);
+        // A few seconds on, the wall clock still 25 s short: nothing is due.
+        time.advance_ms(5_000);
+        let mut fired = Vec::new();
+        o.wheel.poll(o.clock.mono_ms(), usize::MAX, &mut fired);
+        assert!(
+            fired.is_empty(),
+            "set again for a time already due: {fired:?}"
+        );
+        // Due once the wall clock has passed the expiry.
+        time.advance_ms(25_000);
+        o.wheel.poll(o.clock.mono_ms(), usize::MAX, &mut fired);
+        assert_eq!(fired.len(), 1);
     }
 
     /// A key lives while either clock says so. With the wall clock stepped back, the

@@ -932,6 +932,38 @@ mod tests {
         assert_eq!(loaded.torn, None, "said once: the checkpoint moved past it");
     }
 
+    /// A journal replaced by one of its length that holds no record of this database (here,
+    /// zeros), beside a database whose checkpoint has moved, is refused: opened, it would
+    /// replay nothing, and the keys of the records past the checkpoint would be forgotten.
+    #[test]
+    fn a_journal_of_zeros_beside_a_checkpointed_database_is_refused() {
+        const NOW: u64 = 1_700_000_000_000;
+        const JOURNAL: usize = 16 * 4096;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        let record = |store: &mut Store, seq: u64| {
+            let mut b = Batch::default();
+            b.put(seq, &sample()).unwrap();
+            store.journal.append(b.record(), true).unwrap();
+        };
+        let (mut store, _) = open(&path, JOURNAL, true, NOW, None, |_| false).unwrap();
+        record(&mut store, 0);
+        drop(store);
+        // The open replays it and moves the checkpoint; a record past it, then a crash.
+        let (mut store, loaded) = open(&path, JOURNAL, true, NOW, None, |_| false).unwrap();
+        assert_eq!(loaded.live.len(), 1);
+        record(&mut store, 1);
+        drop(store);
+        let journal = journal::path_for(&path);
+        let len = std::fs::metadata(&journal).unwrap().len() as usize;
+        std::fs::write(&journal, vec![0u8; len]).unwrap();
+        match open(&path, JOURNAL, true, NOW, None, |_| false) {
+            Err(LoadError::Foreign { .. }) => {}
+            Err(e) => panic!("refused, but not as foreign: {e}"),
+            Ok((_, loaded)) => panic!("opened, holding {} keys", loaded.live.len()),
+        }
+    }
+
     /// Only a file that is not there reads as none: one that cannot be looked at (here, a
     /// path through a file) is an error, not a first start.
     #[test]
