@@ -19,6 +19,36 @@ pub const DEFAULT_ADMIN: &str = "127.0.0.1:9980";
 
 /// sysexits' EX_UNAVAILABLE: the gateway is not there, or cannot answer now (503).
 const EX_UNAVAILABLE: u8 = 69;
+/// sysexits' EX_IOERR: the answer asked for could not be written to stdout.
+const EX_IOERR: u8 = 74;
+
+// Every message below goes to stderr through this `eprintln!`, not std's: std's panics when
+// stderr cannot be written (a log file on a full disk or past a file-size limit), and with
+// `panic = "abort"` the panic would take the place of the exit code the message went with
+// (a config error's 78, which the unit does not restart on).
+macro_rules! eprintln {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
+/// Writes a line to stdout. A write that fails (a full disk, a file-size limit, a pipe
+/// closed by its reader) is said on stderr (a closed pipe is not: its reader has gone) and
+/// returned as exit 74: `println!` would panic, which aborts the process.
+fn say(line: std::fmt::Arguments) -> Result<(), ExitCode> {
+    use std::io::Write as _;
+    let mut out = std::io::stdout().lock();
+    let written = out
+        .write_fmt(format_args!("{line}\n"))
+        .and_then(|()| out.flush());
+    written.map_err(|e| {
+        if e.kind() != std::io::ErrorKind::BrokenPipe {
+            eprintln!("hoox-edge: cannot write to stdout: {e}");
+        }
+        ExitCode::from(EX_IOERR)
+    })
+}
 
 /// The log level: `debug`, `info` (unset), `warn` or `error`.
 pub const LOG_ENV: &str = "HOOX_EDGE_LOG";
@@ -261,12 +291,12 @@ fn check_config(config: &Path) -> ExitCode {
     }
     // Where orders go, as `serve` logs it at start: a config that passes but fills
     // nothing (the paper executor, the default without `[executor]`) says so here too.
-    println!(
+    let ok = say(format_args!(
         "{}: ok (executor: {})",
         config.display(),
         loaded.executor.describe()
-    );
-    ExitCode::SUCCESS
+    ));
+    ok.err().unwrap_or(ExitCode::SUCCESS)
 }
 
 /// Whether this process may make and remove files in `folder` (access(2), W_OK | X_OK:
@@ -449,12 +479,14 @@ fn serve(
                 return ExitCode::FAILURE;
             }
         };
-        // One line for people and for tests: where we listen.
-        println!(
+        // One line for people and for tests: where we listen. A stdout that cannot take
+        // it does not stop the gateway (its log says the same): it must come up, and fail
+        // closed, on a full disk or past a file-size limit.
+        let _ = say(format_args!(
             "hoox-edge: gateway on https://{} admin {}",
             started.gateway_addr,
             started.admin_addr.as_deref().unwrap_or("off")
-        );
+        ));
         if embedded {
             print_first_run(state_dir, started.gateway_addr);
         }
@@ -467,9 +499,11 @@ fn serve(
 /// from it, so it never lands in a shell history or a process list.
 fn print_first_run(state_dir: &Path, addr: std::net::SocketAddr) {
     let dir = std::fs::canonicalize(state_dir).unwrap_or_else(|_| state_dir.to_path_buf());
-    println!("try it:");
-    println!("  {}", curl_line(&dir, addr));
-    println!("send it twice: the second answer is 409 DUPLICATE.");
+    let _ = say(format_args!("try it:\n  {}", curl_line(&dir, addr))).and_then(|()| {
+        say(format_args!(
+            "send it twice: the second answer is 409 DUPLICATE."
+        ))
+    });
 }
 
 /// The first run's curl line for the state folder `dir`. Its paths are quoted: the line is
@@ -521,8 +555,11 @@ fn gen_cert(out: &Path, names: &[String], force: bool) -> ExitCode {
     }
     match crate::gateway::tls::generate_self_signed(out, names) {
         Ok(()) => {
-            println!("wrote {0}/cert.pem and {0}/key.pem", out.display());
-            ExitCode::SUCCESS
+            let wrote = say(format_args!(
+                "wrote {0}/cert.pem and {0}/key.pem",
+                out.display()
+            ));
+            wrote.err().unwrap_or(ExitCode::SUCCESS)
         }
         Err(e) => {
             eprintln!("hoox-edge: {e}");
@@ -558,12 +595,11 @@ fn sign(secret_file: &Path, body_file: Option<&Path>, timestamp: Option<i64>) ->
         }
     };
     let ts = timestamp.unwrap_or_else(crate::mutex::clock::unix_s);
-    println!("X-Hoox-Timestamp: {ts}");
-    println!(
-        "X-Hoox-Signature: {}",
-        crate::gateway::auth::sign(secret.expose(), ts, &body)
-    );
-    ExitCode::SUCCESS
+    let signature = crate::gateway::auth::sign(secret.expose(), ts, &body);
+    let headers = say(format_args!(
+        "X-Hoox-Timestamp: {ts}\nX-Hoox-Signature: {signature}"
+    ));
+    headers.err().unwrap_or(ExitCode::SUCCESS)
 }
 
 /// Where the admin listener is: --admin, else the [admin] listen of --config (or of
@@ -733,7 +769,9 @@ fn call(
             ExitCode::from(EX_UNAVAILABLE)
         }
         Ok((status, body)) if (200..300).contains(&status) => {
-            println!("{body}");
+            if let Err(code) = say(format_args!("{body}")) {
+                return code;
+            }
             match judge(&body) {
                 None => ExitCode::SUCCESS,
                 Some(why) => {

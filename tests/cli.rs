@@ -1074,6 +1074,61 @@ async fn serve_leaves_one_core_to_the_mutex_owner() {
 }
 
 /// `check-config` on `config`: the exit code and stderr.
+/// /dev/full, opened for writing: every write fails with ENOSPC, as on a full disk.
+fn dev_full() -> std::fs::File {
+    std::fs::File::options()
+        .write(true)
+        .open("/dev/full")
+        .unwrap()
+}
+
+/// A stdout on a full disk: a command whose answer is what it prints exits 74 (EX_IOERR) and
+/// says why, not a panic's abort; `serve` says so and serves all the same (its stdout is
+/// only for people), so a gateway whose output file fills comes up and fails closed as it
+/// should, where it died at every start before.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn output_that_cannot_be_written_stops_a_command_not_the_gateway() {
+    let mut setup = Setup::new(None);
+    let sock = setup.dir.path().join("admin.sock");
+    setup.set("admin", "listen", format!("unix:{}", sock.display()));
+    let config = setup.write_config();
+    let full = "cannot write to stdout: No space left on device";
+    for args in [
+        &["check-config", "--config"][..],
+        &["gen-cert", "--out"][..],
+    ] {
+        let target = match args[0] {
+            "gen-cert" => setup.dir.path().join("tls-new"),
+            _ => config.clone(),
+        };
+        let o = Command::new(BIN)
+            .args(args)
+            .arg(&target)
+            .stdout(dev_full())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(74), "{args:?}: {stderr}");
+        assert!(stderr.contains(full), "{args:?}: {stderr}");
+    }
+
+    let mut cmd = setup.command();
+    cmd.stdout(dev_full());
+    let admin = hoox_edge::admin::Listen::parse(&format!("unix:{}", sock.display())).unwrap();
+    let mut gw = Gateway::spawn_reading_the_log(cmd, &setup.pki.ca_cert, admin);
+    gw.wait_ready().await;
+    assert_eq!(gw.post(&trade("BTCUSDT"), &[]).await.status, 200);
+    assert!(gw.stderr().contains(full), "{}", gw.stderr());
+    let admin = ["--config", config.to_str().unwrap()];
+    let o = Command::new(BIN)
+        .args([&["status"][..], &admin].concat())
+        .stdout(dev_full())
+        .output()
+        .unwrap();
+    assert_eq!(o.status.code(), Some(74));
+    assert!(gw.terminate().success());
+}
+
 fn check_config(config: &std::path::Path) -> (Option<i32>, String) {
     let o = Command::new(BIN)
         .args(["check-config", "--config"])

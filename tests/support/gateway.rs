@@ -182,14 +182,7 @@ impl Gateway {
     pub fn spawn_with_stdout(mut cmd: Command, ca: &Path) -> (Gateway, mpsc::Receiver<String>) {
         let mut child = cmd.spawn().expect("start hoox-edge");
         let stdout = child.stdout.take().unwrap();
-        let stderr = child.stderr.take().unwrap();
-        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
-        let log2 = log.clone();
-        std::thread::spawn(move || {
-            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
-                log2.lock().unwrap().push_str(&(line + "\n"));
-            }
-        });
+        let log = Self::collect_stderr(&mut child);
         let (tx, rx) = mpsc::channel();
         std::thread::spawn(move || {
             for line in BufReader::new(stdout).lines().map_while(Result::ok) {
@@ -229,6 +222,50 @@ impl Gateway {
                 }
             }
         }
+    }
+
+    /// As [`Gateway::spawn`], for a gateway whose stdout is not for the test to read (a
+    /// file, /dev/full): its address is read from its log's "listening on" line, and its
+    /// admin listener is the one its config gives, `admin`.
+    pub fn spawn_reading_the_log(mut cmd: Command, ca: &Path, admin: Listen) -> Gateway {
+        let mut child = cmd.spawn().expect("start hoox-edge");
+        let log = Self::collect_stderr(&mut child);
+        let deadline = Instant::now() + Duration::from_secs(30);
+        let addr = loop {
+            let said = log.lock().unwrap().clone();
+            let listening = said
+                .lines()
+                .find_map(|l| l.split("listening on https://").nth(1));
+            if let Some(addr) = listening {
+                break addr.trim().parse().unwrap();
+            }
+            if Instant::now() >= deadline || child.try_wait().unwrap().is_some() {
+                let _ = child.kill();
+                let status = child.wait().unwrap();
+                panic!("hoox-edge did not start ({status}); stderr:\n{said}");
+            }
+            std::thread::sleep(Duration::from_millis(20));
+        };
+        Gateway {
+            child,
+            addr,
+            admin: Some(admin),
+            client: TlsClient::new(ca),
+            stderr: log,
+        }
+    }
+
+    /// Collects what `child` writes to stderr, line by line, on a thread of its own.
+    fn collect_stderr(child: &mut Child) -> std::sync::Arc<std::sync::Mutex<String>> {
+        let stderr = child.stderr.take().unwrap();
+        let log = std::sync::Arc::new(std::sync::Mutex::new(String::new()));
+        let log2 = log.clone();
+        std::thread::spawn(move || {
+            for line in BufReader::new(stderr).lines().map_while(Result::ok) {
+                log2.lock().unwrap().push_str(&(line + "\n"));
+            }
+        });
+        log
     }
 
     pub fn url(&self) -> String {
