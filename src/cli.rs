@@ -6,6 +6,7 @@
 use std::io::Read;
 use std::path::{Path, PathBuf};
 use std::process::ExitCode;
+use std::time::Duration;
 
 use clap::{Parser, Subcommand};
 
@@ -19,6 +20,13 @@ pub const DEFAULT_ADMIN: &str = "127.0.0.1:9980";
 
 /// sysexits' EX_UNAVAILABLE: the gateway is not there, or cannot answer now (503).
 const EX_UNAVAILABLE: u8 = 69;
+/// sysexits' EX_OSERR: the OS would not make a thread the gateway needs.
+const EX_OSERR: u8 = 71;
+
+/// The runtime's blocking pool at most: the executor's DNS lookups (one per new connection
+/// to a named executor) and the database's close at a stop.
+const BLOCKING_THREADS: usize = 8;
+
 /// sysexits' EX_IOERR: the answer asked for could not be written to stdout.
 const EX_IOERR: u8 = 74;
 
@@ -365,6 +373,15 @@ fn runtime() -> Result<tokio::runtime::Runtime, ExitCode> {
     };
     tokio::runtime::Builder::new_multi_thread()
         .worker_threads(workers)
+        // A blocking-pool thread, once made, is kept (`serve` makes the first): tokio
+        // panics when `spawn_blocking` finds no thread and the OS will not make one, and
+        // under a limit on threads (systemd's TasksMax or LimitNPROC, a container's pids
+        // limit) that was hyper's DNS lookup of a named executor, with the order's key
+        // reserved (the process aborted, the trade held as unknown), or the close at a
+        // stop. With a thread kept, tokio queues the call for it instead. Few are ever
+        // made: DNS lookups for new executor connections, and the close.
+        .thread_keep_alive(Duration::MAX)
+        .max_blocking_threads(BLOCKING_THREADS)
         .enable_all()
         .build()
         .map_err(|e| {
@@ -472,6 +489,18 @@ fn serve(
     let http_executor = matches!(config.executor, crate::config::ExecutorKind::Http(_));
     raise_open_file_limit(config.max_connections, http_executor);
     rt.block_on(async move {
+        // The blocking pool's first thread, kept for the process's life (`runtime`); a
+        // thread of our own first, so that a limit already reached is said as such, not as
+        // tokio's panic.
+        let probe = std::thread::Builder::new().spawn(|| ()).map(|t| t.join());
+        if let Err(e) = probe {
+            eprintln!(
+                "hoox-edge: cannot start a thread: {e} (a limit on this user's processes and \
+                 threads: LimitNPROC, TasksMax, a container's pids limit)"
+            );
+            return ExitCode::from(EX_OSERR);
+        }
+        let _ = tokio::task::spawn_blocking(|| ()).await;
         let started = match crate::app::start(config).await {
             Ok(s) => s,
             Err(e) => {
@@ -491,6 +520,8 @@ fn serve(
             print_first_run(state_dir, started.gateway_addr);
         }
         started.serve_until_terminated().await;
+        // STOPPING=1 and the last STATUS= go out from a thread of their own: let them.
+        crate::platform::notify::flush(Duration::from_secs(1));
         ExitCode::SUCCESS
     })
 }

@@ -903,3 +903,132 @@ async fn power_cut_as_the_order_arrives(direct_io: bool) {
     );
     assert_eq!(exec.calls(), 1, "direct I/O {direct_io}: forwarded twice");
 }
+
+/// Sets this process's RLIMIT_NPROC (soft and hard) to `limit`: for a child, before exec.
+fn nproc(limit: u64) -> std::io::Result<()> {
+    let l = libc::rlimit {
+        rlim_cur: limit,
+        rlim_max: limit,
+    };
+    match unsafe { libc::setrlimit(libc::RLIMIT_NPROC, &l) } {
+        0 => Ok(()),
+        _ => Err(std::io::Error::last_os_error()),
+    }
+}
+
+/// The threads of the user `uid`, over every process: what RLIMIT_NPROC counts.
+fn threads_of_user(uid: u32) -> u64 {
+    let mut n = 0;
+    for p in std::fs::read_dir("/proc").unwrap().flatten() {
+        let Ok(tasks) = std::fs::read_dir(p.path().join("task")) else {
+            continue;
+        };
+        for t in tasks.flatten() {
+            let status = std::fs::read_to_string(t.path().join("status")).unwrap_or_default();
+            let real = status
+                .lines()
+                .find_map(|l| l.strip_prefix("Uid:"))
+                .and_then(|ids| ids.split_whitespace().next()?.parse::<u32>().ok());
+            n += u64::from(real == Some(uid));
+        }
+    }
+    n
+}
+
+/// A limit on threads reached while the gateway runs (systemd's TasksMax or LimitNPROC, a
+/// container's pids limit): it needs no new thread to place an order with a named executor
+/// (hyper's DNS lookup runs on tokio's blocking pool) nor to close the database at a stop.
+/// It aborted at both once its blocking threads had been idle 10 s: at the order with its
+/// key reserved and nothing sent, the trade held as unknown after the restart.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_limit_on_threads_reached_while_serving_neither_loses_an_order_nor_the_close() {
+    const NOBODY: u32 = 65534;
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url_localhost()));
+    setup.write_config();
+    // Everything the gateway reads or writes, made its own.
+    let mut dirs = vec![setup.dir.path().to_path_buf()];
+    while let Some(d) = dirs.pop() {
+        std::os::unix::fs::chown(&d, Some(NOBODY), Some(NOBODY)).unwrap();
+        for e in std::fs::read_dir(&d).unwrap().flatten() {
+            if e.file_type().unwrap().is_dir() {
+                dirs.push(e.path());
+            } else {
+                std::os::unix::fs::chown(e.path(), Some(NOBODY), Some(NOBODY)).unwrap();
+            }
+        }
+    }
+    // The user's threads now, the gateway's main thread, its one worker and the mutex's
+    // owner; one blocking thread more (the fixed gateway keeps one) and one for slack.
+    let limit = threads_of_user(NOBODY) + 5;
+    let mut cmd = setup.command();
+    // An unprivileged user: root is not held to RLIMIT_NPROC.
+    cmd.uid(NOBODY).gid(NOBODY).env("TOKIO_WORKER_THREADS", "1");
+    unsafe { cmd.pre_exec(move || nproc(limit)) };
+    // At start, a limit that leaves no thread for the mutex is said, and exit 71.
+    let mut short = setup.command();
+    short
+        .uid(NOBODY)
+        .gid(NOBODY)
+        .env("TOKIO_WORKER_THREADS", "1");
+    unsafe { short.pre_exec(move || nproc(limit - 3)) };
+    let o = short.output().unwrap();
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(71), "{said}");
+    assert!(said.contains("cannot start a thread"), "{said}");
+
+    let mut gw = Gateway::spawn(cmd, &setup.pki.ca_cert);
+    gw.wait_ready().await;
+    // Past the 10 s tokio keeps an idle blocking thread by default; then the user's other
+    // processes take what the limit leaves.
+    tokio::time::sleep(Duration::from_secs(11)).await;
+    let mut others: Vec<_> = (0..2)
+        .map(|_| {
+            let mut sleep = Command::new("sleep");
+            sleep.arg("60").uid(NOBODY).gid(NOBODY);
+            sleep.spawn().unwrap()
+        })
+        .collect();
+
+    let r = gw.post(&trade("BTCUSDT"), &[]).await;
+    let status = gw.terminate();
+    for o in &mut others {
+        let _ = o.kill();
+        let _ = o.wait();
+    }
+    assert_eq!(r.status, 200, "{:?}\n{}", r.body, gw.stderr());
+    assert_eq!(exec.calls(), 1);
+    assert!(status.success(), "{status}: {}", gw.stderr());
+    assert!(
+        gw.stderr().contains("stopped; database closed"),
+        "{}",
+        gw.stderr()
+    );
+}
+
+/// Under umask 000 (a hand-run start, another init), the database and its journal are
+/// still the gateway's user's alone: others that may write them may put an empty database
+/// in place, which frees every live key at the next start. They were made 0666.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_database_is_made_for_its_user_alone_whatever_the_umask() {
+    use std::os::unix::fs::PermissionsExt;
+    let setup = Setup::new(None);
+    let mut cmd = setup.command();
+    unsafe {
+        cmd.pre_exec(|| {
+            libc::umask(0);
+            Ok(())
+        })
+    };
+    let mut gw = Gateway::spawn(cmd, &setup.pki.ca_cert);
+    gw.wait_ready().await;
+    let db = setup.dir.path().join("state/mutex.redb");
+    for file in [
+        db.clone(),
+        PathBuf::from(format!("{}-journal", db.display())),
+    ] {
+        let mode = std::fs::metadata(&file).unwrap().permissions().mode() & 0o777;
+        assert_eq!(mode, 0o600, "{}", file.display());
+    }
+    assert!(gw.terminate().success());
+}

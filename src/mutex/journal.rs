@@ -150,6 +150,8 @@ impl Journal {
             .write(true)
             .create(create)
             .truncate(false)
+            // As the database's (`store::create`): only the gateway's user may write it.
+            .mode(0o600)
             .open(path)?;
         let len = usize::try_from(file.metadata()?.len()).unwrap_or(usize::MAX);
         // A first start killed after the fill but before its syncs left a full-length file

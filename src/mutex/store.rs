@@ -20,6 +20,7 @@
 
 use std::collections::HashMap;
 use std::ops::Range;
+use std::os::unix::fs::OpenOptionsExt as _;
 use std::path::{Path, PathBuf};
 
 use redb::backends::FileBackend;
@@ -556,6 +557,9 @@ fn create(builder: &redb::Builder, path: &Path) -> Result<Database, LoadError> {
         .read(true)
         .write(true)
         .create_new(true)
+        // Whatever the umask: a database others may write can be replaced by an empty one,
+        // which frees every live key at the next start.
+        .mode(0o600)
         .open(&draft)
         .map_err(io)?;
     let made = FileBackend::new(file)
