@@ -910,3 +910,41 @@ fn a_start_that_reads_the_kill_switch_set_warns_of_nothing() {
         "warned of an unknown boot that is known"
     );
 }
+
+/// Settles that overflowed while operations are carried (applied, not yet written) are
+/// taken with the channel's at once: the owner is not idle, so it does not wait for a
+/// record to carry them in, and the command it already took from the channel is applied,
+/// not replaced by the next one.
+#[test]
+fn an_overflow_behind_carried_operations_loses_no_settle() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, owner) = start_stallable(&dir.path().join("m.redb"), |c| {
+        c.queue_depth = 2;
+        c.deadline = Duration::from_secs(10);
+    });
+    rt().block_on(async {
+        let keys: Vec<Key> = (0..4).map(|i| key(&format!("carried{i}"))).collect();
+        let mut grants = Vec::new();
+        for k in &keys {
+            grants.push(granted(m.reserve(reserve(k, 60_000, 1)).await));
+        }
+        let mut grants = grants.into_iter();
+        // A commit carried: taken in a batch of its own with a second stall, which holds
+        // the owner with that commit applied and not yet written.
+        m.stall(Duration::from_millis(500)).await.unwrap();
+        m.commit(grants.next().unwrap(), None).unwrap();
+        let stalled = m.stall(Duration::from_millis(500));
+        stalled.await.unwrap();
+        // Two fill the channel; the third overflows.
+        for g in grants {
+            m.commit(g, None).unwrap();
+        }
+        // The stall over, the channel drained.
+        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        for k in &keys {
+            let e = m.get(k.clone()).await.unwrap().expect("held");
+            assert_eq!(e.state, State::Committed, "{k:?} not committed");
+        }
+    });
+    owner.stop();
+}

@@ -270,4 +270,51 @@ mod tests {
         silent.bind(&k, 3);
         assert!(!set.order_out(&k, 7).await);
     }
+
+    /// A grant binds each of its trade's marks to the entry it made for that mark's key:
+    /// the trade's key to the trade's entry, the signature guard's to the guard's. Only
+    /// the trade's mark counts as an order out (`count`), once bound.
+    #[tokio::test]
+    async fn a_grant_binds_each_mark_to_its_own_entry() {
+        use crate::mutex::{Clock, Config, Decision, Guard, Reserve};
+        let dir = tempfile::tempdir().unwrap();
+        let config = Config {
+            path: dir.path().join("m.redb"),
+            ..Config::default()
+        };
+        let (m, owner) = crate::mutex::start(config, Clock::system());
+        let (k, g) = (key("k"), Key::signature("psk", &[1; 32]));
+        let set = Arc::new(Outstanding::default());
+        let out = set.begin(&k, Some(&g));
+        assert_eq!(set.count(), 0, "not granted yet");
+        let req = Reserve {
+            key: k.clone(),
+            ttl: Duration::from_secs(60),
+            payload_hash: [1; 32],
+            guard: Some(Guard {
+                key: g.clone(),
+                ttl: Duration::from_secs(60),
+            }),
+        };
+        let grant = match m.reserve(req).await {
+            Decision::Proceed(grant) => grant,
+            d => panic!("not granted: {d:?}"),
+        };
+        out.granted(&grant);
+        assert_eq!(set.count(), 1, "the trade is out; its guard is no order");
+        let guard = grant.guard().expect("the guard's entry");
+        assert!(set.order_out(&k, grant.seq()).await);
+        assert!(set.order_out(&g, guard.seq()).await);
+        assert!(!set.order_out(&k, guard.seq()).await);
+        assert!(!set.order_out(&g, grant.seq()).await);
+        // A plain trade bound too: two orders out.
+        let plain = key("plain");
+        let other = set.begin(&plain, None);
+        other.bind(&plain, grant.seq() + 100);
+        assert_eq!(set.count(), 2);
+        drop((out, other));
+        assert_eq!(set.count(), 0);
+        drop(m);
+        owner.stop();
+    }
 }

@@ -2793,4 +2793,44 @@ mod tests {
             vec![Rc::from("client:psk:live:kept")]
         );
     }
+
+    /// While failing closed a key kept by its deadlines is counted as held until both
+    /// clocks reach its TTL, and not at that very millisecond: the count follows
+    /// `Live::live`, which frees the key then.
+    #[test]
+    fn failing_closed_counts_no_key_at_its_exact_deadline() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut o, time) = owner_with_clock(dir.path());
+        assert!(matches!(
+            reserve(&mut o, &trade_key("BTC")),
+            Decision::Proceed(_)
+        ));
+        o.fail(Unavailable::CommitFailed("a fault".into()));
+        time.advance_ms(299_999);
+        assert_eq!(o.live_keys(), 1, "held a millisecond before its TTL");
+        // Exactly the TTL (300 s) by both clocks.
+        time.advance_ms(1);
+        assert_eq!(o.live_keys(), 0, "counted at its deadline");
+    }
+
+    /// Under the threshold (twice the keys plus `STALE_ALARMS`) no turn sweeps: a stale
+    /// alarm waits to be dropped when it fires, and a turn does not walk the wheel.
+    #[test]
+    fn a_few_stale_alarms_are_not_swept() {
+        let dir = tempfile::tempdir().unwrap();
+        let mut o = owner(dir.path());
+        let k = trade_key("BTC");
+        let Decision::Proceed(grant) = reserve(&mut o, &k) else {
+            panic!("a fresh key is granted")
+        };
+        o.turn(&mut vec![Command::Release(Box::new(grant))]);
+        assert!(!o.index.contains_key(k.as_str()));
+        assert_eq!(o.wheel.len(), 1, "the released key's alarm");
+        // Twice the turns a pass over the wheel's 4096 buckets takes in steps of 512.
+        for _ in 0..16 {
+            ask(&mut o, Command::Ping);
+        }
+        assert_eq!(o.wheel.len(), 1, "swept under the threshold");
+        assert!(!o.wheel.sweeping());
+    }
 }
