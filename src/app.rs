@@ -51,6 +51,9 @@ pub enum RunError {
     Executor(String),
     #[error("authentication: {0}")]
     Auth(String),
+    /// The OS would not make the mutex's owner thread (a limit on processes and threads).
+    #[error("{no}: {0}", no = crate::platform::NO_THREAD)]
+    Thread(std::io::Error),
 }
 
 /// A gateway whose listeners are bound and whose owner thread runs.
@@ -109,7 +112,7 @@ impl Terminate {
 /// until systemd stops restarting it, and it stays down after the limit is lifted. Ignored,
 /// the write fails with EFBIG instead, which the mutex answers by failing closed, and it
 /// resumes by itself once the limit is lifted (docs/DESIGN.md, "Failure rules").
-fn ignore_file_size_signal() {
+pub fn ignore_file_size_signal() {
     // SAFETY: installs no handler, only the disposition SIG_IGN, which is valid for this
     // signal at any time; nothing else in the process handles SIGXFSZ.
     if unsafe { libc::signal(libc::SIGXFSZ, libc::SIG_IGN) } == libc::SIG_ERR {
@@ -162,7 +165,7 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
             (Some(b), a)
         }
     };
-    let (mutex, owner) = mutex::start_with(
+    let (mutex, owner) = mutex::try_start_with(
         mutex::Config {
             path: config.store_path.clone(),
             capacity: config.capacity,
@@ -170,7 +173,8 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
         },
         Clock::system(),
         stall_hook(),
-    );
+    )
+    .map_err(RunError::Thread)?;
     let metrics = Arc::new(Metrics::new());
     served(&tls_cfg, &config, &metrics);
     let gw = Arc::new(Gateway {

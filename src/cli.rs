@@ -190,6 +190,10 @@ struct AdminArgs {
 
 /// Parses the command line and runs it. The process exit code comes back.
 pub fn main() -> ExitCode {
+    // Every command's, not only `serve`'s: a write past a file-size limit (stdout or stderr
+    // in a file) would otherwise kill the process, where it should fail with EFBIG and exit
+    // with its own code (74 for an answer not written, 78 for a config error).
+    crate::app::ignore_file_size_signal();
     let cli = Cli::parse();
     let level = log_level(std::env::var_os(LOG_ENV).as_deref());
     crate::platform::log::init(level.as_ref().copied().unwrap_or(log::LevelFilter::Info));
@@ -489,25 +493,25 @@ fn serve(
     let http_executor = matches!(config.executor, crate::config::ExecutorKind::Http(_));
     raise_open_file_limit(config.max_connections, http_executor);
     rt.block_on(async move {
-        // The blocking pool's first thread, kept for the process's life (`runtime`); a
-        // thread of our own first, so that a limit already reached is said as such, not as
-        // tokio's panic.
-        let probe = std::thread::Builder::new().spawn(|| ()).map(|t| t.join());
-        if let Err(e) = probe {
-            eprintln!(
-                "hoox-edge: cannot start a thread: {e} (a limit on this user's processes and \
-                 threads: LimitNPROC, TasksMax, a container's pids limit)"
-            );
-            return ExitCode::from(EX_OSERR);
-        }
-        let _ = tokio::task::spawn_blocking(|| ()).await;
         let started = match crate::app::start(config).await {
             Ok(s) => s,
+            Err(e @ crate::app::RunError::Thread(_)) => {
+                eprintln!("hoox-edge: {e}");
+                return ExitCode::from(EX_OSERR);
+            }
             Err(e) => {
                 eprintln!("hoox-edge: {e}");
                 return ExitCode::FAILURE;
             }
         };
+        // The blocking pool's first thread, kept for the process's life (`runtime`), made
+        // after the owner's so that it never takes the owner's place under a limit; a thread
+        // of our own first, so that a limit reached is said, not tokio's panic.
+        if let Err(e) = can_make_a_thread() {
+            eprintln!("hoox-edge: {}: {e}", crate::platform::NO_THREAD);
+            return ExitCode::from(EX_OSERR);
+        }
+        let _ = tokio::task::spawn_blocking(|| ()).await;
         // One line for people and for tests: where we listen. A stdout that cannot take
         // it does not stop the gateway (its log says the same): it must come up, and fail
         // closed, on a full disk or past a file-size limit.
@@ -524,6 +528,26 @@ fn serve(
         crate::platform::notify::flush(Duration::from_secs(1));
         ExitCode::SUCCESS
     })
+}
+
+/// Whether the OS makes a thread now: one made and ended. Its end is counted against a
+/// limit on threads until the kernel has let it go (gone from `/proc/self/task`, a moment
+/// after the join), so that is waited for, 100 ms at most: the next thread made would
+/// otherwise still meet the limit.
+fn can_make_a_thread() -> std::io::Result<()> {
+    // SAFETY: gettid takes no argument and cannot fail.
+    let probe = std::thread::Builder::new().spawn(|| unsafe { libc::syscall(libc::SYS_gettid) })?;
+    let tid = probe
+        .join()
+        .map_err(|_| std::io::Error::other("the probe thread panicked"))?;
+    let task = PathBuf::from(format!("/proc/self/task/{tid}"));
+    for _ in 0..100 {
+        if !task.exists() {
+            break;
+        }
+        std::thread::sleep(Duration::from_millis(1));
+    }
+    Ok(())
 }
 
 /// The exact line to try on a first run. The secret stays in a file: curl reads the header

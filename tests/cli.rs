@@ -1113,6 +1113,34 @@ async fn output_that_cannot_be_written_stops_a_command_not_the_gateway() {
         assert!(stderr.contains(full), "{args:?}: {stderr}");
     }
 
+    // Past a file-size limit (stdout appended to a file already over it): EFBIG, not the
+    // SIGXFSZ that killed the command, with no word and no exit code of its own.
+    let over = setup.dir.path().join("over-the-limit.log");
+    std::fs::write(&over, "a line before\n").unwrap();
+    let appended = std::fs::File::options().append(true).open(&over).unwrap();
+    let mut limited = Command::new(BIN);
+    limited.args(["check-config", "--config"]).arg(&config);
+    limited.stdout(appended);
+    unsafe {
+        std::os::unix::process::CommandExt::pre_exec(&mut limited, || {
+            let l = libc::rlimit {
+                rlim_cur: 1,
+                rlim_max: libc::RLIM_INFINITY,
+            };
+            match libc::setrlimit(libc::RLIMIT_FSIZE, &l) {
+                0 => Ok(()),
+                _ => Err(std::io::Error::last_os_error()),
+            }
+        });
+    }
+    let o = limited.output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(74), "{:?}: {stderr}", o.status);
+    assert!(
+        stderr.contains("cannot write to stdout: File too large"),
+        "{stderr}"
+    );
+
     let mut cmd = setup.command();
     cmd.stdout(dev_full());
     let admin = hoox_edge::admin::Listen::parse(&format!("unix:{}", sock.display())).unwrap();

@@ -426,6 +426,17 @@ pub fn start(config: Config, clock: Clock) -> (Mutex, Owner) {
 
 /// As [`start`], with the test-only stall hook enabled when `stall_hook` is true.
 pub fn start_with(config: Config, clock: Clock, stall_hook: bool) -> (Mutex, Owner) {
+    // Tests' and benches' starts: a machine that cannot make one thread fails them anyway.
+    try_start_with(config, clock, stall_hook).expect("cannot spawn the mutex owner thread")
+}
+
+/// As [`start_with`]; an error only when the OS will not make the owner's thread (a limit
+/// on processes and threads), for `serve` to say so and exit, not panic.
+pub fn try_start_with(
+    config: Config,
+    clock: Clock,
+    stall_hook: bool,
+) -> std::io::Result<(Mutex, Owner)> {
     // At least one place: a rendezvous channel (0) takes nothing while the owner is busy,
     // not even the `Wake` that follows an overflow (`Mutex::enqueue`).
     let (tx, rx) = std::sync::mpsc::sync_channel(config.queue_depth.max(1));
@@ -439,8 +450,8 @@ pub fn start_with(config: Config, clock: Clock, stall_hook: bool) -> (Mutex, Own
         spilled,
         shared.clone(),
         stall_hook,
-    );
-    (
+    )?;
+    Ok((
         Mutex {
             tx: tx.clone(),
             spill,
@@ -452,7 +463,7 @@ pub fn start_with(config: Config, clock: Clock, stall_hook: bool) -> (Mutex, Own
             tx,
             thread: Some(thread),
         },
-    )
+    ))
 }
 
 impl Mutex {

@@ -70,13 +70,10 @@ pub(super) fn spawn(
     spilled: Receiver<Command>,
     shared: Arc<Shared>,
     stall_hook: bool,
-) -> std::thread::JoinHandle<()> {
+) -> std::io::Result<std::thread::JoinHandle<()>> {
     std::thread::Builder::new()
         .name("hoox-mutex".into())
         .spawn(move || Owner::new(config, clock, shared, stall_hook).run(rx, spilled))
-        // Spawning fails only when the OS cannot create a thread at all, at start-up, where
-        // there is nothing to fail closed *for* yet; `std::thread::spawn` would panic too.
-        .expect("cannot spawn the mutex owner thread")
 }
 
 /// What the index keeps per key: everything a decision needs, but not the response body,

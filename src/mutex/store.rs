@@ -543,13 +543,27 @@ pub(super) fn open(
 /// A hard link never replaces: of two processes starting on one folder at once, the second
 /// to link finds the first's database in place and redb's lock refuses it, or finds its
 /// draft removed by the first and fails this attempt (the next one is refused by the lock).
+/// redb's create at `path` itself, the file made first if it is not there (through a
+/// symbolic link, its target) so that it is made 0600, as the draft is: redb's own create
+/// follows the umask. One that is there keeps its mode.
+fn in_place(builder: &redb::Builder, path: &Path) -> Result<Database, LoadError> {
+    let made = std::fs::OpenOptions::new()
+        .write(true)
+        .create(true)
+        .truncate(false)
+        .mode(0o600)
+        .open(path);
+    made.map_err(io)?;
+    Ok(builder.create(path)?)
+}
+
 /// Where there is something at `path` already (an empty file left by 0.2.0 or older, a
 /// symbolic link), or the file system has no hard links (FAT, many FUSE ones), the database
 /// is made in place, as 0.2.0 did: redb's lock still keeps a second process out, but a
 /// first start stopped midway leaves a file to remove by hand.
 fn create(builder: &redb::Builder, path: &Path) -> Result<Database, LoadError> {
     if std::fs::symlink_metadata(path).is_ok() {
-        return Ok(builder.create(path)?);
+        return in_place(builder, path);
     }
     let n = getrandom::u64().map_err(|e| io(std::io::Error::other(e.to_string())))?;
     let draft = draft_name(path, n);
@@ -585,7 +599,7 @@ fn create(builder: &redb::Builder, path: &Path) -> Result<Database, LoadError> {
             ) =>
         {
             drop(db);
-            Ok(builder.create(path)?)
+            in_place(builder, path)
         }
         (_, Err(e)) if e.kind() == std::io::ErrorKind::NotFound => Err(io(std::io::Error::new(
             e.kind(),

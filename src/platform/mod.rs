@@ -6,3 +6,7 @@ pub mod alloc;
 pub mod log;
 pub mod nofile;
 pub mod notify;
+
+/// What `serve` says, before exit 71, when the OS will not make a thread it needs.
+pub const NO_THREAD: &str = "cannot start a thread (a limit on this user's processes and \
+    threads: LimitNPROC, TasksMax, a container's pids limit)";
