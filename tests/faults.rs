@@ -1012,28 +1012,31 @@ async fn a_limit_on_threads_reached_while_serving_neither_loses_an_order_nor_the
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn the_database_is_made_for_its_user_alone_whatever_the_umask() {
     use std::os::unix::fs::PermissionsExt;
+    // The gateway of `setup`, started under umask 000, and its files' modes once it is ready.
+    async fn modes_under_umask_0(setup: &Setup, files: &[PathBuf]) -> Vec<u32> {
+        let mut cmd = setup.command();
+        unsafe {
+            cmd.pre_exec(|| {
+                libc::umask(0);
+                Ok(())
+            })
+        };
+        let mut gw = Gateway::spawn(cmd, &setup.pki.ca_cert);
+        gw.wait_ready().await;
+        let modes = files
+            .iter()
+            .map(|f| std::fs::metadata(f).unwrap().permissions().mode());
+        let modes = modes.map(|m| m & 0o777).collect();
+        assert!(gw.terminate().success());
+        modes
+    }
     let setup = Setup::new(None);
-    let mut cmd = setup.command();
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::umask(0);
-            Ok(())
-        })
-    };
-    let mut gw = Gateway::spawn(cmd, &setup.pki.ca_cert);
-    gw.wait_ready().await;
     let db = setup.dir.path().join("state/mutex.redb");
-    let private = |files: &[PathBuf]| {
-        for file in files {
-            let mode = std::fs::metadata(file).unwrap().permissions().mode() & 0o777;
-            assert_eq!(mode, 0o600, "{}", file.display());
-        }
-    };
-    private(&[
-        db.clone(),
-        PathBuf::from(format!("{}-journal", db.display())),
-    ]);
-    assert!(gw.terminate().success());
+    let journal = PathBuf::from(format!("{}-journal", db.display()));
+    assert_eq!(
+        modes_under_umask_0(&setup, &[db, journal]).await,
+        [0o600, 0o600]
+    );
 
     // Made in place, not through a draft: `store.path` a link to a file not there yet.
     let mut setup = Setup::new(None);
@@ -1042,15 +1045,5 @@ async fn the_database_is_made_for_its_user_alone_whatever_the_umask() {
     std::fs::create_dir_all(link.parent().unwrap()).unwrap();
     std::os::unix::fs::symlink(&target, &link).unwrap();
     setup.set("store", "path", link.to_str().unwrap());
-    let mut cmd = setup.command();
-    unsafe {
-        cmd.pre_exec(|| {
-            libc::umask(0);
-            Ok(())
-        })
-    };
-    let mut gw = Gateway::spawn(cmd, &setup.pki.ca_cert);
-    gw.wait_ready().await;
-    private(&[target]);
-    assert!(gw.terminate().success());
+    assert_eq!(modes_under_umask_0(&setup, &[target]).await, [0o600]);
 }
