@@ -495,13 +495,12 @@ fn serve(
     rt.block_on(async move {
         let started = match crate::app::start(config).await {
             Ok(s) => s,
-            Err(e @ crate::app::RunError::Thread(_)) => {
-                eprintln!("hoox-edge: {e}");
-                return ExitCode::from(EX_OSERR);
-            }
             Err(e) => {
                 eprintln!("hoox-edge: {e}");
-                return ExitCode::FAILURE;
+                return match e {
+                    crate::app::RunError::Thread(_) => ExitCode::from(EX_OSERR),
+                    _ => ExitCode::FAILURE,
+                };
             }
         };
         // The blocking pool's first thread, kept for the process's life (`runtime`), made

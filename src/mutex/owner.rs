@@ -2223,13 +2223,22 @@ mod tests {
         }
     }
 
-    fn stepped_while_failing_closed(boot_known: bool) {
-        let dir = tempfile::tempdir().unwrap();
-        let (mut o, time) = owner_in_boot(dir.path(), boot_known);
-        assert_eq!(o.boot.is_some(), boot_known);
+    /// An owner in a boot `known` or not that granted a key, then failed closed.
+    fn failed_holding_a_key(
+        dir: &std::path::Path,
+        known: bool,
+    ) -> (Owner, Arc<super::super::clock::ManualClock>, Key) {
+        let (mut o, time) = owner_in_boot(dir, known);
+        assert_eq!(o.boot.is_some(), known);
         let k = trade_key("BTC");
         assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
         o.fail(Unavailable::CommitFailed("a fault".into()));
+        (o, time, k)
+    }
+
+    fn stepped_while_failing_closed(boot_known: bool) {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut o, time, k) = failed_holding_a_key(dir.path(), boot_known);
         time.step_wall_ms(3_600_000);
         // A reopen that fails too keeps the deadlines for the next one.
         std::fs::rename(dir.path().join("m.redb"), dir.path().join("away")).unwrap();
@@ -2255,10 +2264,7 @@ mod tests {
     #[test]
     fn a_reopen_at_the_monotonic_deadline_purges_the_key() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut o, time) = owner_in_boot(dir.path(), false);
-        let k = trade_key("BTC");
-        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
-        o.fail(Unavailable::CommitFailed("a fault".into()));
+        let (mut o, time, k) = failed_holding_a_key(dir.path(), false);
         time.step_wall_ms(3_600_000);
         // Exactly the TTL (300 s) on the monotonic clock.
         time.advance_ms(300_000);
@@ -2279,10 +2285,7 @@ mod tests {
     #[test]
     fn a_reopen_as_the_kept_deadline_runs_out_tracks_the_key_by_the_wall_clock() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut o, time) = owner_in_boot(dir.path(), false);
-        let k = trade_key("BTC");
-        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
-        o.fail(Unavailable::CommitFailed("a fault".into()));
+        let (mut o, time, k) = failed_holding_a_key(dir.path(), false);
         time.step_wall_back_ms(10_000);
         // The monotonic clock exactly at the TTL (300 s); the wall clock 10 s short of it.
         time.advance_ms(300_000);

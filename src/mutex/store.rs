@@ -898,6 +898,13 @@ mod tests {
         }
     }
 
+    /// Appends a synced journal record of one put, as the owner writes a reserve's.
+    fn append_put(store: &mut Store, seq: u64, e: &Entry) {
+        let mut b = Batch::default();
+        b.put(seq, e).unwrap();
+        store.journal.append(b.record(), true).unwrap();
+    }
+
     /// Two crashes in a row, the first one during a sync. The torn record's lsn is the
     /// next one the journal hands out after the reopen, so the records of the second life
     /// meet it again at the third open, unless the second open moved the checkpoint past it.
@@ -911,7 +918,6 @@ mod tests {
         // Synced records of one reserve each, as the owner writes them, never checkpointed.
         let reserve = |store: &mut Store, seqs: Range<u64>| {
             for seq in seqs {
-                let mut b = Batch::default();
                 let e = Entry {
                     key: format!("client:a:live:order-{seq}"),
                     state: State::Pending,
@@ -921,8 +927,7 @@ mod tests {
                     response: None,
                     boot_due: None,
                 };
-                b.put(seq, &e).unwrap();
-                store.journal.append(b.record(), true).unwrap();
+                append_put(store, seq, &e);
             }
         };
         let held = |loaded: &Loaded| loaded.live.iter().map(|(s, _)| *s).collect::<Vec<_>>();
@@ -959,11 +964,7 @@ mod tests {
         const JOURNAL: usize = 16 * 4096;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
-        let record = |store: &mut Store, seq: u64| {
-            let mut b = Batch::default();
-            b.put(seq, &sample()).unwrap();
-            store.journal.append(b.record(), true).unwrap();
-        };
+        let record = |store: &mut Store, seq: u64| append_put(store, seq, &sample());
         let (mut store, _) = open(&path, JOURNAL, true, NOW, None, |_| false).unwrap();
         record(&mut store, 0);
         drop(store);
@@ -1024,9 +1025,7 @@ mod tests {
         let path = dir.path().join("m.redb");
         let open = || open(&path, JOURNAL, true, NOW, None, |_| false);
         let (mut store, _) = open().unwrap();
-        let mut b = Batch::default();
-        b.put(0, &sample()).unwrap();
-        store.journal.append(b.record(), true).unwrap();
+        append_put(&mut store, 0, &sample());
         drop(store);
         let journal = journal::path_for(&path);
         let whole = std::fs::read(&journal).unwrap();
@@ -1135,9 +1134,7 @@ mod tests {
         }
         // And so does an open whose checkpoint moves.
         let (mut store, _) = open().unwrap();
-        let mut b = Batch::default();
-        b.put(0, &sample()).unwrap();
-        store.journal.append(b.record(), true).unwrap();
+        append_put(&mut store, 0, &sample());
         drop(store);
         drop(open().unwrap());
         assert_eq!(stored(), Some((16u64 * 4096).to_le_bytes().to_vec()));
