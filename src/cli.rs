@@ -58,6 +58,24 @@ fn say(line: std::fmt::Arguments) -> Result<(), ExitCode> {
     })
 }
 
+/// What clap's own exit would do, but for stdout: `--help` and `--version` that cannot be
+/// written exit 74 as every other answer does (`say`), where clap drops the error and exits
+/// 0. A usage error goes to stderr, whose failure is ignored as `eprintln!`'s is.
+fn clap_exit(e: &clap::Error) -> ExitCode {
+    use std::io::Write as _;
+    let printed = e.print().and_then(|()| std::io::stdout().flush());
+    match printed {
+        Err(err) if !e.use_stderr() => {
+            if err.kind() != std::io::ErrorKind::BrokenPipe {
+                eprintln!("hoox-edge: cannot write to stdout: {err}");
+            }
+            ExitCode::from(EX_IOERR)
+        }
+        // clap's codes: 0 for help and version, 2 for a usage error.
+        _ => ExitCode::from(u8::try_from(e.exit_code()).unwrap_or(2)),
+    }
+}
+
 /// The log level: `debug`, `info` (unset), `warn` or `error`.
 pub const LOG_ENV: &str = "HOOX_EDGE_LOG";
 
@@ -194,7 +212,10 @@ pub fn main() -> ExitCode {
     // in a file) would otherwise kill the process, where it should fail with EFBIG and exit
     // with its own code (74 for an answer not written, 78 for a config error).
     crate::app::ignore_file_size_signal();
-    let cli = Cli::parse();
+    let cli = match Cli::try_parse() {
+        Ok(cli) => cli,
+        Err(e) => return clap_exit(&e),
+    };
     let level = log_level(std::env::var_os(LOG_ENV).as_deref());
     crate::platform::log::init(level.as_ref().copied().unwrap_or(log::LevelFilter::Info));
     if let Err(e) = level {

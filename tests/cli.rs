@@ -1112,6 +1112,21 @@ async fn output_that_cannot_be_written_stops_a_command_not_the_gateway() {
         assert_eq!(o.status.code(), Some(74), "{args:?}: {stderr}");
         assert!(stderr.contains(full), "{args:?}: {stderr}");
     }
+    // clap's own answers too; a usage error, on stderr, keeps its 2.
+    for (args, code) in [
+        (&["--help"][..], 74),
+        (&["--version"], 74),
+        (&["nonsense"], 2),
+    ] {
+        let o = Command::new(BIN)
+            .args(args)
+            .stdout(dev_full())
+            .output()
+            .unwrap();
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(code), "{args:?}: {stderr}");
+        assert_eq!(code == 74, stderr.contains(full), "{args:?}: {stderr}");
+    }
 
     // Past a file-size limit (stdout appended to a file already over it): EFBIG, not the
     // SIGXFSZ that killed the command, with no word and no exit code of its own.
