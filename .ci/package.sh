@@ -453,6 +453,8 @@ upgrade_check_test() {
     cp -p "$saved" "$conf"
     echo "ok: a deleted config.toml fails the install, saying how to restore it, which works"
 
+    unit_workers_test
+
     printf '\n[not_a_section]\n' >>"$conf"
     rc=0
     out=$(in_root env HOOX_EDGE_SKIP_CONFIG_CHECK=1 dpkg -i /tmp/hoox-edge.deb 2>&1) || rc=$?
@@ -461,6 +463,35 @@ upgrade_check_test() {
     ((rc == 0)) || fail "HOOX_EDGE_SKIP_CONFIG_CHECK=1 did not let the install go on:"$'\n'"$out"
     grep -qF "REFUSES its configuration" <<<"$out" || fail "HOOX_EDGE_SKIP_CONFIG_CHECK=1 hid the refusal:"$'\n'"$out"
     echo "ok: HOOX_EDGE_SKIP_CONFIG_CHECK=1 installs despite the refusal, and still says it"
+}
+
+# The check runs with the unit's TOKIO_WORKER_THREADS, as `systemctl show` gives it under a
+# running systemd: the root has none, so a stub `systemctl` answers for it (and does nothing
+# for the snippets' daemon-reload and restart). Set but empty, which `serve` refuses (exit
+# 78), fails the install, as a bad number does; a good one passes. Before 0.2.17 an empty
+# one was dropped, and the install passed a config the service would not start with.
+unit_workers_test() {
+    local stub=$CHROOT/usr/local/sbin/systemctl made_run=0 workers out rc
+    [[ -d $CHROOT/run/systemd/system ]] || made_run=1
+    mkdir -p "$CHROOT/run/systemd/system" "$(dirname "$stub")"
+    for workers in "" 0 2; do
+        printf '#!/bin/sh\ncase "$*" in\n*"show --property=Environment --value hoox-edge.service"*)\n    echo "LANG=C.UTF-8 TOKIO_WORKER_THREADS=%s" ;;\nesac\nexit 0\n' \
+            "$workers" >"$stub"
+        chmod 0755 "$stub"
+        rc=0
+        out=$(in_root dpkg -i /tmp/hoox-edge.deb 2>&1) || rc=$?
+        if [[ $workers == 2 ]]; then
+            ((rc == 0)) || fail "TOKIO_WORKER_THREADS=2 in the unit failed the install:"$'\n'"$out"
+        else
+            ((rc != 0)) && grep -qF "TOKIO_WORKER_THREADS=\"$workers\"" <<<"$out" &&
+                grep -qF "systemctl edit hoox-edge" <<<"$out" ||
+                fail "TOKIO_WORKER_THREADS='$workers' in the unit did not fail the install, naming it:"$'\n'"$out"
+        fi
+    done
+    rm -f "$stub"
+    ((made_run == 0)) || rm -rf "$CHROOT/run/systemd"
+    [[ $(pkg_status) == "install ok installed" ]] || fail "after the unit's workers tests the package is '$(pkg_status)'"
+    echo "ok: the check takes the unit's TOKIO_WORKER_THREADS, an empty one too (refused, named)"
 }
 
 # shellcheck disable=SC2016 # dpkg-query's own ${field} syntax

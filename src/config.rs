@@ -475,6 +475,15 @@ impl Config {
             };
             return Err(err("store.path", why));
         }
+        // In a folder anyone may write: anyone could take the database and its journal
+        // away, or put an empty pair in their place, and the next start would free every
+        // live key (the files' own 0600 does not stop a rename in their folder).
+        if let Some(why) = crate::secrets::folder_open_to_others(&store_path, "a database") {
+            return Err(err(
+                "store.path",
+                format!("{}: {why}", store_path.display()),
+            ));
+        }
         let ttl = duration("store.ttl", &raw.store.ttl, Duration::from_secs(300))?;
         if ttl < Duration::from_secs(1) || ttl > Duration::from_secs(24 * 3600) {
             return Err(err("store.ttl", "must be between 1s and 24h".into()));
@@ -1128,7 +1137,8 @@ mod tests {
 
     /// What only fails at `serve`'s start, or leaves it failing closed for good, refused
     /// by the load that `check-config` makes too: the admin face on the webhooks' port, a
-    /// socket path too long to bind, a database path that is a folder.
+    /// socket path too long to bind, a database path that is a folder, or one in a folder
+    /// anyone may write.
     #[test]
     fn what_serve_could_never_start_with_is_a_config_error() {
         let admin = |listen: &str| {
@@ -1180,9 +1190,18 @@ mod tests {
         let e = admin(&format!("unix:{}", sock.display())).expect_err("an open folder");
         assert_eq!(e.key, "admin.listen", "{e}");
         assert!(e.message.contains("writable by everyone"), "{e}");
+        // So is a database there: anyone could put an empty one in its place.
+        let db = || open.path().join("mutex.redb");
+        let e = checked(|r| r.store.path = Some(db())).expect_err("a database in an open folder");
+        assert_eq!(e.key, "store.path", "{e}");
+        assert!(e.message.contains("writable by everyone"), "{e}");
         std::fs::set_permissions(open.path(), std::fs::Permissions::from_mode(0o1777)).unwrap();
         assert!(
             admin(&format!("unix:{}", sock.display())).is_ok(),
+            "sticky, as /tmp"
+        );
+        assert!(
+            checked(|r| r.store.path = Some(db())).is_ok(),
             "sticky, as /tmp"
         );
         for folder in ["", ".", "tls"] {
