@@ -162,6 +162,8 @@ struct Answer {
     code: Option<&'static str>,
     /// Why, for a request refused for its content (`Problem::reason`).
     reason: Option<String>,
+    /// How its order went, when that is more than its status says ([`Settlement`]).
+    note: Option<Note>,
 }
 
 impl From<Problem> for Answer {
@@ -173,6 +175,7 @@ impl From<Problem> for Answer {
             key: None,
             settled: None,
             client: None,
+            note: None,
         }
     }
 }
@@ -217,7 +220,7 @@ pub async fn handle(
         }
         log::Level::Debug
     } else {
-        log::Level::Info
+        Note::level(answer.note.as_ref(), log::Level::Info)
     };
     // Structured: under journald each field is its own journal field (KEY=, OUTCOME=, ...).
     log::log!(
@@ -229,14 +232,15 @@ pub async fn handle(
         client = answer.client.as_deref().unwrap_or("-"),
         request_id = request_id.as_str(),
         latency_us = elapsed.as_micros() as u64;
-        "webhook{}",
+        "webhook{}{}",
         // Quoted: it may hold what the sender sent (a member's name), which must not pass
         // for a field of the line.
         answer
             .reason
             .as_ref()
             .map(|r| format!(" refused: {r:?}"))
-            .unwrap_or_default()
+            .unwrap_or_default(),
+        Note::text(answer.note.as_ref())
     );
     Ok(response)
 }
@@ -403,6 +407,7 @@ async fn pipeline(
                     client: Some(client),
                     code: None,
                     reason: None,
+                    note: None,
                 });
             }
             let order = where_is(gw, &mut d).await;
@@ -436,7 +441,12 @@ async fn pipeline(
         request_id: request_id.to_string(),
         body: trade.forward_body(),
     };
-    let (response, settled, code) = if gw.executor.may_wait() {
+    let Settlement {
+        response,
+        settled,
+        code,
+        note,
+    } = if gw.executor.may_wait() {
         let gw2 = gw.clone();
         let (tx, mut awaited) = Awaited::channel(&order, &client);
         let who = client.clone();
@@ -450,10 +460,7 @@ async fn pipeline(
             Some(r) => r,
             // The task panicked (a debug build: release builds abort on a panic): the key
             // stays pending until its TTL, which is safe.
-            None => {
-                let p = Problem::OutcomeUnknown;
-                (p.response(), Settled::Held, Some(p.code()))
-            }
+            None => Settlement::problem(Problem::OutcomeUnknown, Settled::Held, None),
         }
     } else {
         execute_and_settle(gw, grant, &order, out).await
@@ -465,11 +472,49 @@ async fn pipeline(
         client: Some(client),
         code,
         reason: None,
+        note,
     })
 }
 
 /// How an order ended, and the answer its request was to send.
-type Settlement = (Response<Full<Bytes>>, Settled, Option<&'static str>);
+struct Settlement {
+    response: Response<Full<Bytes>>,
+    settled: Settled,
+    code: Option<&'static str>,
+    note: Option<Note>,
+}
+
+/// What the webhook's line adds about its order, and the level it takes: why the order did
+/// not fill, or its key was not committed. In the webhook's own line, not one of its own:
+/// two lines for each order refused while an executor is down (a 502 each) would fill
+/// journald's rate limit at half the rate README gives.
+struct Note {
+    level: log::Level,
+    text: String,
+}
+
+impl Note {
+    /// The line's level: `base`, or the note's if it is more severe (`Error` is the lowest).
+    fn level(note: Option<&Note>, base: log::Level) -> log::Level {
+        note.map_or(base, |n| n.level.min(base))
+    }
+
+    /// What the line's message adds.
+    fn text(note: Option<&Note>) -> String {
+        note.map(|n| format!(": {}", n.text)).unwrap_or_default()
+    }
+}
+
+impl Settlement {
+    fn problem(p: Problem, settled: Settled, note: Option<Note>) -> Settlement {
+        Settlement {
+            code: Some(p.code()),
+            response: p.response(),
+            settled,
+            note,
+        }
+    }
+}
 
 /// The request's end of its order's [`Settlement`], sent by the task that ran the order.
 /// When the client hangs up, the request and the log line it would have written are gone,
@@ -520,15 +565,16 @@ impl Drop for Awaited {
 /// The log line of an order whose client hung up before its answer was sent: the fields
 /// of the request's own line, so that a search by client or status finds it too.
 fn hung_up(key: &str, request_id: &str, client: &str, answer: &Settlement) {
-    let (response, settled, code) = answer;
-    log::warn!(
+    log::log!(
+        Note::level(answer.note.as_ref(), log::Level::Warn),
         client = client,
-        code = code.unwrap_or("-"),
+        code = answer.code.unwrap_or("-"),
         key = key,
-        outcome = settled.as_str(),
+        outcome = answer.settled.as_str(),
         request_id = request_id,
-        status = response.status().as_u16();
-        "webhook settled after its client hung up"
+        status = answer.response.status().as_u16();
+        "webhook settled after its client hung up{}",
+        Note::text(answer.note.as_ref())
     );
 }
 
@@ -692,64 +738,70 @@ impl std::fmt::Display for Summary {
 }
 
 /// Sends the order, then commits or releases its key; `_out` marks it as out until then.
+/// Why an order did not fill goes into the webhook's own line ([`Note`]).
 async fn execute_and_settle(gw: &Gateway, grant: Grant, order: &Order, _out: Out) -> Settlement {
     let started = Instant::now();
     let outcome = gw.executor.execute(order).await;
     gw.metrics.executor(outcome.label(), started.elapsed());
-    let problem = |p: Problem, s: Settled| {
-        let code = Some(p.code());
-        (p.response(), s, code)
-    };
+    let note = |level, text| Some(Note { level, text });
     match outcome {
         Outcome::Success { status, body } => {
             let snapshot = (gw.duplicate_response == DuplicateResponse::Replay).then(|| Snapshot {
                 status,
                 body: body.to_vec(),
             });
-            let settled = match gw.mutex.commit(grant, snapshot) {
-                Ok(()) => Settled::Committed,
+            let (settled, note) = match gw.mutex.commit(grant, snapshot) {
+                Ok(()) => (Settled::Committed, None),
                 // The order went through but the commit did not: the key stays pending until
                 // its TTL, which blocks retries just as well. Say so.
-                Err(e) => {
-                    log::error!(
-                        key = order.key.as_str(),
-                        request_id = order.request_id.as_str();
-                        "commit failed, key held until TTL: {e}"
-                    );
-                    Settled::Held
-                }
+                Err(e) => (
+                    Settled::Held,
+                    note(
+                        log::Level::Error,
+                        format!("commit failed, key held until TTL: {e}"),
+                    ),
+                ),
             };
-            (json_response(status, body), settled, None)
+            Settlement {
+                response: json_response(status, body),
+                settled,
+                code: None,
+                note,
+            }
         }
         Outcome::SoftFail { status, .. } | Outcome::Failed { status, .. } => {
-            // The webhook's own line says 502 EXECUTION_FAILED; only this one says what the
-            // executor answered (a refusal of its own, or a 2xx without success).
+            // The status says 502 EXECUTION_FAILED; only the note says what the executor
+            // answered (a refusal of its own, or a 2xx without success).
             let why = format!("executor answered {status} without success");
-            log::info!(
-                key = order.key.as_str(),
-                request_id = order.request_id.as_str();
-                "{why} ({}): key released", outcome.label()
-            );
-            problem(Problem::ExecutionFailed(why), release(gw, grant))
+            let text = format!("{why} ({}): key released", outcome.label());
+            let settled = release(gw, grant);
+            Settlement::problem(
+                Problem::ExecutionFailed(why),
+                settled,
+                note(log::Level::Info, text),
+            )
         }
-        Outcome::NotSent(why) => {
-            log::warn!(
-                key = order.key.as_str(),
-                request_id = order.request_id.as_str();
-                "executor unreachable, key released: {why}"
-            );
-            problem(Problem::ExecutorUnreachable, release(gw, grant))
-        }
+        Outcome::NotSent(why) => Settlement::problem(
+            Problem::ExecutorUnreachable,
+            release(gw, grant),
+            note(
+                log::Level::Warn,
+                format!("executor unreachable, key released: {why}"),
+            ),
+        ),
         Outcome::Unknown(why) => {
-            log::error!(
-                key = order.key.as_str(),
-                request_id = order.request_id.as_str();
-                "executor outcome unknown: {why}"
-            );
-            match gw.on_unknown {
-                OnUnknown::Hold => problem(Problem::OutcomeUnknown, Settled::Held),
-                OnUnknown::Release => problem(Problem::OutcomeUnknown, release(gw, grant)),
-            }
+            let settled = match gw.on_unknown {
+                OnUnknown::Hold => Settled::Held,
+                OnUnknown::Release => release(gw, grant),
+            };
+            Settlement::problem(
+                Problem::OutcomeUnknown,
+                settled,
+                note(
+                    log::Level::Error,
+                    format!("executor outcome unknown: {why}"),
+                ),
+            )
         }
     }
 }
@@ -986,6 +1038,7 @@ mod tests {
             fn log(&self, record: &log::Record) {
                 let mut line = record.args().to_string();
                 let _ = record.key_values().visit(&mut Fields(&mut line));
+                line.push_str(&format!(" level={}", record.level()));
                 LINES.lock().unwrap().push(line);
             }
             fn flush(&self) {}
@@ -1016,18 +1069,27 @@ mod tests {
             request_id: format!("req-{key}"),
             body: Bytes::new(),
         };
-        let answer = |settled| (Response::new(Full::new(Bytes::new())), settled, None);
+        let answer = |settled, note: Option<(log::Level, &str)>| Settlement {
+            response: Response::new(Full::new(Bytes::new())),
+            settled,
+            code: None,
+            note: note.map(|(level, text)| Note {
+                level,
+                text: text.into(),
+            }),
+        };
         let said = |key: &str| logs::with(&format!("key={key} "));
         let line = "webhook settled after its client hung up";
 
         // The answer arrived, and the request was dropped before it read it.
         let (tx, awaited) = Awaited::channel(&order("unread"), "desk-a");
-        assert!(tx.send(answer(Settled::Committed)).is_ok());
+        assert!(tx.send(answer(Settled::Committed, None)).is_ok());
         drop(awaited);
         let lines = said("unread");
         assert_eq!(lines.len(), 1, "{lines:?}");
         assert!(lines[0].starts_with(line), "{lines:?}");
         assert!(lines[0].contains("outcome=committed"), "{lines:?}");
+        assert!(lines[0].ends_with("level=WARN"), "{lines:?}");
         assert!(lines[0].contains("request_id=req-unread"), "{lines:?}");
         assert!(lines[0].contains("client=desk-a"), "{lines:?}");
         assert!(lines[0].contains("status=200"), "{lines:?}");
@@ -1035,13 +1097,27 @@ mod tests {
         // The request was gone first: the send fails, and the task says it.
         let (tx, awaited) = Awaited::channel(&order("early"), "desk-a");
         drop(awaited);
-        assert!(tx.send(answer(Settled::Released)).is_err());
+        assert!(tx.send(answer(Settled::Released, None)).is_err());
         assert!(said("early").is_empty());
+
+        // How the order went is said in that line, at its level if higher.
+        let (tx, awaited) = Awaited::channel(&order("unknown"), "desk-a");
+        let note = (log::Level::Error, "executor outcome unknown: reset");
+        assert!(tx.send(answer(Settled::Held, Some(note))).is_ok());
+        drop(awaited);
+        let lines = said("unknown");
+        assert_eq!(lines.len(), 1, "{lines:?}");
+        let said_why = format!("{line}: executor outcome unknown: reset ");
+        assert!(lines[0].starts_with(&said_why), "{lines:?}");
+        assert!(lines[0].ends_with("level=ERROR"), "{lines:?}");
 
         // Read: nothing to add.
         let (tx, mut awaited) = Awaited::channel(&order("read"), "desk-a");
-        assert!(tx.send(answer(Settled::Held)).is_ok());
-        assert_eq!(awaited.answer().await.map(|a| a.1), Some(Settled::Held));
+        assert!(tx.send(answer(Settled::Held, None)).is_ok());
+        assert_eq!(
+            awaited.answer().await.map(|a| a.settled),
+            Some(Settled::Held)
+        );
         drop(awaited);
         assert!(said("read").is_empty());
 
