@@ -468,15 +468,29 @@ upgrade_check_test() {
 # The check runs with the unit's TOKIO_WORKER_THREADS, as `systemctl show` gives it under a
 # running systemd: the root has none, so a stub `systemctl` answers for it (and does nothing
 # for the snippets' daemon-reload and restart). Set but empty, which `serve` refuses (exit
-# 78), fails the install, as a bad number does; a good one passes. Before 0.2.17 an empty
-# one was dropped, and the install passed a config the service would not start with.
+# 78), fails the install, as a bad number does, and so does one systemd quotes; a good one
+# passes, beside another variable whose quoted value holds its name. Before 0.2.17 an empty
+# one, and a quoted one, were dropped, and the install passed a config the service would
+# not start with.
 unit_workers_test() {
     local stub=$CHROOT/usr/local/sbin/systemctl made_run=0 workers out rc
     [[ -d $CHROOT/run/systemd/system ]] || made_run=1
     mkdir -p "$CHROOT/run/systemd/system" "$(dirname "$stub")"
-    for workers in "" 0 2; do
-        printf '#!/bin/sh\ncase "$*" in\n*"show --property=Environment --value hoox-edge.service"*)\n    echo "LANG=C.UTF-8 TOKIO_WORKER_THREADS=%s" ;;\nesac\nexit 0\n' \
-            "$workers" >"$stub"
+    # What systemd 252 prints: a value with a space or a shell character quoted for a shell
+    # (`Environment=TOKIO_WORKER_THREADS=$(nproc)`, a drop-in's mistake: no `$` is expanded).
+    # Each the value the unit gives, then what `systemctl show` prints for it.
+    local cases=(
+        "" 'LANG=C.UTF-8 TOKIO_WORKER_THREADS='
+        0 'LANG=C.UTF-8 TOKIO_WORKER_THREADS=0'
+        '$(nproc)' 'LANG=C.UTF-8 "TOKIO_WORKER_THREADS=\$(nproc)"'
+        '2 4' '"TOKIO_WORKER_THREADS=2 4" "JAVA_OPTS=-Xmx1g -Xms1g"'
+        2 '"X=a TOKIO_WORKER_THREADS=0" TOKIO_WORKER_THREADS=2'
+    ) i
+    for ((i = 0; i < ${#cases[@]}; i += 2)); do
+        workers=${cases[i]}
+        printf '#!/bin/sh\ncat <<"EOF"\n%s\nEOF\n' "${cases[i + 1]}" >"$stub.show"
+        printf '#!/bin/sh\ncase "$*" in\n*"show --property=Environment --value hoox-edge.service"*) exec /bin/sh %s ;;\nesac\nexit 0\n' \
+            "${stub#"$CHROOT"}.show" >"$stub"
         chmod 0755 "$stub"
         rc=0
         out=$(in_root dpkg -i /tmp/hoox-edge.deb 2>&1) || rc=$?
@@ -488,10 +502,10 @@ unit_workers_test() {
                 fail "TOKIO_WORKER_THREADS='$workers' in the unit did not fail the install, naming it:"$'\n'"$out"
         fi
     done
-    rm -f "$stub"
+    rm -f "$stub" "$stub.show"
     ((made_run == 0)) || rm -rf "$CHROOT/run/systemd"
     [[ $(pkg_status) == "install ok installed" ]] || fail "after the unit's workers tests the package is '$(pkg_status)'"
-    echo "ok: the check takes the unit's TOKIO_WORKER_THREADS, an empty one too (refused, named)"
+    echo "ok: the check takes the unit's TOKIO_WORKER_THREADS, empty or quoted too (refused, named)"
 }
 
 # shellcheck disable=SC2016 # dpkg-query's own ${field} syntax

@@ -506,6 +506,10 @@ fn serve(
             }
         }
     }
+    if let Err(e) = config.check_flags() {
+        eprintln!("hoox-edge: config error: {e}");
+        return ExitCode::from(EX_CONFIG as u8);
+    }
     let rt = match runtime() {
         Ok(rt) => rt,
         Err(code) => return code,

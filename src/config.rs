@@ -416,37 +416,8 @@ impl Config {
             None => None,
             Some(s) => Some(Listen::parse_in(&s, base).map_err(|m| err("admin.listen", m))?),
         };
-        // Both on one address and port: the second bind fails at every start (exit 1,
-        // restarted).
-        if let Some(Listen::Tcp(a)) = &admin
-            && a.port() == listen.port()
-            && a.port() != 0
-            && binds_overlap(a.ip(), listen.ip())
-        {
-            return Err(err(
-                "admin.listen",
-                format!(
-                    "{a} is where server.listen ({listen}) takes webhooks: give it a port of \
-                     its own"
-                ),
-            ));
-        }
-        // A socket's path taken by a file or a folder: `serve` would fail to bind at every
-        // start.
-        if let Some(Listen::Unix(p)) = &admin
-            && let Some(why) = crate::admin::taken_by_other_than_a_socket(p)
-        {
-            return Err(err(
-                "admin.listen",
-                format!("{why}: name a path of its own"),
-            ));
-        }
-        // In a folder anyone may write: anyone could put a socket of their own there, and
-        // answer the operator's `halt` with a success while the gateway trades on.
-        if let Some(Listen::Unix(p)) = &admin
-            && let Some(why) = crate::secrets::folder_open_to_others(p, "a socket")
-        {
-            return Err(err("admin.listen", format!("{}: {why}", p.display())));
+        if let Some(why) = admin.as_ref().and_then(|a| admin_problem(a, listen)) {
+            return Err(err("admin.listen", why));
         }
 
         let store_path = rel(raw
@@ -735,6 +706,20 @@ impl Config {
         self.flagged.push(("admin.listen", "--admin"));
     }
 
+    /// The admin face checked again after `--listen` and `--admin` (the load checked the
+    /// file's): what it would refuse there, it refuses from a flag too, naming where the
+    /// address came from.
+    pub fn check_flags(&self) -> Result<(), String> {
+        match self
+            .admin
+            .as_ref()
+            .and_then(|a| admin_problem(a, self.listen))
+        {
+            Some(why) => Err(format!("{}: {why}", self.origin("admin.listen"))),
+            None => Ok(()),
+        }
+    }
+
     /// Where a key's value came from, for an error about it: the flag that set it, else
     /// the file (or the embedded defaults) and the key.
     pub fn origin(&self, key: &str) -> String {
@@ -973,6 +958,32 @@ pub fn random_token() -> Result<String, String> {
     let mut b = [0u8; 32];
     getrandom::fill(&mut b).map_err(|e| format!("no randomness: {e}"))?;
     Ok(hex::encode(b))
+}
+
+/// Why the admin face cannot be at `admin` beside webhooks at `listen`, if it cannot.
+fn admin_problem(admin: &Listen, listen: SocketAddr) -> Option<String> {
+    match admin {
+        // Both on one address and port: the second bind fails at every start (exit 1,
+        // restarted).
+        Listen::Tcp(a) if a.port() == listen.port() && a.port() != 0 => {
+            binds_overlap(a.ip(), listen.ip()).then(|| {
+                format!(
+                    "{a} is where server.listen ({listen}) takes webhooks: give it a port of \
+                     its own"
+                )
+            })
+        }
+        Listen::Tcp(_) => None,
+        // A socket's path taken by a file or a folder: `serve` would fail to bind at every
+        // start. In a folder anyone may write: anyone could put a socket of their own there,
+        // and answer the operator's `halt` with a success while the gateway trades on.
+        Listen::Unix(p) => crate::admin::taken_by_other_than_a_socket(p)
+            .map(|why| format!("{why}: name a path of its own"))
+            .or_else(|| {
+                crate::secrets::folder_open_to_others(p, "a socket")
+                    .map(|why| format!("{}: {why}", p.display()))
+            }),
+    }
 }
 
 /// Creates a directory readable by its owner only (no-op if it exists).

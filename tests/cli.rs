@@ -261,6 +261,38 @@ fn an_embedded_defaults_error_names_no_file_that_is_not_there() {
     );
 }
 
+/// An admin face given by `--admin` (or moved onto it by `--listen`) meets the rules one in
+/// the file does: a socket in a folder anyone may write (anyone could rename it away and
+/// answer the operator's `halt` themselves), and the webhooks' own port. It was taken as
+/// given, unchecked.
+#[test]
+fn an_admin_face_from_a_flag_is_checked_as_one_from_the_file() {
+    use std::os::unix::fs::PermissionsExt;
+    let dir = tempfile::tempdir().unwrap();
+    let open = dir.path().join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let state = dir.path().join("state");
+    let socket = format!("unix:{}", open.join("admin.sock").display());
+    for (admin, listen, said) in [
+        (socket.as_str(), "127.0.0.1:0", "writable by everyone"),
+        ("127.0.0.1:1", "127.0.0.1:1", "takes webhooks"),
+    ] {
+        let o = output_within({
+            let mut c = Command::new(BIN);
+            c.args(["serve", "--state-dir", state.to_str().unwrap()])
+                .args(["--listen", listen, "--admin", admin]);
+            c
+        });
+        let stderr = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(78), "{admin}: {stderr}");
+        assert!(
+            stderr.contains("config error: --admin: ") && stderr.contains(said),
+            "{admin}: {stderr}"
+        );
+    }
+}
+
 /// `--state-dir` is the embedded defaults' folder: beside `--config`, whose file names its
 /// own paths, it would be ignored, so the pair is refused as a usage error.
 #[test]

@@ -563,7 +563,8 @@ impl Drop for Awaited {
 }
 
 /// The log line of an order whose client hung up before its answer was sent: the fields
-/// of the request's own line, so that a search by client or status finds it too.
+/// of the request's own line (but its latency: no answer went out), so that a search by
+/// client or status finds it too; at warn, or its note's level if higher.
 fn hung_up(key: &str, request_id: &str, client: &str, answer: &Settlement) {
     log::log!(
         Note::level(answer.note.as_ref(), log::Level::Warn),
