@@ -534,6 +534,54 @@ mod tests {
         assert_eq!(err.kind(), io::ErrorKind::InvalidData, "{err}");
     }
 
+    /// The handle synced records go through really is `O_DIRECT | O_DSYNC`: a write through
+    /// it counts as on disk (`append` then skips `fdatasync`), so without `O_DSYNC` a
+    /// Proceed would rest on the page cache alone.
+    #[test]
+    fn the_direct_handle_is_opened_direct_and_dsync() {
+        use std::os::fd::AsRawFd;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        Journal::open_file(&path, 4 * PAGE, true).unwrap();
+        let Ok(f) = open_direct(&path) else {
+            return; // a file system without direct I/O: nothing to check
+        };
+        // SAFETY: F_GETFL on an fd we own.
+        let flags = unsafe { libc::fcntl(f.as_raw_fd(), libc::F_GETFL) };
+        assert_eq!(flags & libc::O_DSYNC, libc::O_DSYNC, "{flags:#o}");
+        assert_eq!(flags & libc::O_DIRECT, libc::O_DIRECT, "{flags:#o}");
+    }
+
+    /// Growing the journal of an existing database (a larger `journal_bytes`): the open
+    /// that does not create fills it to the new capacity, so appends never allocate.
+    #[test]
+    fn an_existing_journal_is_grown_by_a_non_creating_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("j");
+        Journal::open_file(&path, 4 * PAGE, true).unwrap();
+        let file = Journal::open_file(&path, 8 * PAGE, false).unwrap();
+        assert_eq!(file.metadata().unwrap().len(), 8 * PAGE as u64);
+    }
+
+    /// The record buffer holds one record and one page of slack for its alignment, no more:
+    /// a batch's record is laid out in it on every append, on a Pi too.
+    #[test]
+    fn the_record_buffer_is_one_record_and_a_page() {
+        let (_d, mut j) = journal(16 * PAGE, 0);
+        j.append(&payload(&[Op::Put(1, &[5u8; 3 * PAGE])]), true)
+            .unwrap();
+        assert!(j.buf.len() <= 5 * PAGE, "{} bytes", j.buf.len());
+    }
+
+    /// The folder sync is really attempted: a folder that cannot be opened is an error,
+    /// not a silent success.
+    #[test]
+    fn syncing_the_folder_of_a_path_in_a_missing_folder_fails() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(sync_parent(&dir.path().join("gone").join("j")).is_err());
+        assert!(sync_parent(&dir.path().join("j")).is_ok());
+    }
+
     /// The lsn of the record the scan finds damaged or missing, if it refuses for that.
     fn refused_at(bytes: &[u8], checkpoint: u64) -> Option<u64> {
         match scan(bytes, ID, checkpoint) {

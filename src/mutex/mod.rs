@@ -674,3 +674,28 @@ impl<T> Drop for Waiting<'_, T> {
         }
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// What `/readyz`, `status` and systemd's `STATUS=` say: failing closed wins, then a
+    /// mutex at capacity; only a mutex that takes new trades refuses nothing.
+    #[test]
+    fn refusing_says_failing_closed_first_then_capacity() {
+        let status = |fail_closed: Option<Unavailable>, at_capacity| Status {
+            live_keys: 0,
+            halted: false,
+            fail_closed,
+            at_capacity,
+        };
+        let closed = Unavailable::NotOpen("disk gone".into());
+        assert_eq!(status(None, false).refusing(), None);
+        assert_eq!(status(None, true).refusing(), Some(Unavailable::Capacity));
+        assert_eq!(
+            status(Some(closed.clone()), false).refusing(),
+            Some(closed.clone())
+        );
+        assert_eq!(status(Some(closed.clone()), true).refusing(), Some(closed));
+    }
+}

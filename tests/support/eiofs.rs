@@ -148,6 +148,13 @@ impl EioMount {
         self.power.dsync_writes.load(Ordering::SeqCst)
     }
 
+    /// How many folder syncs (fsync of a directory) the mount has taken: a name created or
+    /// linked survives a power cut only once its folder is synced, which this mount does
+    /// not model, so a test counts them instead.
+    pub fn dir_syncs(&self) -> u64 {
+        self.power.dir_syncs.load(Ordering::SeqCst)
+    }
+
     /// Loses every write not yet synced, as a power cut loses a disk's write cache; the
     /// backing files keep what was synced. Call it with no process using the mount: the
     /// kernel's own cached pages of those files are dropped too, or a reader after the
@@ -340,6 +347,8 @@ struct Power {
     frozen: AtomicBool,
     /// O_DSYNC writes seen: a test tells the journal's two ways of syncing apart by it.
     dsync_writes: AtomicU64,
+    /// Folder syncs (fsync of a directory) seen.
+    dir_syncs: AtomicU64,
     /// Reads wait while set ([`EioMount::hold_reads`]).
     reads_held: AtomicBool,
 }
@@ -857,6 +866,7 @@ impl Filesystem for EioFs {
         _datasync: bool,
         reply: ReplyEmpty,
     ) {
+        self.power.dir_syncs.fetch_add(1, Ordering::SeqCst);
         self.sync(ino, reply, |st| {
             File::open(st.path(ino)?)
                 .and_then(|d| d.sync_all())
