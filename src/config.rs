@@ -1119,6 +1119,48 @@ mod tests {
         assert!(pending.is_empty());
     }
 
+    /// A reload applies a change of what it reloads, not only the files as they were: the
+    /// certificate and key at the paths the file now names (README: a reload "applies its
+    /// `[auth]` and certificate paths"), and, under the embedded defaults, a secret
+    /// rotated in their secrets file.
+    #[test]
+    fn a_reload_applies_new_certificate_paths_and_a_rotated_secret() {
+        let dir = state();
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, EMBEDDED).unwrap();
+        let running = Config::load(&path).unwrap();
+        // The certificate moved to new files (fs::copy keeps their 0600), the file pointed
+        // at them.
+        let tls = dir.path().join("tls");
+        std::fs::copy(tls.join("cert.pem"), tls.join("next-cert.pem")).unwrap();
+        std::fs::copy(tls.join("key.pem"), tls.join("next-key.pem")).unwrap();
+        let moved = EMBEDDED
+            .replace("tls/cert.pem", "tls/next-cert.pem")
+            .replace("tls/key.pem", "tls/next-key.pem");
+        std::fs::write(&path, moved).unwrap();
+        let (next, pending) = running.reload().unwrap();
+        assert!(pending.is_empty(), "{pending:?}");
+        assert!(
+            next.tls.cert.ends_with("tls/next-cert.pem"),
+            "{:?}",
+            next.tls
+        );
+        assert!(next.tls.key.ends_with("tls/next-key.pem"), "{:?}", next.tls);
+
+        // The embedded defaults: the secret rotated in place is the one the reload loads.
+        let embedded = Config::embedded(dir.path()).unwrap();
+        let old = embedded.auth.api_keys[0].expose().to_vec();
+        write_private(
+            &dir.path().join("secrets/secret"),
+            "a-new-secret-of-32-bytes-or-more!!\n",
+        )
+        .unwrap();
+        let (again, _) = embedded.reload().unwrap();
+        let now: Vec<&[u8]> = again.auth.api_keys.iter().map(Secret::expose).collect();
+        assert_eq!(now, [&b"a-new-secret-of-32-bytes-or-more!!"[..]]);
+        assert_ne!(now, [&old[..]]);
+    }
+
     #[test]
     fn changed_keys_name_each_key_and_take_an_absent_section_as_empty() {
         let t = |s: &str| -> toml::Table { toml::from_str(s).unwrap() };
