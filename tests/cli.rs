@@ -4,6 +4,7 @@
 
 mod support;
 
+use std::path::{Path, PathBuf};
 use std::process::{Command, Output};
 use std::sync::Mutex;
 
@@ -237,15 +238,21 @@ fn admin_answering(
     (at, seen)
 }
 
+/// A folder in `dir` that everyone may write, without the sticky bit.
+fn open_folder(dir: &Path) -> PathBuf {
+    use std::os::unix::fs::PermissionsExt;
+    let open = dir.join("open");
+    std::fs::create_dir(&open).unwrap();
+    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    open
+}
+
 /// A config error under the embedded defaults names the state folder, not a config.toml
 /// in it that does not exist.
 #[test]
 fn an_embedded_defaults_error_names_no_file_that_is_not_there() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
-    let open = dir.path().join("open");
-    std::fs::create_dir(&open).unwrap();
-    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let open = open_folder(dir.path());
     let o = output_within({
         let mut c = Command::new(BIN);
         c.args(["serve", "--state-dir", open.to_str().unwrap()])
@@ -267,11 +274,8 @@ fn an_embedded_defaults_error_names_no_file_that_is_not_there() {
 /// given, unchecked.
 #[test]
 fn an_admin_face_from_a_flag_is_checked_as_one_from_the_file() {
-    use std::os::unix::fs::PermissionsExt;
     let dir = tempfile::tempdir().unwrap();
-    let open = dir.path().join("open");
-    std::fs::create_dir(&open).unwrap();
-    std::fs::set_permissions(&open, std::fs::Permissions::from_mode(0o777)).unwrap();
+    let open = open_folder(dir.path());
     let state = dir.path().join("state");
     let socket = format!("unix:{}", open.join("admin.sock").display());
     for (admin, listen, said) in [

@@ -585,6 +585,18 @@ fn a_full_queue_is_busy_and_loses_nothing_queued() {
     owner.stop();
 }
 
+/// A stallable owner whose queue holds `depth` commands, and whose callers wait long enough
+/// (10 s) for a stall to fill it rather than time out.
+fn with_a_short_queue(
+    path: &std::path::Path,
+    depth: usize,
+) -> (hoox_edge::mutex::Mutex, hoox_edge::mutex::Owner) {
+    start_stallable(path, |c| {
+        c.queue_depth = depth;
+        c.deadline = Duration::from_secs(10);
+    })
+}
+
 /// A full queue refuses new reserves, but not the end of trades already granted nor the
 /// kill switch: a release refused `Busy` held a failed trade's key to its TTL, and a kill
 /// switch refused `Busy` did not work under the flood it was thrown for. They go ahead of
@@ -594,10 +606,7 @@ fn a_full_queue_is_busy_and_loses_nothing_queued() {
 #[test]
 fn a_full_queue_still_takes_settles_and_the_kill_switch() {
     let dir = tempfile::tempdir().unwrap();
-    let (m, owner) = start_stallable(&dir.path().join("m.redb"), |c| {
-        c.queue_depth = 4;
-        c.deadline = Duration::from_secs(10);
-    });
+    let (m, owner) = with_a_short_queue(&dir.path().join("m.redb"), 4);
     rt().block_on(async {
         let (filled, failed, held) = (key("filled"), key("failed"), key("held"));
         let g_filled = granted(m.reserve(reserve(&filled, 60_000, 1)).await);
@@ -918,10 +927,7 @@ fn a_start_that_reads_the_kill_switch_set_warns_of_nothing() {
 #[test]
 fn an_overflow_behind_carried_operations_loses_no_settle() {
     let dir = tempfile::tempdir().unwrap();
-    let (m, owner) = start_stallable(&dir.path().join("m.redb"), |c| {
-        c.queue_depth = 2;
-        c.deadline = Duration::from_secs(10);
-    });
+    let (m, owner) = with_a_short_queue(&dir.path().join("m.redb"), 2);
     rt().block_on(async {
         let keys: Vec<Key> = (0..4).map(|i| key(&format!("carried{i}"))).collect();
         let mut grants = Vec::new();

@@ -53,6 +53,11 @@ fn code(v: &Value) -> &str {
     v["code"].as_str().unwrap_or("")
 }
 
+/// The lines of `log` that hold `needle`.
+fn lines_with<'a>(log: &'a str, needle: &str) -> Vec<&'a str> {
+    log.lines().filter(|l| l.contains(needle)).collect()
+}
+
 /// The executor gets the sender's bytes, less the body credential: a client order id past
 /// 2^53 and a quantity of `1e6` arrive as written. Parsed and written again, they arrived
 /// as 1.8446744073709552e19 and 1000000.0.
@@ -233,10 +238,7 @@ async fn soft_fail_and_errors_release_so_a_retry_runs() {
         // one line, not a second beside it (journald's rate limit counts lines).
         // Waited for by the webhook's fields, which its line had before it said why too.
         let log = gw.wait_logged(&format!("code=EXECUTION_FAILED key=client:psk:live:{k} "));
-        let lines: Vec<_> = log
-            .lines()
-            .filter(|l| l.contains(&format!("key=client:psk:live:{k} ")))
-            .collect();
+        let lines = lines_with(&log, &format!("key=client:psk:live:{k} "));
         assert_eq!(lines.len(), 1, "{log}");
         assert!(lines[0].contains(" INFO "), "{log}");
         let why = format!("webhook: executor answered {said}: key released");
@@ -277,10 +279,7 @@ async fn unreachable_executor_releases_with_502() {
     assert_eq!(key_state(&gw, "client:psk:live:unreach-1").await, "absent");
     // One line, at warn, saying why.
     let log = gw.wait_logged("code=EXECUTOR_UNREACHABLE key=client:psk:live:unreach-1 ");
-    let lines: Vec<_> = log
-        .lines()
-        .filter(|l| l.contains("key=client:psk:live:unreach-1 "))
-        .collect();
+    let lines = lines_with(&log, "key=client:psk:live:unreach-1 ");
     assert_eq!(lines.len(), 1, "{log}");
     assert!(lines[0].contains(" WARN "), "{log}");
     assert!(
@@ -1446,7 +1445,7 @@ async fn a_client_certificate_that_names_no_one_is_refused() {
     let mut gw = gw;
     assert!(gw.terminate().success());
     let log = gw.stderr();
-    let said: Vec<_> = log.lines().filter(|l| l.contains("names no one")).collect();
+    let said = lines_with(&log, "names no one");
     assert_eq!(said.len(), 2, "{log}");
     assert!(
         said[1].contains(" 2 connection(s) with a client certificate"),
@@ -1474,7 +1473,7 @@ async fn connections_refused_before_a_request_are_said() {
     let mut sink = Vec::new();
     let _ = tokio::time::timeout(Duration::from_secs(10), plain.read_to_end(&mut sink)).await;
     let log = gw.wait_logged("TLS handshake(s) failed");
-    let said: Vec<_> = log.lines().filter(|l| l.contains("handshake(s)")).collect();
+    let said = lines_with(&log, "handshake(s)");
     assert_eq!(said.len(), 1, "{log}");
     assert!(said[0].contains(" 1 TLS handshake(s) failed"), "{log}");
     assert!(said[0].contains("the latest from 127.0.0.1: "), "{log}");
@@ -2769,10 +2768,7 @@ async fn one_address_cannot_take_every_connection() {
     // gateway's stderr a moment later (a loaded machine missed it in a snapshot).
     assert!(c.connect(&gw.url()).await.is_err());
     let said = gw.wait_logged("over server.max_connections_per_ip = 2");
-    let lines: Vec<_> = said
-        .lines()
-        .filter(|l| l.contains("over server.max_connections_per_ip = 2"))
-        .collect();
+    let lines = lines_with(&said, "over server.max_connections_per_ip = 2");
     assert_eq!(lines.len(), 1, "{said}");
     // The first refusal is told at once, with its count.
     assert!(

@@ -2196,12 +2196,7 @@ mod tests {
     #[test]
     fn failing_closed_counts_keys_while_either_clock_holds_them() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut o, time) = owner_with_clock(dir.path());
-        assert!(matches!(
-            reserve(&mut o, &trade_key("BTC")),
-            Decision::Proceed(_)
-        ));
-        o.fail(Unavailable::CommitFailed("a fault".into()));
+        let (mut o, time, _) = failed_holding_a_key(dir.path(), true);
         assert_eq!(o.live_keys(), 1);
         time.step_wall_back_ms(3_600_000);
         time.advance_ms(301_000);
@@ -2800,12 +2795,7 @@ mod tests {
     #[test]
     fn failing_closed_counts_no_key_at_its_exact_deadline() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut o, time) = owner_with_clock(dir.path());
-        assert!(matches!(
-            reserve(&mut o, &trade_key("BTC")),
-            Decision::Proceed(_)
-        ));
-        o.fail(Unavailable::CommitFailed("a fault".into()));
+        let (o, time, _) = failed_holding_a_key(dir.path(), true);
         time.advance_ms(299_999);
         assert_eq!(o.live_keys(), 1, "held a millisecond before its TTL");
         // Exactly the TTL (300 s) by both clocks.
