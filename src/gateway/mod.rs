@@ -234,7 +234,7 @@ struct ClientCheck {
     chain: Vec<CertificateDer<'static>>,
     /// Unix second after which a certificate of the chain has expired
     /// (`tls::valid_until`).
-    until: Option<i64>,
+    until: i64,
     /// The configuration last checked under, and whether the chain verified in it.
     last: std::sync::Mutex<(Arc<tls::Tls>, bool)>,
     /// The peer as it is once untrusted: the same, without its certificate's name. Its
@@ -265,10 +265,7 @@ impl ClientCheck {
         let reloaded = !Arc::ptr_eq(&last.0, &current);
         // Past its end date, a chain still trusted is verified at each request until the
         // verifier agrees (within the second, its clock and this one may differ).
-        let past_end = last.1
-            && self
-                .until
-                .is_some_and(|t| crate::mutex::clock::unix_s() > t);
+        let past_end = last.1 && crate::mutex::clock::unix_s() > self.until;
         if reloaded || past_end {
             let trusted = current.still_trusts(&self.chain);
             if last.1 && !trusted {

@@ -98,21 +98,6 @@ impl Validity {
         }
     }
 
-    /// The dates within which every certificate of `chain` is valid; `None` if one
-    /// cannot be read.
-    fn of_chain(chain: &[CertificateDer<'_>]) -> Option<Validity> {
-        chain
-            .iter()
-            .map(|c| parse(c).map(|c| Validity::of(&c)))
-            .reduce(|a, b| {
-                let (a, b) = (a?, b?);
-                Some(Validity {
-                    not_before: a.not_before.max(b.not_before),
-                    not_after: a.not_after.min(b.not_after),
-                })
-            })?
-    }
-
     /// What an operator must hear of these dates at `now` (unix seconds), of the
     /// certificate `which` names: expired, not yet valid, or ending within 14 days. Said at
     /// start, at each reload and by `check-config`; not a refusal, for a client that skips
@@ -156,10 +141,21 @@ impl Validity {
     }
 }
 
-/// The unix second at which the first certificate of `chain` expires, `None` if a date
-/// cannot be read (the verifier, which read it, judges then).
-pub fn valid_until(chain: &[CertificateDer<'_>]) -> Option<i64> {
-    Validity::of_chain(chain).map(|v| v.not_after)
+/// The unix second after which a client's `chain` must be verified again: the earliest end
+/// date among its certificates. A client may send certificates the verifier never uses,
+/// one that cannot be read among them; that must not hide the others' dates (it once
+/// kept an expired certificate placing orders until the next reload), so such a one is
+/// passed over. The client's own, unread, is `i64::MIN`: verified at each request, by the
+/// verifier, which read it.
+pub fn valid_until(chain: &[CertificateDer<'_>]) -> i64 {
+    let Some(leaf) = chain.first().and_then(parse) else {
+        return i64::MIN;
+    };
+    chain[1..]
+        .iter()
+        .filter_map(parse)
+        .map(|c| Validity::of(&c).not_after)
+        .fold(Validity::of(&leaf).not_after, i64::min)
 }
 
 fn parse<'a>(cert: &'a CertificateDer<'_>) -> Option<X509Certificate<'a>> {
@@ -319,8 +315,8 @@ impl TlsFiles {
                     Role::Key,
                     &self.key,
                     "a key of a kind the gateway cannot sign with: it takes RSA (2048 to \
-                     8192 bits), ECDSA P-256 or P-384, or Ed25519; not P-521, RSA-PSS or \
-                     RSA under 2048 bits",
+                     4096 bits), ECDSA P-256 or P-384, or Ed25519; not P-521, RSA-PSS, or \
+                     RSA under 2048 or over 4096 bits",
                 )
             })?;
         Ok((key, signer))
@@ -670,6 +666,28 @@ mod tests {
         )
     }
 
+    /// A client's chain is verified again at the earliest end date among its certificates
+    /// (here the intermediate's, 2030), read past one that cannot be read: the verifier
+    /// skips such an extra certificate, and it once hid every date, so an expired client
+    /// went on placing orders until a reload.
+    #[test]
+    fn a_client_chain_is_checked_again_at_its_earliest_readable_end() {
+        let (chain, _, _, _) = three_tier((2020, 2030));
+        let certs = CertificateDer::pem_slice_iter(chain.as_bytes())
+            .collect::<Result<Vec<_>, _>>()
+            .unwrap();
+        let end_2030 = 1_893_456_000;
+        assert_eq!(valid_until(&certs), end_2030);
+        // The leaf alone ends later (rcgen's default end).
+        assert!(valid_until(&certs[..1]) > end_2030);
+        let junk = CertificateDer::from(vec![0x30, 0x03, 0x02, 0x01, 0x00]);
+        let with_junk = [certs[0].clone(), junk.clone(), certs[1].clone()];
+        assert_eq!(valid_until(&with_junk), end_2030);
+        // The client's own certificate unread: verified again at each request.
+        assert_eq!(valid_until(&[junk, certs[1].clone()]), i64::MIN);
+        assert_eq!(valid_until(&[]), i64::MIN);
+    }
+
     fn files_of(dir: &Path, cert: &str, key: &str) -> TlsFiles {
         let files = TlsFiles {
             cert: dir.join("cert.pem"),
@@ -803,6 +821,66 @@ lW25DjiZQDaK+SgEdHtU+r3aIwsFOu1ZaAW1bdzg991mAblb1opKOUpAy3gvTiym
         let e = refused(&chain, p521);
         assert!(
             e.contains("cannot sign with") && e.contains("not P-521"),
+            "{e}"
+        );
+        // RSA over 4096 bits (here 4104, a test key made for this test): ring signs with
+        // 2048 to 4096, and the refusal says so.
+        let rsa_4104 = "-----BEGIN PRIVATE KEY-----
+MIIJRgIBADANBgkqhkiG9w0BAQEFAASCCTAwggksAgEAAoICAgC/Wj0EAnZgkp5q
+arN/ERKERBGtIdq+46LfMMPbMBy7t/vLAhhOl5umjoz8sCQZJd1GZkrqVO1bqdje
+M/qqCLs6aV5+28Uk6X2uS74DkZP1yvzER8aLNW+4wgSzK1VcOIlpt1d8A73u8kOr
+VBi9SZ2I2Wziw83YsXUngd4wxENZPbSmhxOnjsGcfHzgQ/1uhlFXHV0EGpbEgITz
+nFAnacSiNcn8peJLJeU+YeZasWiiuiQ4K3tesMZUxbiHGfnqETRPg6gMcafxAbJG
+Bqtbl5DOer03LoEI8ppVE17LZlRig+RpcWcmZ9Rw0r5+CwUHahS9XWfxY2OhoHa1
+MwoAAm+eu3zmnnAQF/fWlIW4ozXC6UW5jRXeozJ7RMw07o7k61EAuNraGNdvUMJI
+uuZzI5vUtPfyjOA834IAbRyQn4o7PDZloyZdaIHAyh1whc/TybrdsMaV1MznJl/u
+B+TPPhurDvyYlWjftMdwCrK+t/ow0WDTNKhfpoxPHV97gfQNZdzEfGukjr90z0Te
+G3LrVkJYJoff6v4OpuJ0wQ3aQ+uI/flzW7mLh59rN+UalOH0WEwwncjZltQOMMIK
+y6cxAuxR2vDYV2wP6aroznQmx2xmxFBIuMwCtcGoIaIyz7lMAqXRVF7SAKuLVHdy
+MY0N1uxFpjEhU49L/W33CSgCbgSrq50CAwEAAQKCAgEBz/TjaIuP5tzUM8WgZ/xG
+2nX1tLEDoiwdBiltB4xgRhWmVI5EufuZ73P4Wnr1Wma0cO6fIoNwJtVXjeKXt0Ib
+yET4e/amywVDzuZq4DJjkxfZgnJxx6phjEQcPrKmj0etITTkM40aLuUIJDUhFayA
+2cotPWs/g7c4cG+77u5l+zEdTc+15tjn8HYhoKKb+9sJU/meMPeV3ISZiTnB91gU
+wGBSd+WDHTIigZoPLX5mdigi7pgwXJ1LWNOE6qupsG1LbWxQK9vxlz2yB6ukFQjH
+DWb4fthRhSo/E3StwOscQzdqRsk+fXjqS8vDMpRAhKrnMioR4Wy9DPpEsaeJ9SNV
+YrfCbRXhHtp4jAwK0JJMLE0jTVsOtIlx1SnU3h3PWeaB0o9vebgwEUF9BPvy9TlB
+eTGiq6CsPaX2ocAvueEa5OwBwI6UBM0nK/0Qkm/ENQggp+MfWZ8qIDJ8rWB66gWC
+caAMZAJ7GX+lzlksunWQdoRvgjq4OpTOXJcH/K3DNaFqr04o5EhU4vxPvEzZPYYM
+g/xJ4u04sS491W3yhR6REE3Ewfln6KhzoVYce5JXrJ4Mj6xH2M2EHEqAWwU5erqs
+wDDr0wgIKYqChu4qQ11BvNzzqLknO6qjp8LmIoGHcyaoaI+VLTWl63FFbhWl0hWa
+UPcySju4Up63vUvq3jmQFYECggEBDjAU6KeQBm+9ZiIy61nQXYOovirnBjPCcUvB
+569RJ1n64qoap1robdTmIqqUwX8gNbdEwKEJ5mem76l0FcjuPVtCMYgHTN6jNks/
+26PNf446ISI2GIR7B+/KwQWl2f32iCtCr9Fx+tJ0OSEIeW3Rde/DKj5qrnkmEOle
+QIiCPb3jqUehwbT4cBmxT94ejwnNGzMxtGHulidtkDoNKgKnp5bweWpxs1FUmkrz
+VHWC10tK+ZFm+Dq2qhlub2d5qKnEuSLqxJ1ZKsoc27fI855qSYjoppQCIiJqN7c+
+CEd6KI4rrYSIm/UGS7eXc38DZ1+Cb535CoElKfNF9k9pqCjumoECggEBDXyyZcvn
+tN8neVnIvR5yMyXStV+UmV88nc1i7IP/2K01ggsjdQUa9MgS1yiELBtSs1kx89NS
+2f3EuIKQOKvULp6lSxQkIG+o+9qm00qOdYAF6V+jZGnWjxyd85ldY2bm6A8nYRyb
+OJsVR6aqpiNMZDM2Eye9T0YED2J34z5VWtxi+UqGCnjoWFx01lE7YMNxyNwQ3KHB
+T3B5uF6AZsCh6IyiEKnmSfPioDcP9g9e59YhAtzzafe0g2qI/7ZsutLtB5uOwAEJ
+pUq/SF7fEH63zNyG5vecHP1z0w2afPsjMWFH7JKl5SVo9aKuF8gkKhpUlx4q8IuY
+MPsmc5164mhwqx0CggEBCVPI2y8Vu3WIcXW4Pgt8tY3RyLuRx/0NLsicQMF8O7+m
+9Y7ZGP7l4Rbe+Rll1FPMDCRhGbaFOKkaEWM4wv2mykWNndyM2Bdh+1a7M51bgykw
+xAmmwLWP4Kbfh8g7wbV5dwnhvI6YPUpQSCKUXKg61Sr8BnCkV/GjeejCIvDbltWY
+rvg9uohL7/6kGBqxwl2yLtiYK7taS/K9z9yqPN0j9USA8YFuIHIuiYUOtY7PptSE
+BNB3fmezIN65QJopXB3IC+KNrxa2wS/Aix4nCSozPAa61JBnWqN/awOXz3+WKsVU
+p62C1eze57ZZ5f8xcKtUqCaVzDcdBJg/fW+1yWyneIECggEBBfbqklhNvVCfDWym
+ePSY/oOwnqOJfRaAIS1unTh3EiTvr/YrFRpP5IcCxgJWCYd/2G8Ox0zirCMtN4gO
+LfHXoVJpuT1MCMg4zEDTXEfxnociliXEhajEyX+XXt6pTUd5wJDLEohrIOp8y7Yq
+a9TaeMmpFWmSsBc/vmoGqQmtB8TFRIgvpTv5TPJ+fTVpdA6bKIAiOOCUNASC4AVy
+9X4lXEmtdn8cqAHibIZNWb1MdGzfJnv+bhOs0h1wPt43UZvsVVv3EnSjBmV7GI9U
+SOAxerjgNA63DJ8N9P1kH/eUhccG3tmv4hncRB1QrpXFYJVKaZZe2QhzIt4/EAxK
+Bwy3HwUCggEBB54rzhjvDk6JCcxeMyXLm52ZZwNUSVrpQ8wdJO6fGzLEXMY60gen
+hdJpyHOfVJ5cHEQ4DMi1KJXXsL+ylGSYCLl1ZG5KHTcHnpZQn0OegUVbDKFqVKLO
+I5mWBp6h68TZwSomQ/9OUyZy+wjJDMIDhxSMeXZpKbAYME4wuKTzLvcLMHaNt5Qp
+2zBRJUmIQrXe3QquRQdIqedqWQE6PTR87n3As4TXXclpkcNUupMKV0Za9miCtGTI
+qu7dGFWrL3tlQa7DYPUubEhzJsWwpTG9MaqbGcs7olNRvTljhMvic05Ycyvz+sZd
+8lKuKpVtuXIo1FT+t3Niuhv8wyz11MxVP7M=
+-----END PRIVATE KEY-----
+";
+        let e = refused(&chain, rsa_4104);
+        assert!(
+            e.contains("cannot sign with") && e.contains("RSA (2048 to 4096 bits)"),
             "{e}"
         );
     }
