@@ -100,9 +100,21 @@ fn format_line(now: SystemTime, record: &Record) -> String {
         record.args()
     );
     let _ = record.key_values().visit(&mut Fields(&mut line));
-    // A message or value with a newline would forge a second record: keep one record, one line.
-    if line.contains('\n') {
-        line = line.replace('\n', "\\n");
+    // A message or value with a newline would forge a second record, and a carriage return
+    // or a terminal escape (a client certificate's name, a sender's text) would overwrite
+    // or recolour the line on a terminal: every control character is written escaped
+    // (`\n`, `\r`, `\u{1b}`), so one record stays one line and reads as it is.
+    if line.contains(char::is_control) {
+        line = line
+            .chars()
+            .fold(String::with_capacity(line.len() + 16), |mut l, c| {
+                if c.is_control() {
+                    l.extend(c.escape_default());
+                } else {
+                    l.push(c);
+                }
+                l
+            });
     }
     line.push('\n');
     line
@@ -236,13 +248,25 @@ mod tests {
     }
 
     #[test]
-    fn newlines_cannot_forge_a_second_record() {
+    fn control_characters_cannot_forge_a_record() {
         let got = line(
             format_args!("bad\n2025-01-01T00:00:00Z ERROR forged"),
             &[("v", "a\nb")],
         );
         assert_eq!(got.matches('\n').count(), 1, "{got:?}");
         assert!(got.ends_with('\n'));
+        // A carriage return would put a forged line over the real one on a terminal, and
+        // an escape sequence recolour it: both written as escapes.
+        let got = line(
+            format_args!("client certificate desk\r\u{1b}[31mERROR forged"),
+            &[("client", "cert.a\u{7}b")],
+        );
+        assert!(
+            !got.trim_end_matches('\n').contains(char::is_control),
+            "{got:?}"
+        );
+        assert!(got.contains("desk\\r\\u{1b}[31mERROR forged"), "{got:?}");
+        assert!(got.contains("\\u{7}"), "{got:?}");
     }
 
     /// `init` installs a process-wide logger, so it runs in a child: the test binary re-run
