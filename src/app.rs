@@ -362,11 +362,7 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
                 if watchdog.is_some() {
                     notify::watchdog();
                 }
-                let state = match (&s.refusing(), s.halted) {
-                    (Some(u), _) => format!("fail-closed: {u}; {} live keys", s.live_keys),
-                    (None, true) => format!("halted; {} live keys", s.live_keys),
-                    (None, false) => format!("serving; {} live keys", s.live_keys),
-                };
+                let state = serving_line(&s);
                 match lock(&announce.restart_pending).join(", ").as_str() {
                     "" => state,
                     keys => format!("{state}; restart pending: {keys}"),
@@ -405,6 +401,19 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
 /// How long the first open may take before a ping it leaves unanswered is failing closed:
 /// redb checks a database whole as it opens it, a second or more a gigabyte here.
 const OPENING: Duration = Duration::from_secs(60);
+
+/// `STATUS=` for an owner that answered: serving, halted, or why every new trade is
+/// refused; full and halted says both, for `systemctl status` shows this line alone (a
+/// full gateway halted read "fail-closed" with no word of the kill switch).
+fn serving_line(s: &mutex::Status) -> String {
+    let n = s.live_keys;
+    match (s.refusing(), s.halted) {
+        (Some(u), false) => format!("fail-closed: {u}; {n} live keys"),
+        (Some(u), true) => format!("fail-closed: {u}; halted; {n} live keys"),
+        (None, true) => format!("halted; {n} live keys"),
+        (None, false) => format!("serving; {n} live keys"),
+    }
+}
 
 /// What the supervisor says of a ping the owner did not answer: `behind` (it took turns
 /// meanwhile: busy, not stuck), still in its first open (`opening`, a ping timed out: an
@@ -624,7 +633,12 @@ async fn reload_on_hangup(
         return;
     };
     let mut config = config;
-    while hup.recv().await.is_some() {
+    // A SIGHUP that came during the last reload: one more follows it at once.
+    let mut again = false;
+    loop {
+        if !std::mem::take(&mut again) && hup.recv().await.is_none() {
+            return;
+        }
         let Some(announced) = announce.reloading() else {
             log::info!("SIGHUP while stopping: not reloaded");
             continue;
@@ -632,18 +646,25 @@ async fn reload_on_hangup(
         // Both, or neither: a client CA and the secrets that go with it (or a certificate
         // deployed with a rotation) must not run half old, half new because one file of the
         // two was bad.
-        // A SIGHUP that comes while this one's files are still being read (a hung mount)
-        // is said to be not applied: taken silently, the operator's next reload seemed to
-        // do nothing, with no line to say why.
+        // A SIGHUP that comes while this one's files are still being read asks for files
+        // this reload may have read before they changed (a secret revoked a moment after
+        // an automated reload began): it gets a reload of its own, once this one ends.
+        // Dropped, the revoked secret went on placing orders, with a reload that said it
+        // succeeded. Any number of them make one more: each reads the files as they are.
         let reloading = reload_off_the_runtime(config.clone());
         tokio::pin!(reloading);
         let reloaded = loop {
             tokio::select! {
                 r = &mut reloading => break r,
-                Some(()) = hup.recv() => log::warn!(
-                    "SIGHUP while the reload before it still reads its files (a hung mount?): \
-                     not applied; that reload goes on"
-                ),
+                Some(()) = hup.recv() => {
+                    if !again {
+                        log::info!(
+                            "SIGHUP during a reload: another reload follows it, to read the \
+                             files as they are then"
+                        );
+                    }
+                    again = true;
+                }
             }
         };
         match reloaded {
@@ -686,6 +707,26 @@ async fn reload_on_hangup(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn the_status_line_says_full_and_halted_both() {
+        let status = |halted, at_capacity| mutex::Status {
+            live_keys: 2,
+            halted,
+            fail_closed: None,
+            at_capacity,
+        };
+        assert_eq!(serving_line(&status(false, false)), "serving; 2 live keys");
+        assert_eq!(serving_line(&status(true, false)), "halted; 2 live keys");
+        assert_eq!(
+            serving_line(&status(true, true)),
+            "fail-closed: live-key capacity reached; halted; 2 live keys"
+        );
+        assert_eq!(
+            serving_line(&status(false, true)),
+            "fail-closed: live-key capacity reached; 2 live keys"
+        );
+    }
 
     /// A ping the first open leaves unanswered is a start under way, not a failure: each
     /// start of a large database (1.6 GB: two seconds of redb's check) logged an error

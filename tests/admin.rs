@@ -307,6 +307,44 @@ async fn the_client_reports_a_listener_that_is_not_there() {
 
 // The tests below need the real owner (branch `mutex`).
 
+/// Past its connection bound, the admin face answers at once, 503 `ADMIN_BUSY`, and does
+/// nothing: a command left in the kernel's backlog was read once a connection freed, and
+/// a `resume` the operator was told had failed (exit 69 after 10 s) took the kill switch
+/// off. Over both kinds of listener.
+#[tokio::test]
+async fn a_command_past_the_connection_bound_is_refused_and_never_applied() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, owner) = start_mutex(&dir.path().join("mutex.redb"));
+    wait_serving(&m).await;
+    let st = state(&m, true);
+    for a in both(dir.path(), &st).await {
+        // Every connection the face serves, held open without a request (as a script's
+        // kept-alive ones are): each holds its turn until the head timeout (10 s).
+        let mut held = Vec::new();
+        for _ in 0..32 {
+            held.push(match &a.listen {
+                Listen::Tcp(addr) => Box::new(tokio::net::TcpStream::connect(addr).await.unwrap())
+                    as Box<dyn std::any::Any + Send>,
+                Listen::Unix(path) => {
+                    Box::new(tokio::net::UnixStream::connect(path).await.unwrap())
+                }
+            });
+        }
+        let (s, v) = tokio::time::timeout(Duration::from_secs(5), a.call("POST", "/halt"))
+            .await
+            .unwrap_or_else(|_| panic!("{}: no answer past the bound", a.listen));
+        assert_eq!((s, v["code"].as_str()), (503, Some("ADMIN_BUSY")), "{v}");
+        // The turns free: the refused command is not read then.
+        drop(held);
+        tokio::time::sleep(Duration::from_millis(300)).await;
+        let (s, v) = a.call("GET", "/status").await;
+        assert_eq!((s, v["halted"].as_bool()), (200, Some(false)), "{v}");
+        assert!(!m.is_halted());
+        a.stop().await;
+    }
+    owner.stop();
+}
+
 #[tokio::test]
 async fn halt_is_persisted_and_readiness_follows_it() {
     let dir = tempfile::tempdir().unwrap();

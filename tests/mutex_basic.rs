@@ -375,7 +375,8 @@ fn capacity_refuses_new_keys_but_not_duplicates() {
 }
 
 /// Full is fewer places left than a signed trade takes: at a capacity of two, one key
-/// is full, and the status says so (what `/readyz` and the gauges report).
+/// is full, and the status says so (what `/readyz` and the gauges report), halted too: a
+/// full gateway behind the kill switch read as one that would serve at `resume`.
 #[test]
 fn one_key_of_two_is_full() {
     let dir = tempfile::tempdir().unwrap();
@@ -385,6 +386,15 @@ fn one_key_of_two_is_full() {
         assert!(!m.ping().await.unwrap().at_capacity);
         granted(m.reserve(reserve(&key("a"), 1_000, 1)).await);
         assert!(m.ping().await.unwrap().at_capacity);
+        m.set_halted(true).await.unwrap();
+        let status = m.ping().await.unwrap();
+        assert!(status.halted && status.at_capacity, "{status:?}");
+        assert!(
+            m.shared()
+                .at_capacity
+                .load(std::sync::atomic::Ordering::Relaxed)
+        );
+        m.set_halted(false).await.unwrap();
         assert_eq!(
             m.reserve(reserve(&key("b"), 1_000, 1)).await,
             Decision::Unavailable(Unavailable::Capacity)

@@ -70,8 +70,9 @@ struct ModelEntry {
     /// Which grant made it.
     grant: u64,
     /// For the guard of a signed request turned away by a pending trade: that trade's
-    /// grant, whose commit or release settles it too.
-    follows: Option<u64>,
+    /// grant, whose commit or release settles it too, and its key (the order the guard
+    /// waits on is that trade's, which a duplicate the guard catches names).
+    follows: Option<(u64, usize)>,
 }
 
 /// What the model says a reserve gets: a grant (numbered by the model), or this answer.
@@ -109,6 +110,7 @@ impl Model {
             // The owner's number for the entry: not modelled (it numbers guard entries no
             // answer returns); set from the answer before the two are compared.
             seq: 0,
+            follows: e.follows.map(|(_, t)| (keys[t].clone(), 0)),
         })
     }
 
@@ -124,7 +126,7 @@ impl Model {
             if e.hash != hash {
                 return Expect::Answer(Decision::Mismatch);
             }
-            let by = (e.state, e.grant);
+            let by = (e.state, e.grant, k);
             return self.turned_away(self.dup(keys, k, e), by, guard);
         }
         // The trade keys are one trade's minutes: another reserved less than a minute ago
@@ -133,7 +135,7 @@ impl Model {
             .filter_map(|s| self.live(s).map(|e| (s, e)))
             .find(|(_, e)| self.now - e.stored_at < BUCKET_MS)
         {
-            let by = (e.state, e.grant);
+            let by = (e.state, e.grant, s);
             return self.turned_away(self.dup(keys, s, e), by, guard);
         }
         if let Some((g, _)) = guard
@@ -160,20 +162,20 @@ impl Model {
     }
 
     /// A signed request turned away as a duplicate (`d`) of a trade's entry (`by`: its
-    /// state and grant) still takes its guard, unless the guard is live: following a
+    /// state, grant and key) still takes its guard, unless the guard is live: following a
     /// pending trade's grant, or committed at once.
     fn turned_away(
         &mut self,
         d: Decision,
-        by: (State, u64),
+        by: (State, u64, usize),
         guard: Option<(usize, u64)>,
     ) -> Expect {
         if let Some((g, ttl_s)) = guard
             && self.live(KEYS + g).is_none()
         {
             let follows = match by {
-                (State::Pending, grant) => Some(grant),
-                (State::Committed, _) => None,
+                (State::Pending, grant, trade) => Some((grant, trade)),
+                (State::Committed, ..) => None,
             };
             self.grants += 1;
             let e = ModelEntry {
@@ -242,6 +244,9 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                     (mut got, Expect::Answer(want)) => {
                         if let Decision::Duplicate(d) = &mut got {
                             d.seq = 0;
+                            if let Some(f) = &mut d.follows {
+                                f.1 = 0;
+                            }
                         }
                         prop_assert_eq!(got, want, "reserve {} at {}", k, model.now - T0)
                     }
@@ -264,7 +269,11 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         e.response = snap;
                     }
                 }
-                for e in model.map.values_mut().filter(|e| e.follows == Some(id)) {
+                for e in model
+                    .map
+                    .values_mut()
+                    .filter(|e| e.follows.is_some_and(|f| f.0 == id))
+                {
                     e.follows = None;
                     if now < e.expires_at {
                         e.state = State::Committed;
@@ -281,7 +290,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                         model.map.remove(&k);
                     }
                 }
-                model.map.retain(|_, e| e.follows != Some(id));
+                model.map.retain(|_, e| e.follows.is_none_or(|f| f.0 != id));
             }
             Op::ForceRelease(k) => {
                 let released = rt.block_on(m.force_release(keys[k].clone(), None)).unwrap();

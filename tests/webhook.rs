@@ -1219,11 +1219,28 @@ async fn capacity_refuses_new_keys_but_still_finds_duplicates() {
         (serving, metric(&gw, "hoox_mutex_at_capacity").await)
     };
     assert_eq!(gauges().await, (0.0, 1.0));
-    // Halted, the kill switch is the reason, the operator's own doing: `status` serves.
+    // Halted, it is still full, and says so: the kill switch hid it (`status` served, the
+    // gauge read 0), and `resume` found it full.
     assert_eq!(gw.admin("POST", "/halt").await.0, 200);
-    gw.wait_unready_because("halted").await;
     let (_, status) = gw.admin("GET", "/status").await;
-    assert_eq!(status["serving"], json!(true), "{status}");
+    assert_eq!(
+        (
+            &status["halted"],
+            &status["serving"],
+            &status["fail_closed"]
+        ),
+        (&json!(true), &json!(false), &json!("capacity")),
+        "{status}"
+    );
+    gw.wait_unready_because("capacity").await;
+    let (_, ready) = gw.admin("GET", "/readyz").await;
+    assert!(
+        ready["detail"]
+            .as_str()
+            .is_some_and(|d| d.ends_with("the kill switch is on too")),
+        "{ready}"
+    );
+    assert_eq!(gauges().await, (0.0, 1.0));
     assert_eq!(gw.admin("POST", "/resume").await.0, 200);
     gw.wait_unready_because("capacity").await;
     assert_eq!(release_as_seen(&gw, "client:psk:live:cap-2").await, 200);
@@ -3153,6 +3170,74 @@ async fn a_signatures_key_is_settled_with_its_trade() {
     let r = post_signed(&gw, &body, signed_at, &headers).await;
     assert_eq!(r.status, 200, "{:?}", r.json());
     assert_eq!(exec.calls(), 3);
+}
+
+/// A signed retry turned away while its trade's order is out (signed again, a second
+/// later) takes a guard that waits on that order, and reads so: `keys list` and `keys
+/// show` give it `in_flight: true`, and a release of it needs `--force`, as the trade's
+/// own key and guard do. It read "unknown, no order out", which sends an operator to the
+/// exchange while the order is still on its way, and was released unforced.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_turned_away_retrys_guard_is_in_flight_with_its_trades_order() {
+    // Out for the whole look below; a loaded machine must not make the fill a 504.
+    let (exec, _setup, gw) = with_mock_configured(|setup| {
+        setup.set("executor", "timeout", "10s");
+    })
+    .await;
+    exec.set_mode(Mode::Slow(Duration::from_secs(2)));
+    let (_, body) = without_api_key("BTCUSDT");
+    let headers = [("idempotency-key", "signed-out")];
+    let ts = unix_now_s();
+    let first = post_signed(&gw, &body, ts, &headers);
+    let guards = || async {
+        let (s, v) = gw.admin("GET", "/keys").await;
+        assert_eq!(s, 200, "{v}");
+        let guards: Vec<Value> = v["keys"]
+            .as_array()
+            .unwrap()
+            .iter()
+            .filter(|e| e["key"].as_str().unwrap().starts_with("sig:"))
+            .cloned()
+            .collect();
+        guards
+    };
+    let retry = async {
+        exec.wait_for_calls(1).await;
+        let r = post_signed(&gw, &body, ts + 1, &headers).await;
+        assert_eq!(r.status, 409, "{:?}", r.json());
+        assert_eq!(r.json()["key"], json!("client:psk:live:signed-out"));
+        assert_eq!(r.json()["order"], json!("in_flight"), "{:?}", r.json());
+        // The first's guard and the retry's: both wait on the one order out.
+        let guards = guards().await;
+        assert_eq!(guards.len(), 2, "{guards:?}");
+        for g in &guards {
+            assert_eq!(
+                (&g["in_flight"], &g["order"]),
+                (&json!(true), &json!("in_flight")),
+                "{g}"
+            );
+            let key = g["key"].as_str().unwrap();
+            let path = format!("/keys/{}", hoox_edge::admin::client::encode_key(key));
+            let (s, v) = gw.admin("GET", &path).await;
+            assert_eq!((s, &v["in_flight"]), (200, &json!(true)), "{v}");
+            let tag = v["entry"].as_str().unwrap();
+            let (s, v) = gw
+                .admin("POST", &format!("{path}/release?entry={tag}"))
+                .await;
+            assert_eq!((s, &v["code"]), (409, &json!("ORDER_IN_FLIGHT")), "{v}");
+        }
+    };
+    let (r, ()) = tokio::join!(first, retry);
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    // Settled with their trade: committed, no order out.
+    for g in guards().await {
+        assert_eq!(
+            (&g["state"], &g["in_flight"]),
+            (&json!("committed"), &json!(false)),
+            "{g}"
+        );
+    }
+    assert_eq!(exec.calls(), 1);
 }
 
 /// The signature covers the timestamp and the body, not the headers: a captured signed

@@ -49,9 +49,15 @@ use crate::mutex::{
     EntryInfo, Key, KeyError, Mutex, Released, Seen, State as EntryState, Unavailable,
 };
 
-/// Connections served at once; more wait in the kernel's backlog. An operator's tools
-/// need a handful; the bound keeps a runaway script from starving the gateway.
+/// Connections served at once. An operator's tools need a handful; the bound keeps a
+/// runaway script from starving the gateway. One more is answered 503 `ADMIN_BUSY` at
+/// once, not left in the kernel's backlog: read there once a connection freed, a command
+/// its client had given up on (`resume`, exit 69 after 10 s) was applied after all.
 const MAX_CONNECTIONS: usize = 32;
+/// Connections past the bound being told so at once; past these, closed unanswered.
+const MAX_TOLD_BUSY: usize = 32;
+/// How long a connection past the bound has to send the head its 503 answers.
+const BUSY_HEADER_TIMEOUT: Duration = Duration::from_secs(1);
 /// A client that has not sent its request head by then is dropped.
 const HEADER_TIMEOUT: Duration = Duration::from_secs(10);
 /// How long in-flight admin requests may take to finish at shutdown.
@@ -210,15 +216,28 @@ pub async fn bind(listen: &Listen) -> io::Result<Bound> {
         Listen::Tcp(addr) => Listener::Tcp(TcpListener::bind(addr).await?),
         Listen::Unix(path) => {
             remove_stale_socket(path).await?;
-            let l = UnixListener::bind(path)?;
+            let l = bind_private(path)?;
             let file = SocketFile::of(path);
-            // chmod after bind leaves a moment where the umask's mode applies; the
-            // directory (RuntimeDirectory=, mode 0750) is what closes that window.
             std::fs::set_permissions(path, std::fs::Permissions::from_mode(0o600))?;
             Listener::Unix(l, file)
         }
     };
     Ok(Bound { listener })
+}
+
+/// A socket made at `path` with no access for group or others from its first moment: a
+/// socket takes its mode from the umask at its bind, and one made under `umask 000` and
+/// only then chmodded let another local user connect in between, and keep that connection
+/// (`halt`, `keys release --force`). The umask is the process's, so it is narrowed for the
+/// bind alone: the gateway binds before its mutex's thread starts, and anything another
+/// thread made meanwhile would only be more private (0700 folders, 0600 files).
+fn bind_private(path: &Path) -> io::Result<UnixListener> {
+    // SAFETY: umask only swaps the process's mask, and cannot fail.
+    let before = unsafe { libc::umask(0o077) };
+    let bound = UnixListener::bind(path);
+    // SAFETY: as above; the mask found is put back.
+    unsafe { libc::umask(before) };
+    bound
 }
 
 /// Why no socket can be made at `path`, if a file or folder stands there: only a socket
@@ -269,21 +288,16 @@ pub async fn serve(
 ) -> io::Result<()> {
     let state = Arc::new(state);
     let graceful = GracefulShutdown::new();
-    let permits = Arc::new(Semaphore::new(MAX_CONNECTIONS));
+    let turns = Turns {
+        served: Arc::new(Semaphore::new(MAX_CONNECTIONS)),
+        told_busy: Arc::new(Semaphore::new(MAX_TOLD_BUSY)),
+    };
     let mut shutdown = std::pin::pin!(shutdown);
     let mut accept_failed =
         crate::platform::log::Throttled::new(crate::platform::log::REPEATED_EVERY);
     loop {
-        let permit = tokio::select! {
-            p = permits.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                // The semaphore is never closed; treat it as a stop all the same.
-                Err(_) => break,
-            },
-            () = &mut shutdown => break,
-        };
         let accepted = tokio::select! {
-            r = accept(&bound.listener, &state, &graceful, permit) => r,
+            r = accept(&bound.listener, &state, &graceful, &turns) => r,
             () = &mut shutdown => break,
         };
         if let Err(e) = accepted {
@@ -304,36 +318,60 @@ pub async fn serve(
     Ok(())
 }
 
+/// The connections served, and those told the face is busy.
+struct Turns {
+    served: Arc<Semaphore>,
+    told_busy: Arc<Semaphore>,
+}
+
 async fn accept(
     listener: &Listener,
     state: &Arc<State>,
     graceful: &GracefulShutdown,
-    permit: OwnedSemaphorePermit,
+    turns: &Turns,
 ) -> io::Result<()> {
     match listener {
-        Listener::Tcp(l) => spawn_connection(l.accept().await?.0, state, graceful, permit),
-        Listener::Unix(l, _) => spawn_connection(l.accept().await?.0, state, graceful, permit),
+        Listener::Tcp(l) => spawn_connection(l.accept().await?.0, state, graceful, turns),
+        Listener::Unix(l, _) => spawn_connection(l.accept().await?.0, state, graceful, turns),
     }
     Ok(())
 }
 
-fn spawn_connection<S>(
-    io: S,
-    state: &Arc<State>,
-    graceful: &GracefulShutdown,
-    permit: OwnedSemaphorePermit,
-) where
+fn spawn_connection<S>(io: S, state: &Arc<State>, graceful: &GracefulShutdown, turns: &Turns)
+where
     S: AsyncRead + AsyncWrite + Unpin + Send + 'static,
 {
+    let (permit, busy): (OwnedSemaphorePermit, bool) =
+        match turns.served.clone().try_acquire_owned() {
+            Ok(p) => (p, false),
+            Err(_) => match turns.told_busy.clone().try_acquire_owned() {
+                Ok(p) => (p, true),
+                // A flood: closed unanswered, and nothing it sent is read.
+                Err(_) => return,
+            },
+        };
     let state = state.clone();
     let svc = service_fn(move |req| {
         let state = state.clone();
-        async move { Ok::<_, Infallible>(route(&state, req).await) }
+        async move {
+            Ok::<_, Infallible>(if busy {
+                busy_answer()
+            } else {
+                route(&state, req).await
+            })
+        }
     });
     let mut builder = hyper::server::conn::http1::Builder::new();
     builder
         .timer(TokioTimer::new())
-        .header_read_timeout(HEADER_TIMEOUT);
+        .header_read_timeout(if busy {
+            BUSY_HEADER_TIMEOUT
+        } else {
+            HEADER_TIMEOUT
+        });
+    if busy {
+        builder.keep_alive(false);
+    }
     let conn = graceful.watch(builder.serve_connection(TokioIo::new(io), svc));
     tokio::spawn(async move {
         if let Err(e) = conn.await {
@@ -494,6 +532,7 @@ async fn not_ready(state: &State) -> Option<(&'static str, String)> {
     match state.mutex.ping().await {
         Err(u) => Some((u.reason(), u.to_string())),
         Ok(s) => match s.refusing() {
+            Some(u) if s.halted => Some((u.reason(), format!("{u}; the kill switch is on too"))),
             Some(u) => Some((u.reason(), u.to_string())),
             None if s.halted => Some(("halted", "the kill switch is on".into())),
             None => None,
@@ -550,7 +589,7 @@ async fn list(state: &State, query: &str) -> Answer {
             let truncated = entries.len() > limit;
             entries.truncate(limit);
             // One wait for all of them: each key's may be a reserve's round trip.
-            let asked: Vec<_> = entries.iter().map(|e| (&e.key, e.seq)).collect();
+            let asked: Vec<_> = entries.iter().map(EntryInfo::order).collect();
             let out = state.outstanding.orders_out(&asked).await;
             let keys: Vec<Value> = entries
                 .iter()
@@ -757,9 +796,11 @@ fn parse_key(raw: &str) -> Result<Key, Box<Answer>> {
         .map_err(|detail| Box::new(problem(StatusCode::BAD_REQUEST, "INVALID_KEY", detail)))
 }
 
-/// Whether the order that made the entry `e` is at the executor now.
+/// Whether the order that made the entry `e` is at the executor now: for the guard of a
+/// signed retry turned away, the order of the trade that turned it away, which settles it.
 async fn order_out(state: &State, e: &EntryInfo) -> bool {
-    state.outstanding.order_out(&e.key, e.seq).await
+    let (key, seq) = e.order();
+    state.outstanding.order_out(key, seq).await
 }
 
 /// An entry as `keys show` and `keys list` give it; `out`: its order is at the executor.
@@ -805,6 +846,23 @@ fn ok(v: Value) -> Answer {
     respond(StatusCode::OK, "application/json", v.to_string().into())
 }
 
+/// A request on a connection past [`MAX_CONNECTIONS`]: answered, and not acted on.
+fn busy_answer() -> Answer {
+    let mut answer = problem(
+        StatusCode::SERVICE_UNAVAILABLE,
+        "ADMIN_BUSY",
+        format!(
+            "the admin face serves {MAX_CONNECTIONS} connections at once, and has as many \
+             open: nothing was done; close the idle ones (a script's kept-alive \
+             connections?) and run the command again"
+        ),
+    );
+    answer
+        .headers_mut()
+        .insert(header::RETRY_AFTER, HeaderValue::from_static("1"));
+    answer
+}
+
 /// An error answer: the same problem document, headers included, as the webhook's, so an
 /// operator's tools read both faces alike.
 fn problem(status: StatusCode, code: &'static str, detail: impl Into<String>) -> Answer {
@@ -839,6 +897,46 @@ fn respond(status: StatusCode, content_type: &'static str, body: Bytes) -> Answe
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A socket is private from its bind, whatever the umask: under `umask 000` it was made
+    /// 0777 and chmodded only after, and another local user connected in between. In a
+    /// child process, for the umask is the whole process's.
+    #[test]
+    fn the_socket_is_private_from_its_bind_under_any_umask() {
+        const NAME: &str = "admin::tests::the_socket_is_private_from_its_bind_under_any_umask";
+        const ROLE: &str = "HOOX_ADMIN_UMASK_DIR";
+        if let Some(dir) = std::env::var_os(ROLE) {
+            // SAFETY: swaps the mask; this child runs this test alone.
+            unsafe { libc::umask(0) };
+            let rt = tokio::runtime::Builder::new_current_thread()
+                .enable_all()
+                .build()
+                .unwrap();
+            let path = Path::new(&dir).join("admin.sock");
+            let _listener = rt.block_on(async { bind_private(&path) }).unwrap();
+            let mode = std::fs::symlink_metadata(&path)
+                .unwrap()
+                .permissions()
+                .mode();
+            assert_eq!(mode & 0o077, 0, "made {:o}", mode & 0o777);
+            // SAFETY: as above.
+            assert_eq!(unsafe { libc::umask(0) }, 0, "the umask was not put back");
+            return;
+        }
+        let dir = tempfile::tempdir().unwrap();
+        let out = crate::testing::rerun(NAME)
+            .unwrap()
+            .env(ROLE, dir.path())
+            .output()
+            .unwrap();
+        let said = String::from_utf8_lossy(&out.stdout);
+        assert!(
+            out.status.success() && said.contains("1 passed"),
+            "{said}{}",
+            String::from_utf8_lossy(&out.stderr)
+        );
+        assert!(dir.path().join("admin.sock").exists());
+    }
 
     #[test]
     fn only_loopback_or_a_socket_is_accepted() {

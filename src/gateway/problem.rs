@@ -518,6 +518,7 @@ mod tests {
             expires_in_ms: 20,
             response: None,
             seq: 3,
+            follows: None,
         };
         assert_eq!(
             Problem::duplicate(&d, order_state(d.state, false)),

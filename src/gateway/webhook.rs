@@ -816,7 +816,9 @@ async fn execute_and_settle(gw: &Gateway, grant: Grant, order: &Order, _out: Out
 /// owner cannot be asked. The age of the entry told this once: an order held after a 504
 /// read as at the executor for seconds more, while `keys show` said it was not.
 async fn where_is(gw: &Gateway, d: &mut crate::mutex::Duplicate) -> &'static str {
-    if d.state == crate::mutex::State::Committed || gw.outstanding.order_out(&d.key, d.seq).await {
+    // A signed retry's guard waits on the order of the trade that turned it away.
+    let (key, seq) = d.order();
+    if d.state == crate::mutex::State::Committed || gw.outstanding.order_out(key, seq).await {
         return super::problem::order_state(d.state, true);
     }
     match gw.mutex.get(d.key.clone()).await {

@@ -195,6 +195,8 @@ pub struct Duplicate {
     pub response: Option<Snapshot>,
     /// Which entry blocked ([`EntryInfo::seq`]): whether its order is out is asked by it.
     pub seq: u64,
+    /// As [`EntryInfo::follows`], for a duplicate a follower guard caught.
+    pub follows: Option<(Key, u64)>,
 }
 
 /// Why the mutex refused. Every variant means: do not forward the trade.
@@ -246,6 +248,9 @@ pub struct EntryInfo {
     /// Which load of the index from the disk it was seen in: another after every open (a
     /// reopen, a restart), which may have lost a commit that was carried in memory.
     pub load: u32,
+    /// For the guard of a signed retry turned away by a pending trade (it is settled with
+    /// that trade): the trade's key and entry, whose order is the one this entry waits on.
+    pub follows: Option<(Key, u64)>,
 }
 
 /// An entry as an operator looked at it ([`Mutex::force_release`]).
@@ -254,6 +259,27 @@ pub struct Seen {
     pub seq: u64,
     pub state: State,
     pub load: u32,
+}
+
+impl EntryInfo {
+    /// The entry whose order this one's is ([`order_entry`]).
+    pub fn order(&self) -> (&Key, u64) {
+        order_entry(&self.key, self.seq, self.follows.as_ref())
+    }
+}
+
+impl Duplicate {
+    /// The entry whose order the blocking entry's is ([`order_entry`]).
+    pub fn order(&self) -> (&Key, u64) {
+        order_entry(&self.key, self.seq, self.follows.as_ref())
+    }
+}
+
+/// The entry (its key and number) whose order is the one an entry waits on: its own, or,
+/// for the guard of a signed retry turned away, the trade's that settles it (`follows`).
+/// What `executor::outstanding` is asked, by the admin face and by a duplicate's 409 alike.
+fn order_entry<'a>(key: &'a Key, seq: u64, follows: Option<&'a (Key, u64)>) -> (&'a Key, u64) {
+    follows.map_or((key, seq), |(k, s)| (k, *s))
 }
 
 impl From<&EntryInfo> for Seen {
@@ -287,8 +313,9 @@ pub struct Status {
     pub fail_closed: Option<Unavailable>,
     /// Fewer places are left under `capacity` than a signed trade takes (two: its key and
     /// its guard), so new trades are refused (`Capacity`) until keys expire or are
-    /// released, while duplicates are still answered. False while halted or failing
-    /// closed, which say so themselves.
+    /// released, while duplicates are still answered. False while failing closed, which
+    /// says so itself; true while halted too, for the kill switch once hid a full gateway
+    /// until `resume` found it full.
     pub at_capacity: bool,
 }
 

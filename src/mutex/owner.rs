@@ -272,10 +272,11 @@ struct Owner {
     index: HashMap<Rc<str>, Live>,
     /// The guards of signed requests turned away by a pending trade (`Owner::turned_away`),
     /// by that trade's grant (its entry's number): settled when it is, as its own guard is,
-    /// whether or not the trade's entry is still there. Pruned, at each idle checkpoint and
+    /// whether or not the trade's entry is still there, with that trade's key: a guard's
+    /// order is its trade's (`Owner::leader_of`). Pruned, at each idle checkpoint and
     /// each reopen, of the guards no longer held (a grant that never settles: its owner
     /// stopped, or the gateway could not queue its commit).
-    followers: HashMap<u64, Vec<Grant>>,
+    followers: HashMap<u64, (Key, Vec<Grant>)>,
     /// Each fingerprint's latest key in `index`, found by its family (the key without its
     /// minute): what makes a fingerprint reserved less than a minute ago a duplicate
     /// whatever its bucket.
@@ -659,7 +660,12 @@ impl Owner {
                 let now = (now_wall, now_mono);
                 let committed = self.commit(&grant, response, w, now);
                 let guard = grant.guard.as_ref().map(|g| self.commit(g, None, w, now));
-                for f in self.followers.remove(&grant.seq).unwrap_or_default() {
+                for f in self
+                    .followers
+                    .remove(&grant.seq)
+                    .map(|(_, f)| f)
+                    .unwrap_or_default()
+                {
                     if let Err(e) = self.commit(&f, None, w, now) {
                         return Err(Box::new((e, None)));
                     }
@@ -774,7 +780,7 @@ impl Owner {
             if live.payload_hash != req.payload_hash {
                 return Ok(Decision::Mismatch);
             }
-            let holder = (live.seq, live.state);
+            let holder = (req.key.clone(), live.seq, live.state);
             let d = Decision::Duplicate(duplicate(&req.key, live, now));
             return self.turned_away(req, d, holder, w, now, durable);
         }
@@ -793,7 +799,7 @@ impl Owner {
             // Every key in the index parses: `Key::from_stored` at load, a `Key` since.
             // Were one not to, the answer names the request's own key, still a duplicate.
             let key = Key::from_stored(&latest.0).unwrap_or_else(|_| req.key.clone());
-            let holder = (live.seq, live.state);
+            let holder = (key.clone(), live.seq, live.state);
             let d = Decision::Duplicate(duplicate(&key, live, now));
             return self.turned_away(req, d, holder, w, now, durable);
         }
@@ -801,7 +807,9 @@ impl Owner {
         if let Some(g) = &req.guard
             && let Some(live) = self.live(&g.key, now)
         {
-            return Ok(Decision::Duplicate(duplicate(&g.key, live, now)));
+            let mut d = duplicate(&g.key, live, now);
+            d.follows = self.leader_of(live.seq);
+            return Ok(Decision::Duplicate(d));
         }
         // Both keys are free by now: one still in the index is expired, and is replaced in
         // place, so only those not in it take a new one. A trade that takes any place needs
@@ -838,9 +846,9 @@ impl Owner {
     /// key had moved on (a fingerprint a minute old, a client key past its TTL), would be
     /// a new trade and be sent.
     ///
-    /// Behind a pending trade (`holder`: its entry's number and state) the guard follows
-    /// it: committed with it, released with it, since a trade that failed is the sender's
-    /// to retry, this request included. Behind a committed trade the request will never
+    /// Behind a pending trade (`holder`: its key, its entry's number and state) the guard
+    /// follows it: committed with it, released with it, since a trade that failed is the
+    /// sender's to retry, this request included. Behind a committed trade the request will never
     /// run: its guard is committed at once. Either way it is written with the batch and
     /// synced before the answer, as a trade's own entry is. A resend of the same signed
     /// request finds its guard and writes nothing.
@@ -848,7 +856,7 @@ impl Owner {
         &mut self,
         req: &Reserve,
         d: Decision,
-        (holder, state): (u64, State),
+        (holder_key, holder, state): (Key, u64, State),
         w: &mut Batch,
         now: (u64, u64),
         durable: &mut bool,
@@ -871,7 +879,11 @@ impl Owner {
             guard: None,
         };
         if state == State::Pending {
-            self.followers.entry(holder).or_default().push(guard);
+            self.followers
+                .entry(holder)
+                .or_insert_with(|| (holder_key, Vec::new()))
+                .1
+                .push(guard);
         } else {
             self.commit(&guard, None, w, now)?;
         }
@@ -993,7 +1005,12 @@ impl Owner {
         }
         // Each is its own release, carried like its trade's: a failed write hands it to
         // `void`, to be made again at the reopen (`fail`), as the trade's grant is.
-        for f in self.followers.remove(&grant.seq).unwrap_or_default() {
+        for f in self
+            .followers
+            .remove(&grant.seq)
+            .map(|(_, f)| f)
+            .unwrap_or_default()
+        {
             if self.release(&f, w, now)? {
                 self.released.push(f);
             }
@@ -1023,7 +1040,10 @@ impl Owner {
     fn read_only(&mut self, cmd: Command, now: (u64, u64)) -> Option<Reply> {
         match cmd {
             Command::Get(key, tx) => {
-                let info = self.live(&key, now).map(|l| info(&key, l, now, self.load));
+                let info = self.live(&key, now).map(|l| {
+                    let follows = key.is_guard().then(|| self.leader_of(l.seq)).flatten();
+                    info(&key, l, now, self.load, follows)
+                });
                 Some(Reply::Entry(tx, info))
             }
             Command::List(limit, tx) => {
@@ -1039,15 +1059,24 @@ impl Owner {
                     all.truncate(limit);
                 }
                 all.sort_unstable_by(order);
+                // Each follower's trade, by the follower's entry: one pass, not one a key.
+                let leaders: HashMap<u64, (&Key, u64)> = self
+                    .followers
+                    .iter()
+                    .flat_map(|(seq, (key, guards))| {
+                        guards.iter().map(move |g| (g.seq, (key, *seq)))
+                    })
+                    .collect();
                 let list = all
                     .into_iter()
                     .take(limit)
                     // Keys in the index were built from a `Key` or checked by
                     // `Key::from_stored` at load, so this never drops one.
                     .filter_map(|(k, l)| {
+                        let follows = leaders.get(&l.seq).map(|&(k, s)| (k.clone(), s));
                         Key::from_stored(k)
                             .ok()
-                            .map(|k| info(&k, l, now, self.load))
+                            .map(|k| info(&k, l, now, self.load, follows))
                     })
                     .collect();
                 Some(Reply::List(tx, list))
@@ -1217,12 +1246,11 @@ impl Owner {
 
     /// Whether new trades are refused for the index being full: fewer places are left than
     /// a signed trade takes (its key and its signature's guard), the rule `reserve` applies
-    /// to every new trade. Halted or failing closed, every trade is refused for that, and
-    /// said so.
+    /// to every new trade. Failing closed, every trade is refused for that, and said so.
+    /// Halted, it is still said: hidden behind the kill switch (`status` exit 0, the
+    /// `at_capacity` gauge 0), a full gateway was found full only at `resume`.
     fn at_capacity(&self) -> bool {
-        self.failure.is_none()
-            && !self.halted
-            && self.index.len() + MOST_KEYS_PER_TRADE > self.config.capacity
+        self.failure.is_none() && self.index.len() + MOST_KEYS_PER_TRADE > self.config.capacity
     }
 
     /// A file of the database removed or replaced while open (`Store::files_in_place`)
@@ -1482,6 +1510,18 @@ impl Owner {
         }
     }
 
+    /// The trade (its key and entry) whose guard-follower is the entry `seq`: the order a
+    /// signed retry's guard waits on is that trade's, not one of its own. A scan of the
+    /// followers, asked only of guards.
+    fn leader_of(&self, seq: u64) -> Option<(Key, u64)> {
+        self.followers.iter().find_map(|(leader, (key, guards))| {
+            guards
+                .iter()
+                .any(|g| g.seq == seq)
+                .then(|| (key.clone(), *leader))
+        })
+    }
+
     /// Forgets the followers whose guards are gone from the index (expired, released by an
     /// operator, or lost with a failed write), so that a grant that never settles, and the
     /// retries it turns away meanwhile, hold no more memory than their live guards.
@@ -1492,7 +1532,7 @@ impl Owner {
             return;
         }
         let index = &self.index;
-        self.followers.retain(|_, guards| {
+        self.followers.retain(|_, (_, guards)| {
             guards.retain(|g| index.get(g.key.as_str()).is_some_and(|l| l.seq == g.seq));
             !guards.is_empty()
         });
@@ -1575,6 +1615,7 @@ fn duplicate(key: &Key, l: &Live, now: (u64, u64)) -> Duplicate {
         expires_in_ms: l.expires_in_ms(now),
         response: None,
         seq: l.seq,
+        follows: None,
     }
 }
 
@@ -1585,8 +1626,9 @@ fn entry_gone(what: &str, grant: &Grant) {
     log::warn!(key = grant.key.as_str(); "mutex: {what} found its entry gone (released by an operator, or expired); nothing done");
 }
 
-fn info(key: &Key, l: &Live, now: (u64, u64), load: u32) -> EntryInfo {
+fn info(key: &Key, l: &Live, now: (u64, u64), load: u32, follows: Option<(Key, u64)>) -> EntryInfo {
     EntryInfo {
+        follows,
         load,
         key: key.clone(),
         state: l.state,
@@ -1937,7 +1979,7 @@ mod tests {
         turned_away(&mut o, &k, 3);
         release_guard(&mut o, 3);
         o.checkpoint();
-        let kept: Vec<usize> = o.followers.values().map(Vec::len).collect();
+        let kept: Vec<usize> = o.followers.values().map(|(_, g)| g.len()).collect();
         assert_eq!(
             kept,
             [1],
