@@ -310,7 +310,8 @@ async fn the_client_reports_a_listener_that_is_not_there() {
 /// Past its connection bound, the admin face answers at once, 503 `ADMIN_BUSY`, and does
 /// nothing: a command left in the kernel's backlog was read once a connection freed, and
 /// a `resume` the operator was told had failed (exit 69 after 10 s) took the kill switch
-/// off. Over both kinds of listener.
+/// off. Past twice the bound, it closes the connection unread, and the client says so.
+/// Over both kinds of listener.
 #[tokio::test]
 async fn a_command_past_the_connection_bound_is_refused_and_never_applied() {
     let dir = tempfile::tempdir().unwrap();
@@ -320,21 +321,39 @@ async fn a_command_past_the_connection_bound_is_refused_and_never_applied() {
     for a in both(dir.path(), &st).await {
         // Every connection the face serves, held open without a request (as a script's
         // kept-alive ones are): each holds its turn until the head timeout (10 s).
-        let mut held = Vec::new();
-        for _ in 0..32 {
-            held.push(match &a.listen {
+        let open = || async {
+            match &a.listen {
                 Listen::Tcp(addr) => Box::new(tokio::net::TcpStream::connect(addr).await.unwrap())
                     as Box<dyn std::any::Any + Send>,
                 Listen::Unix(path) => {
                     Box::new(tokio::net::UnixStream::connect(path).await.unwrap())
                 }
-            });
+            }
+        };
+        let mut held = Vec::new();
+        for _ in 0..32 {
+            held.push(open().await);
         }
         let (s, v) = tokio::time::timeout(Duration::from_secs(5), a.call("POST", "/halt"))
             .await
             .unwrap_or_else(|_| panic!("{}: no answer past the bound", a.listen));
         assert_eq!((s, v["code"].as_str()), (503, Some("ADMIN_BUSY")), "{v}");
-        // The turns free: the refused command is not read then.
+        // As many more, silent, hold every busy answer's turn (for its 1 s head timeout):
+        // the next is closed unread, and the client says so, not hyper's "operation was
+        // canceled".
+        for _ in 0..32 {
+            held.push(open().await);
+        }
+        let err = client::request(&a.listen, "POST", "/halt")
+            .await
+            .expect_err("answered past twice the bound");
+        assert!(
+            matches!(err, client::ClientError::Closed { .. })
+                && err.to_string().contains("past 64 open at once"),
+            "{}: {err}",
+            a.listen
+        );
+        // The turns free: the refused commands are not read then.
         drop(held);
         tokio::time::sleep(Duration::from_millis(300)).await;
         let (s, v) = a.call("GET", "/status").await;

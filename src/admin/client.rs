@@ -36,6 +36,18 @@ pub enum ClientError {
          (the webhook listener speaks TLS): give `[admin] listen` of config.toml, or --admin"
     )]
     NotHttp { at: String },
+    /// The connection ended with no answer. The face closes connections past its bound and
+    /// its busy answers unread (a flood), and a gateway that stops or dies closes its own,
+    /// perhaps after acting: so whether the command was applied is not known here. Said as
+    /// hyper's word, it read "operation was canceled", which tells an operator nothing.
+    #[error(
+        "the admin listener at {at} closed the connection without an answer: it closes \
+         connections past {flood} open at once unread (close idle ones, such as a script's \
+         kept-alive connections), and a gateway that stops closes its own, perhaps after \
+         acting; see `hoox-edge status` before running the command again",
+        flood = super::MAX_CONNECTIONS + super::MAX_TOLD_BUSY
+    )]
+    Closed { at: String },
     #[error("admin request failed: {0}")]
     Http(#[from] hyper::Error),
     #[error("invalid admin request: {0}")]
@@ -79,8 +91,22 @@ async fn request_inner(
         ClientError::Http(h) if h.is_parse() => ClientError::NotHttp {
             at: listen.to_string(),
         },
+        ClientError::Http(h) if closed_unanswered(&h) => ClientError::Closed {
+            at: listen.to_string(),
+        },
         e => e,
     })
+}
+
+/// Whether `e` is the peer closing the connection before its answer was read whole: hyper
+/// says so as a request canceled, a message cut short, or the socket's own reset.
+fn closed_unanswered(e: &hyper::Error) -> bool {
+    use std::io::ErrorKind::{BrokenPipe, ConnectionReset, UnexpectedEof};
+    e.is_canceled()
+        || e.is_incomplete_message()
+        || std::error::Error::source(e)
+            .and_then(|s| s.downcast_ref::<std::io::Error>())
+            .is_some_and(|io| matches!(io.kind(), ConnectionReset | BrokenPipe | UnexpectedEof))
 }
 
 async fn send<T>(io: T, method: &str, path: &str) -> Result<(u16, String), ClientError>
