@@ -48,8 +48,7 @@ impl Log for Journal {
     }
 
     fn log(&self, record: &Record) {
-        let mut text = record.args().to_string();
-        let _ = record.key_values().visit(&mut Fields(&mut text));
+        let text = journal_text(record);
         self.0.log(
             &Record::builder()
                 .args(format_args!("{text}"))
@@ -66,6 +65,16 @@ impl Log for Journal {
     fn flush(&self) {
         self.0.flush();
     }
+}
+
+/// A record's `MESSAGE=`: its text and its fields, as on stderr without the time, level
+/// and target (the journal has its own). Control characters escaped as on stderr: one in a
+/// client certificate's name made `journalctl` and `systemctl status` show the whole
+/// message as "[blob data]", the warning that cut that client off included.
+fn journal_text(record: &Record) -> String {
+    let mut text = record.args().to_string();
+    let _ = record.key_values().visit(&mut Fields(&mut text));
+    escape_controls(text)
 }
 
 /// The plain logger: `2026-11-30T04:50:00.123Z INFO hoox_edge::gateway: message k=v`.
@@ -100,24 +109,28 @@ fn format_line(now: SystemTime, record: &Record) -> String {
         record.args()
     );
     let _ = record.key_values().visit(&mut Fields(&mut line));
-    // A message or value with a newline would forge a second record, and a carriage return
-    // or a terminal escape (a client certificate's name, a sender's text) would overwrite
-    // or recolour the line on a terminal: every control character is written escaped
-    // (`\n`, `\r`, `\u{1b}`), so one record stays one line and reads as it is.
-    if line.contains(char::is_control) {
-        line = line
-            .chars()
-            .fold(String::with_capacity(line.len() + 16), |mut l, c| {
-                if c.is_control() {
-                    l.extend(c.escape_default());
-                } else {
-                    l.push(c);
-                }
-                l
-            });
-    }
+    let mut line = escape_controls(line);
     line.push('\n');
     line
+}
+
+/// A message or value with a newline would forge a second record, and a carriage return
+/// or a terminal escape (a client certificate's name, a sender's text) would overwrite or
+/// recolour the line on a terminal: every control character is written escaped (`\n`,
+/// `\r`, `\u{1b}`), so one record stays one line and reads as it is.
+fn escape_controls(text: String) -> String {
+    if !text.contains(char::is_control) {
+        return text;
+    }
+    text.chars()
+        .fold(String::with_capacity(text.len() + 16), |mut l, c| {
+            if c.is_control() {
+                l.extend(c.escape_default());
+            } else {
+                l.push(c);
+            }
+            l
+        })
 }
 
 /// Appends ` key=value` pairs; a value with spaces, quotes or `=` is quoted so that the line
@@ -232,6 +245,23 @@ mod tests {
                 .key_values(&kvs)
                 .build(),
         )
+    }
+
+    /// The journal's message is escaped as a stderr line is: a raw control character (a
+    /// client certificate's name) made `journalctl` show the whole message as "[blob data]".
+    #[test]
+    fn the_journals_message_escapes_control_characters_too() {
+        let kvs = [("client", "desk\u{1b}[2K")];
+        let got = journal_text(
+            &Record::builder()
+                .args(format_args!("client certificate a\rb no longer verifies"))
+                .key_values(&kvs)
+                .build(),
+        );
+        assert_eq!(
+            got,
+            "client certificate a\\rb no longer verifies client=desk\\u{1b}[2K"
+        );
     }
 
     #[test]
