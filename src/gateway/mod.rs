@@ -232,8 +232,8 @@ impl<T> Reloadable<T> {
 /// is new. Checked once per configuration and once at the end date, not per request.
 struct ClientCheck {
     chain: Vec<CertificateDer<'static>>,
-    /// Unix second after which a certificate of the chain has expired
-    /// (`tls::valid_until`).
+    /// Unix second after which a certificate of the chain that the handshake's path may
+    /// hold has expired (`tls::valid_until`).
     until: i64,
     /// The configuration last checked under, and whether the chain verified in it.
     last: std::sync::Mutex<(Arc<tls::Tls>, bool)>,
@@ -247,10 +247,11 @@ impl ClientCheck {
     fn new(
         chain: Vec<CertificateDer<'static>>,
         verified_under: Arc<tls::Tls>,
+        handshake_began: i64,
         ip: std::net::IpAddr,
     ) -> Self {
         ClientCheck {
-            until: tls::valid_until(&chain),
+            until: tls::valid_until(&chain, handshake_began),
             chain,
             last: std::sync::Mutex::new((verified_under, true)),
             untrusted: Arc::new(Peer::cut_off(ip)),
@@ -389,6 +390,9 @@ pub async fn serve(
         connections.spawn(async move {
             let _permit = permit;
             let _ip_slot = ip_slot;
+            // Before the verifier's clock reading: a certificate ended by then was not on
+            // the path it accepted (`tls::valid_until`).
+            let handshake_began = crate::mutex::clock::unix_s();
             let handshake = tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp));
             let stream = match draining.run_until_cancelled(handshake).await {
                 Some(Ok(Ok(s))) => s,
@@ -409,7 +413,12 @@ pub async fn serve(
             let client_name = chain.and_then(|c| c.first()).and_then(tls::client_name);
             let (check, peer) = match (client_name, chain) {
                 (Some(name), Some(chain)) => (
-                    Some(ClientCheck::new(chain.to_vec(), accepted_under, ip)),
+                    Some(ClientCheck::new(
+                        chain.to_vec(),
+                        accepted_under,
+                        handshake_began,
+                        ip,
+                    )),
                     Peer::new(ip, Some(name)),
                 ),
                 (None, Some(_)) => {

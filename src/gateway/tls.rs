@@ -141,13 +141,16 @@ impl Validity {
     }
 }
 
-/// The unix second after which a client's `chain` must be verified again: the earliest end
-/// date among its certificates. A client may send certificates the verifier never uses,
-/// one that cannot be read among them; that must not hide the others' dates (it once
-/// kept an expired certificate placing orders until the next reload), so such a one is
-/// passed over. The client's own, unread, is `i64::MIN`: verified at each request, by the
-/// verifier, which read it.
-pub fn valid_until(chain: &[CertificateDer<'_>]) -> i64 {
+/// The unix second after which a client's `chain`, verified in a handshake that began at
+/// `began` (unix seconds), must be verified again: the earliest end date among its
+/// certificates. A client may send certificates the verifier never uses, and two kinds
+/// are passed over. One that cannot be read must not hide the others' dates (it once kept
+/// an expired certificate placing orders until the next reload). One that had expired
+/// before the handshake began was not on the path the verifier accepted (a stale
+/// cross-signed CA, commonly): counted, it had every request of the connection verified
+/// again, path building and signatures, for as long as it stayed open. The client's own,
+/// unread, is `i64::MIN`: verified at each request, by the verifier, which read it.
+pub fn valid_until(chain: &[CertificateDer<'_>], began: i64) -> i64 {
     let Some(leaf) = chain.first().and_then(parse) else {
         return i64::MIN;
     };
@@ -155,6 +158,7 @@ pub fn valid_until(chain: &[CertificateDer<'_>]) -> i64 {
         .iter()
         .filter_map(parse)
         .map(|c| Validity::of(&c).not_after)
+        .filter(|&end| end >= began)
         .fold(Validity::of(&leaf).not_after, i64::min)
 }
 
@@ -667,25 +671,36 @@ mod tests {
     }
 
     /// A client's chain is verified again at the earliest end date among its certificates
-    /// (here the intermediate's, 2030), read past one that cannot be read: the verifier
+    /// (here the intermediate's, 2030), read past one that cannot be read (the verifier
     /// skips such an extra certificate, and it once hid every date, so an expired client
-    /// went on placing orders until a reload.
+    /// went on placing orders until a reload) and past one expired before the handshake
+    /// (not on the verified path; it had every request verified again).
     #[test]
-    fn a_client_chain_is_checked_again_at_its_earliest_readable_end() {
-        let (chain, _, _, _) = three_tier((2020, 2030));
-        let certs = CertificateDer::pem_slice_iter(chain.as_bytes())
-            .collect::<Result<Vec<_>, _>>()
-            .unwrap();
+    fn a_client_chain_is_checked_again_at_its_earliest_end_that_counts() {
+        let pem = |chain: &str| {
+            CertificateDer::pem_slice_iter(chain.as_bytes())
+                .collect::<Result<Vec<_>, _>>()
+                .unwrap()
+        };
+        let certs = pem(&three_tier((2020, 2030)).0);
+        let now = crate::mutex::clock::unix_s();
         let end_2030 = 1_893_456_000;
-        assert_eq!(valid_until(&certs), end_2030);
+        assert_eq!(valid_until(&certs, now), end_2030);
         // The leaf alone ends later (rcgen's default end).
-        assert!(valid_until(&certs[..1]) > end_2030);
+        assert!(valid_until(&certs[..1], now) > end_2030);
         let junk = CertificateDer::from(vec![0x30, 0x03, 0x02, 0x01, 0x00]);
         let with_junk = [certs[0].clone(), junk.clone(), certs[1].clone()];
-        assert_eq!(valid_until(&with_junk), end_2030);
+        assert_eq!(valid_until(&with_junk, now), end_2030);
+        // A stale CA sent along, ended 2010: passed over, as the handshake's path could
+        // not hold it; one that ended after the handshake began counts.
+        let stale = pem(&three_tier((2000, 2010)).0)[1].clone();
+        let with_stale = [certs[0].clone(), stale.clone(), certs[1].clone()];
+        assert_eq!(valid_until(&with_stale, now), end_2030);
+        let end_2010 = 1_262_304_000;
+        assert_eq!(valid_until(&with_stale, end_2010), end_2010);
         // The client's own certificate unread: verified again at each request.
-        assert_eq!(valid_until(&[junk, certs[1].clone()]), i64::MIN);
-        assert_eq!(valid_until(&[]), i64::MIN);
+        assert_eq!(valid_until(&[junk, certs[1].clone()], now), i64::MIN);
+        assert_eq!(valid_until(&[], now), i64::MIN);
     }
 
     fn files_of(dir: &Path, cert: &str, key: &str) -> TlsFiles {
