@@ -285,20 +285,52 @@ async fn missing_state_directory() {
     assert_recovers(&gw, &exec, "missing-2").await;
 }
 
+/// A database that is not one at the start fails closed; the good copy put back, it serves
+/// without a restart, its keys held. A broken file moved aside with nothing to put back
+/// leaves no database, and only a start makes one (a process that found a file there once
+/// made one itself, as it did for files moved aside to copy them).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn corrupt_file_at_start() {
-    let exec = MockExecutor::start().await;
-    let setup = Setup::new(Some(&exec.url()));
+    let (exec, setup) = stopped_holding("corrupt-0").await;
     let db = setup.dir.path().join("state/mutex.redb");
+    let good = setup.dir.path().join("mutex.redb.good");
+    std::fs::rename(&db, &good).unwrap();
     let garbage: Vec<u8> = (0..256 * 1024u32)
         .map(|i| (i.wrapping_mul(2654435761) >> 13) as u8)
         .collect();
-    std::fs::write(&db, garbage).unwrap();
-    let gw = setup.start();
+    std::fs::write(&db, &garbage).unwrap();
+    let mut gw = setup.start();
     assert_fails_closed(&gw, &exec, "corrupt-1").await;
-    // The operator moves the broken file aside: the gateway starts a fresh one by itself.
-    std::fs::rename(&db, setup.dir.path().join("state/mutex.redb.broken")).unwrap();
+    std::fs::rename(&good, &db).unwrap();
     assert_recovers(&gw, &exec, "corrupt-2").await;
+    assert_eq!(gw.post(&keyed("corrupt-0"), &[]).await.status, 409);
+    assert!(gw.terminate().success());
+
+    // A first start's broken file (0.2.0's, say), no journal beside it.
+    std::fs::remove_file(setup.dir.path().join("state/mutex.redb-journal")).unwrap();
+    std::fs::write(&db, &garbage).unwrap();
+    let mut gw = setup.start();
+    assert_fails_closed(&gw, &exec, "corrupt-3").await;
+    std::fs::rename(&db, setup.dir.path().join("mutex.redb.broken")).unwrap();
+    let why = "found it or its journal here since it started";
+    wait_logged(&gw, why, 1).await;
+    assert_fails_closed(&gw, &exec, "corrupt-4").await;
+    assert!(!db.exists(), "an empty database was made");
+    assert!(gw.terminate().success());
+    let gw = setup.start();
+    assert_recovers(&gw, &exec, "corrupt-5").await;
+}
+
+/// A gateway that took `held` and was stopped cleanly: its executor, and its setup to
+/// start it again on the same state.
+async fn stopped_holding(held: &str) -> (MockExecutor, Setup) {
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let mut gw = setup.start();
+    gw.wait_ready().await;
+    assert_eq!(gw.post(&keyed(held), &[]).await.status, 200);
+    assert!(gw.terminate().success());
+    (exec, setup)
 }
 
 /// Asserts the gateway will not make an empty database in place of `db`, missing for `why`:
@@ -366,12 +398,7 @@ async fn full_disk_at_the_first_start() {
 /// first start. An empty one in its place would forget every live key.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_lost_database_is_not_made_again_empty() {
-    let exec = MockExecutor::start().await;
-    let setup = Setup::new(Some(&exec.url()));
-    let mut gw = setup.start();
-    gw.wait_ready().await;
-    assert_eq!(gw.post(&keyed("lost"), &[]).await.status, 200);
-    assert!(gw.terminate().success());
+    let (exec, setup) = stopped_holding("lost").await;
     let db = setup.dir.path().join("state/mutex.redb");
     let aside = setup.dir.path().join("mutex.redb.aside");
     std::fs::rename(&db, &aside).unwrap();
@@ -380,6 +407,29 @@ async fn a_lost_database_is_not_made_again_empty() {
     let why = "is missing or empty, but its journal is there";
     let restore = || std::fs::rename(&aside, &db).unwrap();
     assert_refused_until_restored(&gw, &exec, (&db, why), restore, "lost").await;
+}
+
+/// The files moved aside one at a time under a gateway that failed closed at its start
+/// (the journal missing, then the database moved too, to copy or restore the pair): with
+/// neither left, it took itself for a first start and served an empty database, retries
+/// of held trades included, until the files were back. Only a start makes a database.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn files_moved_aside_one_at_a_time_are_not_a_first_start() {
+    let (exec, setup) = stopped_holding("moved").await;
+    let state = setup.dir.path().join("state");
+    let (db, journal) = (state.join("mutex.redb"), state.join("mutex.redb-journal"));
+    let aside = |p: &Path| setup.dir.path().join(p.file_name().unwrap());
+    std::fs::rename(&journal, aside(&journal)).unwrap();
+
+    let gw = setup.start();
+    wait_logged(&gw, "but the database has used it", 1).await;
+    std::fs::rename(&db, aside(&db)).unwrap();
+    let why = "found it or its journal here since it started";
+    let restore = || {
+        std::fs::rename(aside(&db), &db).unwrap();
+        std::fs::rename(aside(&journal), &journal).unwrap();
+    };
+    assert_refused_until_restored(&gw, &exec, (&db, why), restore, "moved").await;
 }
 
 /// The journal removed while the gateway runs (`rm`, a cleanup script): the process could

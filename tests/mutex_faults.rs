@@ -390,30 +390,39 @@ fn corrupted_file() {
         // The operator moves the damaged file aside. Its journal is still there, so this is
         // a lost database, not a first start: still refused, and nothing created.
         std::fs::rename(&path, path.with_extension("corrupt")).unwrap();
-        // The owner tries again with backoff: wait for the attempt after the move.
-        let deadline = std::time::Instant::now() + Duration::from_secs(20);
-        loop {
-            match m.reserve(reserve(&key("c0"), 3_600_000, 1)).await {
-                Decision::Unavailable(Unavailable::NotOpen(why))
-                    if why.contains("is missing or empty, but its journal is there") =>
-                {
-                    break;
-                }
-                Decision::Proceed(_) => panic!("a database made again empty"),
-                // Not open for another reason yet, or the owner busy inside its reopen.
-                d => {
-                    assert!(std::time::Instant::now() < deadline, "still: {d:?}");
-                    tokio::time::sleep(Duration::from_millis(50)).await;
-                }
-            }
-        }
+        refused_until(&m, "is missing or empty, but its journal is there").await;
         assert!(!path.exists());
-        // The journal goes too, the operator's choice: a fresh database is created and served.
+        // The journal goes too, the operator's choice: still nothing made by this process,
+        // which found both files; a start makes a fresh database.
         let journal = hoox_edge::mutex::journal::path_for(&path);
         std::fs::rename(&journal, path.with_extension("corrupt-journal")).unwrap();
-        assert!(wait_recovered(&m, "fresh").await);
+        refused_until(&m, "found it or its journal here since it started").await;
+        assert!(
+            !path.exists() && !journal.exists(),
+            "made by a process that found them"
+        );
     });
     owner.stop();
+    let (m, owner) = start(&path, Clock::system());
+    rt().block_on(async { assert!(wait_recovered(&m, "fresh").await) });
+    owner.stop();
+}
+
+/// Waits, with the owner's backoff, for a reserve refused as not open for `why`; a grant
+/// is a database made where none was to be.
+async fn refused_until(m: &hoox_edge::mutex::Mutex, why: &str) {
+    let deadline = std::time::Instant::now() + Duration::from_secs(20);
+    loop {
+        match m.reserve(reserve(&key("c0"), 3_600_000, 1)).await {
+            Decision::Unavailable(Unavailable::NotOpen(w)) if w.contains(why) => return,
+            Decision::Proceed(_) => panic!("a database made again empty"),
+            // Not open for another reason yet, or the owner busy inside its reopen.
+            d => {
+                assert!(std::time::Instant::now() < deadline, "still: {d:?}");
+                tokio::time::sleep(Duration::from_millis(50)).await;
+            }
+        }
+    }
 }
 
 /// An operator restores `mutex.redb` from an older copy and leaves the journal. The

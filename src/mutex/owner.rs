@@ -310,6 +310,9 @@ struct Owner {
     /// Whether the database has been open in this process: from then on a file that is
     /// gone was lost (an unmounted disk, say), never new, and is not created again.
     opened: bool,
+    /// Whether this process has found a file of the database here, open or not: from then
+    /// on it makes none either (`store::Create`).
+    found: bool,
     /// Which load of the index from the disk this is: drawn at random at each open. An
     /// operator's look names it (`EntryInfo::load`), so that a look from before a reopen or
     /// a restart, either of which may have lost a commit carried in memory (its entry
@@ -344,6 +347,7 @@ impl Owner {
             retry_at: Instant::now(),
             files_checked: Instant::now(),
             opened: false,
+            found: false,
             load: 0,
         }
     }
@@ -1278,7 +1282,19 @@ impl Owner {
         // An entry the monotonic clock still holds is kept, whatever the wall clock says.
         let held = |seq: u64| self.dues.get(&seq).is_some_and(|d| d.mono > now_mono);
         let (path, bytes) = (&self.config.path, self.config.journal_bytes);
-        match store::open(path, bytes, !self.opened, now_wall, now_boot, held) {
+        // Only a start that finds neither file makes a database. One that found either
+        // (failing closed on the other's absence, say) once made a new, empty one when the
+        // operator moved the first aside too, to copy or restore the pair: it served,
+        // retries of held trades included, until the files were back.
+        self.found = self.found || store::found_a_file(path);
+        let create = if self.opened {
+            store::Create::No("it was open")
+        } else if self.found {
+            store::Create::No("the gateway found it or its journal here since it started")
+        } else {
+            store::Create::Yes
+        };
+        match store::open(path, bytes, create, now_wall, now_boot, held) {
             Ok((store, loaded)) => {
                 let first = !self.opened;
                 self.opened = true;

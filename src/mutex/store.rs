@@ -274,7 +274,8 @@ impl LoadError {
     fn missing(path: &Path, why: &'static str, other: Option<&Path>) -> LoadError {
         let fix = match other {
             Some(other) => format!(
-                "restore it, or remove {} too to start with no live keys",
+                "restore it, or remove {} too and restart the gateway to start with no \
+                 live keys",
                 other.display()
             ),
             None => "remount or restore it, and do not restart until then: a start that \
@@ -329,6 +330,24 @@ via_redb_error!(
     redb::SetDurabilityError
 );
 
+/// Whether [`open`] may make a database where it finds neither file: only a process that
+/// has found neither since it started (a first start). One that had the database open,
+/// or found either file here, takes neither file for a lost one; the `&str` says which
+/// (`LoadError::Missing`'s `why`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) enum Create {
+    Yes,
+    No(&'static str),
+}
+
+/// Whether either file of the database at `path` is there, not empty (as [`open`] counts
+/// a file). One that cannot be looked at is not counted: `open` will fail on it too.
+pub(super) fn found_a_file(path: &Path) -> bool {
+    [path, &journal::path_for(path)]
+        .into_iter()
+        .any(|p| matches!(bytes_at(p), Ok(n) if n > 0))
+}
+
 /// Opens the database and its journal, replays the journal into the database, reads every
 /// entry, deletes those expired at `now_wall` but not `held` (by number) nor live by the
 /// boot clock (`Entry::boot_due` after `now_boot`, in the same boot), and
@@ -336,8 +355,8 @@ via_redb_error!(
 /// file holds only live keys.
 ///
 /// Both files are created only where nothing of an earlier database is left, and only if
-/// `may_create` (the owner has not opened one yet). A file that is gone where one must be
-/// is [`LoadError::Missing`]: an empty one in its place would forget every live key.
+/// `may_create` says so ([`Create`]). A file that is gone where one must be is
+/// [`LoadError::Missing`]: an empty one in its place would forget every live key.
 ///
 /// Integrity is checked on every open: a plain redb open trusts the file and may panic on
 /// one damaged outside redb, and a panic in the owner would take the process down instead
@@ -346,7 +365,7 @@ via_redb_error!(
 pub(super) fn open(
     path: &Path,
     journal_bytes: usize,
-    may_create: bool,
+    may_create: Create,
     now_wall: u64,
     now_boot: Option<BootTime>,
     held: impl Fn(u64) -> bool,
@@ -370,14 +389,14 @@ pub(super) fn open(
     let db = if db_bytes > 0 {
         // `open`, not `create`: a file gone since the check is an error, not a new file.
         builder.open(path)?
-    } else if !may_create {
-        return Err(LoadError::missing(path, "it was open", None));
     } else if bytes_at(&journal_path).map_err(io)? > 0 {
         return Err(LoadError::missing(
             path,
             "its journal is there",
             Some(&journal_path),
         ));
+    } else if let Create::No(why) = may_create {
+        return Err(LoadError::missing(path, why, None));
     } else {
         let db = create(&builder, path)?;
         // Said loudly, once: the one start that should make a database is the first. Any
@@ -932,7 +951,7 @@ mod tests {
         };
         let held = |loaded: &Loaded| loaded.live.iter().map(|(s, _)| *s).collect::<Vec<_>>();
 
-        let (mut store, _) = open(&path, JOURNAL, true, NOW, None, |_| false).unwrap();
+        let (mut store, _) = open(&path, JOURNAL, Create::Yes, NOW, None, |_| false).unwrap();
         reserve(&mut store, 0..4);
         drop(store);
         // The crash came during the fourth record's sync: it is torn, never answered.
@@ -942,7 +961,7 @@ mod tests {
             .unwrap();
         journal.write_all_at(&[0xff], 3 * 4096 + 40).unwrap();
 
-        let (mut store, loaded) = open(&path, JOURNAL, true, NOW, None, |_| false).unwrap();
+        let (mut store, loaded) = open(&path, JOURNAL, Create::Yes, NOW, None, |_| false).unwrap();
         assert_eq!(held(&loaded), [0, 1, 2]);
         // Named, for the owner to say: damage looks the same.
         assert_eq!(loaded.torn, Some(4));
@@ -950,7 +969,7 @@ mod tests {
         drop(store);
 
         let (_store, loaded) =
-            open(&path, JOURNAL, true, NOW, None, |_| false).expect("third open");
+            open(&path, JOURNAL, Create::Yes, NOW, None, |_| false).expect("third open");
         assert_eq!(held(&loaded), [0, 1, 2, 10, 11]);
         assert_eq!(loaded.torn, None, "said once: the checkpoint moved past it");
     }
@@ -965,18 +984,18 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
         let record = |store: &mut Store, seq: u64| append_put(store, seq, &sample());
-        let (mut store, _) = open(&path, JOURNAL, true, NOW, None, |_| false).unwrap();
+        let (mut store, _) = open(&path, JOURNAL, Create::Yes, NOW, None, |_| false).unwrap();
         record(&mut store, 0);
         drop(store);
         // The open replays it and moves the checkpoint; a record past it, then a crash.
-        let (mut store, loaded) = open(&path, JOURNAL, true, NOW, None, |_| false).unwrap();
+        let (mut store, loaded) = open(&path, JOURNAL, Create::Yes, NOW, None, |_| false).unwrap();
         assert_eq!(loaded.live.len(), 1);
         record(&mut store, 1);
         drop(store);
         let journal = journal::path_for(&path);
         let len = std::fs::metadata(&journal).unwrap().len() as usize;
         std::fs::write(&journal, vec![0u8; len]).unwrap();
-        match open(&path, JOURNAL, true, NOW, None, |_| false) {
+        match open(&path, JOURNAL, Create::Yes, NOW, None, |_| false) {
             Err(LoadError::Foreign { .. }) => {}
             Err(e) => panic!("refused, but not as foreign: {e}"),
             Ok((_, loaded)) => panic!("opened, holding {} keys", loaded.live.len()),
@@ -1002,12 +1021,12 @@ mod tests {
         const NOW: u64 = 1_700_000_000_000;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
-        let (store, _) = open(&path, 16 * 4096, true, NOW, None, |_| false).unwrap();
+        let (store, _) = open(&path, 16 * 4096, Create::Yes, NOW, None, |_| false).unwrap();
         drop(store);
         let journal = journal::path_for(&path);
         std::fs::remove_file(&journal).unwrap();
         std::fs::create_dir(&journal).unwrap();
-        match open(&path, 16 * 4096, true, NOW, None, |_| false) {
+        match open(&path, 16 * 4096, Create::Yes, NOW, None, |_| false) {
             Err(e) => assert!(e.to_string().contains("is not a file but a folder"), "{e}"),
             Ok(_) => panic!("opened a folder as the journal"),
         }
@@ -1023,7 +1042,7 @@ mod tests {
         const JOURNAL: usize = 16 * 4096;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
-        let open = || open(&path, JOURNAL, true, NOW, None, |_| false);
+        let open = || open(&path, JOURNAL, Create::Yes, NOW, None, |_| false);
         let (mut store, _) = open().unwrap();
         append_put(&mut store, 0, &sample());
         drop(store);
@@ -1099,7 +1118,7 @@ mod tests {
         const NOW: u64 = 1_700_000_000_000;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
-        let open = || open(&path, 16 * 4096, true, NOW, None, |_| false);
+        let open = || open(&path, 16 * 4096, Create::Yes, NOW, None, |_| false);
         let stored = || {
             let db = Database::open(&path).unwrap();
             let txn = db.begin_read().unwrap();
@@ -1152,7 +1171,8 @@ mod tests {
         let at = |boot, ms| Some(BootTime { boot, ms });
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
-        let (mut store, _) = open(&path, JOURNAL, true, NOW, at(a, 1_000), |_| false).unwrap();
+        let (mut store, _) =
+            open(&path, JOURNAL, Create::Yes, NOW, at(a, 1_000), |_| false).unwrap();
         let mut batch = Batch::default();
         let mut e = sample();
         e.expires_at = NOW + 300_000;
@@ -1174,7 +1194,15 @@ mod tests {
             let copy = dir.path().join(format!("copy{n}.redb"));
             std::fs::copy(&path, &copy).unwrap();
             std::fs::copy(journal::path_for(&path), journal::path_for(&copy)).unwrap();
-            let (_store, loaded) = open(&copy, JOURNAL, false, wall, boot, |_| false).unwrap();
+            let (_store, loaded) = open(
+                &copy,
+                JOURNAL,
+                Create::No("it was open"),
+                wall,
+                boot,
+                |_| false,
+            )
+            .unwrap();
             let live: Vec<u64> = loaded.live.iter().map(|(seq, _)| *seq).collect();
             assert_eq!(live, if kept { vec![7] } else { vec![] }, "case {n}");
         }
@@ -1189,7 +1217,14 @@ mod tests {
         let path = dir.path().join("m.redb");
         let journal = journal::path_for(&path);
         let aside = |p: &Path| PathBuf::from(format!("{}.aside", p.display()));
-        let open = |may_create| open(&path, 16 * 4096, may_create, NOW, None, |_| false);
+        let open = |may_create: bool| {
+            let create = if may_create {
+                Create::Yes
+            } else {
+                Create::No("it was open")
+            };
+            open(&path, 16 * 4096, create, NOW, None, |_| false)
+        };
         let refused = |r: Result<(Store, Loaded), LoadError>| match r {
             Err(LoadError::Missing { path, why, .. }) => (path, why),
             Err(e) => panic!("refused for another reason: {e}"),
@@ -1202,7 +1237,12 @@ mod tests {
         std::fs::write(&path, b"").unwrap();
         assert_eq!(refused(open(true)), (path.clone(), "its journal is there"));
         // With nothing left, only a process that never had it open starts afresh.
+        assert!(found_a_file(&path), "the journal");
         std::fs::rename(&journal, aside(&journal)).unwrap();
+        assert!(
+            !found_a_file(&path),
+            "an empty database file counts as none"
+        );
         assert_eq!(refused(open(false)), (path.clone(), "it was open"));
         assert_eq!(bytes_at(&path).unwrap(), 0, "created again");
         assert!(!journal.exists(), "created again");
@@ -1262,7 +1302,7 @@ mod tests {
         const NOW: u64 = 1_700_000_000_000;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
-        let open = || open(&path, 16 * 4096, true, NOW, None, |_| false);
+        let open = || open(&path, 16 * 4096, Create::Yes, NOW, None, |_| false);
         // What redb leaves when it stops after sizing the file: no magic number.
         let half_made = draft_name(&path, 0xab);
         std::fs::write(&half_made, vec![0u8; 73_728]).unwrap();
@@ -1294,7 +1334,10 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
         std::fs::write(&path, b"").unwrap();
-        drop(super::open(&path, 16 * 4096, true, NOW, None, |_| false).expect("made in place"));
+        drop(
+            super::open(&path, 16 * 4096, Create::Yes, NOW, None, |_| false)
+                .expect("made in place"),
+        );
         assert_eq!(names(dir.path()), ["m.redb", "m.redb-journal"]);
     }
 
@@ -1312,7 +1355,7 @@ mod tests {
             let opened: Vec<_> = std::thread::scope(|scope| {
                 let open = || {
                     start.wait();
-                    open(&path, 16 * 4096, true, NOW, None, |_| false)
+                    open(&path, 16 * 4096, Create::Yes, NOW, None, |_| false)
                 };
                 let threads = [scope.spawn(open), scope.spawn(open)];
                 threads.map(|t| t.join().unwrap()).into_iter().collect()
@@ -1346,7 +1389,15 @@ mod tests {
             };
             let won = id(&stores[0].db);
             drop(stores);
-            let (again, _) = open(&path, 16 * 4096, false, NOW, None, |_| false).unwrap();
+            let (again, _) = open(
+                &path,
+                16 * 4096,
+                Create::No("it was open"),
+                NOW,
+                None,
+                |_| false,
+            )
+            .unwrap();
             assert_eq!(id(&again.db), won, "trial {trial}");
         }
     }
@@ -1358,7 +1409,7 @@ mod tests {
         const NOW: u64 = 1_700_000_000_000;
         let dir = tempfile::tempdir().unwrap();
         let path = dir.path().join("m.redb");
-        let (store, _) = open(&path, 16 * 4096, true, NOW, None, |_| false).unwrap();
+        let (store, _) = open(&path, 16 * 4096, Create::Yes, NOW, None, |_| false).unwrap();
         let mut e = sample();
         e.expires_at = NOW + 300_000;
         let txn = store.db.begin_write().unwrap();
@@ -1368,7 +1419,7 @@ mod tests {
             .unwrap();
         txn.commit().unwrap();
         drop(store);
-        let err = open(&path, 16 * 4096, true, NOW, None, |_| false)
+        let err = open(&path, 16 * 4096, Create::Yes, NOW, None, |_| false)
             .err()
             .expect("opened");
         assert!(
