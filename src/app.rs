@@ -828,7 +828,7 @@ mod tests {
         // Reserves that timed out may still fill the queue of two: retry until the stall
         // is taken (it is dropped, unanswered, when the queue is full).
         let until = std::time::Instant::now() + Duration::from_secs(20);
-        while m.stall(Duration::from_secs(4)).await.is_err() {
+        while m.stall(Duration::from_secs(8)).await.is_err() {
             assert!(
                 std::time::Instant::now() < until,
                 "the stall was never taken"
@@ -836,6 +836,31 @@ mod tests {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
         assert_eq!(ping(&m).await.map(drop), Err((Unavailable::Timeout, false)));
+        // Stalled with its queue full: refused at once, and stuck after a deadline's wait
+        // for a turn, not held until the stall ends and then read alive (which kept
+        // STATUS= from saying so for the whole stall).
+        let fill: Vec<_> = (0..4)
+            .map(|i| {
+                let m = m.clone();
+                tokio::spawn(async move {
+                    let key = format!("client:a:live:fill-{i}");
+                    m.reserve(mutex::Reserve {
+                        key: mutex::Key::from_stored(&key).unwrap(),
+                        ttl: Duration::from_secs(60),
+                        payload_hash: [0; 32],
+                        guard: None,
+                    })
+                    .await
+                })
+            })
+            .collect();
+        while m.ping().await != Err(Unavailable::Busy) {
+            tokio::time::sleep(Duration::from_millis(10)).await;
+        }
+        assert_eq!(ping(&m).await.map(drop), Err((Unavailable::Busy, false)));
+        for f in fill {
+            f.await.unwrap();
+        }
         owner.stop();
     }
 

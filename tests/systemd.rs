@@ -130,6 +130,7 @@ async fn ready_watchdog_status_stopping_and_a_stalled_owner() {
     // Stall the owner for 6 s: no WATCHDOG=1 may arrive during the stall. The stall takes
     // effect after the request is sent, so it lasts until `posted` + 6 s at least; and the
     // owner, idle, takes it as soon as it is queued, before the answer.
+    let before_stall = seen.len();
     let posted = Instant::now();
     let stall_ends = posted + Duration::from_secs(6);
     let (s, _) = gw.admin("POST", "/debug/stall?ms=6000").await;
@@ -159,6 +160,15 @@ async fn ready_watchdog_status_stopping_and_a_stalled_owner() {
             == "WATCHDOG=1")
         .is_some(),
         "WATCHDOG=1 did not resume"
+    );
+    // Meanwhile STATUS= said the gateway failed closed, not that it was starting: READY=1
+    // was long past (a stall in the first minute read as a first open, at info).
+    let stall: Vec<&String> = seen[before_stall..].iter().chain(&during).collect();
+    let status = |p: &str| stall.iter().any(|m| m.lines().any(|l| l.starts_with(p)));
+    assert!(
+        status("STATUS=fail-closed: the mutex did not answer in time")
+            && !status("STATUS=starting"),
+        "{stall:?}"
     );
 
     // SIGTERM: STOPPING=1, then a clean exit.
