@@ -96,6 +96,14 @@ fn samples(text: &str) -> HashMap<String, f64> {
         .collect()
 }
 
+/// A real owner on `dir`'s database, serving, and a ready admin state over it.
+async fn serving(dir: &Path) -> (mutex::Mutex, Owner, State) {
+    let (m, owner) = start_mutex(&dir.join("mutex.redb"));
+    wait_serving(&m).await;
+    let st = state(&m, true);
+    (m, owner, st)
+}
+
 async fn wait_serving(m: &mutex::Mutex) {
     for _ in 0..200 {
         if let Ok(s) = m.ping().await
@@ -315,9 +323,7 @@ async fn the_client_reports_a_listener_that_is_not_there() {
 #[tokio::test]
 async fn a_command_past_the_connection_bound_is_refused_and_never_applied() {
     let dir = tempfile::tempdir().unwrap();
-    let (m, owner) = start_mutex(&dir.path().join("mutex.redb"));
-    wait_serving(&m).await;
-    let st = state(&m, true);
+    let (m, owner, st) = serving(dir.path()).await;
     for a in both(dir.path(), &st).await {
         // Every connection the face serves, held open without a request (as a script's
         // kept-alive ones are): each holds its turn until the head timeout (10 s).
@@ -492,9 +498,7 @@ async fn release_answer(a: &Admin, path: &str) -> (u16, String) {
 #[tokio::test]
 async fn keys_are_listed_shown_and_released_by_the_operator() {
     let dir = tempfile::tempdir().unwrap();
-    let (m, owner) = start_mutex(&dir.path().join("mutex.redb"));
-    wait_serving(&m).await;
-    let st = state(&m, true);
+    let (m, owner, st) = serving(dir.path()).await;
     // A client key with a slash and a space, so the path must be encoded to reach it.
     let ck = ClientKey::parse("order/1 a%").unwrap();
     let key = Key::client("psk", Mode::Live, &ck).unwrap();
@@ -673,9 +677,8 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
 
     // A look from before a restart (which may have lost a commit carried in memory, so
     // that a filled trade reads pending again) does not hold after it.
-    let (m, owner) = start_mutex(&dir.path().join("mutex.redb"));
-    wait_serving(&m).await;
-    let a = Admin::start(&Listen::parse("127.0.0.1:0").unwrap(), state(&m, true)).await;
+    let (_, owner, st) = serving(dir.path()).await;
+    let a = Admin::start(&Listen::parse("127.0.0.1:0").unwrap(), st).await;
     let (_, after) = a.call("GET", &other_show).await;
     assert_eq!(after["state"], before["state"]);
     assert_ne!(

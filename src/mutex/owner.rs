@@ -664,12 +664,7 @@ impl Owner {
                 let now = (now_wall, now_mono);
                 let committed = self.commit(&grant, response, w, now);
                 let guard = grant.guard.as_ref().map(|g| self.commit(g, None, w, now));
-                for f in self
-                    .followers
-                    .remove(&grant.seq)
-                    .map(|(_, f)| f)
-                    .unwrap_or_default()
-                {
+                for f in self.take_followers(grant.seq) {
                     if let Err(e) = self.commit(&f, None, w, now) {
                         return Err(Box::new((e, None)));
                     }
@@ -1009,12 +1004,7 @@ impl Owner {
         }
         // Each is its own release, carried like its trade's: a failed write hands it to
         // `void`, to be made again at the reopen (`fail`), as the trade's grant is.
-        for f in self
-            .followers
-            .remove(&grant.seq)
-            .map(|(_, f)| f)
-            .unwrap_or_default()
-        {
+        for f in self.take_followers(grant.seq) {
             if self.release(&f, w, now)? {
                 self.released.push(f);
             }
@@ -1524,6 +1514,15 @@ impl Owner {
                 .checkpoint_seconds
                 .observe(t.elapsed().as_secs_f64());
         }
+    }
+
+    /// The guards that follow the trade granted `seq`, to be settled with it: its commit
+    /// and its release alike take them out.
+    fn take_followers(&mut self, seq: u64) -> Vec<Grant> {
+        self.followers
+            .remove(&seq)
+            .map(|(_, guards)| guards)
+            .unwrap_or_default()
     }
 
     /// The trade (its key and entry) whose guard-follower is the entry `seq`: the order a
