@@ -117,20 +117,28 @@ fn format_line(now: SystemTime, record: &Record) -> String {
 /// A message or value with a newline would forge a second record, and a carriage return
 /// or a terminal escape (a client certificate's name, a sender's text) would overwrite or
 /// recolour the line on a terminal: every control character is written escaped (`\n`,
-/// `\r`, `\u{1b}`), so one record stays one line and reads as it is.
+/// `\r`, `\u{1b}`), so one record stays one line and reads as it is. So is a
+/// bidirectional override or isolate (U+202A–U+202E, U+2066–U+2069, and the marks U+200E,
+/// U+200F, U+061C): not control characters to Unicode, yet one in a name makes a terminal
+/// or a log viewer show the rest of the line reversed ("Trojan Source").
 fn escape_controls(text: String) -> String {
-    if !text.contains(char::is_control) {
+    if !text.contains(needs_escape) {
         return text;
     }
     text.chars()
         .fold(String::with_capacity(text.len() + 16), |mut l, c| {
-            if c.is_control() {
+            if needs_escape(c) {
                 l.extend(c.escape_default());
             } else {
                 l.push(c);
             }
             l
         })
+}
+
+fn needs_escape(c: char) -> bool {
+    c.is_control()
+        || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}' | '\u{61c}')
 }
 
 /// Appends ` key=value` pairs; a value with spaces, quotes or `=` is quoted so that the line
@@ -297,6 +305,16 @@ mod tests {
         );
         assert!(got.contains("desk\\r\\u{1b}[31mERROR forged"), "{got:?}");
         assert!(got.contains("\\u{7}"), "{got:?}");
+        // A right-to-left override would show the rest of the line reversed: escaped too,
+        // in the message and in a field's value.
+        let got = line(
+            format_args!("client certificate desk\u{202e}lanigiro"),
+            &[("client", "a\u{2067}b\u{200f}c")],
+        );
+        assert!(
+            got.contains("desk\\u{202e}lanigiro") && got.contains("\\u{2067}b\\u{200f}c"),
+            "{got:?}"
+        );
     }
 
     /// `init` installs a process-wide logger, so it runs in a child: the test binary re-run
