@@ -2,7 +2,7 @@
 //! binary started with it, and the messages it sends asserted in order.
 
 mod support;
-// Only the hold on reads is used here.
+// Only the hold on reads is used here: a reload's read, a first open's.
 #[allow(dead_code)]
 #[path = "support/eiofs.rs"]
 mod eiofs;
@@ -506,6 +506,51 @@ async fn a_reload_whose_read_hangs_does_not_stop_the_gateway() {
         .filter(|m| m.lines().any(|l| l.starts_with("RELOADING=1")))
         .count();
     assert_eq!(starts, 2, "{seen:?}");
+    assert!(gw.terminate().success());
+    drop(disk);
+}
+
+/// A first open that takes longer than a ping's deadline (a large database, which redb
+/// reads whole as it opens it; here a disk that holds its reads) is a start, said at info
+/// as `STATUS=starting: opening the database`: not an error line saying the gateway failed
+/// closed, at every start of a big box. Once open, the database served is the one on the
+/// disk: its key is still held.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_first_open_slower_than_a_ping_is_a_start_not_a_failure() {
+    let mut setup = Setup::new(None);
+    let backing = tempfile::tempdir().unwrap();
+    let mount = setup.dir.path().join("mnt");
+    std::fs::create_dir(&mount).unwrap();
+    let disk = eiofs::EioMount::new(&mount, backing.path());
+    setup.set(
+        "store",
+        "path",
+        mount.join("mutex.redb").display().to_string(),
+    );
+    let t = trade("BTCUSDT");
+    let mut gw = setup.start();
+    gw.wait_ready().await;
+    assert_eq!(gw.post(&t, &[]).await.status, 200);
+    assert!(gw.terminate().success());
+
+    disk.hold_reads(true);
+    let (sock, mut gw) = start_notified(&setup, &[]);
+    let mut seen = Vec::new();
+    wait_status(&sock, &mut seen, "starting: opening the database");
+    // Two more ping deadlines (2 s each) with the open still held: still a start.
+    let failed = wait_for(&sock, &mut seen, Duration::from_secs(5), |l| {
+        l.starts_with("STATUS=fail-closed") || l == "READY=1"
+    });
+    assert_eq!(failed, None, "got {seen:?}");
+    assert!(
+        !gw.stderr().contains("ERROR"),
+        "a slow first open logged an error: {}",
+        gw.stderr()
+    );
+    disk.hold_reads(false);
+    wait_ready(&sock, &mut seen);
+    wait_status(&sock, &mut seen, "serving; 1 live keys");
+    assert_eq!(gw.post(&t, &[]).await.status, 409);
     assert!(gw.terminate().success());
     drop(disk);
 }
