@@ -20,7 +20,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 use crate::admin;
 use crate::config::{Config, ExecutorKind};
 use crate::executor::{self, Executor};
-use crate::gateway::auth::Authenticator;
+use crate::gateway::auth::{Authenticator, Method};
 use crate::gateway::limits::RateLimiter;
 use crate::gateway::{self, ConnLimits, Gateway, Reloadable, TlsConfig};
 use crate::metrics::Metrics;
@@ -527,16 +527,35 @@ async fn ping(mutex: &Mutex) -> Result<mutex::Status, (Unavailable, bool)> {
     })
 }
 
-/// The client namespaces (`psk.NAME`) `before` gave and `after` does not: a client
-/// renamed or taken out. Its live keys keep the old name, so its retries, under the new
-/// one, no longer meet them: said at the reload, while the operator is looking.
-fn names_gone(before: &Authenticator, after: &Authenticator) -> Vec<String> {
-    let after = after.namespaces();
-    before
+/// The client namespaces (`psk.NAME`, `cert.*`) `before` gave and `after` does not: a
+/// client renamed or taken out, or every sender moved by `client_ca` added or taken out.
+/// Their live keys keep the old name, so their retries, under the new one, no longer
+/// meet them: said at the reload, while the operator is looking. `None`: none gone.
+fn names_gone(before: &Authenticator, after: &Authenticator) -> Option<String> {
+    let now = after.namespaces();
+    let gone: Vec<String> = before
         .namespaces()
         .into_iter()
-        .filter(|n| !after.contains(n))
-        .collect()
+        .filter(|n| !now.contains(n))
+        .collect();
+    if gone.is_empty() {
+        return None;
+    }
+    let why = match (
+        before.configured(Method::Mtls),
+        after.configured(Method::Mtls),
+    ) {
+        (false, true) => {
+            " (server.client_ca now asks every sender for a certificate, whose name is its \
+             client: cert.NAME; connections open without one are refused)"
+        }
+        (true, false) => {
+            " (without server.client_ca, every sender is a shared secret's client: psk; \
+             connections open with a certificate are refused)"
+        }
+        _ => "",
+    };
+    Some(format!("{}{why}", gone.join(", ")))
 }
 
 /// What the restart that applies `pending` will also do, for the keys whose change costs
@@ -675,13 +694,12 @@ async fn reload_on_hangup(
                 gw.auth.replace(Arc::new(authenticator));
                 config = next;
                 log::info!("reloaded the TLS certificate and the secrets");
-                if !gone.is_empty() {
+                if let Some(gone) = gone {
                     log::warn!(
-                        "{}: the secrets no longer name {}: the keys taken under those \
-                         names stay there, so a trade they hold, sent again under another \
-                         name, is a new trade and will be sent",
+                        "{}: no sender is named {gone} after this reload: the keys taken \
+                         under those names stay there, so a trade they hold, sent again \
+                         under another name, is a new trade and will be sent",
                         config_file(&config),
-                        gone.join(", ")
                     );
                 }
                 lock(&announce.restart_pending).clone_from(&pending);
@@ -707,6 +725,29 @@ async fn reload_on_hangup(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// `client_ca` added or taken out by a reload moves every sender to another namespace
+    /// (`psk` and `cert.*`): said as a name gone, with why; a reload that keeps both says
+    /// nothing. tests/webhook.rs sees the line for `client_ca` added, end to end.
+    #[test]
+    fn client_certificates_turned_on_or_off_move_every_sender() {
+        let auth = |mtls| {
+            let secret = vec![crate::secrets::Secret::new("s3cret")];
+            Authenticator::new(secret, vec![], vec![], mtls, vec![]).unwrap()
+        };
+        let on = names_gone(&auth(false), &auth(true)).unwrap();
+        assert!(
+            on.starts_with("psk (server.client_ca now asks every sender for a certificate"),
+            "{on}"
+        );
+        let off = names_gone(&auth(true), &auth(false)).unwrap();
+        assert!(
+            off.starts_with("cert.* (without server.client_ca, every sender is a shared"),
+            "{off}"
+        );
+        assert_eq!(names_gone(&auth(true), &auth(true)), None);
+        assert_eq!(names_gone(&auth(false), &auth(false)), None);
+    }
 
     #[test]
     fn the_status_line_says_full_and_halted_both() {

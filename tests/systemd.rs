@@ -774,11 +774,11 @@ async fn what_a_restart_or_a_renamed_client_leaves_behind_is_said() {
     );
     let line = log
         .lines()
-        .find(|l| l.contains("the secrets no longer name"))
+        .find(|l| l.contains("no sender is named"))
         .unwrap_or_else(|| panic!("{log}"));
     // `psk`, the unnamed secrets' namespace, is still given.
     assert!(
-        line.contains("no longer name psk.desk-a: the keys"),
+        line.contains("no sender is named psk.desk-a after this reload: the keys"),
         "{line}"
     );
     // The old admin address still answers, and the gateway still serves.

@@ -1588,7 +1588,7 @@ async fn an_expired_client_certificate_places_no_order_on_open_or_resumed_connec
             "idempotencyKey":k})
         .to_string()
     };
-    let mut kept = connections_that_ordered(&setup, &gw, &desk, &order).await;
+    let mut kept = connections_that_ordered(&setup, &gw, Some(&desk), &order).await;
     // A session to resume: its tickets come with the first answer.
     let mut first = c.connect(&gw.url()).await.unwrap();
     assert_eq!(
@@ -1679,7 +1679,7 @@ async fn cut_off_by_a_reload(mtls_required: bool) {
         }
         t.to_string()
     };
-    let mut kept = connections_that_ordered(&setup, &gw, &desk, &order).await;
+    let mut kept = connections_that_ordered(&setup, &gw, Some(&desk), &order).await;
     // A reload that keeps the CA (a secret rotated, say) cuts no one off.
     unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
     gw.wait_logged("reloaded the TLS certificate and the secrets");
@@ -1698,29 +1698,65 @@ async fn cut_off_by_a_reload(mtls_required: bool) {
     let other = support::pki::Pki::new(setup.dir.path(), "other");
     std::fs::copy(&other.ca_cert, setup.dir.path().join("client-ca.pem")).unwrap();
     unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
-    // In force once a new connection with the desk's certificate is refused. The probe is
-    // no trade (400 before authentication), so that one sent before the reload orders
-    // nothing.
+    // In force once a new connection with the desk's certificate is refused.
     let fresh = TlsClient::with(&setup.pki.ca_cert, Alpn::Http1, Some(&desk));
-    let end = std::time::Instant::now() + Duration::from_secs(10);
-    loop {
-        let refused = match fresh.connect(&gw.url()).await {
-            Err(_) => true,
-            Ok(mut c) => c.post(&gw.url(), &[], "{not json").await.is_err(),
-        };
-        if refused {
-            break;
-        }
-        assert!(
-            std::time::Instant::now() < end,
-            "the reload did not take the CA out"
-        );
-        tokio::time::sleep(Duration::from_millis(50)).await;
-    }
+    until_refused(&fresh, &gw, "the reload did not take the CA out").await;
     each_refused_then_closed(&mut kept, &gw, &order).await;
     assert_eq!(exec.calls(), 4, "only the orders from before the reload");
     // Lines reach the test from a reading thread, after the answers may have.
     gw.wait_logged("no longer verifies after a reload");
+}
+
+/// A reload that adds `server.client_ca` asks every sender for a certificate: connections
+/// open without one are cut off too (401, then closed), as a new one is refused at its
+/// handshake. Going on as `psk` kept a sender placing orders, thousands a second, after the
+/// operator asked for certificates; and its trades then move to `cert.NAME` as it
+/// reconnects, which the reload's warning says. A reload that adds none cuts no one off.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_client_ca_added_by_a_reload_cuts_off_connections_without_a_certificate() {
+    let (exec, mut setup, gw) = with_mock_configured(|setup| {
+        setup.set("server", "header_timeout", "30s");
+    })
+    .await;
+    let order = |k: &str| {
+        json!({"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,
+            "idempotencyKey":k,"apiKey":SECRET})
+        .to_string()
+    };
+    let mut kept = connections_that_ordered(&setup, &gw, None, &order).await;
+    unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
+    gw.wait_logged("reloaded the TLS certificate and the secrets");
+    for (alpn, conn) in &mut kept {
+        let r = conn
+            .post(&gw.url(), &[], order(&format!("same-{alpn:?}")))
+            .await
+            .unwrap();
+        assert_eq!(r.status, 200, "{alpn:?}: {:?}", r.json());
+    }
+    assert_eq!(exec.calls(), 4);
+    let log = gw.stderr();
+    assert!(!log.contains("without a client certificate"), "{log}");
+
+    let client_ca = setup.dir.path().join("client-ca.pem");
+    std::fs::copy(&setup.pki.ca_cert, &client_ca).unwrap();
+    setup.set("server", "client_ca", client_ca.display().to_string());
+    setup.write_config();
+    unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
+    // In force once a new connection without a certificate is refused.
+    let fresh = TlsClient::with(&setup.pki.ca_cert, Alpn::Http1, None);
+    until_refused(&fresh, &gw, "the reload did not add the CA").await;
+    each_refused_then_closed(&mut kept, &gw, &order).await;
+    assert_eq!(exec.calls(), 4, "only the orders from before the reload");
+    gw.wait_logged("made without a client certificate");
+    let log = gw.wait_logged("no sender is named");
+    let line = log
+        .lines()
+        .find(|l| l.contains("no sender is named"))
+        .unwrap();
+    assert!(
+        line.contains("no sender is named psk (server.client_ca now asks every sender"),
+        "{line}"
+    );
 }
 
 /// An HTTP/2 request's headers may take up to 8 KiB (`H2_HEADER_LIST`, DESIGN): 4 KiB of
@@ -1751,17 +1787,35 @@ async fn http2_headers_are_bounded_at_8_kib() {
     assert_eq!(exec.calls(), 1);
 }
 
-/// A connection over each protocol with `desk`'s certificate, each of which placed the
-/// order `order("{protocol}")`.
+/// Waits (10 s at most, else fails saying `why`) until a new connection of `fresh`'s is
+/// refused: a reload of the client CA in force. The probe is no trade (400 before
+/// authentication, were it let in), so that it orders nothing.
+async fn until_refused(fresh: &TlsClient, gw: &support::gateway::Gateway, why: &str) {
+    let end = std::time::Instant::now() + Duration::from_secs(10);
+    loop {
+        let refused = match fresh.connect(&gw.url()).await {
+            Err(_) => true,
+            Ok(mut c) => c.post(&gw.url(), &[], "{not json").await.is_err(),
+        };
+        if refused {
+            return;
+        }
+        assert!(std::time::Instant::now() < end, "{why}");
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+}
+
+/// A connection over each protocol with `desk`'s certificate (or none), each of which
+/// placed the order `order("{protocol}")`.
 async fn connections_that_ordered(
     setup: &Setup,
     gw: &support::gateway::Gateway,
-    desk: &support::pki::CertFiles,
+    desk: Option<&support::pki::CertFiles>,
     order: &impl Fn(&str) -> String,
 ) -> Vec<(Alpn, support::client::Conn)> {
     let mut kept = Vec::new();
     for alpn in [Alpn::Http1, Alpn::Http2] {
-        let c = TlsClient::with(&setup.pki.ca_cert, alpn, Some(desk));
+        let c = TlsClient::with(&setup.pki.ca_cert, alpn, desk);
         let mut conn = c.connect(&gw.url()).await.unwrap();
         let r = conn
             .post(&gw.url(), &[], order(&format!("{alpn:?}")))

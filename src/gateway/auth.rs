@@ -216,9 +216,14 @@ impl Authenticator {
         Ok(a)
     }
 
-    /// The namespaces the shared secrets give their clients (`psk`, `psk.NAME`), for a
-    /// reload to say which it takes away.
+    /// The namespaces a sender can be in, for a reload to say which it takes away: with
+    /// client certificates (`mtls`), every sender is its certificate's client (`cert.*`),
+    /// whatever secret it also holds, since a handshake without one is refused; else the
+    /// ones the shared secrets give (`psk`, `psk.NAME`).
     pub fn namespaces(&self) -> std::collections::BTreeSet<String> {
+        if self.mtls {
+            return ["cert.*".to_owned()].into();
+        }
         [&self.api_keys, &self.hmac, &self.bearer]
             .into_iter()
             .flatten()

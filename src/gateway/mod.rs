@@ -230,6 +230,8 @@ impl<T> Reloadable<T> {
 /// refused (401), whatever other credential they carry: as a client without a
 /// certificate, its trades would move to the shared secret's namespace, where a retry
 /// is new. Checked once per configuration and once at the end date, not per request.
+/// A connection made without a certificate is checked too, with an empty chain: trusted
+/// until a reload adds `client_ca`.
 struct ClientCheck {
     chain: Vec<CertificateDer<'static>>,
     /// Unix second after which a certificate of the chain that the handshake's path may
@@ -251,7 +253,12 @@ impl ClientCheck {
         ip: std::net::IpAddr,
     ) -> Self {
         ClientCheck {
-            until: tls::valid_until(&chain, handshake_began),
+            // No certificate has no end date: checked again at a reload only.
+            until: if chain.is_empty() {
+                i64::MAX
+            } else {
+                tls::valid_until(&chain, handshake_began)
+            },
             chain,
             last: std::sync::Mutex::new((verified_under, true)),
             untrusted: Arc::new(Peer::cut_off(ip)),
@@ -270,17 +277,23 @@ impl ClientCheck {
         if reloaded || past_end {
             let trusted = current.still_trusts(&self.chain);
             if last.1 && !trusted {
-                log::warn!(
-                    "client certificate {} from {} no longer verifies {}: its connection's \
-                     requests are refused",
-                    verified.client_name.as_deref().unwrap_or("?"),
-                    verified.ip,
-                    if reloaded {
-                        "after a reload"
-                    } else {
-                        "(it expired)"
-                    }
-                );
+                match &verified.client_name {
+                    Some(name) => log::warn!(
+                        "client certificate {name} from {} no longer verifies {}: its \
+                         connection's requests are refused",
+                        verified.ip,
+                        if reloaded {
+                            "after a reload"
+                        } else {
+                            "(it expired)"
+                        }
+                    ),
+                    None => log::warn!(
+                        "connection from {} made without a client certificate, which \
+                         server.client_ca asks for since a reload: its requests are refused",
+                        verified.ip
+                    ),
+                }
             }
             *last = (current, trusted);
         }
@@ -425,7 +438,18 @@ pub async fn serve(
                     floods.happened(Flood::Nameless, ip.to_string());
                     (None, Peer::cut_off(ip))
                 }
-                (_, None) => (None, Peer::new(ip, None)),
+                // Checked too: a reload that adds `client_ca` cuts it off. Going on as
+                // `psk` while its sender's new connections must be `cert.NAME` would
+                // keep a sender the operator now asks a certificate of placing orders.
+                (_, None) => (
+                    Some(ClientCheck::new(
+                        Vec::new(),
+                        accepted_under,
+                        handshake_began,
+                        ip,
+                    )),
+                    Peer::new(ip, None),
+                ),
             };
             let peer = Arc::new(peer);
             let activity = Arc::new(idle::Activity::new());

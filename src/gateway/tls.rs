@@ -236,12 +236,15 @@ impl Tls {
 
     /// Whether a client certificate chain (end entity first), verified at a handshake under
     /// an earlier configuration, verifies under this one. False when this one verifies no
-    /// client at all.
+    /// client at all. No chain (a connection made without a certificate) is trusted only
+    /// where none is asked for: `client_ca` added by a reload refuses it, as a new
+    /// handshake without one would be.
     pub fn still_trusts(&self, chain: &[CertificateDer<'static>]) -> bool {
         match (&self.clients, chain.split_first()) {
             (Some(v), Some((end, intermediates))) => v
                 .verify_client_cert(end, intermediates, UnixTime::now())
                 .is_ok(),
+            (None, None) => true,
             _ => false,
         }
     }
