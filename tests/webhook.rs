@@ -962,6 +962,26 @@ async fn ip_allowlist_forbids_others() {
     assert_eq!(gw.post(&trade("BTCUSDT"), &[]).await.status, 200);
 }
 
+/// A HEAD request is answered as a GET would be (405 on the webhook's path, 404 on
+/// another), without a body: over HTTP/2 hyper sends whatever body it is given, and a DATA
+/// frame after a HEAD's answer is a protocol error to curl (`curl -I`) and to monitors.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_head_request_is_answered_without_a_body() {
+    let (exec, setup, gw) = with_mock().await;
+    for alpn in [Alpn::Http1, Alpn::Http2] {
+        let c = TlsClient::with(&setup.pki.ca_cert, alpn, None);
+        for (url, status) in [
+            (gw.url(), 405),
+            (gw.url().replace("/webhook", "/nope"), 404),
+        ] {
+            let r = c.request(hyper::Method::HEAD, &url, &[], "").await;
+            assert_eq!(r.status.as_u16(), status, "{alpn:?} {url}");
+            assert!(r.body.is_empty(), "{alpn:?} {url}: {:?}", r.body);
+        }
+    }
+    assert_eq!(exec.calls(), 0);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn rate_limit_spares_duplicates_and_leaves_no_reservation() {
     let (exec, _setup, gw) = with_mock_configured(|setup| {

@@ -188,10 +188,16 @@ pub async fn handle(
 ) -> Result<Response<Full<Bytes>>, Infallible> {
     let started = Instant::now();
     let request_id = request_id(&req);
+    let head = req.method() == Method::HEAD;
     let answer = match pipeline(&gw, &peer, req, &request_id).await {
         Ok(a) | Err(a) => a,
     };
     let mut response = answer.response;
+    // A HEAD's answer has no body. hyper leaves it out over HTTP/1.1, not over HTTP/2,
+    // where a DATA frame after it is a protocol error to the client (`curl -I`).
+    if head {
+        *response.body_mut() = Full::default();
+    }
     let status = response.status().as_u16();
     if let Ok(v) = HeaderValue::from_str(&request_id) {
         response.headers_mut().insert("x-request-id", v);
