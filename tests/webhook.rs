@@ -962,6 +962,43 @@ async fn ip_allowlist_forbids_others() {
     assert_eq!(gw.post(&trade("BTCUSDT"), &[]).await.status, 200);
 }
 
+/// A sender that names its key as other APIs do (`X-Idempotency-Key`, a body's
+/// `idempotency_key`) is told so at its first trade, 400, nothing sent: passed over, the
+/// trade was keyed by its fingerprint, which holds a retry for a minute, not for the TTL,
+/// and a retry after that minute was placed again. Under `Idempotency-Key` it is served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_under_another_name_is_refused_not_passed_over() {
+    let (exec, _setup, gw) = with_mock().await;
+    let r = gw
+        .post(&trade("BTCUSDT"), &[("x-idempotency-key", "order-1")])
+        .await;
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (400, "INVALID_IDEMPOTENCY_KEY")
+    );
+    let detail = r.json()["detail"].as_str().unwrap().to_owned();
+    assert!(detail.contains("not x-idempotency-key"), "{detail}");
+    let mut t = trade("BTCUSDT");
+    t["idempotency_key"] = json!("order-1");
+    let r = gw.post(&t, &[]).await;
+    assert_eq!(
+        (r.status.as_u16(), code(&r.json())),
+        (400, "INVALID_IDEMPOTENCY_KEY")
+    );
+    assert!(
+        r.json()["detail"]
+            .as_str()
+            .unwrap()
+            .contains("\"idempotency_key\"")
+    );
+    assert_eq!(exec.calls(), 0);
+    let r = gw
+        .post(&trade("BTCUSDT"), &[("idempotency-key", "order-1")])
+        .await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    assert_eq!(exec.calls(), 1);
+}
+
 /// A HEAD request is answered as a GET would be (405 on the webhook's path, 404 on
 /// another), without a body: over HTTP/2 hyper sends whatever body it is given, and a DATA
 /// frame after a HEAD's answer is a protocol error to curl (`curl -I`) and to monitors.

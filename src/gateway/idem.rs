@@ -100,7 +100,20 @@ pub fn resolve(
     }
     let mut values = headers.get_all(HEADER).iter();
     let header = match (values.next(), values.next()) {
-        (None, _) => None,
+        // The key under a name other APIs read (`X-Idempotency-Key`), without the one
+        // read here: passed over, the trade would fall back to its fingerprint.
+        (None, _) => match headers
+            .keys()
+            .find(|n| super::trade::is_key_name(n.as_str()))
+        {
+            Some(name) => {
+                return Err(Problem::InvalidIdempotencyKey(format!(
+                    "the key is read from the Idempotency-Key header, not {name}: rename it \
+                     (without one, a trade is told apart by its fingerprint, for a minute only)"
+                )));
+            }
+            None => None,
+        },
         (Some(v), None) => Some(parse_header(v.as_bytes())?),
         (Some(_), Some(_)) => {
             return Err(KeyError::Syntax("more than one Idempotency-Key header").into());
@@ -213,6 +226,32 @@ mod tests {
             resolve(&headers(&["a"]), None, Some("b")),
             Err(Problem::IdempotencyKeyConflict)
         );
+    }
+
+    /// The key under a header name other APIs read, with none under `Idempotency-Key`,
+    /// is refused: passed over, its trade would be told apart by its fingerprint only.
+    /// Beside `Idempotency-Key`, that one is read; names that only resemble it pass.
+    #[test]
+    fn a_key_under_another_header_name_is_refused_not_passed_over() {
+        for name in ["x-idempotency-key", "idempotency_key", "x_idempotency_key"] {
+            let mut h = HeaderMap::new();
+            h.insert(name, HeaderValue::from_static("k1"));
+            let got = resolve(&h, None, None).unwrap_err();
+            assert_eq!(got.code(), "INVALID_IDEMPOTENCY_KEY", "{name}");
+            assert!(format!("{got:?}").contains(name), "{name}: {got:?}");
+            // Nor does a key in the body make it right: the header meant something.
+            assert!(resolve(&h, None, Some("k1")).is_err(), "{name}");
+            h.insert(HEADER, HeaderValue::from_static("k2"));
+            assert_eq!(
+                resolve(&h, None, None),
+                Ok(Some(ClientKey::parse("k2").unwrap()))
+            );
+        }
+        for name in ["x-idempotency", "idempotency-keys", "x-request-id"] {
+            let mut h = HeaderMap::new();
+            h.insert(name, HeaderValue::from_static("k1"));
+            assert_eq!(resolve(&h, None, None), Ok(None), "{name}");
+        }
     }
 
     #[test]

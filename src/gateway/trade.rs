@@ -43,12 +43,22 @@ pub enum TradeError {
     /// meant to give and did not, so never a silent fallback to the fingerprint (SPEC §2).
     #[error("body idempotencyKey must be a string")]
     KeyNotAString,
+    /// The key under another name (`idempotency_key`, `Idempotency-Key`), and none under
+    /// its own: what the sender meant as its key would be passed over, and the trade told
+    /// apart by its fingerprint, for a minute, not for the key's life.
+    #[error(
+        "body member {0:?} is not read as the key: spell it idempotencyKey (without one, a \
+         trade is told apart by its fingerprint, for a minute only)"
+    )]
+    KeyMisnamed(String),
 }
 
 impl From<TradeError> for super::problem::Problem {
     fn from(e: TradeError) -> Self {
         match e {
-            TradeError::KeyNotAString => Self::InvalidIdempotencyKey(e.to_string()),
+            TradeError::KeyNotAString | TradeError::KeyMisnamed(_) => {
+                Self::InvalidIdempotencyKey(e.to_string())
+            }
             _ => Self::InvalidRequest(e.to_string()),
         }
     }
@@ -235,6 +245,11 @@ impl Trade {
                 "must be spelled exactly so: another spelling in other letter case \
                  is refused, since an executor may read it as this field",
             ));
+        }
+        if !obj.contains_key("idempotencyKey")
+            && let Some(name) = obj.keys().find(|n| is_key_name(n))
+        {
+            return Err(TradeError::KeyMisnamed(name.clone()));
         }
         let exchange = required_str(&obj, "exchange")?;
         if !(1..=MAX_EXCHANGE).contains(&exchange.len())
@@ -463,6 +478,19 @@ fn case_variant(name: &str) -> Option<&'static str> {
                 .map(fold)
                 .eq(known.chars().map(|c| c.to_ascii_lowercase()))
     })
+}
+
+/// Whether `name` spells the idempotency key in a way other APIs read it
+/// (`idempotency_key`, `Idempotency-Key`, `X-Idempotency-Key`, in any letter case): one of
+/// those, passed over, would leave a trade its sender keyed told apart by its fingerprint
+/// only. The header's name (`idem::resolve`) and the body's member both ask this.
+pub fn is_key_name(name: &str) -> bool {
+    let folded: String = name
+        .chars()
+        .filter(|c| !matches!(c, '-' | '_'))
+        .map(|c| c.to_ascii_lowercase())
+        .collect();
+    matches!(folded.as_str(), "idempotencykey" | "xidempotencykey")
 }
 
 fn required_str<'a>(
@@ -754,6 +782,33 @@ mod tests {
         assert_eq!(err_field(with("test", json!("true"))), "test");
         assert_eq!(err_field(with("test", json!(1))), "test");
         assert_eq!(err_field(with("apiKey", json!(["k"]))), "apiKey");
+    }
+
+    /// The key under a member name other APIs read (`idempotency_key`), with none under
+    /// `idempotencyKey`, is refused: passed over (and through to the executor), its trade
+    /// would be told apart by its fingerprint only. Beside `idempotencyKey` it passes.
+    #[test]
+    fn a_key_under_another_member_name_is_refused_not_passed_over() {
+        for name in [
+            "idempotency_key",
+            "idempotency-key",
+            "Idempotency-Key",
+            "IDEMPOTENCY_KEY",
+            "x-idempotency-key",
+        ] {
+            assert_eq!(
+                with(name, json!("k1")).err(),
+                Some(TradeError::KeyMisnamed(name.into())),
+                "{name}"
+            );
+            let mut b = base();
+            b[name] = json!("k1");
+            b["idempotencyKey"] = json!("k1");
+            assert!(Trade::from_object(obj(b)).is_ok(), "{name} beside the key");
+        }
+        for name in ["idempotency", "idempotencyKeys", "key", "requestId"] {
+            assert!(with(name, json!("k1")).is_ok(), "{name}");
+        }
     }
 
     #[test]
