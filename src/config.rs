@@ -304,6 +304,11 @@ impl Config {
             ConfigError::new(path, "(file)", format!("cannot read: {e}"))
         };
         let bytes = crate::secrets::read_regular(path).map_err(|e| cannot(&e))?;
+        // Whoever may write it chooses the client CA, the secrets and the executor, which
+        // are refused when others may write them: so is the file that names them.
+        if let Some(why) = crate::secrets::open_to_writes_of(path, "settings") {
+            return Err(ConfigError::new(path, "(file)", why));
+        }
         let text = String::from_utf8(bytes).map_err(|_| cannot(&"not UTF-8 text"))?;
         let raw: RawFile = toml::from_str(&text).map_err(|e| {
             let (key, message) = syntax(&text, &e);
@@ -1053,6 +1058,35 @@ mod tests {
                 );
             }
         }
+    }
+
+    /// A config file anyone may write is anyone's to point at a CA, secrets or an
+    /// executor of their own: refused, named, with the remedy; so is one in a folder
+    /// anyone may write (without the sticky bit). The files it names are refused so
+    /// already; the file naming them was not.
+    #[test]
+    fn a_config_file_others_may_write_is_refused() {
+        use std::os::unix::fs::PermissionsExt;
+        let dir = state();
+        let path = dir.path().join("config.toml");
+        std::fs::write(&path, EMBEDDED).unwrap();
+        let chmod = |p: &Path, m| std::fs::set_permissions(p, std::fs::Permissions::from_mode(m));
+        chmod(&path, 0o664).unwrap();
+        assert!(Config::load(&path).is_ok());
+        chmod(&path, 0o666).unwrap();
+        let e = Config::load(&path).unwrap_err().to_string();
+        assert!(
+            e.contains("(file)") && e.contains("writable by everyone (mode 666)"),
+            "{e}"
+        );
+        assert!(e.contains("chmod o-w"), "{e}");
+        chmod(&path, 0o644).unwrap();
+        chmod(dir.path(), 0o777).unwrap();
+        let e = Config::load(&path).unwrap_err().to_string();
+        assert!(e.contains("settings of their own in its place"), "{e}");
+        chmod(dir.path(), 0o1777).unwrap();
+        assert!(Config::load(&path).is_ok());
+        chmod(dir.path(), 0o700).unwrap();
     }
 
     #[test]

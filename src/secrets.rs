@@ -216,15 +216,22 @@ pub fn refuse_world_readable(path: &Path) -> Result<(), SecretError> {
 /// of their own, and with it a client of their own (or an executor). Readable is fine: it
 /// holds no secret. A file that cannot be looked at is for its reader to report.
 pub fn open_to_writes(path: &Path) -> Option<String> {
+    open_to_writes_of(path, "a CA")
+}
+
+/// As [`open_to_writes`], for a file whose content anyone could make `what` of their own:
+/// the config file too, which names the client CA, the secrets and the executor, so that
+/// refusing those files open to writes would be moot if it were not.
+pub fn open_to_writes_of(path: &Path, what: &str) -> Option<String> {
     let mode = std::fs::metadata(path).ok()?.permissions().mode();
     if mode & 0o002 != 0 {
         return Some(format!(
-            "writable by everyone (mode {:o}): any user of this machine could add a CA of \
+            "writable by everyone (mode {:o}): any user of this machine could add {what} of \
              their own; run chmod o-w on it",
             mode & 0o7777
         ));
     }
-    folder_open_to_others(path, "a CA")
+    folder_open_to_others(path, what)
 }
 
 /// Why `path` (a CA bundle, or the admin socket this gateway makes) could be replaced by
