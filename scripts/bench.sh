@@ -545,23 +545,47 @@ if [ "$CHAOS" = 1 ]; then
         cut -d: -f2 | awk '{ n += $1 } END { print n + 0 }' || true)
     echo "  load: $(grep -o '"status":{[^}]*}' "$WORK/chaos-load.json" | cut -c10-)" \
         "errors $(grep -o '"errors":{[^}]*}' "$WORK/chaos-load.json" | cut -c10-)"
-    # After the last restart, calmly, every key that got a 2xx once more (or, when there
-    # are more than CHAOS_REPLAY, a uniform random sample of them): whatever was pending
-    # at a crash, each must be refused as a duplicate (409), and none forwarded again.
+    reasons=()
+    # Each 2xx written down once: a key answered 2xx twice was placed twice (or said so).
+    sort "$ok_keys" | uniq -d >"$ok_keys.twice"
+    [ "$(wc -l <"$ok_keys")" -eq "$ok2xx" ] ||
+        reasons+=("$(wc -l <"$ok_keys") keys written for $ok2xx answers 2xx")
+    [ ! -s "$ok_keys.twice" ] ||
+        reasons+=("$(wc -l <"$ok_keys.twice") keys answered 2xx twice: $(head -n 3 "$ok_keys.twice" | paste -sd ' ')")
     sort -u "$ok_keys" >"$ok_keys.unique"
-    if [ "$(wc -l <"$ok_keys.unique")" -gt "$CHAOS_REPLAY" ]; then
-        shuf -n "$CHAOS_REPLAY" "$ok_keys.unique" >"$WORK/chaos-replay-keys"
+    # The keys the executor took in this run, as the client sent them (the gateway forwards
+    # `client:{identity}:{mode}:{key}`): orders a killed gateway forwarded and never
+    # answered are among them, held pending after the restart, and replayed too. Each key
+    # answered 2xx must be there: a 2xx for an order the executor never got is a lie.
+    "$BIN/hoox-load" check-ledger --ledger "$LEDGER" --write-keys "$WORK/ledger-keys" \
+        >/dev/null 2>&1 || true
+    sed -n "s/^client:[^:]*:[^:]*:\($prefix-\)/\1/p" "$WORK/ledger-keys" 2>/dev/null |
+        sort -u >"$WORK/chaos-forwarded-keys"
+    never=$(comm -23 "$ok_keys.unique" "$WORK/chaos-forwarded-keys" | wc -l)
+    [ "$never" -eq 0 ] || reasons+=("$never keys answered 2xx never reached the executor")
+    comm -13 "$ok_keys.unique" "$WORK/chaos-forwarded-keys" >"$WORK/chaos-unanswered-keys"
+    unanswered=$(wc -l <"$WORK/chaos-unanswered-keys")
+    # After the last restart, calmly, every key that reached the executor unanswered, and
+    # every key that got a 2xx (or, past CHAOS_REPLAY keys in all, a uniform random sample
+    # of those): whatever was pending at a crash, each must be refused as a duplicate
+    # (409), and none forwarded again.
+    cp "$WORK/chaos-unanswered-keys" "$WORK/chaos-replay-keys"
+    room=$((CHAOS_REPLAY > unanswered ? CHAOS_REPLAY - unanswered : 0))
+    if [ "$(wc -l <"$ok_keys.unique")" -gt "$room" ]; then
+        shuf -n "$room" "$ok_keys.unique" >>"$WORK/chaos-replay-keys"
     else
-        cp "$ok_keys.unique" "$WORK/chaos-replay-keys"
+        cat "$ok_keys.unique" >>"$WORK/chaos-replay-keys"
     fi
     replayed=$(wc -l <"$WORK/chaos-replay-keys")
-    reasons=()
     if [ "$replayed" -gt 0 ]; then
-        echo "  replaying $replayed of $(wc -l <"$ok_keys.unique") keys that got a 2xx"
+        echo "  replaying $replayed keys: the $unanswered forwarded unanswered, and" \
+            "$((replayed - unanswered)) of the $(wc -l <"$ok_keys.unique") answered 2xx"
         load chaos-replay "$GW_PORT" --connections 4 --replay-keys "$WORK/chaos-replay-keys"
         refused=$(jget "$WORK/chaos-replay.json" 409)
         [ "${refused:-0}" -eq "$replayed" ] && [ "$LOAD_RC" = 0 ] ||
             reasons+=("replay: ${refused:-0} x 409 for $replayed keys (hoox-load exited $LOAD_RC)")
+    else
+        reasons+=("no key to replay")
     fi
     after=$(ledger_total)
     stop "$GW_PID"

@@ -666,11 +666,27 @@ async fn the_keys_that_got_a_2xx_are_written_and_replay_as_duplicates() {
         again.verdict
     );
 
+    // Halted, the same gateway answers each 503: nothing forwarded, and nothing shown held
+    // either. A replay proves each key held or fails, --expect-errors or not: exit 6.
+    let (s, _) = gw.admin("POST", "/halt").await;
+    assert_eq!(s, 200);
+    let secret = setup.dir.path().join("load-secret");
+    let halted = format!("-c 3 --expect-errors --replay-keys {keys}");
+    let out = load_with_stderr(&run_line(&setup, &gw, "hmac", &secret, &halted)).await;
+    assert_eq!(out.code, Some(6), "{} {}", out.stdout, out.stderr);
+    assert_eq!(answered(&out.json(0), "503"), forwarded, "{}", out.stdout);
+    assert!(
+        out.stderr.contains(&format!(
+            "replay: FAIL, {forwarded} of {forwarded} replayed keys not shown held"
+        )),
+        "{}",
+        out.stderr
+    );
+
     // A gateway on an empty database forwards them again: exit 5, said, and no ledger asked.
     let forgetful = forwarding_to(&ledger);
     let fresh = forgetful.start();
     fresh.wait_ready().await;
-    let secret = setup.dir.path().join("load-secret");
     let replay = format!("-c 3 --replay-keys {keys}");
     let out = load_with_stderr(&run_line(&forgetful, &fresh, "hmac", &secret, &replay)).await;
     assert_eq!(out.code, Some(5), "{} {}", out.stdout, out.stderr);

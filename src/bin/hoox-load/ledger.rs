@@ -1,11 +1,15 @@
 //! The ledger: an executor that remembers. It fills every order it is sent and counts each
 //! `Idempotency-Key`; a key seen twice is an order placed twice, the one thing the gateway
-//! exists to prevent. Plain HTTP/1.1 on loopback, as an exchange adapter next door would be.
+//! exists to prevent. So is a trade sent without a key forwarded again within a minute of
+//! its first, under the next minute's fingerprint (`trade:…:{minute}`): the gateway holds
+//! a fingerprint 60 s whatever its minute (SPEC §2), and counting key strings alone could
+//! not see that. Plain HTTP/1.1 on loopback, as an exchange adapter next door would be.
 
-use std::collections::HashMap;
+use std::collections::{BTreeSet, HashMap};
 use std::net::SocketAddr;
 use std::process::ExitCode;
 use std::sync::{Arc, Mutex};
+use std::time::{Duration, Instant};
 
 use bytes::Bytes;
 use http_body_util::{BodyExt, Empty, Full};
@@ -31,20 +35,42 @@ pub struct Counts {
     pub missing_key: u64,
 }
 
+/// How long after a fingerprint's first order the same trade forwarded again is a double:
+/// the gateway's minute, less a second's slack either way, since the ledger times orders
+/// as they arrive, not as the gateway reserved them.
+const FINGERPRINT_HOLD: Duration = Duration::from_secs(58);
+
 #[derive(Default)]
 struct Book {
     seen: HashMap<String, u32>,
+    /// Each fingerprint's trade (its key less the minute), and when its last order came.
+    trades: HashMap<String, Instant>,
+    /// Fingerprints whose trade had come within [`FINGERPRINT_HOLD`] under another minute.
+    repeated: BTreeSet<String>,
     total: u64,
     missing_key: u64,
 }
 
 impl Book {
+    fn take(&mut self, key: String, now: Instant) {
+        self.total += 1;
+        if let Some((trade, _minute)) = key.strip_prefix("trade:").and_then(|k| k.rsplit_once(':'))
+        {
+            let last = self.trades.insert(trade.to_owned(), now);
+            if last.is_some_and(|at| now - at < FINGERPRINT_HOLD) && !self.seen.contains_key(&key) {
+                self.repeated.insert(key.clone());
+            }
+        }
+        *self.seen.entry(key).or_insert(0) += 1;
+    }
+
     fn counts(&self) -> Counts {
         let mut duplicates: Vec<String> = self
             .seen
             .iter()
             .filter(|(_, n)| **n > 1)
             .map(|(k, _)| k.clone())
+            .chain(self.repeated.iter().cloned())
             .collect();
         duplicates.sort();
         Counts {
@@ -75,6 +101,18 @@ async fn answer(
         let body = serde_json::to_vec(&counts).unwrap_or_default();
         return Ok(json(StatusCode::OK, body));
     }
+    // Every key taken, one a line: orders a killed gateway forwarded and never answered
+    // are among them, for a replay to find held.
+    if req.method() == Method::GET && req.uri().path() == KEYS_PATH {
+        let mut keys: Vec<String> = lock(&book).seen.keys().cloned().collect();
+        keys.sort();
+        let body = keys.into_iter().fold(String::new(), |mut b, k| {
+            b.push_str(&k);
+            b.push('\n');
+            b
+        });
+        return Ok(Response::new(Full::new(Bytes::from(body))));
+    }
     if req.method() != Method::POST {
         return Ok(json(StatusCode::METHOD_NOT_ALLOWED, b"{}".to_vec()));
     }
@@ -85,10 +123,12 @@ async fn answer(
     req.into_body().collect().await?;
     {
         let mut book = lock(&book);
-        book.total += 1;
         match key {
-            Some(key) => *book.seen.entry(key).or_insert(0) += 1,
-            None => book.missing_key += 1,
+            Some(key) => book.take(key, Instant::now()),
+            None => {
+                book.total += 1;
+                book.missing_key += 1;
+            }
         }
     }
     Ok(json(StatusCode::OK, b"{\"success\":true}".to_vec()))
@@ -131,15 +171,25 @@ async fn serve_on(listener: TcpListener) -> Result<ExitCode, Error> {
     }
 }
 
+/// Where a ledger lists every key it has taken, beside its counts' `/ledger`.
+const KEYS_PATH: &str = "/ledger/keys";
+
 /// GET the ledger's counts over plain HTTP/1.1 (`http://HOST:PORT/PATH`).
 pub async fn fetch(url: &str) -> Result<Counts, Error> {
     // Every failure names the ledger: "connection refused" alone reads as the gateway's.
-    read(url)
-        .await
-        .map_err(|e| format!("ledger {url}: {e}").into())
+    let body = read(url).await.map_err(|e| format!("ledger {url}: {e}"))?;
+    Ok(serde_json::from_slice(&body).map_err(|e| format!("ledger {url}: {e}"))?)
 }
 
-async fn read(url: &str) -> Result<Counts, Error> {
+/// GET every key the ledger at `url` (its counts' URL) has taken, one a line.
+async fn fetch_keys(url: &str) -> Result<Bytes, Error> {
+    let keys = url.replacen("/ledger", KEYS_PATH, 1);
+    Ok(read(&keys)
+        .await
+        .map_err(|e| format!("ledger {keys}: {e}"))?)
+}
+
+async fn read(url: &str) -> Result<Bytes, Error> {
     let uri: hyper::Uri = url.parse()?;
     if uri.scheme_str() != Some("http") {
         return Err("the URL must be http://".into());
@@ -155,8 +205,7 @@ async fn read(url: &str) -> Result<Counts, Error> {
     if !res.status().is_success() {
         return Err(format!("answered {} (its path is /ledger)", res.status()).into());
     }
-    let body = res.into_body().collect().await?.to_bytes();
-    Ok(serde_json::from_slice(&body)?)
+    Ok(res.into_body().collect().await?.to_bytes())
 }
 
 /// Print the counts; the verdict: no key forwarded twice, and every order carried a key (an
@@ -206,8 +255,18 @@ pub fn report(counts: &Counts, json: bool) -> ExitCode {
     }
 }
 
-pub async fn check(url: &str, json: bool) -> Result<ExitCode, Error> {
-    Ok(report(&fetch(url).await?, json))
+/// `check-ledger`: the verdict, and with `keys` every key the ledger took written there.
+pub async fn check(
+    url: &str,
+    json: bool,
+    keys: Option<&std::path::Path>,
+) -> Result<ExitCode, Error> {
+    let counts = fetch(url).await?;
+    if let Some(path) = keys {
+        let listed = fetch_keys(url).await?;
+        std::fs::write(path, &listed).map_err(|e| format!("{}: {e}", path.display()))?;
+    }
+    Ok(report(&counts, json))
 }
 
 #[cfg(test)]
@@ -262,7 +321,40 @@ mod tests {
         assert_eq!(counts.missing_key, 1);
         assert_eq!(counts.duplicates, vec!["a".to_string()]);
         assert_eq!(report(&counts, true), ExitCode::from(1));
+        // Every key it took, for a replay.
+        let dir = tempfile::tempdir().unwrap();
+        let keys = dir.path().join("keys");
+        let url = format!("http://{addr}/ledger");
+        assert_eq!(
+            check(&url, true, Some(&keys)).await.unwrap(),
+            ExitCode::from(1)
+        );
+        assert_eq!(std::fs::read_to_string(&keys).unwrap(), "a\nb\nc\n");
         server.abort();
+    }
+
+    /// A trade sent without a key, forwarded again under the next minute's fingerprint
+    /// within a minute of the first, is a double (the gateway holds a fingerprint 60 s
+    /// whatever its minute); a minute later it is a new trade. Counted once either way.
+    #[test]
+    fn a_fingerprint_forwarded_again_within_its_minute_is_a_double() {
+        let mut book = Book::default();
+        let t0 = Instant::now();
+        let at = |s| t0 + Duration::from_secs(s);
+        book.take("trade:x:BTC:LONG:1:live:100".into(), at(0));
+        book.take("trade:x:BTC:LONG:1:live:101".into(), at(20));
+        book.take("trade:x:ETH:LONG:1:live:100".into(), at(0));
+        book.take("trade:x:ETH:LONG:1:live:102".into(), at(61));
+        book.take("trade:x:SOL:LONG:1:live:100".into(), at(0));
+        book.take("trade:x:SOL:LONG:1:live:100".into(), at(1));
+        book.take("client:psk:live:100".into(), at(0));
+        let counts = book.counts();
+        assert_eq!(counts.total, 7);
+        assert_eq!(
+            counts.duplicates,
+            ["trade:x:BTC:LONG:1:live:101", "trade:x:SOL:LONG:1:live:100"]
+        );
+        assert_eq!(report(&counts, true), ExitCode::from(1));
     }
 
     #[test]

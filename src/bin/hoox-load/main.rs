@@ -35,21 +35,27 @@ enum Command {
     /// could not be read after it (the run's report is printed first); 3 no answer at
     /// all; 4 some answer was neither 2xx nor 409, or some request failed in transport (a
     /// connect, an I/O error, a timeout), unless --expect-errors; 5 with --replay-keys, a
-    /// replayed key answered 2xx (forwarded again; --expect-errors does not excuse it).
+    /// replayed key answered 2xx (forwarded again); 6 with --replay-keys, a replayed key
+    /// answered neither 409 nor its stored answer (not shown held). --expect-errors
+    /// excuses neither.
     Run(Box<run::Args>),
     /// Run a ledger executor: answers 200 {"success":true}, records every Idempotency-Key.
     Ledger {
         #[arg(long, default_value = "127.0.0.1:9000")]
         listen: SocketAddr,
     },
-    /// Fetch a ledger's counts; exit 1 if any key was forwarded twice or any order came
-    /// without a key.
+    /// Fetch a ledger's counts; exit 1 if any key was forwarded twice (a fingerprint, its
+    /// trade within 58 s of its last, whatever its minute) or any order came without a key.
     CheckLedger {
         /// e.g. http://127.0.0.1:9000/ledger
         #[arg(long)]
         ledger: String,
         #[arg(long)]
         json: bool,
+        /// Also write every key the ledger has taken to this file, one a line, as the
+        /// gateway forwarded it (`client:{identity}:{mode}:{key}`, or a fingerprint).
+        #[arg(long)]
+        write_keys: Option<PathBuf>,
     },
     /// Write a self-signed certificate for localhost, 127.0.0.1 and ::1: DIR/cert.pem and
     /// DIR/key.pem, replacing any there.
@@ -118,7 +124,11 @@ fn tokio_main(command: Command) -> Result<ExitCode, Error> {
         match command {
             Command::Run(args) => run::run(*args).await,
             Command::Ledger { listen } => ledger::serve(listen).await,
-            Command::CheckLedger { ledger, json } => ledger::check(&ledger, json).await,
+            Command::CheckLedger {
+                ledger,
+                json,
+                write_keys,
+            } => ledger::check(&ledger, json, write_keys.as_deref()).await,
             Command::GenCert { dir } => gen_cert(&dir),
             // Blocking on purpose: nothing else runs, and the timings must not include a hop.
             Command::Fsync {

@@ -100,7 +100,8 @@ pub struct Args {
     json: bool,
     /// Exit 0 even if some answers are not 2xx or 409, or some requests fail in transport
     /// (the chaos bench kills the gateway on purpose); without it, such a run exits 4.
-    /// Exits 1 (the ledger) and 5 (a replayed key forwarded again) still apply.
+    /// Exits 1 (the ledger), 5 (a replayed key forwarded again) and 6 (a replayed key not
+    /// shown held) still apply.
     #[arg(long)]
     expect_errors: bool,
     /// Append the key of every request answered 2xx to this file, one per line: the keys
@@ -111,14 +112,16 @@ pub struct Args {
     /// Send each key in this file (one per line, as --write-2xx-keys writes them) once, with
     /// the very trade the key first carried, so the gateway must answer 409 to each (or,
     /// in replay mode, its stored answer, marked Idempotent-Replayed): any other 2xx is
-    /// that trade forwarded again, and the run exits 5. The keys carry their own prefix:
+    /// that trade forwarded again, and the run exits 5; any other answer, or none, leaves
+    /// the key not shown held, and the run exits 6. The keys carry their own prefix:
     /// --key-prefix is not used.
     #[arg(long, conflicts_with_all = ["duration", "requests", "keys", "dup_ratio"])]
     replay_keys: Option<PathBuf>,
     /// Trades without an idempotencyKey, each told apart by its fingerprint alone (SPEC
     /// §2), as a sender that sends no key is: a repeat (--dup-ratio, --keys) is a duplicate
-    /// within the minute, a new trade after it. The trades' exchange is the key prefix (at
-    /// most 32 characters), their symbol their number.
+    /// within 60 s of the trade's first reserve, whatever its minute, and a new trade after
+    /// that (--ledger counts it so). The trades' exchange is the key prefix (at most 32
+    /// characters), their symbol their number.
     #[arg(long, conflicts_with_all = ["replay_keys", "write_2xx_keys"])]
     keyless: bool,
 }
@@ -130,6 +133,12 @@ const EXIT_ERRORS: u8 = 4;
 /// The exit code of a --replay-keys run in which a replayed key was answered 2xx: the
 /// gateway forwarded a trade it had already answered 2xx for.
 const EXIT_REPLAY_FORWARDED: u8 = 5;
+
+/// The exit code of a --replay-keys run in which a replayed key was not shown held: its
+/// answer was neither 409 nor its stored answer (a 503, a 422 for another trade, none at
+/// all). A replay is the check that every key is still held, so --expect-errors does not
+/// excuse it: a gateway halted, or down, proves nothing.
+const EXIT_REPLAY_UNPROVEN: u8 = 6;
 
 /// An answer of a working gateway: 2xx, or 409 for a repeated trade (runs with --dup-ratio or
 /// --keys repeat trades on purpose). Anything else is not throughput.
@@ -937,16 +946,25 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
             .saturating_sub(total.replayed),
         None => 0,
     };
+    let replays = plan.replay.as_ref().map_or(0, Vec::len) as u64;
     if forwarded_again > 0 {
         eprintln!(
-            "replay: FAIL, {forwarded_again} of {} replayed keys answered 2xx: forwarded again",
-            plan.replay.as_ref().map_or(0, Vec::len)
+            "replay: FAIL, {forwarded_again} of {replays} replayed keys answered 2xx: forwarded again"
+        );
+    }
+    let held = total.status.get(&409).copied().unwrap_or(0) + total.replayed;
+    let unproven = replays.saturating_sub(held + forwarded_again);
+    if unproven > 0 {
+        eprintln!(
+            "replay: FAIL, {unproven} of {replays} replayed keys not shown held (answered \
+             neither 409 nor their stored answer, or not at all)"
         );
     }
     let ledger = ledger.map(|counts| ledger::report(&counts, args.json));
     Ok(match ledger {
         Some(code) if code != ExitCode::SUCCESS => code,
         _ if forwarded_again > 0 => ExitCode::from(EXIT_REPLAY_FORWARDED),
+        _ if unproven > 0 => ExitCode::from(EXIT_REPLAY_UNPROVEN),
         _ if total.latency_us.is_empty() => ExitCode::from(3),
         _ if not_served + transport > 0 && !args.expect_errors => ExitCode::from(EXIT_ERRORS),
         _ => ExitCode::SUCCESS,
