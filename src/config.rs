@@ -765,6 +765,9 @@ impl Config {
         if real(&next.store_path) == real(&self.store_path) {
             pending.retain(|k| k != "store.path");
         }
+        // A key a flag set (`--listen`, `--admin`) stays the flag's at a restart too: its
+        // change in the file is not one a restart applies, as the reload would say.
+        pending.retain(|k| !self.flagged.iter().any(|(key, _)| key == k));
         let applied = Config {
             tls: next.tls,
             auth: next.auth,
@@ -1143,6 +1146,26 @@ mod tests {
         std::fs::write(&path, &moved).unwrap();
         assert_eq!(
             running.reload().unwrap().1,
+            ["limits.rate_per_s", "store.path", "store.ttl"]
+        );
+
+        // A key a flag overrides is the flag's at a restart too: not one to restart for.
+        let mut flagged = running.clone();
+        flagged.set_listen("127.0.0.1:0".parse().unwrap());
+        let relisten = moved.replace("127.0.0.1:8443", "127.0.0.1:8444");
+        assert_ne!(relisten, moved);
+        std::fs::write(&path, &relisten).unwrap();
+        assert_eq!(
+            running.reload().unwrap().1,
+            [
+                "limits.rate_per_s",
+                "server.listen",
+                "store.path",
+                "store.ttl"
+            ]
+        );
+        assert_eq!(
+            flagged.reload().unwrap().1,
             ["limits.rate_per_s", "store.path", "store.ttl"]
         );
 
