@@ -485,12 +485,13 @@ fn case_variant(name: &str) -> Option<&'static str> {
 /// those, passed over, would leave a trade its sender keyed told apart by its fingerprint
 /// only. The header's name (`idem::resolve`) and the body's member both ask this.
 pub fn is_key_name(name: &str) -> bool {
-    let folded: String = name
-        .chars()
-        .filter(|c| !matches!(c, '-' | '_'))
-        .map(|c| c.to_ascii_lowercase())
-        .collect();
-    matches!(folded.as_str(), "idempotencykey" | "xidempotencykey")
+    // Asked of every header of a request without a key: compared in place, not copied.
+    let folded = || {
+        name.chars()
+            .filter(|c| !matches!(c, '-' | '_'))
+            .map(|c| c.to_ascii_lowercase())
+    };
+    folded().eq("idempotencykey".chars()) || folded().eq("xidempotencykey".chars())
 }
 
 fn required_str<'a>(
