@@ -9,7 +9,8 @@ use rustls::pki_types::pem::{self, PemObject};
 use rustls::pki_types::{CertificateDer, PrivateKeyDer, UnixTime};
 use rustls::server::WebPkiClientVerifier;
 use rustls::server::danger::ClientCertVerifier;
-use rustls::{RootCertStore, ServerConfig};
+use rustls::sign::{CertifiedKey, SingleCertAndKey};
+use rustls::{InconsistentKeys, RootCertStore, ServerConfig};
 use x509_parser::certificate::X509Certificate;
 
 #[derive(Debug, thiserror::Error)]
@@ -60,6 +61,22 @@ pub struct TlsFiles {
 /// The crypto provider, named once: ring, as the project chose.
 pub fn provider() -> Arc<rustls::crypto::CryptoProvider> {
     Arc::new(rustls::crypto::ring::default_provider())
+}
+
+/// Why a private key that parsed cannot sign: its kind, or, when the system's random
+/// source failed as well (`random` false), that, which loading a key needs. r34 found a
+/// failing getrandom reported as a key of the wrong kind, sending the operator to a file
+/// that was fine.
+fn unusable_key(random: bool) -> &'static str {
+    if random {
+        "a key of a kind the gateway cannot sign with: it takes RSA (2048 to 4096 bits), \
+         ECDSA P-256 or P-384, or Ed25519; not P-521, RSA-PSS, or RSA under 2048 or over \
+         4096 bits"
+    } else {
+        "cannot be loaded: the system's random source (getrandom) failed, and loading a \
+         key needs it; the key may be fine: look for what refuses getrandom (a seccomp \
+         filter, a unit's SystemCallFilter=)"
+    }
 }
 
 /// A loaded TLS configuration, with its client verifier (mTLS) kept beside it: rustls does
@@ -256,7 +273,7 @@ impl TlsFiles {
         crate::secrets::refuse_world_readable(&self.key)?;
         let chain =
             read_certificates(&self.cert).map_err(|m| file_err(Role::Cert, &self.cert, m))?;
-        let (key, signer) = self.private_key()?;
+        let signer = self.private_key()?;
         let builder = ServerConfig::builder_with_provider(provider())
             .with_protocol_versions(&[&rustls::version::TLS13, &rustls::version::TLS12])
             .map_err(|e| TlsError::Config(e.to_string()))?;
@@ -265,12 +282,17 @@ impl TlsFiles {
             None => builder.with_no_client_auth(),
             Some(verifier) => builder.with_client_cert_verifier(verifier.clone()),
         };
-        let mut cfg = builder
-            .with_single_cert(chain.clone(), key)
-            .map_err(|e| match e {
-                rustls::Error::InconsistentKeys(_) => self.mismatch(&chain, &*signer),
-                e => file_err(Role::Key, &self.key, e),
-            })?;
+        // The key loaded once, here, and served as loaded: `with_single_cert` would load it
+        // again, a second draw on the random source with a vaguer error of its own.
+        let certified = CertifiedKey::new(chain.clone(), signer.clone());
+        match certified.keys_match() {
+            // A key whose public half cannot be told (none of ring's) is served, as rustls
+            // itself would: the handshake shows a mismatch.
+            Ok(()) | Err(rustls::Error::InconsistentKeys(InconsistentKeys::Unknown)) => {}
+            Err(rustls::Error::InconsistentKeys(_)) => return Err(self.mismatch(&chain, &*signer)),
+            Err(e) => return Err(file_err(Role::Cert, &self.cert, e)),
+        }
+        let mut cfg = builder.with_cert_resolver(Arc::new(SingleCertAndKey::from(certified)));
         cfg.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
         if clients.is_some() {
             // A resumed session is not verified again: rustls restores the client's
@@ -291,9 +313,7 @@ impl TlsFiles {
 
     /// The private key, and what ring signs with: a key of a kind ring cannot use is said
     /// as such, not as a key that would not parse.
-    fn private_key(
-        &self,
-    ) -> Result<(PrivateKeyDer<'static>, Arc<dyn rustls::sign::SigningKey>), TlsError> {
+    fn private_key(&self) -> Result<Arc<dyn rustls::sign::SigningKey>, TlsError> {
         let pem = read_pem(&self.key).map_err(|m| file_err(Role::Key, &self.key, m))?;
         let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
             let message = match e {
@@ -314,19 +334,15 @@ impl TlsFiles {
             };
             file_err(Role::Key, &self.key, message)
         })?;
-        let signer = provider()
-            .key_provider
-            .load_private_key(key.clone_key())
-            .map_err(|_| {
-                file_err(
-                    Role::Key,
-                    &self.key,
-                    "a key of a kind the gateway cannot sign with: it takes RSA (2048 to \
-                     4096 bits), ECDSA P-256 or P-384, or Ed25519; not P-521, RSA-PSS, or \
-                     RSA under 2048 or over 4096 bits",
-                )
-            })?;
-        Ok((key, signer))
+        // ring draws random bytes to load an ECDSA key: a getrandom that failed once is
+        // tried again; where the OS refuses them for good (a seccomp filter), the key itself
+        // is not at fault, and the error says so.
+        let provider = provider();
+        let load = || provider.key_provider.load_private_key(key.clone_key());
+        load().or_else(|_| load()).map_err(|_| {
+            let random = provider.secure_random.fill(&mut [0u8; 1]).is_ok();
+            file_err(Role::Key, &self.key, unusable_key(random))
+        })
     }
 
     /// The key does not match the chain's first certificate: said, and if it matches one
@@ -542,6 +558,19 @@ pub fn generate_self_signed(dir: &Path, names: &[String]) -> Result<(), TlsError
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A key that cannot sign is named for its kind only while the random source works;
+    /// with it failing, the message says so and that the key may be fine (a failing
+    /// getrandom, by strace's fault injection on the binary, was reported as a P-521 key).
+    #[test]
+    fn a_key_refused_for_want_of_random_bytes_is_not_called_the_wrong_kind() {
+        assert!(unusable_key(true).starts_with("a key of a kind"));
+        let said = unusable_key(false);
+        assert!(
+            said.contains("getrandom") && !said.contains("of a kind"),
+            "{said}"
+        );
+    }
 
     /// A self-signed certificate with the common name `cn` (none if `None`) and these
     /// subjectAltNames.
