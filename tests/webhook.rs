@@ -965,7 +965,8 @@ async fn ip_allowlist_forbids_others() {
 /// A sender that names its key as other APIs do (`X-Idempotency-Key`, a body's
 /// `idempotency_key`) is told so at its first trade, 400, nothing sent: passed over, the
 /// trade was keyed by its fingerprint, which holds a retry for a minute, not for the TTL,
-/// and a retry after that minute was placed again. Under `Idempotency-Key` it is served.
+/// and a retry after that minute was placed again. Under `Idempotency-Key` it is served,
+/// and so is a trade with a key read beside the other name.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_key_under_another_name_is_refused_not_passed_over() {
     let (exec, _setup, gw) = with_mock().await;
@@ -997,6 +998,16 @@ async fn a_key_under_another_name_is_refused_not_passed_over() {
         .await;
     assert_eq!(r.status, 200, "{:?}", r.json());
     assert_eq!(exec.calls(), 1);
+    // Beside a key that is read, the other name is the sender's business: served, keyed.
+    let mut t = trade("ETHUSDT");
+    t["idempotencyKey"] = json!("order-2");
+    let r = gw.post(&t, &[("x-idempotency-key", "order-2")]).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    let mut t = trade("SOLUSDT");
+    t["idempotency_key"] = json!("order-3");
+    let r = gw.post(&t, &[("idempotency-key", "order-3")]).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    assert_eq!(exec.calls(), 3);
 }
 
 /// A HEAD request is answered as a GET would be (405 on the webhook's path, 404 on

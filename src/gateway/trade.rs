@@ -43,22 +43,12 @@ pub enum TradeError {
     /// meant to give and did not, so never a silent fallback to the fingerprint (SPEC §2).
     #[error("body idempotencyKey must be a string")]
     KeyNotAString,
-    /// The key under another name (`idempotency_key`, `Idempotency-Key`), and none under
-    /// its own: what the sender meant as its key would be passed over, and the trade told
-    /// apart by its fingerprint, for a minute, not for the key's life.
-    #[error(
-        "body member {0:?} is not read as the key: spell it idempotencyKey (without one, a \
-         trade is told apart by its fingerprint, for a minute only)"
-    )]
-    KeyMisnamed(String),
 }
 
 impl From<TradeError> for super::problem::Problem {
     fn from(e: TradeError) -> Self {
         match e {
-            TradeError::KeyNotAString | TradeError::KeyMisnamed(_) => {
-                Self::InvalidIdempotencyKey(e.to_string())
-            }
+            TradeError::KeyNotAString => Self::InvalidIdempotencyKey(e.to_string()),
             _ => Self::InvalidRequest(e.to_string()),
         }
     }
@@ -223,6 +213,9 @@ pub struct Trade {
     pub leverage: Option<u8>,
     pub test: bool,
     pub idempotency_key: Option<String>,
+    /// A member that names the key as other APIs do (`idempotency_key`): not read as the
+    /// key, and refused where no key is given (`idem::resolve`).
+    key_alias: Option<String>,
 }
 
 impl Trade {
@@ -246,11 +239,10 @@ impl Trade {
                  is refused, since an executor may read it as this field",
             ));
         }
-        if !obj.contains_key("idempotencyKey")
-            && let Some(name) = obj.keys().find(|n| is_key_name(n))
-        {
-            return Err(TradeError::KeyMisnamed(name.clone()));
-        }
+        let key_alias = obj
+            .keys()
+            .find(|n| n.as_str() != "idempotencyKey" && is_key_name(n))
+            .cloned();
         let exchange = required_str(&obj, "exchange")?;
         if !(1..=MAX_EXCHANGE).contains(&exchange.len())
             || !exchange.bytes().all(|b| b.is_ascii_graphic())
@@ -329,6 +321,7 @@ impl Trade {
             leverage,
             test,
             idempotency_key,
+            key_alias,
             obj,
             raw,
             api_key_given,
@@ -405,6 +398,10 @@ impl Trade {
 
     pub fn idempotency_key(&self) -> Option<&str> {
         self.idempotency_key.as_deref()
+    }
+
+    pub fn key_alias(&self) -> Option<&str> {
+        self.key_alias.as_deref()
     }
 }
 
@@ -785,11 +782,11 @@ mod tests {
         assert_eq!(err_field(with("apiKey", json!(["k"]))), "apiKey");
     }
 
-    /// The key under a member name other APIs read (`idempotency_key`), with none under
-    /// `idempotencyKey`, is refused: passed over (and through to the executor), its trade
-    /// would be told apart by its fingerprint only. Beside `idempotencyKey` it passes.
+    /// A member that names the key as other APIs do (`idempotency_key`) is noted for
+    /// `idem::resolve`, which refuses it where no key is given; names that only resemble
+    /// it, and `idempotencyKey` itself, are not.
     #[test]
-    fn a_key_under_another_member_name_is_refused_not_passed_over() {
+    fn a_key_under_another_member_name_is_noted() {
         for name in [
             "idempotency_key",
             "idempotency-key",
@@ -797,19 +794,17 @@ mod tests {
             "IDEMPOTENCY_KEY",
             "x-idempotency-key",
         ] {
-            assert_eq!(
-                with(name, json!("k1")).err(),
-                Some(TradeError::KeyMisnamed(name.into())),
-                "{name}"
-            );
-            let mut b = base();
-            b[name] = json!("k1");
-            b["idempotencyKey"] = json!("k1");
-            assert!(Trade::from_object(obj(b)).is_ok(), "{name} beside the key");
+            let t = with(name, json!("k1")).unwrap();
+            assert_eq!(t.key_alias(), Some(name));
+            assert_eq!(t.idempotency_key(), None);
         }
         for name in ["idempotency", "idempotencyKeys", "key", "requestId"] {
-            assert!(with(name, json!("k1")).is_ok(), "{name}");
+            assert_eq!(with(name, json!("k1")).unwrap().key_alias(), None, "{name}");
         }
+        assert_eq!(
+            with("idempotencyKey", json!("k1")).unwrap().key_alias(),
+            None
+        );
     }
 
     #[test]

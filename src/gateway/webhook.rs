@@ -336,8 +336,13 @@ async fn pipeline(
     // Schema.
     let trade = trade::Trade::from_object(object).map_err(|e| fail(Problem::from(e)))?;
     // Key.
-    let client_key =
-        idem::resolve(&parts.headers, trailers.as_ref(), trade.idempotency_key()).map_err(fail)?;
+    let client_key = idem::resolve(
+        &parts.headers,
+        trailers.as_ref(),
+        trade.idempotency_key(),
+        trade.key_alias(),
+    )
+    .map_err(fail)?;
     let now = crate::mutex::clock::unix_ms();
     let mut reserve = match &client_key {
         Some(k) => Reserve {
