@@ -83,8 +83,7 @@ impl From<KeyError> for Problem {
 }
 
 /// The client key of a request, from the header and the body's `idempotencyKey`
-/// (SPEC §2): either may be absent; if both are present they must agree; if neither is, a
-/// key named otherwise ([`no_key`]) is refused. More than one
+/// (SPEC §2): either may be absent; if both are present they must agree. More than one
 /// header line is ambiguous and refused, and so is one in the trailers: read from there
 /// it would come after the key was needed, and ignored the trade would fall back to its
 /// fingerprint, which blocks a retry for a minute, not for the key's life.
@@ -92,7 +91,6 @@ pub fn resolve(
     headers: &HeaderMap,
     trailers: Option<&HeaderMap>,
     body_key: Option<&str>,
-    body_alias: Option<&str>,
 ) -> Result<Option<ClientKey>, Problem> {
     if trailers.is_some_and(|t| t.contains_key(HEADER)) {
         return Err(Problem::InvalidIdempotencyKey(
@@ -117,31 +115,24 @@ pub fn resolve(
     };
     match (header, body) {
         (Some(h), Some(b)) if h != b => Err(Problem::IdempotencyKeyConflict),
-        (None, None) => no_key(headers, body_alias),
         (h, b) => Ok(h.or(b)),
     }
 }
 
-/// A request with no key read: none, unless it names one as other APIs do (an
-/// `X-Idempotency-Key` header, a body's `idempotency_key`, `body_alias`). Passed over, its
-/// trade would fall back to its fingerprint, which holds a retry for a minute, not for the
-/// key's life: the sender meant to lock something, so it is refused, naming the name.
-fn no_key(headers: &HeaderMap, body_alias: Option<&str>) -> Result<Option<ClientKey>, Problem> {
-    const WHY: &str = "without a key, a trade is told apart by its fingerprint, for a minute only";
-    if let Some(name) = headers
-        .keys()
-        .find(|n| super::trade::is_key_name(n.as_str()))
-    {
-        return Err(Problem::InvalidIdempotencyKey(format!(
-            "the key is read from the Idempotency-Key header, not {name}: rename it ({WHY})"
-        )));
+/// A key a request carries under a name other APIs read, which is not read here: an
+/// `X-Idempotency-Key` (or `Idempotency_Key`) header with a value, or the body's member
+/// `body_alias` (`idempotency_key`, [`super::trade::Trade::key_alias`]). Asked of a trade
+/// with no key read: its sender believes it keyed for the TTL, and it is told apart by its
+/// fingerprint, for a minute. Said in the log, or, under `require_client_key`, in the 400.
+pub fn other_name(headers: &HeaderMap, body_alias: Option<&str>) -> Option<String> {
+    let header = headers.iter().find(|(n, v)| {
+        super::trade::is_key_name(n.as_str()) && !v.as_bytes().trim_ascii().is_empty()
+    });
+    match (header, body_alias) {
+        (Some((name, _)), _) => Some(format!("the {name} header")),
+        (None, Some(member)) => Some(format!("the body's {member:?}")),
+        (None, None) => None,
     }
-    if let Some(name) = body_alias {
-        return Err(Problem::InvalidIdempotencyKey(format!(
-            "body member {name:?} is not read as the key: spell it idempotencyKey ({WHY})"
-        )));
-    }
-    Ok(None)
 }
 
 #[cfg(test)]
@@ -230,55 +221,37 @@ mod tests {
     #[test]
     fn resolve_prefers_agreement() {
         let k = |s| Some(ClientKey::parse(s).unwrap());
-        assert_eq!(resolve(&headers(&[]), None, None, None), Ok(None));
-        assert_eq!(resolve(&headers(&["\"a\""]), None, None, None), Ok(k("a")));
-        assert_eq!(resolve(&headers(&[]), None, Some("b"), None), Ok(k("b")));
+        assert_eq!(resolve(&headers(&[]), None, None), Ok(None));
+        assert_eq!(resolve(&headers(&["\"a\""]), None, None), Ok(k("a")));
+        assert_eq!(resolve(&headers(&[]), None, Some("b")), Ok(k("b")));
+        assert_eq!(resolve(&headers(&["\"a\""]), None, Some("a")), Ok(k("a")));
         assert_eq!(
-            resolve(&headers(&["\"a\""]), None, Some("a"), None),
-            Ok(k("a"))
-        );
-        assert_eq!(
-            resolve(&headers(&["a"]), None, Some("b"), None),
+            resolve(&headers(&["a"]), None, Some("b")),
             Err(Problem::IdempotencyKeyConflict)
         );
     }
 
-    /// The key under a header name other APIs read, or under such a body member, with no
-    /// key read, is refused: passed over, its trade would be told apart by its fingerprint
-    /// only. Beside a key, that one is read; names that only resemble it pass.
+    /// A key under a header name other APIs read is not read (the trade has none) and is
+    /// named, as is a body member of such a name; an empty value names nothing, nor does a
+    /// header that only resembles the name.
     #[test]
-    fn a_key_under_another_header_name_is_refused_not_passed_over() {
+    fn a_key_under_another_name_is_named_not_read() {
         for name in ["x-idempotency-key", "idempotency_key", "x_idempotency_key"] {
             let mut h = HeaderMap::new();
             h.insert(name, HeaderValue::from_static("k1"));
-            let got = resolve(&h, None, None, None).unwrap_err();
-            assert_eq!(got.code(), "INVALID_IDEMPOTENCY_KEY", "{name}");
-            assert!(format!("{got:?}").contains(name), "{name}: {got:?}");
-            // With a key in the body, the trade is keyed: served.
-            assert_eq!(
-                resolve(&h, None, Some("k1"), None),
-                Ok(Some(ClientKey::parse("k1").unwrap()))
-            );
-            h.insert(HEADER, HeaderValue::from_static("k2"));
-            assert_eq!(
-                resolve(&h, None, None, None),
-                Ok(Some(ClientKey::parse("k2").unwrap()))
-            );
+            assert_eq!(resolve(&h, None, None), Ok(None), "{name}");
+            assert_eq!(other_name(&h, None), Some(format!("the {name} header")));
+            h.insert(name, HeaderValue::from_static(" "));
+            assert_eq!(other_name(&h, None), None, "{name} empty");
         }
         for name in ["x-idempotency", "idempotency-keys", "x-request-id"] {
             let mut h = HeaderMap::new();
             h.insert(name, HeaderValue::from_static("k1"));
-            assert_eq!(resolve(&h, None, None, None), Ok(None), "{name}");
+            assert_eq!(other_name(&h, None), None, "{name}");
         }
-        let alias = resolve(&headers(&[]), None, None, Some("idempotency_key")).unwrap_err();
-        assert_eq!(alias.code(), "INVALID_IDEMPOTENCY_KEY");
-        assert!(
-            format!("{alias:?}").contains("idempotency_key"),
-            "{alias:?}"
-        );
         assert_eq!(
-            resolve(&headers(&["k2"]), None, None, Some("idempotency_key")),
-            Ok(Some(ClientKey::parse("k2").unwrap()))
+            other_name(&headers(&[]), Some("idempotency_key")),
+            Some("the body's \"idempotency_key\"".into())
         );
     }
 
@@ -286,39 +259,34 @@ mod tests {
     fn resolve_refuses_bad_keys_anywhere() {
         let code = |r: Result<Option<ClientKey>, Problem>| r.unwrap_err().code();
         assert_eq!(
-            code(resolve(&headers(&["\"a"]), None, None, None)),
+            code(resolve(&headers(&["\"a"]), None, None)),
             "INVALID_IDEMPOTENCY_KEY"
         );
         assert_eq!(
-            code(resolve(&headers(&[]), None, Some(""), None)),
+            code(resolve(&headers(&[]), None, Some(""))),
             "INVALID_IDEMPOTENCY_KEY"
         );
         assert_eq!(
-            code(resolve(&headers(&[]), None, Some("tab\t"), None)),
+            code(resolve(&headers(&[]), None, Some("tab\t"))),
             "INVALID_IDEMPOTENCY_KEY"
         );
         assert_eq!(
-            code(resolve(
-                &headers(&["a"]),
-                None,
-                Some(&"x".repeat(256)),
-                None
-            )),
+            code(resolve(&headers(&["a"]), None, Some(&"x".repeat(256)))),
             "INVALID_IDEMPOTENCY_KEY"
         );
         assert_eq!(
-            code(resolve(&headers(&["a", "a"]), None, None, None)),
+            code(resolve(&headers(&["a", "a"]), None, None)),
             "INVALID_IDEMPOTENCY_KEY"
         );
         // In the trailers, alone or beside one in the headers: refused, not ignored.
         for head in [&[][..], &["a"][..]] {
-            let e = resolve(&headers(head), Some(&headers(&["a"])), None, None).unwrap_err();
+            let e = resolve(&headers(head), Some(&headers(&["a"])), None).unwrap_err();
             assert_eq!(e.code(), "INVALID_IDEMPOTENCY_KEY");
         }
         // Other trailers are not the key's business.
         let mut other = HeaderMap::new();
         other.insert("x-checksum", HeaderValue::from_static("1"));
-        assert_eq!(resolve(&headers(&[]), Some(&other), None, None), Ok(None));
+        assert_eq!(resolve(&headers(&[]), Some(&other), None), Ok(None));
     }
 
     proptest::proptest! {

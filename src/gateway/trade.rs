@@ -213,8 +213,8 @@ pub struct Trade {
     pub leverage: Option<u8>,
     pub test: bool,
     pub idempotency_key: Option<String>,
-    /// A member that names the key as other APIs do (`idempotency_key`): not read as the
-    /// key, and refused where no key is given (`idem::resolve`).
+    /// A member that names the key as other APIs do (`idempotency_key`), a string not
+    /// blank: not read as the key, and named where no key is (`idem::other_name`).
     key_alias: Option<String>,
 }
 
@@ -240,9 +240,13 @@ impl Trade {
             ));
         }
         let key_alias = obj
-            .keys()
-            .find(|n| n.as_str() != "idempotencyKey" && is_key_name(n))
-            .cloned();
+            .iter()
+            .find(|(n, v)| {
+                n.as_str() != "idempotencyKey"
+                    && is_key_name(n)
+                    && v.as_str().is_some_and(|k| !k.trim().is_empty())
+            })
+            .map(|(n, _)| n.clone());
         let exchange = required_str(&obj, "exchange")?;
         if !(1..=MAX_EXCHANGE).contains(&exchange.len())
             || !exchange.bytes().all(|b| b.is_ascii_graphic())
@@ -782,9 +786,9 @@ mod tests {
         assert_eq!(err_field(with("apiKey", json!(["k"]))), "apiKey");
     }
 
-    /// A member that names the key as other APIs do (`idempotency_key`) is noted for
-    /// `idem::resolve`, which refuses it where no key is given; names that only resemble
-    /// it, and `idempotencyKey` itself, are not.
+    /// A member that names the key as other APIs do (`idempotency_key`), with a string, is
+    /// noted for `idem::other_name`; a blank or null one, names that only resemble it, and
+    /// `idempotencyKey` itself, are not.
     #[test]
     fn a_key_under_another_member_name_is_noted() {
         for name in [
@@ -805,6 +809,16 @@ mod tests {
             with("idempotencyKey", json!("k1")).unwrap().key_alias(),
             None
         );
+        for blank in [
+            json!(null),
+            json!(""),
+            json!(" "),
+            json!({"a": 1}),
+            json!(7),
+        ] {
+            let t = with("idempotency_key", blank.clone()).unwrap();
+            assert_eq!(t.key_alias(), None, "{blank}");
+        }
     }
 
     #[test]

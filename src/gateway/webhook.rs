@@ -336,13 +336,8 @@ async fn pipeline(
     // Schema.
     let trade = trade::Trade::from_object(object).map_err(|e| fail(Problem::from(e)))?;
     // Key.
-    let client_key = idem::resolve(
-        &parts.headers,
-        trailers.as_ref(),
-        trade.idempotency_key(),
-        trade.key_alias(),
-    )
-    .map_err(fail)?;
+    let client_key =
+        idem::resolve(&parts.headers, trailers.as_ref(), trade.idempotency_key()).map_err(fail)?;
     let now = crate::mutex::clock::unix_ms();
     let mut reserve = match &client_key {
         Some(k) => Reserve {
@@ -352,9 +347,25 @@ async fn pipeline(
             payload_hash: trade.payload_hash(),
             guard: None,
         },
-        None if gw.require_client_key => return Err(fail(Problem::IdempotencyKeyRequired)),
-        None => fingerprinted(&trade.fingerprint(), now, gw.ttl)
-            .map_err(|e| fail(Problem::InvalidRequest(e.to_string())))?,
+        None => {
+            // A key under a name not read here: the sender believes the trade held for the
+            // TTL; its fingerprint holds it a minute.
+            let other = idem::other_name(&parts.headers, trade.key_alias());
+            if gw.require_client_key {
+                return Err(fail(match other {
+                    Some(name) => Problem::InvalidIdempotencyKey(format!(
+                        "the key is read from the Idempotency-Key header or the body's \
+                         idempotencyKey, not from {name}"
+                    )),
+                    None => Problem::IdempotencyKeyRequired,
+                }));
+            }
+            if let Some(name) = other {
+                other_name_said(&client, &name);
+            }
+            fingerprinted(&trade.fingerprint(), now, gw.ttl)
+                .map_err(|e| fail(Problem::InvalidRequest(e.to_string())))?
+        }
     };
     // A signed request stays replayable until its timestamp leaves the window, which
     // can outlast the trade's key (a fingerprint matches for a minute).
@@ -1001,6 +1012,28 @@ fn guard(sig: &Signature, now_ms: u64, deadline: Duration) -> Guard {
     Guard {
         key: Key::signature(sig.signer.as_str(), &sig.mac),
         ttl: Duration::from_millis(until_ms.saturating_sub(now_ms)) + deadline,
+    }
+}
+
+/// A trade served by its fingerprint though it carried a key under another name (`name`,
+/// from `client`): a warning, at most one every [`REPEATED_EVERY`] with how many since.
+/// Refusing them outright stopped every trade of a sender whose template carried such a
+/// member (r35); `require_client_key` refuses them, naming it.
+fn other_name_said(client: &str, name: &str) {
+    use crate::platform::log::{REPEATED_EVERY, Throttled};
+    static SAID: std::sync::Mutex<Throttled> =
+        std::sync::Mutex::new(Throttled::new(REPEATED_EVERY));
+    let said = SAID
+        .lock()
+        .unwrap_or_else(|p| p.into_inner())
+        .say(Instant::now());
+    if let Some(n) = said {
+        log::warn!(
+            "{n} trade(s) carried a key under a name not read ({name}, from {client}, the \
+             last): each is told apart by its fingerprint, for a minute, not by that key for \
+             the TTL; send it as the Idempotency-Key header or the body's idempotencyKey \
+             ([keys] require_client_key = true refuses such trades)"
+        );
     }
 }
 
