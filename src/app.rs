@@ -550,8 +550,8 @@ fn names_gone(before: &Authenticator, after: &Authenticator) -> Option<String> {
              client: cert.NAME; connections open without one are refused)"
         }
         (true, false) => {
-            " (without server.client_ca, every sender is a shared secret's client: psk; \
-             connections open with a certificate are refused)"
+            " (without server.client_ca, every sender is its shared secret's client: psk, \
+             or psk.NAME; connections open with a certificate are refused)"
         }
         _ => "",
     };
@@ -601,7 +601,15 @@ fn served(tls: &gateway::tls::Tls, config: &Config, metrics: &Metrics) {
 
 /// What a reload applies: the certificate and the secrets as the files now are (and the
 /// config with them), and the keys changed that only a restart applies; or why not.
-type Reloaded = (Arc<gateway::tls::Tls>, Authenticator, Config, Vec<String>);
+/// A reload's TLS, secrets and configuration, the keys a restart applies, and the keys the
+/// file changed that a flag sets ([`Config::reload`]).
+type Reloaded = (
+    Arc<gateway::tls::Tls>,
+    Authenticator,
+    Config,
+    Vec<String>,
+    Vec<String>,
+);
 
 /// [`reload`] on a thread of its own: it reads files, and one that blocks (a FIFO put in a
 /// secret's place, a hung network mount) froze the runtime's worker with it: handshakes,
@@ -621,7 +629,7 @@ async fn reload_off_the_runtime(config: Config) -> Result<Reloaded, String> {
 }
 
 fn reload(config: &Config) -> Result<Reloaded, String> {
-    let (next, pending) = config
+    let (next, pending, overridden) = config
         .reload()
         .map_err(|e| format!("config reload failed: {e}"))?;
     let tls = next
@@ -632,7 +640,7 @@ fn reload(config: &Config) -> Result<Reloaded, String> {
         .auth
         .authenticator()
         .map_err(|e| format!("secret reload failed: {e}"))?;
-    Ok((tls, authenticator, next, pending))
+    Ok((tls, authenticator, next, pending, overridden))
 }
 
 /// SIGHUP: reload certificates and secrets without dropping connections. A bad new file
@@ -687,7 +695,7 @@ async fn reload_on_hangup(
             }
         };
         match reloaded {
-            Ok((new_tls, authenticator, next, pending)) => {
+            Ok((new_tls, authenticator, next, pending, overridden)) => {
                 served(&new_tls, &next, &gw.metrics);
                 tls.replace(new_tls);
                 let gone = names_gone(&gw.auth.current(), &authenticator);
@@ -700,6 +708,22 @@ async fn reload_on_hangup(
                          under those names stay there, so a trade they hold, sent again \
                          under another name, is a new trade and will be sent",
                         config_file(&config),
+                    );
+                }
+                if !overridden.is_empty() {
+                    log::warn!(
+                        "{}: {}: changed in the file, but the command line sets it, at a \
+                         restart too: not applied{}",
+                        config_file(&config),
+                        overridden.join(", "),
+                        admin_addr
+                            .as_deref()
+                            .filter(|_| overridden.iter().any(|k| k.starts_with("admin.")))
+                            .map(|a| format!(
+                                "; the admin API stays at {a}, where the commands reading \
+                                 this file do not look (give them --admin {a})"
+                            ))
+                            .unwrap_or_default()
                     );
                 }
                 lock(&announce.restart_pending).clone_from(&pending);

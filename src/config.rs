@@ -744,8 +744,9 @@ impl Config {
     /// as the gateway started; the keys the file now sets otherwise are returned, for the
     /// caller to say that a restart applies them. Refusing the whole reload for them would
     /// keep a revoked secret or an expiring certificate in use until a restart. The
-    /// embedded defaults: their secret read again.
-    pub fn reload(&self) -> Result<(Config, Vec<String>), ConfigError> {
+    /// embedded defaults: their secret read again. Third, the keys the file changed that a
+    /// flag sets (`server.listen (--listen)`): the flag's at a restart too, so not pending.
+    pub fn reload(&self) -> Result<(Config, Vec<String>, Vec<String>), ConfigError> {
         let Some(path) = &self.source else {
             let auth = self.auth.reload()?;
             return Ok((
@@ -753,6 +754,7 @@ impl Config {
                     auth,
                     ..self.clone()
                 },
+                Vec::new(),
                 Vec::new(),
             ));
         };
@@ -767,13 +769,18 @@ impl Config {
         }
         // A key a flag set (`--listen`, `--admin`) stays the flag's at a restart too: its
         // change in the file is not one a restart applies, as the reload would say.
-        pending.retain(|k| !self.flagged.iter().any(|(key, _)| key == k));
+        let flag_of = |k: &str| self.flagged.iter().find(|(key, _)| *key == k).map(|f| f.1);
+        let overridden = pending
+            .iter()
+            .filter_map(|k| flag_of(k).map(|flag| format!("{k} (set by {flag})")))
+            .collect();
+        pending.retain(|k| flag_of(k).is_none());
         let applied = Config {
             tls: next.tls,
             auth: next.auth,
             ..self.clone()
         };
-        Ok((applied, pending))
+        Ok((applied, pending, overridden))
     }
 
     /// The embedded defaults (`hoox-edge serve` with no config): state in `state_dir`, a
@@ -1121,7 +1128,7 @@ mod tests {
             .replace("ttl = \"300s\"", "ttl = \"30s\"")
             .replace("[executor]", "[limits]\nrate_per_s = 5.0\n[executor]");
         std::fs::write(&path, &edited).unwrap();
-        let (next, pending) = running.reload().unwrap();
+        let (next, pending, _) = running.reload().unwrap();
         assert!(next.auth.bearer_tokens.is_empty());
         assert_eq!(next.auth.api_keys.len(), 1);
         assert_eq!(pending, ["limits.rate_per_s", "store.ttl"]);
@@ -1164,14 +1171,13 @@ mod tests {
                 "store.ttl"
             ]
         );
-        assert_eq!(
-            flagged.reload().unwrap().1,
-            ["limits.rate_per_s", "store.path", "store.ttl"]
-        );
+        let (_, pending, overridden) = flagged.reload().unwrap();
+        assert_eq!(pending, ["limits.rate_per_s", "store.path", "store.ttl"]);
+        assert_eq!(overridden, ["server.listen (set by --listen)"]);
 
         // The embedded defaults have no file to read again: their secret is.
         let embedded = Config::embedded(dir.path()).unwrap();
-        let (again, pending) = embedded.reload().unwrap();
+        let (again, pending, _) = embedded.reload().unwrap();
         assert_eq!(again.auth.api_keys.len(), 1);
         assert!(pending.is_empty());
     }
@@ -1195,7 +1201,7 @@ mod tests {
             .replace("tls/cert.pem", "tls/next-cert.pem")
             .replace("tls/key.pem", "tls/next-key.pem");
         std::fs::write(&path, moved).unwrap();
-        let (next, pending) = running.reload().unwrap();
+        let (next, pending, _) = running.reload().unwrap();
         assert!(pending.is_empty(), "{pending:?}");
         assert!(
             next.tls.cert.ends_with("tls/next-cert.pem"),
@@ -1212,7 +1218,7 @@ mod tests {
             "a-new-secret-of-32-bytes-or-more!!\n",
         )
         .unwrap();
-        let (again, _) = embedded.reload().unwrap();
+        let (again, ..) = embedded.reload().unwrap();
         let now: Vec<&[u8]> = again.auth.api_keys.iter().map(Secret::expose).collect();
         assert_eq!(now, [&b"a-new-secret-of-32-bytes-or-more!!"[..]]);
         assert_ne!(now, [&old[..]]);

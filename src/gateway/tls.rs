@@ -73,9 +73,10 @@ fn unusable_key(random: bool) -> &'static str {
          ECDSA P-256 or P-384, or Ed25519; not P-521, RSA-PSS, or RSA under 2048 or over \
          4096 bits"
     } else {
-        "cannot be loaded: the system's random source (getrandom) failed, and loading a \
-         key needs it; the key may be fine: look for what refuses getrandom (a seccomp \
-         filter, a unit's SystemCallFilter=)"
+        "cannot be loaded: the system's random source failed (getrandom, and /dev/urandom \
+         where that is refused), and loading a key needs it; the key may be fine: look for \
+         what keeps the process from it (a chroot or container without /dev/urandom, a \
+         system call filter)"
     }
 }
 

@@ -120,7 +120,9 @@ fn format_line(now: SystemTime, record: &Record) -> String {
 /// `\r`, `\u{1b}`), so one record stays one line and reads as it is. So is a
 /// bidirectional override or isolate (U+202A–U+202E, U+2066–U+2069, and the marks U+200E,
 /// U+200F, U+061C): not control characters to Unicode, yet one in a name makes a terminal
-/// or a log viewer show the rest of the line reversed ("Trojan Source").
+/// or a log viewer show the rest of the line reversed ("Trojan Source"); and so are the
+/// invisible ones that make one name read as another, or a line as two (zero-width
+/// spaces and joiners, U+2028 and U+2029, the BOM).
 fn escape_controls(text: String) -> String {
     if !text.contains(needs_escape) {
         return text;
@@ -138,7 +140,16 @@ fn escape_controls(text: String) -> String {
 
 fn needs_escape(c: char) -> bool {
     c.is_control()
-        || matches!(c, '\u{202a}'..='\u{202e}' | '\u{2066}'..='\u{2069}' | '\u{200e}' | '\u{200f}' | '\u{61c}')
+        || matches!(
+            c,
+            // Zero-width and direction marks, line and paragraph separators, bidi
+            // embeddings and overrides, word joiner to the isolates, the BOM.
+            '\u{200b}'..='\u{200f}'
+                | '\u{2028}'..='\u{202e}'
+                | '\u{2060}'..='\u{2069}'
+                | '\u{61c}'
+                | '\u{feff}'
+        )
 }
 
 /// Appends ` key=value` pairs; a value with spaces, quotes or `=` is quoted so that the line
@@ -315,6 +326,9 @@ mod tests {
             got.contains("desk\\u{202e}lanigiro") && got.contains("\\u{2067}b\\u{200f}c"),
             "{got:?}"
         );
+        // Invisible: a zero-width space inside a name, a line separator, a BOM.
+        let got = line(format_args!("desk\u{200b}a\u{2028}b\u{feff}"), &[]);
+        assert!(got.contains("desk\\u{200b}a\\u{2028}b\\u{feff}"), "{got:?}");
     }
 
     /// `init` installs a process-wide logger, so it runs in a child: the test binary re-run

@@ -181,9 +181,19 @@ pub async fn fetch(url: &str) -> Result<Counts, Error> {
     Ok(serde_json::from_slice(&body).map_err(|e| format!("ledger {url}: {e}"))?)
 }
 
+/// Where the ledger whose counts are at `url` lists its keys: the same host, at
+/// [`KEYS_PATH`] (a host named `ledger…` is not a path).
+fn keys_url(url: &str) -> Result<String, Error> {
+    let uri: hyper::Uri = url.parse().map_err(|e| format!("ledger {url}: {e}"))?;
+    match uri.authority() {
+        Some(host) => Ok(format!("http://{host}{KEYS_PATH}")),
+        None => Err(format!("ledger {url}: the URL has no host").into()),
+    }
+}
+
 /// GET every key the ledger at `url` (its counts' URL) has taken, one a line.
 async fn fetch_keys(url: &str) -> Result<Bytes, Error> {
-    let keys = url.replacen("/ledger", KEYS_PATH, 1);
+    let keys = keys_url(url)?;
     Ok(read(&keys)
         .await
         .map_err(|e| format!("ledger {keys}: {e}"))?)
@@ -355,6 +365,15 @@ mod tests {
             ["trade:x:BTC:LONG:1:live:101", "trade:x:SOL:LONG:1:live:100"]
         );
         assert_eq!(report(&counts, true), ExitCode::from(1));
+    }
+
+    #[test]
+    fn the_keys_are_listed_on_the_ledgers_own_host() {
+        assert_eq!(
+            keys_url("http://ledger:9000/ledger").unwrap(),
+            "http://ledger:9000/ledger/keys"
+        );
+        assert!(keys_url("/ledger").is_err());
     }
 
     #[test]
