@@ -766,7 +766,7 @@ mod tests {
         );
         let off = names_gone(&auth(true), &auth(false)).unwrap();
         assert!(
-            off.starts_with("cert.* (without server.client_ca, every sender is a shared"),
+            off.starts_with("cert.* (without server.client_ca, every sender is its shared"),
             "{off}"
         );
         assert_eq!(names_gone(&auth(true), &auth(true)), None);
