@@ -557,7 +557,7 @@ if [ "$CHAOS" = 1 ]; then
     # `client:{identity}:{mode}:{key}`): orders a killed gateway forwarded and never
     # answered are among them, held pending after the restart, and replayed too. Each key
     # answered 2xx must be there: a 2xx for an order the executor never got is a lie.
-: >"$WORK/ledger-keys"
+    : >"$WORK/ledger-keys"
     "$BIN/hoox-load" check-ledger --ledger "$LEDGER" --write-keys "$WORK/ledger-keys" \
         >/dev/null 2>&1 || true
     sed -n "s/^client:[^:]*:[^:]*:\($prefix-\)/\1/p" "$WORK/ledger-keys" 2>/dev/null |

@@ -570,16 +570,22 @@ fn restart_would(running: &Config, admin_addr: Option<&str>, pending: &[String])
             running.store_path.display()
         );
     }
-    if let Some(admin) = admin_addr
-        && pending.iter().any(|k| k == "admin.listen")
-    {
-        out += &format!(
-            "; admin.listen: the admin API stays at {admin} until the restart, where \
-             `hoox-edge status`, `halt` and the other commands reading this file do not look \
-             (give them --admin {admin})"
-        );
+    if pending.iter().any(|k| k == "admin.listen") {
+        out += &admin_stays(admin_addr, "admin.listen", " until the restart");
     }
     out
+}
+
+/// The admin face staying at `admin` while the file names another address (`key`, as the
+/// warning names it; `until`, how long): the operator's commands read the file, and would
+/// look where nothing listens. Nothing without an admin face.
+fn admin_stays(admin: Option<&str>, key: &str, until: &str) -> String {
+    admin.map_or_else(String::new, |admin| {
+        format!(
+            "; {key}: the admin API stays at {admin}{until}, where `hoox-edge status`, `halt` \
+             and the other commands reading this file do not look (give them --admin {admin})"
+        )
+    })
 }
 
 /// Where `config` came from, as an error names it.
@@ -600,9 +606,8 @@ fn served(tls: &gateway::tls::Tls, config: &Config, metrics: &Metrics) {
 }
 
 /// What a reload applies: the certificate and the secrets as the files now are (and the
-/// config with them), and the keys changed that only a restart applies; or why not.
-/// A reload's TLS, secrets and configuration, the keys a restart applies, and the keys the
-/// file changed that a flag sets ([`Config::reload`]).
+/// config with them), the keys changed that only a restart applies, and those changed
+/// that a flag sets ([`Config::reload`]); or why not.
 type Reloaded = (
     Arc<gateway::tls::Tls>,
     Authenticator,
@@ -716,14 +721,13 @@ async fn reload_on_hangup(
                          restart too: not applied{}",
                         config_file(&config),
                         overridden.join(", "),
-                        admin_addr
-                            .as_deref()
-                            .filter(|_| overridden.iter().any(|k| k.starts_with("admin.")))
-                            .map(|a| format!(
-                                "; the admin API stays at {a}, where the commands reading \
-                                 this file do not look (give them --admin {a})"
-                            ))
-                            .unwrap_or_default()
+                        admin_stays(
+                            admin_addr
+                                .as_deref()
+                                .filter(|_| overridden.iter().any(|k| k.starts_with("admin."))),
+                            "admin.listen",
+                            ""
+                        )
                     );
                 }
                 lock(&announce.restart_pending).clone_from(&pending);

@@ -306,7 +306,7 @@ impl Config {
         let bytes = crate::secrets::read_regular(path).map_err(|e| cannot(&e))?;
         // Whoever may write it chooses the client CA, the secrets and the executor, which
         // are refused when others may write them: so is the file that names them.
-        if let Some(why) = crate::secrets::open_to_writes_of(path, "settings") {
+        if let Some(why) = crate::secrets::open_to_writes(path, "settings") {
             return Err(ConfigError::new(path, "(file)", why));
         }
         let text = String::from_utf8(bytes).map_err(|_| cannot(&"not UTF-8 text"))?;

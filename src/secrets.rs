@@ -215,14 +215,10 @@ pub fn refuse_world_readable(path: &Path) -> Result<(), SecretError> {
 /// cannot be trusted, if it cannot: one anyone on the machine may write lets them add a CA
 /// of their own, and with it a client of their own (or an executor). Readable is fine: it
 /// holds no secret. A file that cannot be looked at is for its reader to report.
-pub fn open_to_writes(path: &Path) -> Option<String> {
-    open_to_writes_of(path, "a CA")
-}
-
-/// As [`open_to_writes`], for a file whose content anyone could make `what` of their own:
-/// the config file too, which names the client CA, the secrets and the executor, so that
-/// refusing those files open to writes would be moot if it were not.
-pub fn open_to_writes_of(path: &Path, what: &str) -> Option<String> {
+/// `what` is what they could add: `a CA`, or `settings` for the config file, which names
+/// the CAs, the secrets and the executor (refusing those open to writes would be moot if
+/// the file naming them were not).
+pub fn open_to_writes(path: &Path, what: &str) -> Option<String> {
     let mode = std::fs::metadata(path).ok()?.permissions().mode();
     if mode & 0o002 != 0 {
         return Some(format!(
@@ -502,7 +498,7 @@ mod tests {
             Err(SecretError::OpenFolder { .. })
         ));
         let ca = write(&open, "ca.pem", "", 0o644);
-        let why = open_to_writes(&ca).unwrap();
+        let why = open_to_writes(&ca, "a CA").unwrap();
         assert!(
             why.starts_with(&format!(
                 "in {}, which is writable by everyone",
@@ -532,7 +528,7 @@ mod tests {
         // Sticky, as /tmp: others may not rename what is not theirs.
         mode(0o1777).unwrap();
         assert!(load_secrets(&secret).is_ok());
-        assert_eq!(open_to_writes(&ca), None);
+        assert_eq!(open_to_writes(&ca, "a CA"), None);
         mode(0o700).unwrap();
     }
 

@@ -672,16 +672,15 @@ async fn the_keys_that_got_a_2xx_are_written_and_replay_as_duplicates() {
     assert_eq!(s, 200);
     let secret = setup.dir.path().join("load-secret");
     let halted = format!("-c 3 --expect-errors --replay-keys {keys}");
+    // A replay that failed: its exit `code`, every key answered `status`, and `says`.
+    let failed = |out: &Outcome, code: i32, status: &str, says: &str| {
+        assert_eq!(out.code, Some(code), "{} {}", out.stdout, out.stderr);
+        assert_eq!(answered(&out.json(0), status), forwarded, "{}", out.stdout);
+        let said = format!("replay: FAIL, {forwarded} of {forwarded} replayed keys {says}");
+        assert!(out.stderr.contains(&said), "{}", out.stderr);
+    };
     let out = load_with_stderr(&run_line(&setup, &gw, "hmac", &secret, &halted)).await;
-    assert_eq!(out.code, Some(6), "{} {}", out.stdout, out.stderr);
-    assert_eq!(answered(&out.json(0), "503"), forwarded, "{}", out.stdout);
-    assert!(
-        out.stderr.contains(&format!(
-            "replay: FAIL, {forwarded} of {forwarded} replayed keys not shown held"
-        )),
-        "{}",
-        out.stderr
-    );
+    failed(&out, 6, "503", "not shown held");
 
     // A gateway on an empty database forwards them again: exit 5, said, and no ledger asked.
     let forgetful = forwarding_to(&ledger);
@@ -689,15 +688,7 @@ async fn the_keys_that_got_a_2xx_are_written_and_replay_as_duplicates() {
     fresh.wait_ready().await;
     let replay = format!("-c 3 --replay-keys {keys}");
     let out = load_with_stderr(&run_line(&forgetful, &fresh, "hmac", &secret, &replay)).await;
-    assert_eq!(out.code, Some(5), "{} {}", out.stdout, out.stderr);
-    assert_eq!(answered(&out.json(0), "200"), forwarded, "{}", out.stdout);
-    assert!(
-        out.stderr.contains(&format!(
-            "replay: FAIL, {forwarded} of {forwarded} replayed keys answered 2xx"
-        )),
-        "{}",
-        out.stderr
-    );
+    failed(&out, 5, "200", "answered 2xx");
 
     // A gateway that answers a duplicate with its stored answer (a 2xx marked
     // Idempotent-Replayed): replayed keys are not forwarded again, and the run passes.

@@ -80,6 +80,17 @@ fn start_notified(
     (sock, gw)
 }
 
+/// A FUSE disk mounted at `mnt` in `setup`'s folder, passing through to a folder of its
+/// own: that folder (kept while the disk is mounted), the mount point, the disk. Drop the
+/// gateway using it first.
+fn disk_in(setup: &Setup) -> (tempfile::TempDir, std::path::PathBuf, eiofs::EioMount) {
+    let backing = tempfile::tempdir().unwrap();
+    let mount = setup.dir.path().join("mnt");
+    std::fs::create_dir(&mount).unwrap();
+    let disk = eiofs::EioMount::new(&mount, backing.path());
+    (backing, mount, disk)
+}
+
 /// SIGHUP, and the reload framed as systemd expects: RELOADING=1, then READY=1.
 fn reload(gw: &support::gateway::Gateway, sock: &UnixDatagram, seen: &mut Vec<String>) {
     unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
@@ -450,11 +461,8 @@ async fn a_reload_signalled_with_the_stop_says_nothing_after_stopping() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_reload_whose_read_hangs_does_not_stop_the_gateway() {
     let mut setup = Setup::new(None);
-    let backing = tempfile::tempdir().unwrap();
+    let (backing, mount, disk) = disk_in(&setup);
     std::fs::copy(&setup.pki.server.cert, backing.path().join("cert.pem")).unwrap();
-    let mount = setup.dir.path().join("mnt");
-    std::fs::create_dir(&mount).unwrap();
-    let disk = eiofs::EioMount::new(&mount, backing.path());
     setup.set(
         "server",
         "cert",
@@ -518,10 +526,7 @@ async fn a_reload_whose_read_hangs_does_not_stop_the_gateway() {
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_first_open_slower_than_a_ping_is_a_start_not_a_failure() {
     let mut setup = Setup::new(None);
-    let backing = tempfile::tempdir().unwrap();
-    let mount = setup.dir.path().join("mnt");
-    std::fs::create_dir(&mount).unwrap();
-    let disk = eiofs::EioMount::new(&mount, backing.path());
+    let (_backing, mount, disk) = disk_in(&setup);
     setup.set(
         "store",
         "path",

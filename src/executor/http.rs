@@ -305,7 +305,7 @@ fn load_roots(path: &Path) -> Result<rustls::RootCertStore, ExecutorError> {
         path: path.to_owned(),
         reason,
     };
-    if let Some(why) = crate::secrets::open_to_writes(path) {
+    if let Some(why) = crate::secrets::open_to_writes(path, "a CA") {
         return Err(bad(why));
     }
     let mut roots = rustls::RootCertStore::empty();

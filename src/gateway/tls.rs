@@ -312,8 +312,9 @@ impl TlsFiles {
         }))
     }
 
-    /// The private key, and what ring signs with: a key of a kind ring cannot use is said
-    /// as such, not as a key that would not parse.
+    /// What ring signs with, from the key file: a key of a kind ring cannot use is said as
+    /// such, not as a key that would not parse, nor as one of the wrong kind when it is the
+    /// random source that failed ([`unusable_key`]).
     fn private_key(&self) -> Result<Arc<dyn rustls::sign::SigningKey>, TlsError> {
         let pem = read_pem(&self.key).map_err(|m| file_err(Role::Key, &self.key, m))?;
         let key = PrivateKeyDer::from_pem_slice(&pem).map_err(|e| {
@@ -336,8 +337,8 @@ impl TlsFiles {
             file_err(Role::Key, &self.key, message)
         })?;
         // ring draws random bytes to load an ECDSA key: a getrandom that failed once is
-        // tried again; where the OS refuses them for good (a seccomp filter), the key itself
-        // is not at fault, and the error says so.
+        // tried again; where the random source fails for good, the key itself is not at
+        // fault, and the error says so.
         let provider = provider();
         let load = || provider.key_provider.load_private_key(key.clone_key());
         load().or_else(|_| load()).map_err(|_| {
@@ -373,7 +374,7 @@ impl TlsFiles {
 /// The verifier of client certificates issued by the CAs in `ca` (`server.client_ca`).
 fn client_verifier(ca: &Path) -> Result<Arc<dyn ClientCertVerifier>, TlsError> {
     let bad = |m| file_err(Role::ClientCa, ca, m);
-    if let Some(why) = crate::secrets::open_to_writes(ca) {
+    if let Some(why) = crate::secrets::open_to_writes(ca, "a CA") {
         return Err(bad(why));
     }
     let mut roots = RootCertStore::empty();

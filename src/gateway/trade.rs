@@ -484,7 +484,7 @@ fn case_variant(name: &str) -> Option<&'static str> {
 /// Whether `name` spells the idempotency key in a way other APIs read it
 /// (`idempotency_key`, `Idempotency-Key`, `X-Idempotency-Key`, in any letter case): one of
 /// those, passed over, would leave a trade its sender keyed told apart by its fingerprint
-/// only. The header's name (`idem::resolve`) and the body's member both ask this.
+/// only. The header's name and the body's member both ask this (`idem::other_name`).
 pub fn is_key_name(name: &str) -> bool {
     // Asked of every header of a request without a key: compared in place, not copied.
     let folded = || {

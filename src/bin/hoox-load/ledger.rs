@@ -72,7 +72,9 @@ impl Book {
             .map(|(k, _)| k.clone())
             .chain(self.repeated.iter().cloned())
             .collect();
+        // A fingerprint repeated across minutes, then sent again in its own: once.
         duplicates.sort();
+        duplicates.dedup();
         Counts {
             total: self.total,
             unique: self.seen.len() as u64,
