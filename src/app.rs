@@ -18,7 +18,7 @@ use std::time::Duration;
 use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::admin;
-use crate::config::{Config, ExecutorKind};
+use crate::config::{Config, ExecutorKind, Reload};
 use crate::executor::{self, Executor};
 use crate::gateway::auth::{Authenticator, Method};
 use crate::gateway::limits::RateLimiter;
@@ -561,8 +561,16 @@ fn names_gone(before: &Authenticator, after: &Authenticator) -> Option<String> {
 /// What the restart that applies `pending` will also do, for the keys whose change costs
 /// more than a setting: said at the reload, not at a restart days later (a crash, an
 /// upgrade) that no one is watching.
-fn restart_would(running: &Config, admin_addr: Option<&str>, pending: &[String]) -> String {
+fn restart_would(
+    running: &Config,
+    admin_addr: Option<&str>,
+    pending: &[String],
+    capacity: Option<String>,
+) -> String {
     let mut out = String::new();
+    if pending.iter().any(|k| k == "limits.capacity") {
+        out += &capacity.unwrap_or_default();
+    }
     if pending.iter().any(|k| k == "store.path") {
         out += &format!(
             "; store.path: the restart opens the database at the new path, without the \
@@ -574,6 +582,20 @@ fn restart_would(running: &Config, admin_addr: Option<&str>, pending: &[String])
         out += &admin_stays(admin_addr, "admin.listen", " until the restart");
     }
     out
+}
+
+/// `limits.capacity` lowered in the file to where the keys live now leave no place for a
+/// trade (two: its key and its guard, as the owner counts): the restart would refuse every
+/// new trade until enough of them expire. Said at the reload, while the operator is
+/// looking, not only by `status` after the restart. `None` while there is room.
+fn capacity_at(capacity: usize, live: usize) -> Option<String> {
+    mutex::full(live, capacity).then(|| {
+        format!(
+            "; limits.capacity: the file's {capacity} leaves no place for a new trade beside \
+             the live keys ({live} now): after a restart every new trade is refused (503) \
+             until enough of them expire or are released"
+        )
+    })
 }
 
 /// The admin face staying at `admin` while the file names another address (`key`, as the
@@ -605,16 +627,9 @@ fn served(tls: &gateway::tls::Tls, config: &Config, metrics: &Metrics) {
     }
 }
 
-/// What a reload applies: the certificate and the secrets as the files now are (and the
-/// config with them), the keys changed that only a restart applies, and those changed
-/// that a flag sets ([`Config::reload`]); or why not.
-type Reloaded = (
-    Arc<gateway::tls::Tls>,
-    Authenticator,
-    Config,
-    Vec<String>,
-    Vec<String>,
-);
+/// What a reload applies: the certificate and the secrets as the files now are, and the
+/// file read ([`Config::reload`]); or why not.
+type Reloaded = (Arc<gateway::tls::Tls>, Authenticator, Reload);
 
 /// [`reload`] on a thread of its own: it reads files, and one that blocks (a FIFO put in a
 /// secret's place, a hung network mount) froze the runtime's worker with it: handshakes,
@@ -634,18 +649,20 @@ async fn reload_off_the_runtime(config: Config) -> Result<Reloaded, String> {
 }
 
 fn reload(config: &Config) -> Result<Reloaded, String> {
-    let (next, pending, overridden) = config
+    let file = config
         .reload()
         .map_err(|e| format!("config reload failed: {e}"))?;
-    let tls = next
+    let tls = file
+        .applied
         .tls
         .load()
         .map_err(|e| format!("TLS reload failed: {e}"))?;
-    let authenticator = next
+    let authenticator = file
+        .applied
         .auth
         .authenticator()
         .map_err(|e| format!("secret reload failed: {e}"))?;
-    Ok((tls, authenticator, next, pending, overridden))
+    Ok((tls, authenticator, file))
 }
 
 /// SIGHUP: reload certificates and secrets without dropping connections. A bad new file
@@ -700,7 +717,13 @@ async fn reload_on_hangup(
             }
         };
         match reloaded {
-            Ok((new_tls, authenticator, next, pending, overridden)) => {
+            Ok((new_tls, authenticator, file)) => {
+                let Reload {
+                    applied: next,
+                    pending,
+                    overridden,
+                    capacity,
+                } = file;
                 served(&new_tls, &next, &gw.metrics);
                 tls.replace(new_tls);
                 let gone = names_gone(&gw.auth.current(), &authenticator);
@@ -737,7 +760,15 @@ async fn reload_on_hangup(
                          (systemctl restart hoox-edge): not applied{}",
                         config_file(&config),
                         pending.join(", "),
-                        restart_would(&config, admin_addr.as_deref(), &pending)
+                        restart_would(
+                            &config,
+                            admin_addr.as_deref(),
+                            &pending,
+                            capacity_at(
+                                capacity,
+                                gw.mutex.shared().live_keys.load(Ordering::Relaxed)
+                            )
+                        )
                     );
                 }
             }
@@ -775,6 +806,19 @@ mod tests {
         );
         assert_eq!(names_gone(&auth(true), &auth(true)), None);
         assert_eq!(names_gone(&auth(false), &auth(false)), None);
+    }
+
+    /// A capacity the keys live now leave room under is not warned of; one they fill is,
+    /// by the rule `reserve` refuses by (a signed trade takes two places).
+    #[test]
+    fn a_lowered_capacity_is_warned_of_only_where_it_would_refuse() {
+        assert_eq!(capacity_at(1_000, 998), None);
+        let full = capacity_at(1_000, 999).unwrap();
+        assert!(
+            full.starts_with("; limits.capacity: the file's 1000 leaves no place for a new trade beside the live keys (999 now)"),
+            "{full}"
+        );
+        assert!(capacity_at(2, 0).is_none());
     }
 
     #[test]

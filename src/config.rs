@@ -744,19 +744,19 @@ impl Config {
     /// as the gateway started; the keys the file now sets otherwise are returned, for the
     /// caller to say that a restart applies them. Refusing the whole reload for them would
     /// keep a revoked secret or an expiring certificate in use until a restart. The
-    /// embedded defaults: their secret read again. Third, the keys the file changed that a
-    /// flag sets (`server.listen (--listen)`): the flag's at a restart too, so not pending.
-    pub fn reload(&self) -> Result<(Config, Vec<String>, Vec<String>), ConfigError> {
+    /// embedded defaults: their secret read again.
+    pub fn reload(&self) -> Result<Reload, ConfigError> {
         let Some(path) = &self.source else {
             let auth = self.auth.reload()?;
-            return Ok((
-                Config {
+            return Ok(Reload {
+                applied: Config {
                     auth,
                     ..self.clone()
                 },
-                Vec::new(),
-                Vec::new(),
-            ));
+                pending: Vec::new(),
+                overridden: Vec::new(),
+                capacity: self.capacity,
+            });
         };
         let next = Config::load(path)?;
         let mut pending = self.restart_only.changed(&next.restart_only);
@@ -775,12 +775,18 @@ impl Config {
             .filter_map(|k| flag_of(k).map(|flag| format!("{k} (set by {flag})")))
             .collect();
         pending.retain(|k| flag_of(k).is_none());
+        let capacity = next.capacity;
         let applied = Config {
             tls: next.tls,
             auth: next.auth,
             ..self.clone()
         };
-        Ok((applied, pending, overridden))
+        Ok(Reload {
+            applied,
+            pending,
+            overridden,
+            capacity,
+        })
     }
 
     /// The embedded defaults (`hoox-edge serve` with no config): state in `state_dir`, a
@@ -849,6 +855,21 @@ fn binds_overlap(a: std::net::IpAddr, b: std::net::IpAddr) -> bool {
             (V4(_), V4(_)) | (V6(_), V6(_)) => a.is_unspecified() || b.is_unspecified(),
             (V6(v6), V4(_)) | (V4(_), V6(v6)) => v6.is_unspecified(),
         }
+}
+
+/// What a reload (SIGHUP) makes of the file ([`Config::reload`]).
+#[derive(Debug)]
+pub struct Reload {
+    /// The running configuration with what a reload applies taken from the file.
+    pub applied: Config,
+    /// The `section.key`s the file changed that only a restart applies, in order.
+    pub pending: Vec<String>,
+    /// Those the file changed that a flag sets (`server.listen (set by --listen)`): the
+    /// flag's at a restart too, so not pending.
+    pub overridden: Vec<String>,
+    /// `limits.capacity` as a restart would read it, for the reload to say what it means
+    /// for the keys live now.
+    pub capacity: usize,
 }
 
 /// A config file's settings but the ones a reload applies (`Config::reload`), as written.
@@ -1128,7 +1149,11 @@ mod tests {
             .replace("ttl = \"300s\"", "ttl = \"30s\"")
             .replace("[executor]", "[limits]\nrate_per_s = 5.0\n[executor]");
         std::fs::write(&path, &edited).unwrap();
-        let (next, pending, _) = running.reload().unwrap();
+        let Reload {
+            applied: next,
+            pending,
+            ..
+        } = running.reload().unwrap();
         assert!(next.auth.bearer_tokens.is_empty());
         assert_eq!(next.auth.api_keys.len(), 1);
         assert_eq!(pending, ["limits.rate_per_s", "store.ttl"]);
@@ -1137,7 +1162,7 @@ mod tests {
             (running.ttl, running.rate_per_s)
         );
         // Compared with what it started on, not with the last reload.
-        assert_eq!(next.reload().unwrap().1, pending);
+        assert_eq!(next.reload().unwrap().pending, pending);
         // The same database written another way is no change to restart for: absolute,
         // or through a link to its folder.
         let db = dir.path().join("mutex.redb");
@@ -1147,12 +1172,12 @@ mod tests {
             let same = edited.replace("path = \"mutex.redb\"", &format!("path = {other}"));
             assert_ne!(same, edited);
             std::fs::write(&path, &same).unwrap();
-            assert_eq!(running.reload().unwrap().1, pending, "{other}");
+            assert_eq!(running.reload().unwrap().pending, pending, "{other}");
         }
         let moved = edited.replace("path = \"mutex.redb\"", "path = \"moved.redb\"");
         std::fs::write(&path, &moved).unwrap();
         assert_eq!(
-            running.reload().unwrap().1,
+            running.reload().unwrap().pending,
             ["limits.rate_per_s", "store.path", "store.ttl"]
         );
 
@@ -1163,7 +1188,7 @@ mod tests {
         assert_ne!(relisten, moved);
         std::fs::write(&path, &relisten).unwrap();
         assert_eq!(
-            running.reload().unwrap().1,
+            running.reload().unwrap().pending,
             [
                 "limits.rate_per_s",
                 "server.listen",
@@ -1171,13 +1196,21 @@ mod tests {
                 "store.ttl"
             ]
         );
-        let (_, pending, overridden) = flagged.reload().unwrap();
+        let Reload {
+            pending,
+            overridden,
+            ..
+        } = flagged.reload().unwrap();
         assert_eq!(pending, ["limits.rate_per_s", "store.path", "store.ttl"]);
         assert_eq!(overridden, ["server.listen (set by --listen)"]);
 
         // The embedded defaults have no file to read again: their secret is.
         let embedded = Config::embedded(dir.path()).unwrap();
-        let (again, pending, _) = embedded.reload().unwrap();
+        let Reload {
+            applied: again,
+            pending,
+            ..
+        } = embedded.reload().unwrap();
         assert_eq!(again.auth.api_keys.len(), 1);
         assert!(pending.is_empty());
     }
@@ -1201,7 +1234,11 @@ mod tests {
             .replace("tls/cert.pem", "tls/next-cert.pem")
             .replace("tls/key.pem", "tls/next-key.pem");
         std::fs::write(&path, moved).unwrap();
-        let (next, pending, _) = running.reload().unwrap();
+        let Reload {
+            applied: next,
+            pending,
+            ..
+        } = running.reload().unwrap();
         assert!(pending.is_empty(), "{pending:?}");
         assert!(
             next.tls.cert.ends_with("tls/next-cert.pem"),
@@ -1218,7 +1255,7 @@ mod tests {
             "a-new-secret-of-32-bytes-or-more!!\n",
         )
         .unwrap();
-        let (again, ..) = embedded.reload().unwrap();
+        let again = embedded.reload().unwrap().applied;
         let now: Vec<&[u8]> = again.auth.api_keys.iter().map(Secret::expose).collect();
         assert_eq!(now, [&b"a-new-secret-of-32-bytes-or-more!!"[..]]);
         assert_ne!(now, [&old[..]]);

@@ -732,8 +732,9 @@ async fn sighup_applies_the_config_files_auth_and_names_what_takes_a_restart() {
 /// start that makes the database says so: the one start that should is the first; any
 /// other (a `store.path` changed, a state folder moved) runs without the old database's
 /// keys, and their retries are sent. A start that finds it says nothing of the kind. A
-/// reload that leaves `store.path` or `admin.listen` to a restart says what that restart
-/// costs; one whose secrets no longer name a client, that its keys stay behind.
+/// reload that leaves `store.path`, `admin.listen` or a `limits.capacity` the live keys
+/// fill to a restart says what that restart costs; one whose secrets no longer name a
+/// client, that its keys stay behind.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn what_a_restart_or_a_renamed_client_leaves_behind_is_said() {
     let mut setup = Setup::new(None);
@@ -756,9 +757,12 @@ async fn what_a_restart_or_a_renamed_client_leaves_behind_is_said() {
     let log = gw.wait_logged("ready: database open");
     assert!(!log.contains(made), "{log}");
 
+    // One live key: a capacity of 2 leaves no place for a signed trade beside it.
+    assert_eq!(gw.post(&trade("ETHUSDT"), &[]).await.status, 200);
     support::gateway::write_secret(&bearer, &format!("@desk-c tok-a\n{secret}\n"));
     setup.set("store", "path", "state/moved.redb");
     setup.set("admin", "listen", "127.0.0.1:9");
+    setup.set("limits", "capacity", 2);
     setup.write_config();
     unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
     let log = gw.wait_logged("only a restart applies");
@@ -767,7 +771,14 @@ async fn what_a_restart_or_a_renamed_client_leaves_behind_is_said() {
         .find(|l| l.contains("only a restart applies"))
         .unwrap();
     assert!(
-        line.contains("admin.listen, store.path: changed since the start"),
+        line.contains("admin.listen, limits.capacity, store.path: changed since the start"),
+        "{line}"
+    );
+    assert!(
+        line.contains(
+            "limits.capacity: the file's 2 leaves no place for a new trade beside the live \
+             keys (1 now): after a restart every new trade is refused (503)"
+        ),
         "{line}"
     );
     let held = format!("without the live keys (or a halt) held in {}", db.display());
@@ -786,7 +797,8 @@ async fn what_a_restart_or_a_renamed_client_leaves_behind_is_said() {
         line.contains("no sender is named psk.desk-a after this reload: the keys"),
         "{line}"
     );
-    // The old admin address still answers, and the gateway still serves.
+    // The old admin address still answers, and the gateway still serves, at its old
+    // capacity.
     assert_eq!(gw.admin("GET", "/readyz").await.0, 200);
     assert_eq!(gw.post(&trade("BTCUSDT"), &[]).await.status, 200);
 }

@@ -30,6 +30,7 @@ use tokio::sync::oneshot;
 
 pub use clock::Clock;
 pub use key::{ClientKey, Fingerprint, Key, KeyError, Mode};
+pub use owner::full;
 pub use stats::Stats;
 pub use store::{BootTime, DecodeError, Entry, decode_entry, encode_entry};
 

@@ -35,6 +35,13 @@ use super::{
 
 /// The most keys one trade takes: its own, and a signed request's guard.
 const MOST_KEYS_PER_TRADE: usize = 2;
+
+/// Whether `live` keys leave no place under `capacity` for a new trade: fewer places than
+/// a signed trade takes. The rule `reserve` refuses new trades by, and what the reload
+/// warns of when the file lowers `limits.capacity`.
+pub fn full(live: usize, capacity: usize) -> bool {
+    live + MOST_KEYS_PER_TRADE > capacity
+}
 /// First pause after a failure; doubled up to `Config::reopen_backoff_max`.
 const BACKOFF_START: Duration = Duration::from_millis(50);
 
@@ -819,7 +826,7 @@ impl Owner {
             .flatten()
             .filter(|k| !self.index.contains_key(k.as_str()))
             .count();
-        if new > 0 && self.index.len() + MOST_KEYS_PER_TRADE > self.config.capacity {
+        if new > 0 && full(self.index.len(), self.config.capacity) {
             return Ok(Decision::Unavailable(Unavailable::Capacity));
         }
         *durable = true;
@@ -1244,7 +1251,7 @@ impl Owner {
     /// Halted, it is still said: hidden behind the kill switch (`status` exit 0, the
     /// `at_capacity` gauge 0), a full gateway was found full only at `resume`.
     fn at_capacity(&self) -> bool {
-        self.failure.is_none() && self.index.len() + MOST_KEYS_PER_TRADE > self.config.capacity
+        self.failure.is_none() && full(self.index.len(), self.config.capacity)
     }
 
     /// A file of the database removed or replaced while open (`Store::files_in_place`)
