@@ -14,7 +14,8 @@ use hyper::{Response, StatusCode};
 use serde_json::{Value, json};
 
 /// What a client is told to wait while the mutex is failing closed: the owner retries
-/// the database with a backoff of a few seconds, so a short wait is honest.
+/// the database with a backoff of a few seconds, so a short wait is honest. At capacity,
+/// the wait is until the next key's expiry instead ([`Problem::at_capacity`]).
 pub const UNAVAILABLE_RETRY_AFTER_S: u64 = 1;
 /// What a client is told to wait while the operator's kill switch is on. Nobody knows
 /// when it will be lifted; this only keeps retry storms polite.
@@ -62,6 +63,7 @@ pub enum Problem {
     /// The mutex cannot guarantee at-most-once: `reason` is a stable label.
     Unavailable {
         reason: &'static str,
+        retry_after_s: u64,
     },
     KillSwitch,
     OutcomeUnknown,
@@ -71,9 +73,19 @@ impl Problem {
     /// A rate-limit answer from the limiter's wait, rounded up to whole seconds (at least
     /// one: `Retry-After: 0` would invite an immediate retry that is refused again).
     pub fn rate_limited(wait: Duration) -> Self {
-        let s = wait.as_secs() + u64::from(wait.subsec_nanos() > 0);
         Problem::RateLimited {
-            retry_after_s: s.max(1),
+            retry_after_s: whole_seconds(wait),
+        }
+    }
+
+    /// A refusal at `limits.capacity`: no place frees before a live key expires (or an
+    /// operator releases one), so a sender is told to wait until the next key's alarm,
+    /// `next_free`, not the second of a database being reopened. Without an alarm to go by
+    /// (none set), that second.
+    pub fn at_capacity(next_free: Option<Duration>) -> Self {
+        Problem::Unavailable {
+            reason: crate::mutex::Unavailable::Capacity.reason(),
+            retry_after_s: next_free.map_or(UNAVAILABLE_RETRY_AFTER_S, whole_seconds),
         }
     }
 
@@ -128,7 +140,7 @@ impl Problem {
     pub fn retry_after(&self) -> Option<u64> {
         match self {
             Problem::RateLimited { retry_after_s } => Some(*retry_after_s),
-            Problem::Unavailable { .. } => Some(UNAVAILABLE_RETRY_AFTER_S),
+            Problem::Unavailable { retry_after_s, .. } => Some(*retry_after_s),
             Problem::KillSwitch => Some(KILL_SWITCH_RETRY_AFTER_S),
             _ => None,
         }
@@ -205,7 +217,7 @@ impl Problem {
             }
             ExecutionFailed(d) => format!("the executor did not fill the trade: {d}"),
             ExecutorUnreachable => "the executor could not be reached; nothing was sent".into(),
-            Unavailable { reason } => {
+            Unavailable { reason, .. } => {
                 format!("idempotency cannot be guaranteed ({reason}); the trade was refused")
             }
             KillSwitch => "trading is halted by the operator".into(),
@@ -327,8 +339,17 @@ impl Problem {
 
 impl From<&crate::mutex::Unavailable> for Problem {
     fn from(u: &crate::mutex::Unavailable) -> Self {
-        Problem::Unavailable { reason: u.reason() }
+        Problem::Unavailable {
+            reason: u.reason(),
+            retry_after_s: UNAVAILABLE_RETRY_AFTER_S,
+        }
     }
+}
+
+/// `wait` rounded up to whole seconds, at least one: `Retry-After: 0` would invite an
+/// immediate retry that is refused again.
+fn whole_seconds(wait: Duration) -> u64 {
+    (wait.as_secs() + u64::from(wait.subsec_nanos() > 0)).max(1)
 }
 
 impl From<super::auth::AuthError> for Problem {
@@ -368,7 +389,10 @@ mod tests {
             RateLimited { retry_after_s: 3 },
             ExecutionFailed("insufficient margin".into()),
             ExecutorUnreachable,
-            Unavailable { reason: "busy" },
+            Unavailable {
+                reason: "busy",
+                retry_after_s: 1,
+            },
             KillSwitch,
             OutcomeUnknown,
         ]
@@ -453,9 +477,19 @@ mod tests {
         // A zero would tell every sender to retry at once, in a tight loop.
         let (res, _) = body_of(&Problem::KillSwitch).await;
         assert!(retry_after_s(&res) >= 1);
-        let (res, v) = body_of(&Problem::Unavailable { reason: "busy" }).await;
-        assert!(retry_after_s(&res) >= 1);
+        let u = crate::mutex::Unavailable::Busy;
+        let (res, v) = body_of(&Problem::from(&u)).await;
+        assert_eq!(retry_after_s(&res), UNAVAILABLE_RETRY_AFTER_S);
         assert!(v["detail"].as_str().unwrap().contains("busy"));
+        // At capacity: until the next key's alarm, rounded up; a second without one.
+        let full = Problem::at_capacity(Some(Duration::from_millis(41_200)));
+        let (res, v) = body_of(&full).await;
+        assert_eq!(retry_after_s(&res), 42);
+        assert!(v["detail"].as_str().unwrap().contains("capacity"), "{v}");
+        let (res, _) = body_of(&Problem::at_capacity(Some(Duration::ZERO))).await;
+        assert_eq!(retry_after_s(&res), 1);
+        let (res, _) = body_of(&Problem::at_capacity(None)).await;
+        assert_eq!(retry_after_s(&res), UNAVAILABLE_RETRY_AFTER_S);
     }
 
     #[tokio::test]
@@ -536,7 +570,13 @@ mod tests {
         assert_eq!(order_state(d.state, false), "unknown");
         assert_eq!(order_state(State::Committed, true), "succeeded");
         let u = crate::mutex::Unavailable::Busy;
-        assert_eq!(Problem::from(&u), Problem::Unavailable { reason: "busy" });
+        assert_eq!(
+            Problem::from(&u),
+            Problem::Unavailable {
+                reason: "busy",
+                retry_after_s: UNAVAILABLE_RETRY_AFTER_S
+            }
+        );
         for e in [
             super::super::auth::AuthError::Missing,
             super::super::auth::AuthError::Invalid,

@@ -23,11 +23,11 @@ use crate::executor::outstanding::Out;
 use crate::executor::{Executor, Order, Outcome, Outstanding};
 use crate::gateway::auth::{AuthInput, Authenticator, Signature};
 use crate::gateway::limits::{Allowlist, RateLimiter};
-use crate::gateway::problem::Problem;
+use crate::gateway::problem::{self, Problem};
 use crate::gateway::{Reloadable, idem, trade};
 use crate::metrics::Metrics;
 use crate::mutex::key::{Fingerprint, KeyError, bucket_of};
-use crate::mutex::{Decision, Grant, Guard, Key, Mutex, Reserve, Snapshot};
+use crate::mutex::{Decision, Grant, Guard, Key, Mutex, Reserve, Snapshot, Unavailable};
 
 /// The largest webhook body (SPEC §3).
 pub const MAX_BODY: usize = 64 * 1024;
@@ -393,7 +393,13 @@ async fn pipeline(
         .is_some_and(|end| Instant::now() + gw.order_time + SETTLE > *end)
     {
         gw.metrics.refused("stopping");
-        return Err(keyed(Problem::Unavailable { reason: "stopping" }, None));
+        return Err(keyed(
+            Problem::Unavailable {
+                reason: "stopping",
+                retry_after_s: problem::UNAVAILABLE_RETRY_AFTER_S,
+            },
+            None,
+        ));
     }
     // Reserve. The key (and the signature guard) is marked as having an order out from
     // before the reserve until its commit or release is queued, so that no operator
@@ -444,7 +450,11 @@ async fn pipeline(
             // by the supervisor, at error. One more line a request would, with senders
             // retrying, crowd that news out of the journal's rate limit.
             log::debug!(request_id = request_id; "mutex unavailable, refusing trade: {u}");
-            return Err(keyed(Problem::from(&u), None));
+            let problem = match u {
+                Unavailable::Capacity => Problem::at_capacity(gw.mutex.next_free_in()),
+                u => Problem::from(&u),
+            };
+            return Err(keyed(problem, None));
         }
     };
     // Rate limit: after the reserve, so a duplicate costs no quota; a refusal releases.

@@ -418,6 +418,9 @@ pub struct Shared {
     pub serving: std::sync::atomic::AtomicBool,
     /// As [`Status::at_capacity`]: new trades refused, until keys expire or are released.
     pub at_capacity: std::sync::atomic::AtomicBool,
+    /// While at capacity, when the wheel next comes due on the owner's monotonic clock:
+    /// the earliest a key expires and frees a place. 0 otherwise, or with no alarm set.
+    pub next_free_mono_ms: std::sync::atomic::AtomicU64,
     /// Set while the owner fails closed. Unlike `!serving`, false before the owner's first
     /// open: commands queued then are applied once it is open.
     pub failing: std::sync::atomic::AtomicBool,
@@ -619,6 +622,15 @@ impl Mutex {
     /// How long a caller waits for an answer before it gives up.
     pub fn deadline(&self) -> Duration {
         self.deadline
+    }
+
+    /// While new trades are refused at capacity: how long until the next key's alarm, the
+    /// earliest a place frees by itself (a release frees one sooner; an alarm for a key
+    /// since taken again frees none, and the next is the one after). `None` otherwise.
+    pub fn next_free_in(&self) -> Option<Duration> {
+        use std::sync::atomic::Ordering::Relaxed;
+        let due = self.shared.next_free_mono_ms.load(Relaxed);
+        (due != 0).then(|| Duration::from_millis(due.saturating_sub(self.clock.mono_ms())))
     }
 
     /// Published counters and gauges. No round trip.

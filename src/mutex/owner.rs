@@ -1477,9 +1477,13 @@ impl Owner {
         self.shared
             .live_keys
             .store(self.live_keys(), Ordering::Relaxed);
+        let full = self.at_capacity();
+        self.shared.at_capacity.store(full, Ordering::Relaxed);
+        // Only while full: the scan for the next bucket is not for every turn.
+        let next_free = if full { self.wheel.next_due_ms() } else { None };
         self.shared
-            .at_capacity
-            .store(self.at_capacity(), Ordering::Relaxed);
+            .next_free_mono_ms
+            .store(next_free.unwrap_or(0), Ordering::Relaxed);
     }
 
     /// The keys held: the index's, or while failing closed, whose index is gone with the
