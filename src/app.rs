@@ -177,6 +177,9 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
     .map_err(RunError::Thread)?;
     let metrics = Arc::new(Metrics::new());
     served(&tls_cfg, &config, &metrics);
+    let order_slots = executor
+        .may_wait()
+        .then(|| Arc::new(tokio::sync::Semaphore::new(config.max_connections)));
     let gw = Arc::new(Gateway {
         mutex: mutex.clone(),
         executor,
@@ -191,6 +194,7 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
         body_timeout: config.header_timeout,
         in_flight: tokio_util::task::TaskTracker::new(),
         outstanding: Arc::default(),
+        order_slots,
         order_time: mutex.deadline()
             + match &config.executor {
                 ExecutorKind::Paper => Duration::ZERO,

@@ -33,8 +33,9 @@ const DURATION_BOUNDS: [f64; 15] = [
 ];
 
 /// Every reason a trade is refused with 503: the mutex's `Unavailable::reason()` labels,
-/// the operator's kill switch, and an order that could outlast the drain at SIGTERM.
-pub const REFUSED_REASONS: [&str; 8] = [
+/// the operator's kill switch, an order that could outlast the drain at SIGTERM, and
+/// `server.max_connections` orders at the executor already.
+pub const REFUSED_REASONS: [&str; 9] = [
     "not_open",
     "commit_failed",
     "timeout",
@@ -43,6 +44,7 @@ pub const REFUSED_REASONS: [&str; 8] = [
     "stopped",
     "kill_switch",
     "stopping",
+    crate::gateway::problem::ORDERS_IN_FLIGHT,
 ];
 
 /// Every executor outcome label.
@@ -177,7 +179,7 @@ impl Metrics {
         self.request_duration.observe(elapsed.as_secs_f64());
     }
 
-    /// A 503: an `Unavailable::reason()` label, `"kill_switch"` or `"stopping"`.
+    /// A 503: one of [`REFUSED_REASONS`].
     pub fn refused(&self, reason: &'static str) {
         self.refused.get_or_create(&ReasonLabels { reason }).inc();
     }

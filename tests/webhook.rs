@@ -1340,6 +1340,64 @@ async fn capacity_refuses_new_keys_but_still_finds_duplicates() {
     assert_eq!(exec.calls(), 3);
 }
 
+/// Orders at an HTTP executor are bounded by `server.max_connections`, as connections are.
+/// A client that hangs up frees its connection but not its order, so without a cap one
+/// sender could put any number out, each an executor connection, until descriptors ran
+/// out (the admin face's too). At the cap a trade is 503 before anything is reserved or
+/// sent, and its retry runs once an order has ended.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn orders_out_are_bounded_as_connections_are() {
+    let (exec, _setup, gw) = with_mock_configured(|setup| {
+        setup.set("server", "max_connections", 2);
+        setup.set("executor", "timeout", "10s");
+    })
+    .await;
+    exec.set_mode(Mode::Slow(Duration::from_secs(3)));
+    let keyed = |k: &str| {
+        let mut t = trade("BTCUSDT");
+        t["idempotencyKey"] = json!(k);
+        t
+    };
+    // Two senders that give up on their answers: their orders stay out.
+    for (n, k) in ["out-1", "out-2"].into_iter().enumerate() {
+        let t = keyed(k);
+        let post = gw.post(&t, &[]);
+        let gave_up = tokio::time::timeout(Duration::from_millis(500), post).await;
+        assert!(gave_up.is_err(), "{k} answered");
+        exec.wait_for_calls(n + 1).await;
+    }
+    let r = gw.post(&keyed("out-3"), &[]).await;
+    let v = r.json();
+    assert_eq!(
+        (r.status.as_u16(), code(&v)),
+        (503, "IDEMPOTENCY_UNAVAILABLE"),
+        "{v}"
+    );
+    assert!(
+        v["detail"].as_str().unwrap().contains(
+            "as many orders as server.max_connections are at the executor (orders_in_flight)"
+        ),
+        "{v}"
+    );
+    assert_eq!(r.header("retry-after"), Some("1"));
+    assert_eq!(exec.calls(), 2);
+    assert_eq!(key_state(&gw, "client:psk:live:out-3").await, "absent");
+    let refused = r#"hoox_refused_total{reason="orders_in_flight"}"#;
+    assert_eq!(metric(&gw, refused).await, 1.0);
+    // The orders end, committed; then the retry runs.
+    for k in ["out-1", "out-2"] {
+        let key = format!("client:psk:live:{k}");
+        let until = std::time::Instant::now() + Duration::from_secs(20);
+        while key_state(&gw, &key).await != "committed" {
+            assert!(std::time::Instant::now() < until, "{key} never committed");
+            tokio::time::sleep(Duration::from_millis(50)).await;
+        }
+    }
+    exec.set_mode(Mode::Success);
+    assert_eq!(gw.post(&keyed("out-3"), &[]).await.status, 200);
+    assert_eq!(exec.calls(), 3);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn http1_http2_plaintext_and_slow_clients() {
     use tokio::io::{AsyncReadExt, AsyncWriteExt};

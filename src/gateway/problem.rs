@@ -20,6 +20,8 @@ pub const UNAVAILABLE_RETRY_AFTER_S: u64 = 1;
 /// What a client is told to wait while the operator's kill switch is on. Nobody knows
 /// when it will be lifted; this only keeps retry storms polite.
 pub const KILL_SWITCH_RETRY_AFTER_S: u64 = 30;
+/// Why a trade is refused (503) while `server.max_connections` orders are at the executor.
+pub const ORDERS_IN_FLIGHT: &str = "orders_in_flight";
 
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub enum Problem {
@@ -75,6 +77,15 @@ impl Problem {
     pub fn rate_limited(wait: Duration) -> Self {
         Problem::RateLimited {
             retry_after_s: whole_seconds(wait),
+        }
+    }
+
+    /// A refusal while `server.max_connections` orders are at the executor: one ends
+    /// within the executor's timeout, so a short wait is honest.
+    pub fn orders_in_flight() -> Self {
+        Problem::Unavailable {
+            reason: ORDERS_IN_FLIGHT,
+            retry_after_s: UNAVAILABLE_RETRY_AFTER_S,
         }
     }
 
@@ -217,6 +228,13 @@ impl Problem {
             }
             ExecutionFailed(d) => format!("the executor did not fill the trade: {d}"),
             ExecutorUnreachable => "the executor could not be reached; nothing was sent".into(),
+            Unavailable {
+                reason: ORDERS_IN_FLIGHT,
+                ..
+            } => format!(
+                "as many orders as server.max_connections are at the executor \
+                 ({ORDERS_IN_FLIGHT}); the trade was refused: nothing was reserved or sent"
+            ),
             Unavailable { reason, .. } => {
                 format!("idempotency cannot be guaranteed ({reason}); the trade was refused")
             }

@@ -63,6 +63,13 @@ pub struct Gateway {
     /// The keys whose order is at the executor now, for the admin face (`keys show`,
     /// and a release it refuses unless forced).
     pub outstanding: Arc<Outstanding>,
+    /// Orders an executor that may wait can have out at once (`server.max_connections`),
+    /// each holding a connection of its own to it. A client that hangs up frees its
+    /// connection's slot but not its order, and an HTTP/2 connection carries many: without
+    /// this, one sender could put any number of orders out, until descriptors ran out and
+    /// took new connections, the admin face and the executor's connections with them.
+    /// `None` for an executor that never waits (paper): its orders end with their requests.
+    pub order_slots: Option<Arc<tokio::sync::Semaphore>>,
     /// The longest an order may take from its reserve to its outcome: the owner's deadline,
     /// then the executor's timeout.
     pub order_time: Duration,
@@ -401,6 +408,20 @@ async fn pipeline(
             None,
         ));
     }
+    // A place for the order, before anything is reserved: refused, a trade leaves nothing
+    // behind, and its retry runs once an order ends. Held until the order settles.
+    let slot = match gw
+        .order_slots
+        .as_ref()
+        .map(|s| s.clone().try_acquire_owned())
+    {
+        None => None,
+        Some(Ok(slot)) => Some(slot),
+        Some(Err(_)) => {
+            gw.metrics.refused(problem::ORDERS_IN_FLIGHT);
+            return Err(keyed(Problem::orders_in_flight(), None));
+        }
+    };
     // Reserve. The key (and the signature guard) is marked as having an order out from
     // before the reserve until its commit or release is queued, so that no operator
     // release, checked against the mark, can fall between a grant and its mark; granted,
@@ -484,6 +505,7 @@ async fn pipeline(
         let who = client.clone();
         gw.in_flight.spawn(async move {
             let answer = execute_and_settle(&gw2, grant, &order, out).await;
+            drop(slot);
             if let Err(answer) = tx.send(answer) {
                 hung_up(&order.key, &order.request_id, &who, &answer);
             }
