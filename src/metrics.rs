@@ -245,7 +245,11 @@ fn mutex_registry(shared: &Shared) -> Registry {
             "Releases refused while failing closed (made at the reopen, or the key lives until its TTL)",
             &s.release_failures,
         ),
-        ("expired", "Entries removed at expiry", &s.expired),
+        (
+            "expired",
+            "Entries ended by their TTL: reaped, or replaced by a reserve of their key",
+            &s.expired,
+        ),
         (
             "reopen_attempts",
             "Attempts to reopen a failed database",

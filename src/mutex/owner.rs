@@ -267,6 +267,9 @@ struct Owner {
     carry: Batch,
     /// Grants sent this turn that nobody took, released at its end.
     abandoned: Vec<Grant>,
+    /// Expired entries this turn's reserves replaced before the wheel reaped them (an
+    /// expired entry is absent at once): counted with the reaped ones once written.
+    replaced: u64,
     /// Grants released since the last record was written: their releases are only in
     /// `carry` (or in the batch being built). A failed write drops those, so `fail` moves
     /// the grants to `void`, to be released again.
@@ -338,6 +341,7 @@ impl Owner {
             store: None,
             carry: Batch::default(),
             abandoned: Vec::new(),
+            replaced: 0,
             released: Vec::new(),
             void: Vec::new(),
             index: HashMap::new(),
@@ -505,10 +509,11 @@ impl Owner {
                 if size > 0 {
                     self.shared.stats.batch_size.observe(size as f64);
                 }
+                let replaced = std::mem::take(&mut self.replaced);
                 self.shared
                     .stats
                     .expired
-                    .fetch_add(expired.len() as u64, Ordering::Relaxed);
+                    .fetch_add(expired.len() as u64 + replaced, Ordering::Relaxed);
                 self.publish();
                 for r in replies {
                     self.abandoned.extend(r.send());
@@ -518,6 +523,8 @@ impl Owner {
             }
             Err(e) => {
                 log::error!("mutex: write failed, failing closed until reopened: {e}");
+                // Not written: the reopen finds those entries on the disk, and counts them.
+                self.replaced = 0;
                 let u = Unavailable::CommitFailed(e.to_string());
                 // The index holds this batch's uncommitted changes: drop it with the
                 // database; a reopen rebuilds both from what is truly on disk.
@@ -908,6 +915,7 @@ impl Owner {
     ) -> Result<u64, WriteError> {
         if let Some(old) = self.index.get(key.as_str()) {
             w.delete(old.seq)?;
+            self.replaced += 1;
         }
         let ttl_ms = u64::try_from(ttl.as_millis()).unwrap_or(u64::MAX).max(1);
         let due = now_mono.saturating_add(ttl_ms);
@@ -1817,6 +1825,33 @@ mod tests {
 
     fn reserve(o: &mut Owner, key: &Key) -> Decision {
         ask(o, |tx| Command::Reserve(request(key), tx, NOW))
+    }
+
+    /// Every entry that ends by its TTL is counted as expired, whether the wheel reaps it or
+    /// a reserve of the same key replaces it first (an expired entry is absent before the
+    /// wheel reaches it): reserves less releases less expiries is the live count. A
+    /// replaced one went uncounted, and `hoox_mutex_expired_total` drifted under it.
+    #[test]
+    fn an_expired_entry_a_reserve_replaces_is_counted_as_expired() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut o, time) = owner_with_clock(dir.path());
+        let expired = |o: &Owner| o.shared.stats.expired.load(Ordering::Relaxed);
+        let k = trade_key("BTC");
+        // Half a tick past a tick: the alarm rounds up to the next tick.
+        time.advance_ms(150 - o.clock.mono_ms() % 100);
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+        // At the TTL to the millisecond: expired, its alarm not yet due (the wheel's tick
+        // ends 50 ms later).
+        time.advance_ms(300_000);
+        assert!(o.index.contains_key(k.as_str()), "reaped already");
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+        assert_eq!(expired(&o), 1, "the replaced entry");
+        assert_eq!(o.index.len(), 1);
+        // The wheel's stale alarm for the first entry counts nothing more; the second
+        // entry's counts once.
+        time.advance_ms(600_000);
+        o.turn(&mut vec![Command::Wake]);
+        assert_eq!((expired(&o), o.index.len()), (2, 0));
     }
 
     /// A grant nobody takes is released at the end of its turn, with its guard: the
