@@ -572,10 +572,12 @@ fn restart_would(
     capacity: Option<String>,
 ) -> String {
     let mut out = String::new();
-    if pending.iter().any(|k| k == "limits.capacity") {
+    // Under a new `store.path` the restart starts with no live keys: room whatever the cap.
+    let moved = pending.iter().any(|k| k == "store.path");
+    if pending.iter().any(|k| k == "limits.capacity") && !moved {
         out += &capacity.unwrap_or_default();
     }
-    if pending.iter().any(|k| k == "store.path") {
+    if moved {
         out += &format!(
             "; store.path: the restart opens the database at the new path, without the \
              live keys (or a halt) held in {}: retries of their trades will be sent",

@@ -1248,8 +1248,9 @@ async fn replay_answers_a_duplicate_with_the_stored_response() {
 
 /// `limits.capacity` bounds the live keys: a new key beyond it is refused, failing closed
 /// (503, nothing sent), while a duplicate of a live key is still told so. Its Retry-After is
-/// the wait until the first key's expiry, when a place frees by itself: not the second of a
-/// database being reopened, which had full gateways' senders retry every second for a TTL.
+/// the wait until the first key's expiry, when a place frees by itself, up to 5 s (a
+/// release frees one sooner, unannounced): not the second of a database being reopened,
+/// which had a full gateway's senders retry every second for a TTL.
 /// Readiness and `status` say so, so that monitoring learns that new trades are refused,
 /// and ready again once keys are freed: from one place left on, where a signed trade (its
 /// key and its guard) no longer fits, every new trade is refused, keyed ones too, so that
@@ -1277,13 +1278,8 @@ async fn capacity_refuses_new_keys_but_still_finds_duplicates() {
             "{t}: {:?}",
             r.json()
         );
-        // cap-1's TTL of 300 s, less the seconds since (slack for a slow machine), plus
-        // the wheel's tick.
-        let retry_after: u64 = r.header("retry-after").unwrap().parse().unwrap();
-        assert!(
-            (200..=301).contains(&retry_after),
-            "Retry-After {retry_after}"
-        );
+        // cap-1's TTL of 300 s, less the seconds since: over the bound.
+        assert_eq!(r.header("retry-after"), Some("5"));
     }
     assert_eq!(exec.calls(), 2);
     assert_eq!(key_state(&gw, "client:psk:live:cap-3").await, "absent");

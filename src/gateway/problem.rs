@@ -15,8 +15,13 @@ use serde_json::{Value, json};
 
 /// What a client is told to wait while the mutex is failing closed: the owner retries
 /// the database with a backoff of a few seconds, so a short wait is honest. At capacity,
-/// the wait is until the next key's expiry instead ([`Problem::at_capacity`]).
+/// the wait is until the next key's expiry instead, up to [`CAPACITY_RETRY_AFTER_MAX_S`]
+/// ([`Problem::at_capacity`]).
 pub const UNAVAILABLE_RETRY_AFTER_S: u64 = 1;
+/// The longest wait a full gateway advises: a place freed by a release (a failed order's,
+/// an operator's) comes unannounced, and a trade told to wait for the next expiry, up to
+/// a TTL, would wait that long for a place that freed at once.
+pub const CAPACITY_RETRY_AFTER_MAX_S: u64 = 5;
 /// What a client is told to wait while the operator's kill switch is on. Nobody knows
 /// when it will be lifted; this only keeps retry storms polite.
 pub const KILL_SWITCH_RETRY_AFTER_S: u64 = 30;
@@ -89,14 +94,17 @@ impl Problem {
         }
     }
 
-    /// A refusal at `limits.capacity`: no place frees before a live key expires (or an
-    /// operator releases one), so a sender is told to wait until the next key's alarm,
-    /// `next_free`, not the second of a database being reopened. Without an alarm to go by
-    /// (none set), that second.
+    /// A refusal at `limits.capacity`: a sender is told to wait until the next key's
+    /// alarm, `next_free` (never later than the next expiry: an alarm left by a released
+    /// key, or one a lap of the wheel ahead, is earlier), but at most
+    /// [`CAPACITY_RETRY_AFTER_MAX_S`], for a release frees a place sooner. Without an
+    /// alarm to go by (none set), a second.
     pub fn at_capacity(next_free: Option<Duration>) -> Self {
         Problem::Unavailable {
             reason: crate::mutex::Unavailable::Capacity.reason(),
-            retry_after_s: next_free.map_or(UNAVAILABLE_RETRY_AFTER_S, whole_seconds),
+            retry_after_s: next_free.map_or(UNAVAILABLE_RETRY_AFTER_S, |wait| {
+                whole_seconds(wait).min(CAPACITY_RETRY_AFTER_MAX_S)
+            }),
         }
     }
 
@@ -499,10 +507,14 @@ mod tests {
         let (res, v) = body_of(&Problem::from(&u)).await;
         assert_eq!(retry_after_s(&res), UNAVAILABLE_RETRY_AFTER_S);
         assert!(v["detail"].as_str().unwrap().contains("busy"));
-        // At capacity: until the next key's alarm, rounded up; a second without one.
-        let full = Problem::at_capacity(Some(Duration::from_millis(41_200)));
+        // At capacity: until the next key's alarm, rounded up, at most the bound; a second
+        // without one.
+        let full = Problem::at_capacity(Some(Duration::from_millis(3_200)));
         let (res, v) = body_of(&full).await;
-        assert_eq!(retry_after_s(&res), 42);
+        assert_eq!(retry_after_s(&res), 4);
+        let far = Problem::at_capacity(Some(Duration::from_secs(300)));
+        let (res, _) = body_of(&far).await;
+        assert_eq!(retry_after_s(&res), CAPACITY_RETRY_AFTER_MAX_S);
         assert!(v["detail"].as_str().unwrap().contains("capacity"), "{v}");
         let (res, _) = body_of(&Problem::at_capacity(Some(Duration::ZERO))).await;
         assert_eq!(retry_after_s(&res), 1);

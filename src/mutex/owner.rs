@@ -523,7 +523,8 @@ impl Owner {
             }
             Err(e) => {
                 log::error!("mutex: write failed, failing closed until reopened: {e}");
-                // Not written: the reopen finds those entries on the disk, and counts them.
+                // Not known to be written: the reopen counts those it finds on the disk; one
+                // whose record landed before a failed checkpoint goes uncounted (a metric).
                 self.replaced = 0;
                 let u = Unavailable::CommitFailed(e.to_string());
                 // The index holds this batch's uncommitted changes: drop it with the
