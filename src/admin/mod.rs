@@ -811,10 +811,9 @@ async fn order_out(state: &State, e: &EntryInfo) -> bool {
     state.outstanding.order_out(key, seq).await
 }
 
-/// An entry as `keys show` and `keys list` give it; `out`: its order is at the executor.
-/// One live entry as `/keys` and `/keys/KEY` show it. Written to the answer as it is, not
-/// through a `Value` tree: a list of 10,000 took ~30 MB at once that way. By name, as
-/// `json!` ordered them.
+/// An entry as `keys show` and `keys list` give it (`/keys/KEY`, `/keys`). Written to the
+/// answer as it is, not through a `Value` tree: a list of 10,000 took ~30 MB at once that
+/// way. Its members by name, as `json!` ordered them.
 #[derive(serde::Serialize)]
 struct EntryView<'a> {
     age_ms: u64,

@@ -85,11 +85,12 @@ impl Problem {
         }
     }
 
-    /// A refusal while `server.max_connections` orders are at the executor: one ends
-    /// within the executor's timeout, so a short wait is honest.
-    pub fn orders_in_flight() -> Self {
+    /// A refusal for `reason` that a second may mend: failing closed (the owner reopens
+    /// with a backoff of a few seconds), stopping, or [`ORDERS_IN_FLIGHT`] (one ends
+    /// within the executor's timeout).
+    pub fn unavailable(reason: &'static str) -> Self {
         Problem::Unavailable {
-            reason: ORDERS_IN_FLIGHT,
+            reason,
             retry_after_s: UNAVAILABLE_RETRY_AFTER_S,
         }
     }
@@ -365,10 +366,7 @@ impl Problem {
 
 impl From<&crate::mutex::Unavailable> for Problem {
     fn from(u: &crate::mutex::Unavailable) -> Self {
-        Problem::Unavailable {
-            reason: u.reason(),
-            retry_after_s: UNAVAILABLE_RETRY_AFTER_S,
-        }
+        Problem::unavailable(u.reason())
     }
 }
 
@@ -512,10 +510,10 @@ mod tests {
         let full = Problem::at_capacity(Some(Duration::from_millis(3_200)));
         let (res, v) = body_of(&full).await;
         assert_eq!(retry_after_s(&res), 4);
+        assert!(v["detail"].as_str().unwrap().contains("capacity"), "{v}");
         let far = Problem::at_capacity(Some(Duration::from_secs(300)));
         let (res, _) = body_of(&far).await;
         assert_eq!(retry_after_s(&res), CAPACITY_RETRY_AFTER_MAX_S);
-        assert!(v["detail"].as_str().unwrap().contains("capacity"), "{v}");
         let (res, _) = body_of(&Problem::at_capacity(Some(Duration::ZERO))).await;
         assert_eq!(retry_after_s(&res), 1);
         let (res, _) = body_of(&Problem::at_capacity(None)).await;

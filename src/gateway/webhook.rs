@@ -400,13 +400,7 @@ async fn pipeline(
         .is_some_and(|end| Instant::now() + gw.order_time + SETTLE > *end)
     {
         gw.metrics.refused("stopping");
-        return Err(keyed(
-            Problem::Unavailable {
-                reason: "stopping",
-                retry_after_s: problem::UNAVAILABLE_RETRY_AFTER_S,
-            },
-            None,
-        ));
+        return Err(keyed(Problem::unavailable("stopping"), None));
     }
     // A place for the order, before anything is reserved: refused, a trade leaves nothing
     // behind, and its retry runs once an order ends. Held until the order settles.
@@ -419,7 +413,7 @@ async fn pipeline(
         Some(Ok(slot)) => Some(slot),
         Some(Err(_)) => {
             gw.metrics.refused(problem::ORDERS_IN_FLIGHT);
-            return Err(keyed(Problem::orders_in_flight(), None));
+            return Err(keyed(Problem::unavailable(problem::ORDERS_IN_FLIGHT), None));
         }
     };
     // Reserve. The key (and the signature guard) is marked as having an order out from

@@ -42,6 +42,7 @@ const MOST_KEYS_PER_TRADE: usize = 2;
 pub fn full(live: usize, capacity: usize) -> bool {
     live + MOST_KEYS_PER_TRADE > capacity
 }
+
 /// First pause after a failure; doubled up to `Config::reopen_backoff_max`.
 const BACKOFF_START: Duration = Duration::from_millis(50);
 
