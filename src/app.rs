@@ -827,6 +827,26 @@ mod tests {
         assert!(capacity_at(2, 0).is_none());
     }
 
+    /// What a restart would cost is said for the keys pending, and only for them: a new
+    /// `store.path` leaves the live keys behind (and so has room whatever the capacity).
+    #[test]
+    fn what_a_restart_would_cost_is_said_for_the_keys_pending_alone() {
+        let dir = tempfile::tempdir().unwrap();
+        let running = Config::embedded(dir.path()).unwrap();
+        let said = |pending: &[&str]| {
+            let pending: Vec<String> = pending.iter().map(|k| k.to_string()).collect();
+            restart_would(&running, None, &pending, Some("; FULL".into()))
+        };
+        assert_eq!(said(&["store.ttl"]), "");
+        assert_eq!(said(&["limits.capacity"]), "; FULL");
+        let moved = said(&["store.path"]);
+        assert!(
+            moved.starts_with("; store.path: the restart opens the database at the new path"),
+            "{moved}"
+        );
+        assert_eq!(said(&["limits.capacity", "store.path"]), moved);
+    }
+
     #[test]
     fn the_status_line_says_full_and_halted_both() {
         let status = |halted, at_capacity| mutex::Status {

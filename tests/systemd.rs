@@ -728,6 +728,38 @@ async fn sighup_applies_the_config_files_auth_and_names_what_takes_a_restart() {
     );
 }
 
+/// A key a flag sets (`--admin`), changed in the file, is the flag's at a restart too: the
+/// reload says the command line keeps it, and where the admin API stays for the commands
+/// that read the file; not that a restart applies it. A reload that changes nothing says
+/// neither.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_reload_says_the_command_line_keeps_a_key_a_flag_sets() {
+    let mut setup = Setup::new(None);
+    let mut cmd = setup.command();
+    cmd.args(["--admin", "127.0.0.1:0"]);
+    let gw = support::gateway::Gateway::spawn(cmd, &setup.pki.ca_cert);
+    gw.wait_ready().await;
+    let hangup = || unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
+    hangup();
+    let log = gw.wait_logged("reloaded the TLS certificate and the secrets");
+    assert!(!log.contains("the command line sets it"), "{log}");
+
+    setup.set("admin", "listen", "127.0.0.1:9");
+    setup.write_config();
+    hangup();
+    let kept = "admin.listen (set by --admin): changed in the file, but the command line sets \
+                it, at a restart too: not applied";
+    let log = gw.wait_logged(kept);
+    let line = log.lines().find(|l| l.contains(kept)).unwrap();
+    let admin = gw.admin.as_ref().unwrap().to_string();
+    assert!(
+        line.contains(&format!("the admin API stays at {admin}, where")),
+        "{line}"
+    );
+    assert!(!log.contains("only a restart applies"), "{log}");
+    assert_eq!(gw.admin("GET", "/readyz").await.0, 200);
+}
+
 /// What a restart or a reload leaves behind is said while the operator is looking. The
 /// start that makes the database says so: the one start that should is the first; any
 /// other (a `store.path` changed, a state folder moved) runs without the old database's

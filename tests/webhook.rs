@@ -1291,6 +1291,10 @@ async fn capacity_refuses_new_keys_but_still_finds_duplicates() {
 
     let (s, v) = gw.admin("GET", "/readyz").await;
     assert_eq!((s, &v["reason"]), (503, &json!("capacity")), "{v}");
+    assert!(
+        !v["detail"].as_str().unwrap().contains("kill switch"),
+        "{v}"
+    );
     let (_, status) = gw.admin("GET", "/status").await;
     assert_eq!(
         (&status["serving"], &status["fail_closed"], &status["ready"]),

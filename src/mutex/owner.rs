@@ -1856,6 +1856,25 @@ mod tests {
         assert_eq!((expired(&o), o.index.len()), (2, 0));
     }
 
+    /// At capacity, a trade whose key holds an expired entry not yet reaped takes that
+    /// entry's place, and goes ahead: it needs no new one. Refused, its retry after the
+    /// TTL waited for the wheel's next tick.
+    #[test]
+    fn at_capacity_an_expired_entry_not_yet_reaped_is_replaced() {
+        let dir = tempfile::tempdir().unwrap();
+        let (mut o, time) = owner_with_clock(dir.path());
+        o.config.capacity = 3;
+        // Half a tick past a tick: the alarms round up to the next tick.
+        time.advance_ms(150 - o.clock.mono_ms() % 100);
+        let (a, b) = (trade_key("A"), trade_key("B"));
+        assert!(matches!(reserve(&mut o, &a), Decision::Proceed(_)));
+        assert!(matches!(reserve(&mut o, &b), Decision::Proceed(_)));
+        assert!(o.at_capacity());
+        time.advance_ms(300_000);
+        assert!(o.index.contains_key(a.as_str()), "reaped already");
+        assert!(matches!(reserve(&mut o, &a), Decision::Proceed(_)));
+    }
+
     /// A grant nobody takes is released at the end of its turn, with its guard: the
     /// request was never sent, and its resend, the same bytes, must be able to run.
     #[test]
