@@ -314,18 +314,25 @@ impl Config {
             let (key, message) = syntax(&text, &e);
             ConfigError::new(path, &key, message)
         })?;
-        let base = path
-            .parent()
-            .map(Path::to_path_buf)
-            .unwrap_or_else(|| PathBuf::from("."));
+        // `config.toml` alone has the parent "", which is the current folder.
+        let base = match path.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
         Ok(Config {
             restart_only: RestartOnly::of(&text),
-            ..Self::from_raw(raw, path, &base)?
+            ..Self::from_raw(raw, path, base)?
         })
     }
 
     fn from_raw(raw: RawFile, file: &Path, base: &Path) -> Result<Config, ConfigError> {
         let err = |key: &str, msg: String| ConfigError::new(file, key, msg);
+        // Absolute, so that the log, `status` and errors name a file where it is, not
+        // where a reader standing in another folder would look (`--config config.toml`,
+        // `--state-dir state`). Made from the current folder without resolving links; a
+        // current folder that cannot be read leaves the path as written, which still
+        // names the file this process opens (it never changes folder).
+        let base = std::path::absolute(base).unwrap_or_else(|_| base.to_path_buf());
         let rel = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
         let need_file = |key: &str, p: &Path| -> Result<(), ConfigError> {
             std::fs::metadata(p)
@@ -419,7 +426,7 @@ impl Config {
 
         let admin = match raw.admin.and_then(|a| a.listen) {
             None => None,
-            Some(s) => Some(Listen::parse_in(&s, base).map_err(|m| err("admin.listen", m))?),
+            Some(s) => Some(Listen::parse_in(&s, &base).map_err(|m| err("admin.listen", m))?),
         };
         if let Some(why) = admin.as_ref().and_then(|a| admin_problem(a, listen)) {
             return Err(err("admin.listen", why));

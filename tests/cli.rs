@@ -1240,6 +1240,19 @@ fn check_config_warns_of_a_store_folder_not_there() {
         assert_eq!(code, Some(0), "{path}: {err}");
         assert_eq!(err.contains(warning), warned, "{path}: {err}");
     }
+    // Named by its file name alone, from its own folder: the folder not there is named
+    // whole, where an operator in another folder finds it (it was `stat`).
+    let config = setup.write_config();
+    let dir = config.parent().unwrap();
+    let o = Command::new(BIN)
+        .current_dir(dir)
+        .args(["check-config", "--config"])
+        .arg(config.file_name().unwrap())
+        .output()
+        .unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    let whole = format!("the folder {} is not there", dir.join("stat").display());
+    assert!(err.contains(&whole), "{err}");
 }
 
 /// A config without `[admin]` passes (an operator may want no admin face), and is warned
