@@ -332,6 +332,9 @@ impl Started {
     }
 }
 
+/// How often `supervise` pings the owner, at most.
+const PING_EVERY: Duration = Duration::from_secs(1);
+
 /// READY=1 once the database is open; WATCHDOG=1 only while the owner answers a ping, or,
 /// when a ping cannot get through a backlog (the queue full, or its deadline passed in
 /// it), finished turns while it waited: busy is alive, only a stuck owner is killed;
@@ -342,11 +345,14 @@ impl Started {
 /// answering again, and systemd kills only an owner that answered nothing for most of the
 /// period: about 8 s of the packaged 10. At the half-period pace, a stall of 2 s that
 /// began just before a ping left 12 s between two WATCHDOG=1, and got the service killed.
+/// Without a watchdog too: each ping is a turn of the owner, and a turn is when it looks
+/// for its files, so an idle gateway says a removed database or journal within a second
+/// (`/readyz`, `status`), as the README promises, not within five.
 /// A ping costs the owner a read, and at most one unsynced record: nothing, once a second.
 async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output = ()>) {
     let ready = &announce.ready;
     let watchdog = notify::watchdog_interval();
-    let tick = watchdog.map_or(Duration::from_secs(5), |w| w.min(Duration::from_secs(1)));
+    let tick = watchdog.map_or(PING_EVERY, |w| w.min(PING_EVERY));
     let fast = Duration::from_millis(100);
     let started = tokio::time::Instant::now();
     let mut last_status = String::new();

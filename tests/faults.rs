@@ -454,6 +454,31 @@ async fn a_journal_removed_while_running_fails_closed() {
     assert!(gw.stderr().contains("went while open"), "{}", gw.stderr());
 }
 
+/// An idle gateway, run without a watchdog (by hand, in a container), looks for its files
+/// once a second all the same: a turn of its owner is when it looks, and its supervisor's
+/// pings are the turns an idle owner takes. They came every 5 s, so `/readyz` and `status`
+/// could say "serving" for seconds after the database or journal was removed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_idle_gateway_without_a_watchdog_looks_once_a_second() {
+    let setup = Setup::new(None);
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let turns = async || {
+        let (_, m) = gw.admin("GET", "/metrics").await;
+        m.as_str()
+            .unwrap_or_default()
+            .lines()
+            .find_map(|l| l.strip_prefix("hoox_mutex_batch_size_count "))
+            .and_then(|v| v.parse::<u64>().ok())
+            .expect("the owner's turns in /metrics")
+    };
+    let before = turns().await;
+    tokio::time::sleep(Duration::from_millis(3_500)).await;
+    let pinged = turns().await - before;
+    // 3 or 4 pings at once a second; at most one at the old 5 s.
+    assert!(pinged >= 2, "{pinged} turns in 3.5 s of idling");
+}
+
 /// The journal replaced by a file of its length that holds none of its records (zeros, a
 /// blank file made again, another database's journal copied in) beside a database whose
 /// checkpoint has moved: refused, as an empty one is, and served again once the journal is

@@ -63,8 +63,10 @@ const CARRY_IDLE: Duration = Duration::from_millis(2);
 const STALE_ALARMS: usize = 4096;
 
 /// How often the owner looks that its files are still the ones it opened
-/// (`Owner::check_files`): two `stat`s.
-const FILES_CHECK: Duration = Duration::from_secs(1);
+/// (`Owner::check_files`): two `stat`s. A little under the supervisor's ping, once a
+/// second, so that every ping to an idle owner finds a check due: at exactly a second, a
+/// ping a hair early found the last check not a second old, and the next look came 2 s on.
+const FILES_CHECK: Duration = Duration::from_millis(900);
 
 /// How many alarms a turn's step of that sweep looks at, at least (a step takes whole
 /// buckets). With a million live keys a bucket holds ~1,000 alarms: a step of one took
