@@ -314,7 +314,8 @@ async fn an_unreadable_answer_is_unknown_only_when_it_is_2xx() {
 /// An answer without a length or chunks ends at the connection's close, so a fill's answer
 /// cut short by an executor that died mid-answer (a clean close, not a reset) reads as a
 /// whole body. A 2xx of that kind that is not JSON is unknown (held), not a soft-fail
-/// (released): its retry would be placed again. Framed answers keep SPEC §4's rule.
+/// (released): its retry would be placed again. Framed answers keep SPEC §4's rule, but for
+/// JSON begun and not finished: its framing cut it short, and it may have been a fill.
 #[tokio::test]
 async fn a_2xx_ended_by_a_close_that_is_not_json_is_unknown() {
     #[derive(Debug, PartialEq)]
@@ -341,6 +342,38 @@ async fn a_2xx_ended_by_a_close_that_is_not_json_is_unknown() {
         ),
         (
             b"HTTP/1.1 200 OK\r\ncontent-length: 5\r\n\r\nhello",
+            Is::SoftFail,
+        ),
+        // JSON begun and not finished, however it was framed: a length that counts
+        // characters, not bytes, ends this one a byte early (é is two bytes).
+        (
+            "HTTP/1.1 200 OK\r\ncontent-length: 42\r\n\r\n{\"success\":true,\"message\":\"Ordre exécuté\"}"
+                .as_bytes(),
+            Is::Unknown,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\nb\r\n{\"success\":\r\n0\r\n\r\n",
+            Is::Unknown,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 16\r\n\r\n\xef\xbb\xbf{\"success\":tr",
+            Is::Unknown,
+        ),
+        // Whole, or never begun: SPEC's soft-fail.
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\n \r\n",
+            Is::SoftFail,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 0\r\n\r\n",
+            Is::SoftFail,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 17\r\n\r\n{\"success\":false}",
+            Is::SoftFail,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 19\r\n\r\n{\"success\":true} {\"",
             Is::SoftFail,
         ),
         (

@@ -225,8 +225,17 @@ async fn soft_fail_and_errors_release_so_a_retry_runs() {
         t
     };
     for (mode, k, said) in [
-        (Mode::SoftFail, "soft-1", "200 without success (soft_fail)"),
-        (Mode::ServerError, "err-1", "500 without success (failed)"),
+        (
+            Mode::SoftFail,
+            "soft-1",
+            "200 without \"success\": true (soft_fail): key released; it said: \
+             {\"error\":\"insufficient margin\",\"success\":false}",
+        ),
+        (
+            Mode::ServerError,
+            "err-1",
+            "500 (failed): key released; it said: {\"error\":\"exchange down\",\"success\":false}",
+        ),
     ] {
         exec.set_mode(mode);
         let before = exec.calls();
@@ -241,7 +250,9 @@ async fn soft_fail_and_errors_release_so_a_retry_runs() {
         let lines = lines_with(&log, &format!("key=client:psk:live:{k} "));
         assert_eq!(lines.len(), 1, "{log}");
         assert!(lines[0].contains(" INFO "), "{log}");
-        let why = format!("webhook: executor answered {said}: key released");
+        // With the start of what the executor said (here, all of it): a refusal that says
+        // it has the order already is one the operator must not place again by hand.
+        let why = format!("webhook: executor answered {said}");
         assert!(lines[0].contains(&why), "{log}");
         assert!(
             lines[0].contains("status=502 code=EXECUTION_FAILED"),

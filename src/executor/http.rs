@@ -31,7 +31,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::ClientConfig;
 
-use super::{Order, Outcome, classify, is_2xx, is_json};
+use super::{Order, Outcome, classify, is_2xx, is_cut_json, is_json};
 
 /// An executor's answer is a small JSON document; a bigger one is not read into memory.
 const MAX_ANSWER: usize = 1 << 20;
@@ -223,6 +223,14 @@ impl HttpExecutor {
                     Outcome::Unknown(format!(
                         "answer {status} ended by the connection's close, not JSON: it may \
                          have been cut short"
+                    ))
+                }
+                Outcome::SoftFail { status, body } if is_cut_json(&body) => {
+                    Outcome::Unknown(format!(
+                        "answer {status} is JSON cut short ({} bytes, the document not \
+                         finished: a length that counts characters, not bytes?): it may \
+                         have been a fill",
+                        body.len()
                     ))
                 }
                 outcome => outcome,

@@ -98,6 +98,18 @@ pub fn is_json(body: &[u8]) -> bool {
     serde_json::from_slice::<serde::de::IgnoredAny>(json_text(body)).is_ok()
 }
 
+/// Whether `body` is a JSON document begun and not finished: cut short, whatever framed
+/// it. A `Content-Length` that counts characters, not bytes, ends `{"success":true,
+/// "message":"Ordre exécuté"}` one byte early, and a proxy may cut an answer at a
+/// chunk's end: either reads as a whole body whose `success` may have been true. A body
+/// that is empty or blank was never begun; text that is no JSON (`hello`, HTML) is not
+/// this, nor is a document with more after it.
+pub fn is_cut_json(body: &[u8]) -> bool {
+    let text = json_text(body);
+    text.iter().any(|b| !b.is_ascii_whitespace())
+        && serde_json::from_slice::<serde::de::IgnoredAny>(text).is_err_and(|e| e.is_eof())
+}
+
 fn is_2xx(status: u16) -> bool {
     (200..300).contains(&status)
 }

@@ -235,7 +235,7 @@ impl Problem {
             RateLimited { retry_after_s } => {
                 format!("rate limit exceeded; retry in {retry_after_s} s")
             }
-            ExecutionFailed(d) => format!("the executor did not fill the trade: {d}"),
+            ExecutionFailed(d) => format!("the executor did not confirm a fill: {d}"),
             ExecutorUnreachable => "the executor could not be reached; nothing was sent".into(),
             Unavailable {
                 reason: ORDERS_IN_FLIGHT,
@@ -252,8 +252,9 @@ impl Problem {
                 // Held or released by `on_unknown_outcome`: Hoox-Idempotency-Outcome says which.
                 // Whatever cut it (a timeout, a reset, an answer that could not be read),
                 // the order had left: the log line says which.
-                "no answer came back from the executor after the order was sent (a timeout, \
-                 a reset, or an answer that could not be read); the trade may have been placed"
+                "no answer the gateway could read whole came back from the executor after \
+                 the order was sent (a timeout, a reset, an answer cut short, too large or \
+                 in a coding it does not read); the trade may have been placed"
                     .into()
             }
         }

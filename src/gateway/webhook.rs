@@ -818,11 +818,19 @@ async fn execute_and_settle(gw: &Gateway, grant: Grant, order: &Order, _out: Out
                 note,
             }
         }
-        Outcome::SoftFail { status, .. } | Outcome::Failed { status, .. } => {
+        Outcome::SoftFail { status, ref body } | Outcome::Failed { status, ref body } => {
             // The status says 502 EXECUTION_FAILED; only the note says what the executor
-            // answered (a refusal of its own, or a 2xx without success).
-            let why = format!("executor answered {status} without success");
-            let text = format!("{why} ({}): key released", outcome.label());
+            // answered (a refusal of its own, or a 2xx without success), and the start of
+            // what it said: a refusal as a duplicate of an order it has ("duplicate
+            // clientOrderId") means that order stands, which an operator must not miss.
+            let why = match outcome {
+                Outcome::SoftFail { .. } => {
+                    format!("executor answered {status} without \"success\": true")
+                }
+                _ => format!("executor answered {status}"),
+            };
+            let said = said(body);
+            let text = format!("{why} ({}): key released{said}", outcome.label());
             let settled = release(gw, grant);
             Settlement::problem(
                 Problem::ExecutionFailed(why),
@@ -853,6 +861,18 @@ async fn execute_and_settle(gw: &Gateway, grant: Grant, order: &Order, _out: Out
             )
         }
     }
+}
+
+/// The start of an executor's answer that did not fill, for the log line: `; it said: …`,
+/// or nothing for an empty one. The log writes control characters escaped.
+fn said(body: &[u8]) -> String {
+    const SAID: usize = 160;
+    if body.iter().all(u8::is_ascii_whitespace) {
+        return String::new();
+    }
+    let head = String::from_utf8_lossy(&body[..body.len().min(SAID)]);
+    let more = if body.len() > SAID { "…" } else { "" };
+    format!("; it said: {}{more}", head.trim())
 }
 
 /// Where the order of the entry that blocked a duplicate is ([`super::problem::order_state`]). A
@@ -1082,6 +1102,27 @@ fn fingerprinted(fp: &Fingerprint, now_ms: u64, ttl: Duration) -> Result<Reserve
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What an executor said that did not fill: nothing for an empty or blank answer, the
+    /// whole of a short one, and the first 160 bytes of a long one, marked as cut.
+    #[test]
+    fn what_the_executor_said_is_logged_up_to_160_bytes() {
+        assert_eq!(said(b""), "");
+        assert_eq!(said(b" \r\n"), "");
+        assert_eq!(
+            said(b"{\"error\":\"dup\"}\n"),
+            "; it said: {\"error\":\"dup\"}"
+        );
+        let long = "x".repeat(161);
+        assert_eq!(
+            said(long.as_bytes()),
+            format!("; it said: {}…", &long[..160])
+        );
+        assert_eq!(
+            said(&long.as_bytes()[..160]),
+            format!("; it said: {}", &long[..160])
+        );
+    }
 
     /// The log lines of this test binary, with their fields: a test looks for its own.
     mod logs {
