@@ -88,8 +88,10 @@ pub const LOG_ENV: &str = "HOOX_EDGE_LOG";
                   stdout and exit 0; a refusal's problem JSON goes to stderr, exit 1 \
                   (not found, in flight, bad key); exit 69 when the gateway cannot be \
                   reached or cannot answer now (503: failing closed), and from status, \
-                  its JSON still on stdout, while the gateway fails closed (\"serving\": \
-                  false); exit 78 on a config error."
+                  its JSON still on stdout, while the gateway refuses new trades, failing \
+                  closed or full (\"serving\": false); exit 78 on a config error; exit 74 \
+                  when the answer cannot be written to stdout; exit 2 on a command line \
+                  that does not parse."
 )]
 struct Cli {
     #[command(subcommand)]
@@ -123,6 +125,7 @@ enum Cmd {
     },
     /// Write a self-signed certificate and key (cert.pem, key.pem) into a folder.
     GenCert {
+        /// Folder to write cert.pem and key.pem into; made if it is not there.
         #[arg(long)]
         out: PathBuf,
         /// DNS name or IP address to certify; repeatable.
@@ -162,8 +165,8 @@ enum Cmd {
         #[command(flatten)]
         admin: AdminArgs,
     },
-    /// Live keys, kill switch, and whether the gateway is failing closed (then exit 69,
-    /// the JSON still on stdout).
+    /// Live keys, kill switch, and whether the gateway refuses new trades, failing closed
+    /// or full (then exit 69, the JSON still on stdout).
     Status {
         #[command(flatten)]
         admin: AdminArgs,

@@ -673,7 +673,6 @@ fn io(e: std::io::Error) -> LoadError {
     LoadError::Db(redb::Error::Io(e))
 }
 
-/// The length of the file at `path`; 0 when there is none.
 /// A file's length; 0 when there is none. Anything but a file (a directory put in its
 /// place) is an error that says so: its length is no file's.
 fn bytes_at(path: &Path) -> std::io::Result<u64> {
