@@ -287,7 +287,10 @@ install_test() {
     local deb
     deb=$(ls "$OUT"/hoox-edge_"$(version)"*_amd64.deb)
     cp "$deb" "$CHROOT/tmp/hoox-edge.deb"
-    # A previous run that failed midway may have left it installed.
+    # A previous run that failed midway may have left it installed, and the stubs of the
+    # tests that stand in for systemd (the root has none: no /run/systemd, no systemctl).
+    rm -f "$CHROOT/usr/local/sbin/systemctl" "$CHROOT/usr/local/sbin/systemctl.show"
+    rm -rf "$CHROOT/run/systemd"
     in_root dpkg --purge hoox-edge >/dev/null 2>&1 || true
     in_root userdel -r hoox-edge >/dev/null 2>&1 || true
 
@@ -364,6 +367,7 @@ install_test() {
     echo "ok: reinstall keeps the secret"
 
     upgrade_check_test
+    service_start_test
 
     mkdir -p "$CHROOT/var/lib/hoox-edge" && touch "$CHROOT/var/lib/hoox-edge/mutex.redb"
     in_root dpkg --remove hoox-edge >/dev/null
@@ -379,6 +383,21 @@ install_test() {
     [[ ! -e $CHROOT/etc/systemd/system/multi-user.target.wants/hoox-edge.service ]] ||
         fail "purge left the unit enabled"
     echo "ok: purge removes config, secrets, certificates, state, user and enablement"
+
+    # The state folder a mount point of its own (a disk for the store, as the README
+    # allows): purged of its contents, left in place, and the purge ends (it stopped at the
+    # folder, the user left behind, every retry failing the same way).
+    in_root dpkg -i /tmp/hoox-edge.deb >/dev/null
+    mount -t tmpfs -o size=1m,mode=0700 tmpfs "$CHROOT/var/lib/hoox-edge"
+    touch "$CHROOT/var/lib/hoox-edge/mutex.redb" "$CHROOT/var/lib/hoox-edge/mutex.redb-journal"
+    local rc=0 out
+    out=$(in_root dpkg --purge hoox-edge 2>&1) || rc=$?
+    [[ -z $(ls -A "$CHROOT/var/lib/hoox-edge") ]] || rc=99
+    umount "$CHROOT/var/lib/hoox-edge"
+    rmdir "$CHROOT/var/lib/hoox-edge"
+    ((rc == 0)) || fail "purge with /var/lib/hoox-edge a mount point: exit $rc, or the store left:"$'\n'"$out"
+    ! in_root getent passwd hoox-edge >/dev/null || fail "purge with the store a mount point left the user"
+    echo "ok: purge empties a store folder that is a mount point, and ends"
 
     # A file of the operator's in /etc/hoox-edge stays, on root's group: the package's GID
     # goes with the group, to whichever system group comes next.
@@ -506,6 +525,53 @@ unit_workers_test() {
     ((made_run == 0)) || rm -rf "$CHROOT/run/systemd"
     [[ $(pkg_status) == "install ok installed" ]] || fail "after the unit's workers tests the package is '$(pkg_status)'"
     echo "ok: the check takes the unit's TOKIO_WORKER_THREADS, empty or quoted too (refused, named)"
+}
+
+# Who starts the service: a first install starts it; an upgrade restarts it only if it runs,
+# and says so when it does not. Before 0.2.21 the generated snippet's `deb-systemd-invoke
+# restart` started an enabled unit the operator had stopped (to move or restore its store):
+# a gateway with no database there makes an empty one, and retries go through. A stub
+# `systemctl` in the root logs what it is asked (deb-systemd-invoke is the real one) and
+# says the unit is enabled, and active or not as the case wants.
+service_start_test() {
+    local stub=$CHROOT/usr/local/sbin/systemctl log=$CHROOT/tmp/systemctl.log made_run=0 active out
+    [[ -n $CHROOT && -d $CHROOT/usr ]] || fail "no Debian root at '$CHROOT'"
+    [[ -d $CHROOT/run/systemd/system ]] || made_run=1
+    mkdir -p "$CHROOT/run/systemd/system" "$(dirname "$stub")"
+    printf '%s\n' '#!/bin/sh' \
+        'echo "$*" >>/tmp/systemctl.log' \
+        'case "$*" in' \
+        '*is-enabled*) echo enabled ;;' \
+        '*is-active*) [ -e /tmp/hoox-edge.active ] || exit 3 ;;' \
+        'esac' \
+        'exit 0' >"$stub"
+    chmod 0755 "$stub"
+    # start or restart by name, not try-restart: what starts a stopped unit.
+    local starts='(^|[[:space:]])(re)?start hoox-edge[.]service'
+    for active in 0 1; do
+        rm -f "$log" "$CHROOT/tmp/hoox-edge.active"
+        ((active == 0)) || touch "$CHROOT/tmp/hoox-edge.active"
+        out=$(in_root dpkg -i /tmp/hoox-edge.deb 2>&1) || fail "the upgrade failed:"$'\n'"$out"
+        grep -q 'try-restart hoox-edge[.]service' "$log" ||
+            fail "an upgrade (active $active) did not try-restart:"$'\n'"$(cat "$log")"
+        ! grep -Eq "$starts" "$log" ||
+            fail "an upgrade (active $active) started or restarted outright:"$'\n'"$(cat "$log")"
+        if ((active == 0)); then
+            grep -qF "the service is not running, and was not started" <<<"$out" ||
+                fail "an upgrade of a stopped gateway did not say it stays stopped:"$'\n'"$out"
+        else
+            ! grep -qF "not running" <<<"$out" || fail "an upgrade of a running gateway said it is not:"$'\n'"$out"
+        fi
+    done
+    # A first install starts it.
+    in_root dpkg --purge hoox-edge >/dev/null
+    rm -f "$log" "$CHROOT/tmp/hoox-edge.active"
+    out=$(in_root dpkg -i /tmp/hoox-edge.deb 2>&1) || fail "the first install failed:"$'\n'"$out"
+    grep -Eq '(^|[[:space:]])start hoox-edge[.]service' "$log" ||
+        fail "a first install did not start the service:"$'\n'"$(cat "$log")"
+    rm -f "$stub" "$log" "$CHROOT/tmp/hoox-edge.active"
+    ((made_run == 0)) || rm -rf "$CHROOT/run/systemd"
+    echo "ok: an upgrade restarts the service only if it runs (and says so when not); a first install starts it"
 }
 
 # shellcheck disable=SC2016 # dpkg-query's own ${field} syntax
