@@ -26,9 +26,10 @@
 #      reinstall keeps the secret; a config the new binary refuses fails the install
 #      (half-configured) until fixed, and so does a key.pem only root may read (the check
 #      runs as the service's user), and so does a deleted config.toml; a login account
-#      named hoox-edge is not taken over; remove keeps config; purge removes config,
-#      secrets, certificates, state and user, and leaves an operator's own file in
-#      /etc/hoox-edge on root's group.
+#      named hoox-edge is not taken over; an upgrade restarts the service only if it runs
+#      and a first install starts it (a stub systemctl); remove keeps config; purge removes
+#      config, secrets, certificates, state and user, empties a store folder that is a mount
+#      point, and leaves an operator's own file in /etc/hoox-edge on root's group.
 set -euo pipefail
 
 cd "$(dirname "$0")/.."
