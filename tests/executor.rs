@@ -359,6 +359,11 @@ async fn a_2xx_ended_by_a_close_that_is_not_json_is_unknown() {
             b"HTTP/1.1 200 OK\r\ncontent-length: 16\r\n\r\n\xef\xbb\xbf{\"success\":tr",
             Is::Unknown,
         ),
+        // Cut inside a number, where the parser says "invalid number", not "end of input".
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 30\r\n\r\n{\"success\":true,\"price\":43250.",
+            Is::Unknown,
+        ),
         // Whole, or never begun: SPEC's soft-fail.
         (
             b"HTTP/1.1 200 OK\r\ncontent-length: 3\r\n\r\n \r\n",
@@ -717,6 +722,89 @@ async fn an_executor_that_wants_a_client_certificate_is_not_sent() {
             "{version:?}: {outcome:?}"
         );
     }
+}
+
+/// A TLS server for `server`'s certificate that offers `alpn` and keeps its sessions in
+/// `sessions` (shared, a server whose certificate changed resumes what it knew before).
+fn acceptor_with(
+    server: &support::pki::CertFiles,
+    alpn: &[&[u8]],
+    sessions: Arc<dyn rustls::server::StoresServerSessions>,
+) -> tokio_rustls::TlsAcceptor {
+    let mut config = support::executor::server_config(server);
+    config.alpn_protocols = alpn.iter().map(|p| p.to_vec()).collect();
+    config.session_storage = sessions;
+    tokio_rustls::TlsAcceptor::from(Arc::new(config))
+}
+
+/// The gateway says in ALPN that it speaks HTTP/1.1 only, so an executor that speaks
+/// HTTP/2 alone refuses the handshake: the order is known unsent (released), where it
+/// took the connection, read no order, and made a 504 with the key held for the TTL.
+/// One that offers HTTP/1.1, or no ALPN at all, fills.
+#[tokio::test]
+async fn an_executor_that_speaks_only_http2_refuses_the_handshake_unsent() {
+    let dir = tempfile::tempdir().unwrap();
+    let pki = Pki::new(dir.path(), "upstream");
+    let answer = b"HTTP/1.1 200 OK\r\ncontent-length: 16\r\n\r\n{\"success\":true}";
+    let offers: [(&[&[u8]], &str); 4] = [
+        (&[b"h2"], "not_sent"),
+        (&[b"http/1.1"], "success"),
+        (&[b"h2", b"http/1.1"], "success"),
+        (&[], "success"),
+    ];
+    for (alpn, want) in offers {
+        let sessions = rustls::server::ServerSessionMemoryCache::new(16);
+        let acceptor = acceptor_with(&pki.server, alpn, sessions);
+        let url = answering_on(answer, false, Some((acceptor, Close::Notify))).await;
+        let exec = trusting(&url, Duration::from_secs(2), Some(&pki.ca_cert));
+        let outcome = exec.execute(&order("alpn")).await;
+        assert_eq!(outcome.label(), want, "{alpn:?}: {outcome:?}");
+    }
+}
+
+/// Every connection to an https executor checks its certificate: one replaced by a
+/// certificate the CA file does not trust refuses the next connection's order (unsent,
+/// released). A resumed TLS 1.3 session skipped the check, and orders went on until the
+/// gateway restarted, when every one failed at once.
+#[tokio::test]
+async fn every_connection_to_an_https_executor_checks_its_certificate() {
+    use tokio::io::AsyncWriteExt;
+    let dir = tempfile::tempdir().unwrap();
+    let trusted = Pki::new(dir.path(), "trusted");
+    let other = Pki::new(dir.path(), "other");
+    // One session cache for both certificates: the server resumes what it knew.
+    let sessions = rustls::server::ServerSessionMemoryCache::new(16);
+    let acceptors = [
+        acceptor_with(&trusted.server, &[], sessions.clone()),
+        acceptor_with(&other.server, &[], sessions),
+    ];
+    let listener = tokio::net::TcpListener::bind("127.0.0.1:0").await.unwrap();
+    let url = format!(
+        "https://127.0.0.1:{}/orders",
+        listener.local_addr().unwrap().port()
+    );
+    tokio::spawn(async move {
+        let mut n = 0;
+        while let Ok((tcp, _)) = listener.accept().await {
+            // The first connection gets the trusted certificate, every later one the other.
+            let acceptor = acceptors[n.min(1)].clone();
+            n += 1;
+            tokio::spawn(async move {
+                let Ok(mut tls) = acceptor.accept(tcp).await else {
+                    return;
+                };
+                let answer = b"HTTP/1.1 200 OK\r\nconnection: close\r\ncontent-length: 16\r\n\r\n{\"success\":true}";
+                if answer_one(&mut tls, answer, false).await {
+                    let _ = tls.shutdown().await;
+                }
+            });
+        }
+    });
+    let exec = trusting(&url, Duration::from_secs(2), Some(&trusted.ca_cert));
+    let first = exec.execute(&order("first")).await;
+    assert_eq!(first.label(), "success", "{first:?}");
+    let second = exec.execute(&order("second")).await;
+    assert_eq!(second.label(), "not_sent", "{second:?}");
 }
 
 #[tokio::test]

@@ -25,7 +25,7 @@ use hyper::header::{
     ACCEPT_ENCODING, CONTENT_ENCODING, CONTENT_LENGTH, CONTENT_TYPE, HeaderValue, TRANSFER_ENCODING,
 };
 use hyper::{Request, Uri};
-use hyper_rustls::{ConfigBuilderExt, HttpsConnector, HttpsConnectorBuilder};
+use hyper_rustls::{ConfigBuilderExt, HttpsConnector};
 use hyper_util::client::legacy::Client;
 use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
@@ -151,20 +151,8 @@ impl HttpExecutor {
         tcp.enforce_http(false); // the TLS layer above handles https
         tcp.set_nodelay(true);
         let connector = Bounded {
-            inner: HttpsConnectorBuilder::new()
-                .with_tls_config(tls)
-                .https_or_http()
-                // HTTP/1.1 only, whatever the executor offers. Over HTTP/2 an order that
-                // waits for a stream slot (the executor's concurrency limit) is kept by
-                // hyper's connection task and sent when a slot frees, even after its caller
-                // gave up: the gateway would have answered 504 and dropped the order's
-                // in-flight mark, or with `on_unknown_outcome = "release"` freed its key,
-                // before the order reached the executor. One shared HTTP/2 connection
-                // that stalls also takes every later order. HTTP/1's client drops a request
-                // whose caller has gone before taking it, and a busy connection is never
-                // shared: the pool opens another.
-                .enable_http1()
-                .wrap_connector(tcp),
+            // http:// and https:// alike; TLS as `tls_config` has it (HTTP/1.1 only).
+            inner: HttpsConnector::from((tcp, tls)),
             limit: MAX_CONNECT.min(cfg.timeout / 2),
         };
         let client = Client::builder(TokioExecutor::new())
@@ -214,9 +202,12 @@ impl HttpExecutor {
         // §6.3; HTTP/1.0, or `Connection: close`), so one cut short by a clean close (an
         // executor that crashed mid-answer) reads as whole. A 204 has no body at all.
         let close_delimited = status != 204 && !framed(response.headers());
-        let body = read_answer(response.into_body(), close_delimited);
-        match tokio::time::timeout_at(deadline, body).await {
-            Ok(Ok(body)) => match classify(status, body) {
+        // Kept whatever ends the read: what a refusal said before it was cut off is still
+        // what it said ("duplicate clientOrderId"), and the log line shows it.
+        let mut read = bytes::BytesMut::new();
+        let reading = read_answer(response.into_body(), close_delimited, &mut read);
+        match tokio::time::timeout_at(deadline, reading).await {
+            Ok(Ok(())) => match classify(status, read.freeze()) {
                 // A parsed `"success": false` is a soft-fail however the body ended; a body
                 // that is not JSON may be a fill's answer cut short.
                 Outcome::SoftFail { status, body } if close_delimited && !is_json(&body) => {
@@ -239,7 +230,7 @@ impl HttpExecutor {
             // the executor has said no.
             Ok(Err(_)) | Err(_) if !is_2xx(status) => Outcome::Failed {
                 status,
-                body: Bytes::new(),
+                body: read.freeze(),
             },
             // A 2xx whose body we could not read may have been a fill: we cannot tell.
             Ok(Err(e)) => Outcome::Unknown(format!("answer {status} unreadable: {}", chain(&*e))),
@@ -299,12 +290,28 @@ fn tls_config(ca_file: Option<&Path>) -> Result<ClientConfig, ExecutorError> {
     let builder =
         ClientConfig::builder_with_provider(Arc::new(rustls::crypto::ring::default_provider()))
             .with_safe_default_protocol_versions()?;
-    let config = match ca_file {
+    let mut config = match ca_file {
         None => builder.with_webpki_roots().with_no_client_auth(),
         Some(path) => builder
             .with_root_certificates(load_roots(path)?)
             .with_no_client_auth(),
     };
+    // HTTP/1.1 only, whatever the executor offers. Over HTTP/2 an order that waits for a
+    // stream slot (the executor's concurrency limit) is kept by hyper's connection task and
+    // sent when a slot frees, even after its caller gave up: the gateway would have
+    // answered 504 and dropped the order's in-flight mark, or with `on_unknown_outcome =
+    // "release"` freed its key, before the order reached the executor. One shared HTTP/2
+    // connection that stalls also takes every later order. HTTP/1's client drops a request
+    // whose caller has gone before taking it, and a busy connection is never shared: the
+    // pool opens another. Said in ALPN too: an executor that speaks HTTP/2 alone then
+    // refuses the handshake, and the order is known unsent (502, released). Offered
+    // nothing, such an executor took the connection and read no order: a 504 each, held.
+    config.alpn_protocols = vec![b"http/1.1".to_vec()];
+    // Every connection checks the executor's certificate. A resumed TLS 1.3 session skips
+    // that: a certificate that expired, or was replaced by one `ca_file` does not trust,
+    // went on working until the gateway restarted, and then every order failed at once.
+    // A full handshake costs little here: a connection is kept while orders come.
+    config.resumption = rustls::client::Resumption::disabled();
     Ok(config)
 }
 
@@ -388,7 +395,8 @@ fn refused_handshake(e: &(dyn std::error::Error + 'static)) -> bool {
         .unwrap_or(false)
 }
 
-/// An answer's body, up to [`MAX_ANSWER`]. A body that only the connection's close ends
+/// An answer's body, up to [`MAX_ANSWER`], into `read` (what came before an error stays
+/// there). A body that only the connection's close ends
 /// ends as well at a close without TLS's close_notify (Python's `ssl`, among others, closes
 /// so): over plain HTTP the same bytes end at the TCP close, and read as whole there, so
 /// here too, under the same rule (a 2xx that is not JSON is unknown, `execute`). Read
@@ -397,8 +405,8 @@ fn refused_handshake(e: &(dyn std::error::Error + 'static)) -> bool {
 async fn read_answer(
     mut body: hyper::body::Incoming,
     close_delimited: bool,
-) -> Result<Bytes, BoxError> {
-    let mut read = bytes::BytesMut::new();
+    read: &mut bytes::BytesMut,
+) -> Result<(), BoxError> {
     while let Some(frame) = body.frame().await {
         match frame {
             Ok(frame) => {
@@ -413,7 +421,7 @@ async fn read_answer(
             Err(e) => return Err(e.into()),
         }
     }
-    Ok(read.freeze())
+    Ok(())
 }
 
 /// Whether reading failed because the peer closed the connection without TLS's

@@ -106,8 +106,16 @@ pub fn is_json(body: &[u8]) -> bool {
 /// this, nor is a document with more after it.
 pub fn is_cut_json(body: &[u8]) -> bool {
     let text = json_text(body);
-    text.iter().any(|b| !b.is_ascii_whitespace())
-        && serde_json::from_slice::<serde::de::IgnoredAny>(text).is_err_and(|e| e.is_eof())
+    let ends_early =
+        |t: &[u8]| serde_json::from_slice::<serde::de::IgnoredAny>(t).is_err_and(|e| e.is_eof());
+    // Cut inside a number, after its `-`, `.`, `e` or exponent sign, it is no number yet:
+    // the parser says "invalid number", not "end of input". A digit more makes it one, and
+    // then what is missing is the end (`"price":43250.` cut from `43250.5}`).
+    let in_a_number = || {
+        matches!(text.last(), Some(b'-' | b'+' | b'.' | b'e' | b'E'))
+            && ends_early(&[text, b"0"].concat())
+    };
+    text.iter().any(|b| !b.is_ascii_whitespace()) && (ends_early(text) || in_a_number())
 }
 
 fn is_2xx(status: u16) -> bool {
@@ -147,6 +155,37 @@ impl Executor {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// A fill's answer cut at any byte is JSON cut short: inside a string, an escape, a
+    /// character of several bytes, a literal, a number (after its sign, point or
+    /// exponent), an array, between members. Whole, or blank, or text that is no JSON, or
+    /// a document with more after it, it is not.
+    #[test]
+    fn an_answer_cut_at_any_byte_is_cut_json() {
+        let whole = "\u{feff}{\"success\":true,\"message\":\"Ordre exécuté\",\"price\":43250.5,\
+                     \"pnl\":-1.5e-3,\"q\":2E+2,\"tags\":[true,false,null,\"a\\\"b\\u00e9\"],\
+                     \"o\":{\"n\":0}}";
+        let bytes = whole.as_bytes();
+        assert!(is_json(bytes) && !is_cut_json(bytes));
+        for end in 4..bytes.len() {
+            let cut = &bytes[..end];
+            assert!(
+                is_cut_json(cut),
+                "cut at {end}: {}",
+                String::from_utf8_lossy(cut)
+            );
+        }
+        for not in [
+            "",
+            " \r\n",
+            "hello",
+            "<html></html>",
+            "{\"success\":true} {\"",
+            "-",
+        ] {
+            assert!(!is_cut_json(not.as_bytes()), "{not:?}");
+        }
+    }
 
     fn kind(o: &Outcome) -> &'static str {
         o.label()

@@ -171,6 +171,13 @@ pub fn refused_url() -> String {
 }
 
 pub fn tls_acceptor(server: &CertFiles) -> TlsAcceptor {
+    let mut config = server_config(server);
+    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
+    TlsAcceptor::from(Arc::new(config))
+}
+
+/// A rustls server's config for `server`'s certificate and key, no ALPN.
+pub fn server_config(server: &CertFiles) -> rustls::ServerConfig {
     use rustls::pki_types::pem::PemObject;
     use rustls::pki_types::{CertificateDer, PrivateKeyDer};
     let certs: Vec<CertificateDer<'static>> = CertificateDer::pem_file_iter(&server.cert)
@@ -179,14 +186,12 @@ pub fn tls_acceptor(server: &CertFiles) -> TlsAcceptor {
         .collect();
     let key = PrivateKeyDer::from_pem_file(&server.key).unwrap();
     let provider = Arc::new(rustls::crypto::ring::default_provider());
-    let mut config = rustls::ServerConfig::builder_with_provider(provider)
+    rustls::ServerConfig::builder_with_provider(provider)
         .with_safe_default_protocol_versions()
         .unwrap()
         .with_no_client_auth()
         .with_single_cert(certs, key)
-        .unwrap();
-    config.alpn_protocols = vec![b"h2".to_vec(), b"http/1.1".to_vec()];
-    TlsAcceptor::from(Arc::new(config))
+        .unwrap()
 }
 
 async fn accept_loop(listener: TcpListener, tls: Option<TlsAcceptor>, state: Arc<State>) {
