@@ -294,6 +294,24 @@ fn check_config(config: &Path) -> ExitCode {
     if loaded.admin.is_none() {
         eprintln!("hoox-edge: warning: {}", crate::app::NO_ADMIN);
     }
+    // Port 0 is a port the OS picks at each start (tests run so): no sender can know the
+    // webhook's, and the operator commands, which read the file, cannot reach the admin
+    // face (`halt` among them).
+    let picked = |key: &str, whose: &str| {
+        eprintln!(
+            "hoox-edge: warning: {}: {key}: port 0 is one the OS picks at each start: {whose} \
+             cannot know it (the start's log line names it)",
+            config.display()
+        );
+    };
+    if loaded.listen.port() == 0 {
+        picked("server.listen", "senders");
+    }
+    if let Some(crate::admin::Listen::Tcp(a)) = &loaded.admin
+        && a.port() == 0
+    {
+        picked("admin.listen", "the operator commands (status, halt, keys)");
+    }
     // Not an error: the gateway starts without it (a mount not up yet), failing closed
     // until it is there. But a typo passed for ok here refuses every trade.
     let folder = match loaded.store_path.parent() {

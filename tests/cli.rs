@@ -1255,6 +1255,25 @@ fn check_config_warns_of_a_store_folder_not_there() {
     assert!(err.contains(&whole), "{err}");
 }
 
+/// A listen address on port 0 passes (tests run so), with a warning: no sender could find
+/// the webhook's, nor an operator command (`halt`) the admin face's.
+#[test]
+fn check_config_warns_of_a_port_the_os_picks() {
+    let mut setup = Setup::new(None);
+    let (code, err) = check_config(&setup.write_config());
+    assert_eq!(code, Some(0), "{err}");
+    assert!(
+        err.contains("server.listen: port 0") && err.contains("admin.listen: port 0"),
+        "{err}"
+    );
+    setup
+        .set("server", "listen", "127.0.0.1:18999")
+        .set("admin", "listen", "127.0.0.1:18998");
+    let (code, err) = check_config(&setup.write_config());
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("port 0"), "{err}");
+}
+
 /// A config without `[admin]` passes (an operator may want no admin face), and is warned
 /// of, as `serve` warns: before a deploy finds no /readyz, key release or kill switch.
 /// Its "ok" names the executor, as `serve` does at start: a config without `[executor]`

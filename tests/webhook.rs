@@ -228,13 +228,12 @@ async fn soft_fail_and_errors_release_so_a_retry_runs() {
         (
             Mode::SoftFail,
             "soft-1",
-            "200 without \"success\": true (soft_fail): key released; it said: \
-             {\"error\":\"insufficient margin\",\"success\":false}",
+            r#"200 without "success": true (soft_fail): key released; it said: "{\"error\":\"insufficient margin\",\"success\":false}""#,
         ),
         (
             Mode::ServerError,
             "err-1",
-            "500 (failed): key released; it said: {\"error\":\"exchange down\",\"success\":false}",
+            r#"500 (failed): key released; it said: "{\"error\":\"exchange down\",\"success\":false}""#,
         ),
     ] {
         exec.set_mode(mode);
@@ -862,6 +861,8 @@ async fn authentication_methods_and_failures() {
     for field in [
         " INFO  hoox_edge::gateway::webhook: webhook status=200 code=- ".to_string(),
         format!(" key={key} outcome=committed client=psk request_id={request_id} latency_us="),
+        // The sender's address, last: a leaked secret's trades are told apart by it.
+        " addr=127.0.0.1".to_string(),
     ] {
         assert!(line.contains(&field), "{field:?} not in {line}");
     }
@@ -971,6 +972,46 @@ async fn ip_allowlist_forbids_others() {
     let gw = setup.start();
     gw.wait_ready().await;
     assert_eq!(gw.post(&trade("BTCUSDT"), &[]).await.status, 200);
+}
+
+/// Addresses outside `limits.allow_ips` share a few connections of their own, apart from
+/// `server.max_connections`: many of them (an IPv6 host's /64; here 127.0.0.2 and on, all
+/// loopback) idling in their handshakes leave the sender the list names served, and those
+/// past the few are closed at once. One place each, they held every place, and the
+/// sender's trade got no answer.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn addresses_outside_the_allowlist_cannot_take_the_senders_places() {
+    use tokio::io::AsyncReadExt;
+    let mut setup = Setup::new(None);
+    setup
+        .set("limits", "allow_ips", vec!["127.0.0.1/32"])
+        .set("server", "max_connections", 4)
+        .set("server", "handshake_timeout", "60s");
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let mut idle = Vec::new();
+    for n in 2..22u8 {
+        let socket = tokio::net::TcpSocket::new_v4().unwrap();
+        socket
+            .bind(std::net::SocketAddr::from(([127, 0, 0, n], 0)))
+            .unwrap();
+        idle.push(socket.connect(gw.addr).await.unwrap());
+    }
+    // 16 are held, in their handshakes; the other 4 are closed before theirs.
+    gw.wait_logged("over 16 connections for the addresses outside limits.allow_ips");
+    let mut closed = 0;
+    for tcp in &mut idle {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_millis(200), tcp.read(&mut byte)).await;
+        if matches!(read, Ok(Ok(0) | Err(_))) {
+            closed += 1;
+        }
+    }
+    assert_eq!(closed, 4, "of 20 outside connections");
+    let served = tokio::time::timeout(Duration::from_secs(10), gw.post(&trade("BTCUSDT"), &[]))
+        .await
+        .expect("the allowed sender got no answer: its places were taken");
+    assert_eq!(served.status, 200);
 }
 
 /// A sender that names its key as other APIs do (`X-Idempotency-Key`, a body's
@@ -2933,6 +2974,7 @@ async fn sigterm_waits_for_an_order_whose_client_hung_up() {
         "EXECUTION_FAILED",
         " client=psk",
         " status=502",
+        " addr=127.0.0.1",
     ] {
         assert!(line.contains(field), "{field} missing from {line}");
     }

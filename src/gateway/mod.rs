@@ -305,6 +305,12 @@ impl ClientCheck {
     }
 }
 
+/// How many connections the addresses `limits.allow_ips` leaves out hold at once, all of
+/// them together, apart from `server.max_connections`: each is answered 403 (SPEC's
+/// `IP_FORBIDDEN`), which takes a handshake and a request, so a few are kept to say it;
+/// beyond them such a connection is closed before its handshake.
+const OUTSIDE_CONNECTIONS: usize = 16;
+
 /// Accepts connections until `shutdown` resolves, then stops accepting and lets in-flight
 /// requests finish (up to [`DRAIN`]).
 pub async fn serve(
@@ -321,6 +327,8 @@ pub async fn serve(
     // scan, a TCP health check), with the listener already closed.
     let draining = CancellationToken::new();
     let slots = Arc::new(Semaphore::new(limits.max_connections));
+    // The addresses limits.allow_ips leaves out share these, and hold none of `slots`.
+    let outside = Arc::new(Semaphore::new(OUTSIDE_CONNECTIONS));
     let floods = Floods::new();
     let mut tick = tokio::time::interval(crate::platform::log::REPEATED_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
@@ -379,18 +387,39 @@ pub async fn serve(
         // Over its share: closed before the handshake, and its permit goes back.
         let ip = addr.ip().to_canonical();
         let allowed = gw.allowlist.allows(ip);
-        let Some(ip_slot) = per_ip.acquire(ip, allowed) else {
+        let refused = |over: String| {
             gw.metrics.connection_refused();
+            floods.happened(Flood::Refused, format!("{ip} (over {over})"));
+        };
+        let Some(ip_slot) = per_ip.acquire(ip, allowed) else {
             // The limit it met: an address limits.allow_ips leaves out is held to one
             // connection, whatever max_connections_per_ip says.
-            let over = if allowed {
+            refused(if allowed {
                 let most = limits.max_connections_per_ip;
                 format!("server.max_connections_per_ip = {most}")
             } else {
                 "one connection for an address outside limits.allow_ips".into()
-            };
-            floods.happened(Flood::Refused, format!("{ip} (over {over})"));
+            });
             continue;
+        };
+        // An address the list leaves out is answered 403 whatever it sends. It gives its
+        // place among `server.max_connections` back, and takes one of the few that such
+        // addresses share: one a place, a host with many addresses (an IPv6 /64) held
+        // every place, and the sender the list names got no answer.
+        let permit = if allowed {
+            permit
+        } else {
+            drop(permit);
+            match outside.clone().try_acquire_owned() {
+                Ok(p) => p,
+                Err(_) => {
+                    refused(format!(
+                        "{OUTSIDE_CONNECTIONS} connections for the addresses outside \
+                         limits.allow_ips"
+                    ));
+                    continue;
+                }
+            }
         };
         let _ = tcp.set_nodelay(true);
         let accepted_under = tls.current();

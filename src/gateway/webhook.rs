@@ -244,7 +244,9 @@ pub async fn handle(
         outcome = answer.settled.map(Settled::as_str).unwrap_or("-"),
         client = answer.client.as_deref().unwrap_or("-"),
         request_id = request_id.as_str(),
-        latency_us = elapsed.as_micros() as u64;
+        latency_us = elapsed.as_micros() as u64,
+        // Where it came from: a leaked secret's trades are told apart by it.
+        addr:% = peer.ip;
         "webhook{}{}",
         // Quoted: it may hold what the sender sent (a member's name), which must not pass
         // for a field of the line.
@@ -495,13 +497,14 @@ async fn pipeline(
         note,
     } = if gw.executor.may_wait() {
         let gw2 = gw.clone();
-        let (tx, mut awaited) = Awaited::channel(&order, &client);
+        let (tx, mut awaited) = Awaited::channel(&order, &client, peer.ip);
         let who = client.clone();
+        let addr = peer.ip;
         gw.in_flight.spawn(async move {
             let answer = execute_and_settle(&gw2, grant, &order, out).await;
             drop(slot);
             if let Err(answer) = tx.send(answer) {
-                hung_up(&order.key, &order.request_id, &who, &answer);
+                hung_up(&order.key, &order.request_id, &who, addr, &answer);
             }
         });
         match awaited.answer().await {
@@ -576,16 +579,22 @@ struct Awaited {
     key: String,
     request_id: String,
     client: String,
+    addr: std::net::IpAddr,
 }
 
 impl Awaited {
-    fn channel(order: &Order, client: &str) -> (tokio::sync::oneshot::Sender<Settlement>, Awaited) {
+    fn channel(
+        order: &Order,
+        client: &str,
+        addr: std::net::IpAddr,
+    ) -> (tokio::sync::oneshot::Sender<Settlement>, Awaited) {
         let (tx, rx) = tokio::sync::oneshot::channel();
         let awaited = Awaited {
             rx: Some(rx),
             key: order.key.clone(),
             request_id: order.request_id.clone(),
             client: client.to_owned(),
+            addr,
         };
         (tx, awaited)
     }
@@ -604,7 +613,13 @@ impl Drop for Awaited {
             // Closed first: a send after this fails, and the task says it instead.
             rx.close();
             if let Ok(answer) = rx.try_recv() {
-                hung_up(&self.key, &self.request_id, &self.client, &answer);
+                hung_up(
+                    &self.key,
+                    &self.request_id,
+                    &self.client,
+                    self.addr,
+                    &answer,
+                );
             }
         }
     }
@@ -613,7 +628,7 @@ impl Drop for Awaited {
 /// The log line of an order whose client hung up before its answer was sent: the fields
 /// of the request's own line (but its latency: no answer went out), so that a search by
 /// client or status finds it too; at warn, or its note's level if higher.
-fn hung_up(key: &str, request_id: &str, client: &str, answer: &Settlement) {
+fn hung_up(key: &str, request_id: &str, client: &str, addr: std::net::IpAddr, answer: &Settlement) {
     log::log!(
         Note::level(answer.note.as_ref(), log::Level::Warn),
         client = client,
@@ -621,7 +636,8 @@ fn hung_up(key: &str, request_id: &str, client: &str, answer: &Settlement) {
         key = key,
         outcome = answer.settled.as_str(),
         request_id = request_id,
-        status = answer.response.status().as_u16();
+        status = answer.response.status().as_u16(),
+        addr:% = addr;
         "webhook settled after its client hung up{}",
         Note::text(answer.note.as_ref())
     );
@@ -863,8 +879,9 @@ async fn execute_and_settle(gw: &Gateway, grant: Grant, order: &Order, _out: Out
     }
 }
 
-/// The start of an executor's answer that did not fill, for the log line: `; it said: …`,
-/// or nothing for an empty one. The log writes control characters escaped.
+/// The start of an executor's answer that did not fill, for the log line: `; it said:
+/// "…"`, or nothing for an empty one. Quoted, its quotes and backslashes escaped: the
+/// executor's text cannot pass for the line's own fields (`key=… outcome=committed`).
 fn said(body: &[u8]) -> String {
     const SAID: usize = 160;
     if body.iter().all(u8::is_ascii_whitespace) {
@@ -872,7 +889,7 @@ fn said(body: &[u8]) -> String {
     }
     let head = String::from_utf8_lossy(&body[..body.len().min(SAID)]);
     let more = if body.len() > SAID { "…" } else { "" };
-    format!("; it said: {}{more}", head.trim())
+    format!("; it said: {:?}{more}", head.trim())
 }
 
 /// Where the order of the entry that blocked a duplicate is ([`super::problem::order_state`]). A
@@ -1111,16 +1128,21 @@ mod tests {
         assert_eq!(said(b" \r\n"), "");
         assert_eq!(
             said(b"{\"error\":\"dup\"}\n"),
-            "; it said: {\"error\":\"dup\"}"
+            r#"; it said: "{\"error\":\"dup\"}""#
+        );
+        // An executor's text that looks like the line's own fields stays inside quotes.
+        assert_eq!(
+            said(br#"no key=client:psk:live:x outcome="committed" \"#),
+            r#"; it said: "no key=client:psk:live:x outcome=\"committed\" \\""#
         );
         let long = "x".repeat(161);
         assert_eq!(
             said(long.as_bytes()),
-            format!("; it said: {}…", &long[..160])
+            format!("; it said: \"{}\"…", &long[..160])
         );
         assert_eq!(
             said(&long.as_bytes()[..160]),
-            format!("; it said: {}", &long[..160])
+            format!("; it said: \"{}\"", &long[..160])
         );
     }
 
@@ -1177,6 +1199,7 @@ mod tests {
     /// line says it).
     #[tokio::test]
     async fn an_order_whose_request_is_gone_says_how_it_ended_once() {
+        const LOOPBACK: std::net::IpAddr = std::net::IpAddr::V4(std::net::Ipv4Addr::LOCALHOST);
         logs::with("");
         let order = |key: &str| Order {
             key: key.into(),
@@ -1196,7 +1219,7 @@ mod tests {
         let line = "webhook settled after its client hung up";
 
         // The answer arrived, and the request was dropped before it read it.
-        let (tx, awaited) = Awaited::channel(&order("unread"), "desk-a");
+        let (tx, awaited) = Awaited::channel(&order("unread"), "desk-a", LOOPBACK);
         assert!(tx.send(answer(Settled::Committed, None)).is_ok());
         drop(awaited);
         let lines = said("unread");
@@ -1209,13 +1232,13 @@ mod tests {
         assert!(lines[0].contains("status=200"), "{lines:?}");
 
         // The request was gone first: the send fails, and the task says it.
-        let (tx, awaited) = Awaited::channel(&order("early"), "desk-a");
+        let (tx, awaited) = Awaited::channel(&order("early"), "desk-a", LOOPBACK);
         drop(awaited);
         assert!(tx.send(answer(Settled::Released, None)).is_err());
         assert!(said("early").is_empty());
 
         // How the order went is said in that line, at its level if higher.
-        let (tx, awaited) = Awaited::channel(&order("unknown"), "desk-a");
+        let (tx, awaited) = Awaited::channel(&order("unknown"), "desk-a", LOOPBACK);
         let note = (log::Level::Error, "executor outcome unknown: reset");
         assert!(tx.send(answer(Settled::Held, Some(note))).is_ok());
         drop(awaited);
@@ -1226,7 +1249,7 @@ mod tests {
         assert!(lines[0].ends_with("level=ERROR"), "{lines:?}");
 
         // Read: nothing to add.
-        let (tx, mut awaited) = Awaited::channel(&order("read"), "desk-a");
+        let (tx, mut awaited) = Awaited::channel(&order("read"), "desk-a", LOOPBACK);
         assert!(tx.send(answer(Settled::Held, None)).is_ok());
         assert_eq!(
             awaited.answer().await.map(|a| a.settled),
@@ -1236,7 +1259,7 @@ mod tests {
         assert!(said("read").is_empty());
 
         // The task ended without an answer (a panic): nothing to say.
-        let (tx, mut awaited) = Awaited::channel(&order("panicked"), "desk-a");
+        let (tx, mut awaited) = Awaited::channel(&order("panicked"), "desk-a", LOOPBACK);
         drop(tx);
         assert!(awaited.answer().await.is_none());
         drop(awaited);
