@@ -38,16 +38,31 @@ pub fn init(level: LevelFilter) {
     }
 }
 
+/// Whether a record is written. This crate's own go by the level `init` set (the `log`
+/// macros check it before a record is made). Other crates' (rustls: a warning for each TLS
+/// 1.2 renegotiation a client asks for, anyone's to send, ~1,000 lines a second from one
+/// host) only at error, unless the level is debug or finer: unthrottled, they pushed the
+/// audit trail out of journald's rate limit, which the gateway's own floods are kept from.
+fn wanted(metadata: &Metadata, max: LevelFilter) -> bool {
+    metadata.target().starts_with("hoox_edge")
+        || metadata.level() <= log::Level::Error
+        || max >= LevelFilter::Debug
+}
+
 /// The journal's logger, with each record's fields in its message too: `webhook` alone
 /// is what `journalctl -f` would show of every trade.
 struct Journal(systemd_journal_logger::JournalLog);
 
 impl Log for Journal {
     fn enabled(&self, metadata: &Metadata) -> bool {
-        self.0.enabled(metadata)
+        wanted(metadata, log::max_level()) && self.0.enabled(metadata)
     }
 
     fn log(&self, record: &Record) {
+        // The `log` macros do not ask `enabled`.
+        if !wanted(record.metadata(), log::max_level()) {
+            return;
+        }
         let text = journal_text(record);
         self.0.log(
             &Record::builder()
@@ -81,12 +96,15 @@ fn journal_text(record: &Record) -> String {
 struct Stderr;
 
 impl Log for Stderr {
-    fn enabled(&self, _: &Metadata) -> bool {
-        // `log::set_max_level` already filters before a record is built.
-        true
+    fn enabled(&self, metadata: &Metadata) -> bool {
+        wanted(metadata, log::max_level())
     }
 
     fn log(&self, record: &Record) {
+        // The `log` macros do not ask `enabled`.
+        if !wanted(record.metadata(), log::max_level()) {
+            return;
+        }
         let line = format_line(SystemTime::now(), record);
         // One write per record, so lines from concurrent threads do not interleave; a failed
         // write to stderr has nowhere better to be reported.
@@ -230,6 +248,25 @@ impl Throttled {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// This crate's records go by the level; other crates' only at error, unless the level
+    /// is debug or finer.
+    #[test]
+    fn other_crates_are_heard_at_error_unless_debugging() {
+        let at = |target: &str, level: log::Level, max: LevelFilter| {
+            wanted(
+                &Metadata::builder().target(target).level(level).build(),
+                max,
+            )
+        };
+        use log::Level::{Debug, Error, Warn};
+        assert!(at("hoox_edge::gateway", Warn, LevelFilter::Info));
+        assert!(at("rustls::common_state", Error, LevelFilter::Info));
+        assert!(!at("rustls::common_state", Warn, LevelFilter::Info));
+        assert!(!at("rustls::common_state", Warn, LevelFilter::Warn));
+        assert!(at("rustls::common_state", Warn, LevelFilter::Debug));
+        assert!(at("rustls::common_state", Debug, LevelFilter::Trace));
+    }
     use std::time::{Duration, UNIX_EPOCH};
 
     #[test]
