@@ -297,9 +297,21 @@ struct RawKeys {
     require_client_key: Option<bool>,
 }
 
+/// `path` made absolute, so that the log, `status` and errors name a file where it is, not
+/// where a reader standing in another folder would look (`--config config.toml`,
+/// `--state-dir state`). Made from the current folder without resolving links; a current
+/// folder that cannot be read leaves the path as written, which still names the file this
+/// process opens (it never changes folder).
+fn absolute(path: &Path) -> PathBuf {
+    std::path::absolute(path).unwrap_or_else(|_| path.to_path_buf())
+}
+
 impl Config {
     /// Reads and checks a config file.
     pub fn load(path: &Path) -> Result<Config, ConfigError> {
+        // Absolute, as every path it names is (`from_raw`): errors, restart-pending keys
+        // and the reload name the file where it is.
+        let path = &absolute(path);
         let cannot = |e: &dyn std::fmt::Display| {
             ConfigError::new(path, "(file)", format!("cannot read: {e}"))
         };
@@ -327,12 +339,7 @@ impl Config {
 
     fn from_raw(raw: RawFile, file: &Path, base: &Path) -> Result<Config, ConfigError> {
         let err = |key: &str, msg: String| ConfigError::new(file, key, msg);
-        // Absolute, so that the log, `status` and errors name a file where it is, not
-        // where a reader standing in another folder would look (`--config config.toml`,
-        // `--state-dir state`). Made from the current folder without resolving links; a
-        // current folder that cannot be read leaves the path as written, which still
-        // names the file this process opens (it never changes folder).
-        let base = std::path::absolute(base).unwrap_or_else(|_| base.to_path_buf());
+        let base = absolute(base);
         let rel = |p: PathBuf| if p.is_absolute() { p } else { base.join(p) };
         let need_file = |key: &str, p: &Path| -> Result<(), ConfigError> {
             std::fs::metadata(p)

@@ -345,7 +345,7 @@ async fn a_2xx_ended_by_a_close_that_is_not_json_is_unknown() {
             Is::SoftFail,
         ),
         // JSON begun and not finished, however it was framed: a length that counts
-        // characters, not bytes, ends this one a byte early (é is two bytes).
+        // characters, not bytes, ends this one two bytes early (each é is two bytes).
         (
             "HTTP/1.1 200 OK\r\ncontent-length: 42\r\n\r\n{\"success\":true,\"message\":\"Ordre exécuté\"}"
                 .as_bytes(),
@@ -377,9 +377,19 @@ async fn a_2xx_ended_by_a_close_that_is_not_json_is_unknown() {
             b"HTTP/1.1 200 OK\r\ncontent-length: 17\r\n\r\n{\"success\":false}",
             Is::SoftFail,
         ),
+        // A fill's answer with more after it: not one document, but it says it filled.
         (
             b"HTTP/1.1 200 OK\r\ncontent-length: 19\r\n\r\n{\"success\":true} {\"",
+            Is::Unknown,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 20\r\n\r\n{\"success\":false} {\"",
             Is::SoftFail,
+        ),
+        // Cut in its byte order mark.
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n\xef\xbb",
+            Is::Unknown,
         ),
         (
             b"HTTP/1.1 200 OK\r\ntransfer-encoding: chunked\r\n\r\n5\r\nhello\r\n0\r\n\r\n",

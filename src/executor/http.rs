@@ -31,7 +31,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::ClientConfig;
 
-use super::{Order, Outcome, classify, is_2xx, is_cut_json, is_json};
+use super::{Order, Outcome, classify, is_2xx, is_cut_json, is_json, says_success_first};
 
 /// An executor's answer is a small JSON document; a bigger one is not read into memory.
 const MAX_ANSWER: usize = 1 << 20;
@@ -208,12 +208,20 @@ impl HttpExecutor {
         let reading = read_answer(response.into_body(), close_delimited, &mut read);
         match tokio::time::timeout_at(deadline, reading).await {
             Ok(Ok(())) => match classify(status, read.freeze()) {
-                // A parsed `"success": false` is a soft-fail however the body ended; a body
-                // that is not JSON may be a fill's answer cut short.
+                // A whole `"success": false` is a soft-fail however the body ended; a body
+                // that is not one JSON document may be a fill's answer: cut short (ended
+                // by a close, or JSON not finished), or with more after it.
                 Outcome::SoftFail { status, body } if close_delimited && !is_json(&body) => {
                     Outcome::Unknown(format!(
                         "answer {status} ended by the connection's close, not JSON: it may \
                          have been cut short"
+                    ))
+                }
+                // A fill's answer with more after it: what it says first is a fill.
+                Outcome::SoftFail { status, body } if says_success_first(&body) => {
+                    Outcome::Unknown(format!(
+                        "answer {status} says \"success\": true, then more than one JSON \
+                         document: it may have been a fill"
                     ))
                 }
                 Outcome::SoftFail { status, body } if is_cut_json(&body) => {

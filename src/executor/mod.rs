@@ -32,7 +32,9 @@ pub struct Order {
 pub enum Outcome {
     /// 2xx and a JSON body with `success: true`: commit.
     Success { status: u16, body: Bytes },
-    /// 2xx but `success` false, missing or unparsable: release.
+    /// 2xx but `success` false, missing or unparsable: release. (The HTTP executor holds
+    /// the unparsable answers that may be a fill's: cut short, or `success` first and
+    /// more after it; `http::HttpExecutor::execute`.)
     SoftFail { status: u16, body: Bytes },
     /// Non-2xx: release.
     Failed { status: u16, body: Bytes },
@@ -71,17 +73,31 @@ pub fn classify(status: u16, body: Bytes) -> Outcome {
     if !is_2xx(status) {
         return Outcome::Failed { status, body };
     }
-    // Only a literal boolean `true` at the top level counts: "true", 1 or a nested flag are a
-    // soft-fail, because committing a trade that did not fill would block its retry for the TTL.
-    #[derive(serde::Deserialize)]
-    struct Verdict {
-        success: Option<serde_json::Value>,
+    let text = json_text(&body);
+    if Verdict::object(text) && serde_json::from_slice::<Verdict>(text).is_ok_and(|v| v.filled()) {
+        Outcome::Success { status, body }
+    } else {
+        Outcome::SoftFail { status, body }
     }
-    match serde_json::from_slice::<Verdict>(json_text(&body)) {
-        Ok(Verdict {
-            success: Some(serde_json::Value::Bool(true)),
-        }) => Outcome::Success { status, body },
-        _ => Outcome::SoftFail { status, body },
+}
+
+/// What an answer's `success` says. Only a literal boolean `true` at the top level of a
+/// JSON object counts: "true", 1 or a nested flag are not a fill, because committing a
+/// trade that did not fill would block its retry for the TTL; nor is an array (`[true]`),
+/// which serde's derive reads as the fields in order.
+#[derive(serde::Deserialize)]
+struct Verdict {
+    success: Option<serde_json::Value>,
+}
+
+impl Verdict {
+    fn filled(&self) -> bool {
+        self.success == Some(serde_json::Value::Bool(true))
+    }
+
+    /// Whether the JSON `text` begins an object.
+    fn object(text: &[u8]) -> bool {
+        text.trim_ascii_start().first() == Some(&b'{')
     }
 }
 
@@ -105,6 +121,10 @@ pub fn is_json(body: &[u8]) -> bool {
 /// that is empty or blank was never begun; text that is no JSON (`hello`, HTML) is not
 /// this, nor is a document with more after it.
 pub fn is_cut_json(body: &[u8]) -> bool {
+    // Cut in its byte order mark, or just after it: begun, and nothing of it read.
+    if !body.is_empty() && "\u{feff}".as_bytes().starts_with(body) {
+        return true;
+    }
     let text = json_text(body);
     let ends_early =
         |t: &[u8]| serde_json::from_slice::<serde::de::IgnoredAny>(t).is_err_and(|e| e.is_eof());
@@ -116,6 +136,15 @@ pub fn is_cut_json(body: &[u8]) -> bool {
             && ends_early(&[text, b"0"].concat())
     };
     text.iter().any(|b| !b.is_ascii_whitespace()) && (ends_early(text) || in_a_number())
+}
+
+/// Whether `body` begins with a JSON document that says `"success": true`, whatever
+/// follows it: a fill's answer with more after it (a second document, NDJSON, a framing
+/// fault's leftovers) is not one JSON document, and read as unparsable it was released.
+pub fn says_success_first(body: &[u8]) -> bool {
+    let text = json_text(body);
+    let mut documents = serde_json::Deserializer::from_slice(text).into_iter::<Verdict>();
+    Verdict::object(text) && matches!(documents.next(), Some(Ok(v)) if v.filled())
 }
 
 fn is_2xx(status: u16) -> bool {
@@ -167,7 +196,7 @@ mod tests {
                      \"o\":{\"n\":0}}";
         let bytes = whole.as_bytes();
         assert!(is_json(bytes) && !is_cut_json(bytes));
-        for end in 4..bytes.len() {
+        for end in 1..bytes.len() {
             let cut = &bytes[..end];
             assert!(
                 is_cut_json(cut),
@@ -187,6 +216,28 @@ mod tests {
         }
     }
 
+    /// A fill's answer with more after it says, first, that it filled; a refusal or an
+    /// answer without `success` says not, whatever follows.
+    #[test]
+    fn what_an_answer_says_first() {
+        for says in [
+            "{\"success\":true} {\"",
+            "{\"success\":true}\n{\"status\":\"filled\"}\n",
+            "\u{feff}{\"success\":true}}",
+        ] {
+            assert!(says_success_first(says.as_bytes()), "{says:?}");
+        }
+        for not in [
+            "{\"success\":false} x",
+            "{\"ok\":true}\n{}",
+            "[true]",
+            "hello",
+            "",
+        ] {
+            assert!(!says_success_first(not.as_bytes()), "{not:?}");
+        }
+    }
+
     fn kind(o: &Outcome) -> &'static str {
         o.label()
     }
@@ -203,6 +254,9 @@ mod tests {
             (200, r#"{"success":1}"#, "soft_fail"),
             (200, r#"{"data":{"success":true}}"#, "soft_fail"),
             (200, r#"[{"success":true}]"#, "soft_fail"),
+            // An array, which serde's derive reads as the fields in order: no `success`.
+            (200, "[true]", "soft_fail"),
+            (200, " [true]", "soft_fail"),
             (200, "not json", "soft_fail"),
             (200, "\u{feff}{\"success\":true}", "success"),
             (200, "\u{feff}{\"success\":false}", "soft_fail"),

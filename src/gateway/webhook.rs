@@ -884,12 +884,13 @@ async fn execute_and_settle(gw: &Gateway, grant: Grant, order: &Order, _out: Out
 /// executor's text cannot pass for the line's own fields (`key=… outcome=committed`).
 fn said(body: &[u8]) -> String {
     const SAID: usize = 160;
-    if body.iter().all(u8::is_ascii_whitespace) {
+    let body = body.trim_ascii();
+    if body.is_empty() {
         return String::new();
     }
     let head = String::from_utf8_lossy(&body[..body.len().min(SAID)]);
     let more = if body.len() > SAID { "…" } else { "" };
-    format!("; it said: {:?}{more}", head.trim())
+    format!("; it said: {head:?}{more}")
 }
 
 /// Where the order of the entry that blocked a duplicate is ([`super::problem::order_state`]). A
