@@ -292,6 +292,7 @@ install_test() {
     # tests that stand in for systemd (the root has none: no /run/systemd, no systemctl).
     rm -f "$CHROOT/usr/local/sbin/systemctl" "$CHROOT/usr/local/sbin/systemctl.show"
     rm -rf "$CHROOT/run/systemd"
+    if mountpoint -q "$CHROOT/var/lib/hoox-edge"; then umount "$CHROOT/var/lib/hoox-edge"; fi
     in_root dpkg --purge hoox-edge >/dev/null 2>&1 || true
     in_root userdel -r hoox-edge >/dev/null 2>&1 || true
 
@@ -539,11 +540,13 @@ service_start_test() {
     [[ -n $CHROOT && -d $CHROOT/usr ]] || fail "no Debian root at '$CHROOT'"
     [[ -d $CHROOT/run/systemd/system ]] || made_run=1
     mkdir -p "$CHROOT/run/systemd/system" "$(dirname "$stub")"
+    # A unit stopped stays stopped here, as under systemd: `stop` takes the mark away.
     printf '%s\n' '#!/bin/sh' \
         'echo "$*" >>/tmp/systemctl.log' \
         'case "$*" in' \
         '*is-enabled*) echo enabled ;;' \
         '*is-active*) [ -e /tmp/hoox-edge.active ] || exit 3 ;;' \
+        '"stop "* | *" stop "*) rm -f /tmp/hoox-edge.active ;;' \
         'esac' \
         'exit 0' >"$stub"
     chmod 0755 "$stub"
@@ -557,6 +560,9 @@ service_start_test() {
             fail "an upgrade (active $active) did not try-restart:"$'\n'"$(cat "$log")"
         ! grep -Eq "$starts" "$log" ||
             fail "an upgrade (active $active) started or restarted outright:"$'\n'"$(cat "$log")"
+        # Not stopped across it either: the try-restart would then leave it down.
+        ! grep -q 'stop hoox-edge[.]service' "$log" ||
+            fail "an upgrade (active $active) stopped the service:"$'\n'"$(cat "$log")"
         if ((active == 0)); then
             grep -qF "the service is not running, and was not started" <<<"$out" ||
                 fail "an upgrade of a stopped gateway did not say it stays stopped:"$'\n'"$out"
