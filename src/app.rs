@@ -388,10 +388,14 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
             }
         };
         if let Some(said) = announce.status(status, &last_status) {
-            if said.contains("fail-closed") {
-                log::error!("{said}");
-            } else {
-                log::info!("{said}");
+            // The count alone moving goes to systemd (STATUS=), not to the log: a line a
+            // second while trades come would bury the audit trail in noise.
+            if state_of(&said) != state_of(&last_status) {
+                if said.contains("fail-closed") {
+                    log::error!("{said}");
+                } else {
+                    log::info!("{said}");
+                }
             }
             last_status = said;
         }
@@ -423,6 +427,14 @@ fn serving_line(s: &mutex::Status) -> String {
         (None, true) => format!("halted; {n} live keys"),
         (None, false) => format!("serving; {n} live keys"),
     }
+}
+
+/// A status line without its count of live keys: what changed, when it changed.
+fn state_of(status: &str) -> &str {
+    status
+        .rsplit_once("; ")
+        .filter(|(_, count)| count.ends_with(" live keys"))
+        .map_or(status, |(state, _)| state)
 }
 
 /// What the supervisor says of a ping the owner did not answer: `behind` (it took turns
@@ -796,6 +808,26 @@ async fn reload_on_hangup(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The log hears of a status when its state changes, not its count of live keys.
+    #[test]
+    fn a_status_state_is_its_line_without_the_count() {
+        assert_eq!(state_of("serving; 12 live keys"), "serving");
+        assert_eq!(
+            state_of("serving; 13 live keys"),
+            state_of("serving; 12 live keys")
+        );
+        assert_eq!(
+            state_of("fail-closed: disk gone; halted; 3 live keys"),
+            "fail-closed: disk gone; halted"
+        );
+        assert_eq!(state_of("behind: timeout"), "behind: timeout");
+        assert_eq!(state_of(""), "");
+        assert_ne!(
+            state_of("halted; 3 live keys"),
+            state_of("serving; 3 live keys")
+        );
+    }
 
     /// `client_ca` added or taken out by a reload moves every sender to another namespace
     /// (`psk` and `cert.*`): said as a name gone, with why; a reload that keeps both says

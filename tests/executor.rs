@@ -386,6 +386,15 @@ async fn a_2xx_ended_by_a_close_that_is_not_json_is_unknown() {
             b"HTTP/1.1 200 OK\r\ncontent-length: 20\r\n\r\n{\"success\":false} {\"",
             Is::SoftFail,
         ),
+        // Not JSON, but it says it filled: Python's json.dumps writes NaN; a key twice.
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 31\r\n\r\n{\"success\":true,\"avgPrice\":NaN}",
+            Is::Unknown,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 32\r\n\r\n{\"success\":false,\"success\":true}",
+            Is::Unknown,
+        ),
         // Cut in its byte order mark.
         (
             b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n\xef\xbb",

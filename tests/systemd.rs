@@ -1053,6 +1053,29 @@ impl Drop for MadeDirs {
     }
 }
 
+/// The log says when the gateway's state changes (serving, halted, failing closed), not
+/// each change of its count of live keys: that is STATUS='s, for `systemctl status`. With
+/// the owner pinged every second, trades coming made an INFO line a second.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_log_says_a_state_once_not_each_count() {
+    let setup = Setup::new(None);
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let mut t = trade("BTCUSDT");
+    for k in 0..3 {
+        t["idempotencyKey"] = serde_json::json!(format!("count-{k}"));
+        assert_eq!(gw.post(&t, &[]).await.status, 200);
+        // Past the next ping, which sees the new count.
+        tokio::time::sleep(Duration::from_millis(1_300)).await;
+    }
+    let log = gw.stderr();
+    let said = log
+        .lines()
+        .filter(|l| l.contains("hoox_edge::app: serving; "))
+        .count();
+    assert_eq!(said, 1, "{log}");
+}
+
 /// At capacity every new trade is refused, and STATUS= says so. A gateway that starts at
 /// capacity still announces READY=1: it answers duplicates, and frees keys as they expire.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

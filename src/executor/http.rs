@@ -31,7 +31,7 @@ use hyper_util::client::legacy::connect::HttpConnector;
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::ClientConfig;
 
-use super::{Order, Outcome, classify, is_2xx, is_cut_json, is_json, says_success_first};
+use super::{Order, Outcome, classify, is_2xx, is_cut_json, is_json, may_be_a_fill};
 
 /// An executor's answer is a small JSON document; a bigger one is not read into memory.
 const MAX_ANSWER: usize = 1 << 20;
@@ -217,10 +217,11 @@ impl HttpExecutor {
                          have been cut short"
                     ))
                 }
-                // A fill's answer with more after it: what it says first is a fill.
-                Outcome::SoftFail { status, body } if says_success_first(&body) => {
+                // Not one JSON document, yet it says `"success": true`: more after it,
+                // `NaN`, a raw tab, a key twice.
+                Outcome::SoftFail { status, body } if may_be_a_fill(&body) => {
                     Outcome::Unknown(format!(
-                        "answer {status} says \"success\": true, then more than one JSON \
+                        "answer {status} says \"success\": true, but is not one JSON \
                          document: it may have been a fill"
                     ))
                 }

@@ -138,13 +138,28 @@ pub fn is_cut_json(body: &[u8]) -> bool {
     text.iter().any(|b| !b.is_ascii_whitespace()) && (ends_early(text) || in_a_number())
 }
 
-/// Whether `body` begins with a JSON document that says `"success": true`, whatever
-/// follows it: a fill's answer with more after it (a second document, NDJSON, a framing
-/// fault's leftovers) is not one JSON document, and read as unparsable it was released.
-pub fn says_success_first(body: &[u8]) -> bool {
+/// Whether `body`, which is not one JSON document, says `"success": true` anywhere: a
+/// fill's answer that a JSON parser refuses. Python's `json.dumps` writes `NaN` for a
+/// price pandas could not compute; JSON made by formatting strings has raw tabs, `\` in
+/// paths, trailing commas; a second document or NDJSON follows the first; a key comes
+/// twice (JavaScript and Python read the last). Read as unparsable, each was released and
+/// its retry placed again. A parser cannot see past its error, so the text is searched:
+/// `"success"`, a colon and `true`, blanks allowed between. An answer `classify` reads
+/// whole is left to SPEC's rule there, where only a top-level `true` is a fill.
+pub fn may_be_a_fill(body: &[u8]) -> bool {
+    const KEY: &[u8] = b"\"success\"";
     let text = json_text(body);
-    let mut documents = serde_json::Deserializer::from_slice(text).into_iter::<Verdict>();
-    Verdict::object(text) && matches!(documents.next(), Some(Ok(v)) if v.filled())
+    serde_json::from_slice::<Verdict>(text).is_err()
+        && text
+            .windows(KEY.len())
+            .enumerate()
+            .filter(|(_, w)| *w == KEY)
+            .any(|(at, _)| {
+                let after = text[at + KEY.len()..].trim_ascii_start();
+                after
+                    .strip_prefix(b":")
+                    .is_some_and(|v| v.trim_ascii_start().starts_with(b"true"))
+            })
 }
 
 fn is_2xx(status: u16) -> bool {
@@ -216,25 +231,37 @@ mod tests {
         }
     }
 
-    /// A fill's answer with more after it says, first, that it filled; a refusal or an
-    /// answer without `success` says not, whatever follows.
+    /// An answer a JSON parser refuses that says `"success": true` may be a fill's; one
+    /// that does not say it, or a whole JSON document (SPEC's rule), is not.
     #[test]
-    fn what_an_answer_says_first() {
+    fn an_unparsable_answer_that_says_success_true_may_be_a_fill() {
         for says in [
             "{\"success\":true} {\"",
             "{\"success\":true}\n{\"status\":\"filled\"}\n",
             "\u{feff}{\"success\":true}}",
+            "{\"success\": true, \"orderId\": \"N1\", \"avgPrice\": NaN}",
+            "{\"avgPrice\": NaN, \"success\" : true}",
+            "{\"success\":true,\"pnl\":-Infinity}",
+            "{\"success\":true,\"path\":\"C:\\path\"}",
+            "{\"success\":true,\"note\":\"a\tb\"}",
+            "{\"success\":true,}",
+            "{/* filled */ \"success\":true}",
+            "{\"success\":false,\"success\":true}",
+            "{\"success\":true,\"success\":false}",
         ] {
-            assert!(says_success_first(says.as_bytes()), "{says:?}");
+            assert!(may_be_a_fill(says.as_bytes()), "{says:?}");
         }
         for not in [
+            "{\"success\":true}",
+            "{\"success\":false,\"data\":{\"success\":true}}",
+            "[{\"success\":true}]",
             "{\"success\":false} x",
+            "{\"success\":\"true\"} x",
             "{\"ok\":true}\n{}",
-            "[true]",
             "hello",
             "",
         ] {
-            assert!(!says_success_first(not.as_bytes()), "{not:?}");
+            assert!(!may_be_a_fill(not.as_bytes()), "{not:?}");
         }
     }
 
