@@ -326,7 +326,8 @@ impl Config {
             let (key, message) = syntax(&text, &e);
             ConfigError::new(path, &key, message)
         })?;
-        // `config.toml` alone has the parent "", which is the current folder.
+        // A current folder that could not be read left `config.toml` as it is: its parent
+        // "" is the current folder.
         let base = match path.parent() {
             Some(p) if !p.as_os_str().is_empty() => p,
             _ => Path::new("."),

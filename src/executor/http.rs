@@ -210,7 +210,7 @@ impl HttpExecutor {
             Ok(Ok(())) => match classify(status, read.freeze()) {
                 // A whole `"success": false` is a soft-fail however the body ended; a body
                 // that is not one JSON document may be a fill's answer: cut short (ended
-                // by a close, or JSON not finished), or with more after it.
+                // by a close, or JSON not finished), or saying it filled.
                 Outcome::SoftFail { status, body } if close_delimited && !is_json(&body) => {
                     Outcome::Unknown(format!(
                         "answer {status} ended by the connection's close, not JSON: it may \

@@ -33,8 +33,8 @@ pub enum Outcome {
     /// 2xx and a JSON body with `success: true`: commit.
     Success { status: u16, body: Bytes },
     /// 2xx but `success` false, missing or unparsable: release. (The HTTP executor holds
-    /// the unparsable answers that may be a fill's: cut short, or `success` first and
-    /// more after it; `http::HttpExecutor::execute`.)
+    /// the unparsable answers that may be a fill's, cut short or saying `"success": true`:
+    /// `http::HttpExecutor::execute`.)
     SoftFail { status: u16, body: Bytes },
     /// Non-2xx: release.
     Failed { status: u16, body: Bytes },
@@ -116,8 +116,8 @@ pub fn is_json(body: &[u8]) -> bool {
 
 /// Whether `body` is a JSON document begun and not finished: cut short, whatever framed
 /// it. A `Content-Length` that counts characters, not bytes, ends `{"success":true,
-/// "message":"Ordre exécuté"}` one byte early, and a proxy may cut an answer at a
-/// chunk's end: either reads as a whole body whose `success` may have been true. A body
+/// "message":"Ordre exécuté"}` short by its accents' extra bytes, and a proxy may cut an
+/// answer at a chunk's end: either reads as a whole body whose `success` may have been true. A body
 /// that is empty or blank was never begun; text that is no JSON (`hello`, HTML) is not
 /// this, nor is a document with more after it.
 pub fn is_cut_json(body: &[u8]) -> bool {
@@ -138,7 +138,7 @@ pub fn is_cut_json(body: &[u8]) -> bool {
     text.iter().any(|b| !b.is_ascii_whitespace()) && (ends_early(text) || in_a_number())
 }
 
-/// Whether `body`, which is not one JSON document, says `"success": true` anywhere: a
+/// Whether `body`, an answer serde cannot read whole, says `"success": true` anywhere: a
 /// fill's answer that a JSON parser refuses. Python's `json.dumps` writes `NaN` for a
 /// price pandas could not compute; JSON made by formatting strings has raw tabs, `\` in
 /// paths, trailing commas; a second document or NDJSON follows the first; a key comes
