@@ -25,13 +25,16 @@ use log::{LevelFilter, Log, Metadata, Record};
 pub fn init(level: LevelFilter) {
     let installed = if systemd_journal_logger::connected_to_journal() {
         match systemd_journal_logger::JournalLog::new() {
-            Ok(journal) => log::set_boxed_logger(Box::new(Journal(journal))),
+            Ok(journal) => log::set_boxed_logger(Box::new(Journal {
+                inner: journal,
+                max: level,
+            })),
             // The journal socket can be absent even when stderr is a journal stream (a
             // container without /run/systemd/journal): stderr still reaches journald.
-            Err(_) => log::set_boxed_logger(Box::new(Stderr)),
+            Err(_) => log::set_boxed_logger(Box::new(Stderr { max: level })),
         }
     } else {
-        log::set_boxed_logger(Box::new(Stderr))
+        log::set_boxed_logger(Box::new(Stderr { max: level }))
     };
     if installed.is_ok() {
         log::set_max_level(level);
@@ -50,21 +53,25 @@ fn wanted(metadata: &Metadata, max: LevelFilter) -> bool {
 }
 
 /// The journal's logger, with each record's fields in its message too: `webhook` alone
-/// is what `journalctl -f` would show of every trade.
-struct Journal(systemd_journal_logger::JournalLog);
+/// is what `journalctl -f` would show of every trade. `inner` is the journal's own
+/// (a stand-in in tests); `max` the level `init` was given.
+struct Journal<L = systemd_journal_logger::JournalLog> {
+    inner: L,
+    max: LevelFilter,
+}
 
-impl Log for Journal {
+impl<L: Log> Log for Journal<L> {
     fn enabled(&self, metadata: &Metadata) -> bool {
-        wanted(metadata, log::max_level()) && self.0.enabled(metadata)
+        wanted(metadata, self.max) && self.inner.enabled(metadata)
     }
 
     fn log(&self, record: &Record) {
         // The `log` macros do not ask `enabled`.
-        if !wanted(record.metadata(), log::max_level()) {
+        if !wanted(record.metadata(), self.max) {
             return;
         }
         let text = journal_text(record);
-        self.0.log(
+        self.inner.log(
             &Record::builder()
                 .args(format_args!("{text}"))
                 .level(record.level())
@@ -78,7 +85,7 @@ impl Log for Journal {
     }
 
     fn flush(&self) {
-        self.0.flush();
+        self.inner.flush();
     }
 }
 
@@ -92,17 +99,20 @@ fn journal_text(record: &Record) -> String {
     escape_controls(text)
 }
 
-/// The plain logger: `2026-11-30T04:50:00.123Z INFO hoox_edge::gateway: message k=v`.
-struct Stderr;
+/// The plain logger: `2026-11-30T04:50:00.123Z INFO hoox_edge::gateway: message k=v`;
+/// `max` the level `init` was given.
+struct Stderr {
+    max: LevelFilter,
+}
 
 impl Log for Stderr {
     fn enabled(&self, metadata: &Metadata) -> bool {
-        wanted(metadata, log::max_level())
+        wanted(metadata, self.max)
     }
 
     fn log(&self, record: &Record) {
         // The `log` macros do not ask `enabled`.
-        if !wanted(record.metadata(), log::max_level()) {
+        if !wanted(record.metadata(), self.max) {
             return;
         }
         let line = format_line(SystemTime::now(), record);
@@ -248,6 +258,52 @@ impl Throttled {
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// What the journal's logger hands on: this crate's records, with their fields in the
+    /// message and control characters escaped; other crates' only at error, at info.
+    #[test]
+    fn the_journal_hears_other_crates_only_at_error() {
+        #[derive(Default)]
+        struct Heard(std::sync::Mutex<Vec<(String, String)>>);
+        impl Log for Heard {
+            fn enabled(&self, _: &Metadata) -> bool {
+                true
+            }
+            fn log(&self, record: &Record) {
+                let heard = (record.target().to_owned(), record.args().to_string());
+                self.0.lock().unwrap().push(heard);
+            }
+            fn flush(&self) {}
+        }
+        let journal = Journal {
+            inner: Heard::default(),
+            max: LevelFilter::Info,
+        };
+        let fields = [("key", "k1")];
+        for (target, level) in [
+            ("hoox_edge::gateway::webhook", log::Level::Warn),
+            ("rustls::common_state", log::Level::Warn),
+            ("rustls::common_state", log::Level::Error),
+        ] {
+            journal.log(
+                &Record::builder()
+                    .target(target)
+                    .level(level)
+                    .args(format_args!("said\u{1b}[2K"))
+                    .key_values(&fields)
+                    .build(),
+            );
+        }
+        let heard = journal.inner.0.lock().unwrap().clone();
+        let said = "said\\u{1b}[2K key=k1".to_string();
+        assert_eq!(
+            heard,
+            [
+                ("hoox_edge::gateway::webhook".to_string(), said.clone()),
+                ("rustls::common_state".to_string(), said),
+            ]
+        );
+    }
 
     /// This crate's records go by the level; other crates' only at error, unless the level
     /// is debug or finer.
