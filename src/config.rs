@@ -326,12 +326,9 @@ impl Config {
             let (key, message) = syntax(&text, &e);
             ConfigError::new(path, &key, message)
         })?;
-        // A current folder that could not be read left `config.toml` as it is: its parent
-        // "" is the current folder.
-        let base = match path.parent() {
-            Some(p) if !p.as_os_str().is_empty() => p,
-            _ => Path::new("."),
-        };
+        // A file's path always has a parent: "" for `config.toml` left relative (a current
+        // folder that could not be read), which joins as the current folder does.
+        let base = path.parent().unwrap_or(Path::new(""));
         Ok(Config {
             restart_only: RestartOnly::of(&text),
             ..Self::from_raw(raw, path, base)?

@@ -498,13 +498,12 @@ async fn pipeline(
     } = if gw.executor.may_wait() {
         let gw2 = gw.clone();
         let (tx, mut awaited) = Awaited::channel(&order, &client, peer.ip);
-        let who = client.clone();
-        let addr = peer.ip;
+        let origin = awaited.origin.clone();
         gw.in_flight.spawn(async move {
             let answer = execute_and_settle(&gw2, grant, &order, out).await;
             drop(slot);
             if let Err(answer) = tx.send(answer) {
-                hung_up(&order.key, &order.request_id, &who, addr, &answer);
+                origin.hung_up(&answer);
             }
         });
         match awaited.answer().await {
@@ -570,12 +569,18 @@ impl Settlement {
 /// The request's end of its order's [`Settlement`], sent by the task that ran the order.
 /// When the client hangs up, the request and the log line it would have written are gone,
 /// but the order still went to the executor: whichever end finds the other gone says how
-/// it ended ([`hung_up`]). The task does when its send fails; this end does when it is
-/// dropped with the answer in it, unread, as hyper drops a request whose client it finds
-/// gone before polling it again.
+/// it ended ([`Origin::hung_up`]). The task does when its send fails; this end does when
+/// it is dropped with the answer in it, unread, as hyper drops a request whose client it
+/// finds gone before polling it again.
 struct Awaited {
     /// `None` once the answer is read, or the task is found gone.
     rx: Option<tokio::sync::oneshot::Receiver<Settlement>>,
+    /// Shared with the task, which says it when this end is gone first.
+    origin: Arc<Origin>,
+}
+
+/// Whose order it is: the fields of the request's own log line.
+struct Origin {
     key: String,
     request_id: String,
     client: String,
@@ -589,12 +594,15 @@ impl Awaited {
         addr: std::net::IpAddr,
     ) -> (tokio::sync::oneshot::Sender<Settlement>, Awaited) {
         let (tx, rx) = tokio::sync::oneshot::channel();
-        let awaited = Awaited {
-            rx: Some(rx),
+        let origin = Arc::new(Origin {
             key: order.key.clone(),
             request_id: order.request_id.clone(),
             client: client.to_owned(),
             addr,
+        });
+        let awaited = Awaited {
+            rx: Some(rx),
+            origin,
         };
         (tx, awaited)
     }
@@ -613,34 +621,30 @@ impl Drop for Awaited {
             // Closed first: a send after this fails, and the task says it instead.
             rx.close();
             if let Ok(answer) = rx.try_recv() {
-                hung_up(
-                    &self.key,
-                    &self.request_id,
-                    &self.client,
-                    self.addr,
-                    &answer,
-                );
+                self.origin.hung_up(&answer);
             }
         }
     }
 }
 
-/// The log line of an order whose client hung up before its answer was sent: the fields
-/// of the request's own line (but its latency: no answer went out), so that a search by
-/// client or status finds it too; at warn, or its note's level if higher.
-fn hung_up(key: &str, request_id: &str, client: &str, addr: std::net::IpAddr, answer: &Settlement) {
-    log::log!(
-        Note::level(answer.note.as_ref(), log::Level::Warn),
-        client = client,
-        code = answer.code.unwrap_or("-"),
-        key = key,
-        outcome = answer.settled.as_str(),
-        request_id = request_id,
-        status = answer.response.status().as_u16(),
-        addr:% = addr;
-        "webhook settled after its client hung up{}",
-        Note::text(answer.note.as_ref())
-    );
+impl Origin {
+    /// The log line of an order whose client hung up before its answer was sent: the
+    /// fields of the request's own line (but its latency: no answer went out), so that a
+    /// search by client or status finds it too; at warn, or its note's level if higher.
+    fn hung_up(&self, answer: &Settlement) {
+        log::log!(
+            Note::level(answer.note.as_ref(), log::Level::Warn),
+            client = self.client.as_str(),
+            code = answer.code.unwrap_or("-"),
+            key = self.key.as_str(),
+            outcome = answer.settled.as_str(),
+            request_id = self.request_id.as_str(),
+            status = answer.response.status().as_u16(),
+            addr:% = self.addr;
+            "webhook settled after its client hung up{}",
+            Note::text(answer.note.as_ref())
+        );
+    }
 }
 
 /// The refusals before authentication of this process, summarised (`handle`). One for the

@@ -23,19 +23,20 @@ use log::{LevelFilter, Log, Metadata, Record};
 /// journal natively, so fields stay structured and priorities map to journal levels. Anywhere
 /// else, one line per record on stderr.
 pub fn init(level: LevelFilter) {
-    let installed = if systemd_journal_logger::connected_to_journal() {
+    let to: Box<dyn Log> = if systemd_journal_logger::connected_to_journal() {
         match systemd_journal_logger::JournalLog::new() {
-            Ok(journal) => log::set_boxed_logger(Box::new(Journal {
-                inner: journal,
-                max: level,
-            })),
+            Ok(journal) => Box::new(Journal(journal)),
             // The journal socket can be absent even when stderr is a journal stream (a
             // container without /run/systemd/journal): stderr still reaches journald.
-            Err(_) => log::set_boxed_logger(Box::new(Stderr { max: level })),
+            Err(_) => Box::new(Stderr),
         }
     } else {
-        log::set_boxed_logger(Box::new(Stderr { max: level }))
+        Box::new(Stderr)
     };
+    let installed = log::set_boxed_logger(Box::new(Filtered {
+        inner: to,
+        max: level,
+    }));
     if installed.is_ok() {
         log::set_max_level(level);
     }
@@ -52,26 +53,43 @@ fn wanted(metadata: &Metadata, max: LevelFilter) -> bool {
         || max >= LevelFilter::Debug
 }
 
-/// The journal's logger, with each record's fields in its message too: `webhook` alone
-/// is what `journalctl -f` would show of every trade. `inner` is the journal's own
-/// (a stand-in in tests); `max` the level `init` was given.
-struct Journal<L = systemd_journal_logger::JournalLog> {
+/// The process logger: `inner` (the journal's or stderr's) given only what [`wanted`]
+/// lets through at `max`, the level `init` was given.
+struct Filtered<L> {
     inner: L,
     max: LevelFilter,
 }
 
-impl<L: Log> Log for Journal<L> {
+impl<L: Log> Log for Filtered<L> {
     fn enabled(&self, metadata: &Metadata) -> bool {
         wanted(metadata, self.max) && self.inner.enabled(metadata)
     }
 
     fn log(&self, record: &Record) {
         // The `log` macros do not ask `enabled`.
-        if !wanted(record.metadata(), self.max) {
-            return;
+        if wanted(record.metadata(), self.max) {
+            self.inner.log(record);
         }
+    }
+
+    fn flush(&self) {
+        self.inner.flush();
+    }
+}
+
+/// The journal's logger, with each record's fields in its message too: `webhook` alone
+/// is what `journalctl -f` would show of every trade. Its inner logger is the journal's
+/// own (a stand-in in tests).
+struct Journal<L = systemd_journal_logger::JournalLog>(L);
+
+impl<L: Log> Log for Journal<L> {
+    fn enabled(&self, metadata: &Metadata) -> bool {
+        self.0.enabled(metadata)
+    }
+
+    fn log(&self, record: &Record) {
         let text = journal_text(record);
-        self.inner.log(
+        self.0.log(
             &Record::builder()
                 .args(format_args!("{text}"))
                 .level(record.level())
@@ -85,7 +103,7 @@ impl<L: Log> Log for Journal<L> {
     }
 
     fn flush(&self) {
-        self.inner.flush();
+        self.0.flush();
     }
 }
 
@@ -99,22 +117,16 @@ fn journal_text(record: &Record) -> String {
     escape_controls(text)
 }
 
-/// The plain logger: `2026-11-30T04:50:00.123Z INFO hoox_edge::gateway: message k=v`;
-/// `max` the level `init` was given.
-struct Stderr {
-    max: LevelFilter,
-}
+/// The plain logger: `2026-11-30T04:50:00.123Z INFO hoox_edge::gateway: message k=v`.
+struct Stderr;
 
 impl Log for Stderr {
-    fn enabled(&self, metadata: &Metadata) -> bool {
-        wanted(metadata, self.max)
+    fn enabled(&self, _: &Metadata) -> bool {
+        // The filter is `Filtered`'s.
+        true
     }
 
     fn log(&self, record: &Record) {
-        // The `log` macros do not ask `enabled`.
-        if !wanted(record.metadata(), self.max) {
-            return;
-        }
         let line = format_line(SystemTime::now(), record);
         // One write per record, so lines from concurrent threads do not interleave; a failed
         // write to stderr has nowhere better to be reported.
@@ -259,8 +271,9 @@ impl Throttled {
 mod tests {
     use super::*;
 
-    /// What the journal's logger hands on: this crate's records, with their fields in the
-    /// message and control characters escaped; other crates' only at error, at info.
+    /// What the process logger hands the journal: this crate's records, with their fields
+    /// in the message and control characters escaped; other crates' only at error, at
+    /// info.
     #[test]
     fn the_journal_hears_other_crates_only_at_error() {
         #[derive(Default)]
@@ -275,8 +288,8 @@ mod tests {
             }
             fn flush(&self) {}
         }
-        let journal = Journal {
-            inner: Heard::default(),
+        let journal = Filtered {
+            inner: Journal(Heard::default()),
             max: LevelFilter::Info,
         };
         let fields = [("key", "k1")];
@@ -294,7 +307,7 @@ mod tests {
                     .build(),
             );
         }
-        let heard = journal.inner.0.lock().unwrap().clone();
+        let heard = journal.inner.0.0.lock().unwrap().clone();
         let said = "said\\u{1b}[2K key=k1".to_string();
         assert_eq!(
             heard,
