@@ -14,7 +14,7 @@
 #      short serve on a temp state dir whose curl line places an order, then gets a 409,
 #      and exits 0 within 40 s of SIGTERM);
 #      test_aarch64: the unit tests and the mutex's basic, concurrency, crash and fault
-#      tests, built for aarch64, pass under it;
+#      tests, built for aarch64, pass under it (cargo-nextest, each test its own process);
 #   4. the systemd unit: `systemd-analyze verify`, warnings included; ordered after
 #      time-sync.target; no ProcSubset= (it would hide the boot id); `systemd-analyze
 #      security --offline` exposure at most $MAX_EXPOSURE;
@@ -92,7 +92,12 @@ install_tools() {
     if [[ " $(cargo deb --version 2>/dev/null || true) " != *" $CARGO_DEB_VERSION "* ]]; then
         cargo install "cargo-deb@$CARGO_DEB_VERSION" --locked --debug --force
     fi
-    echo "ok: ${PKGS[*]}, musl targets, $(cargo deb --version)"
+    # cargo-nextest runs the aarch64 tests (test_aarch64). The machine's image carries it;
+    # any release that reads .config/nextest.toml's profile will do.
+    if ! cargo nextest --version >/dev/null 2>&1; then
+        cargo install cargo-nextest --locked
+    fi
+    echo "ok: ${PKGS[*]}, musl targets, $(cargo deb --version), $(cargo nextest --version | head -1)"
 }
 
 build() {
@@ -166,14 +171,18 @@ smoke_aarch64() {
 # Pi's architecture, not only the binary's smoke test. The tests that run their test binary again as a child (a second
 # process holding the lock, a crash) run it through the same emulator (HOOX_TEST_RUNNER,
 # hoox_edge::testing), as the kernel here cannot exec an aarch64 binary by itself.
+# nextest's qemu profile (.config/nextest.toml) runs each test as a process of its own, kills
+# one that hangs, and says why: qemu-user can deadlock a fork beside other running threads.
 test_aarch64() {
     step "aarch64: unit and mutex tests under qemu-aarch64-static"
     local t0=$SECONDS
     # Not mutex_ttl (20 s of waiting on expiries, by the host's clocks under qemu) nor
-    # mutex_model (the model is the same logic on any architecture): CI's budget.
+    # mutex_model (the model is the same logic on any architecture): CI's budget. The
+    # timeout bounds what nextest's own per-test one cannot: the build, and nextest itself.
     CARGO_TARGET_AARCH64_UNKNOWN_LINUX_MUSL_RUNNER=qemu-aarch64-static \
         HOOX_TEST_RUNNER=qemu-aarch64-static \
-        cargo test --locked --target aarch64-unknown-linux-musl --lib --test mutex_basic \
+        timeout -k 30 1500 cargo nextest run --profile qemu --locked \
+        --target aarch64-unknown-linux-musl --lib --test mutex_basic \
         --test mutex_concurrency --test mutex_crash --test mutex_faults
     echo "aarch64 tests passed in $((SECONDS - t0))s"
 }
