@@ -125,6 +125,12 @@ pub fn ignore_file_size_signal() {
 pub const NO_ADMIN: &str =
     "no [admin] listen in the config: no /readyz, /metrics, key release or kill switch";
 
+/// Said by `serve` and by `check-config` of a config with `on_unknown_outcome = "release"`:
+/// allowed, and documented, but it gives up the one guarantee the gateway is for on exactly
+/// the orders whose fate nobody knows.
+pub const RELEASE_ON_UNKNOWN: &str = "executor.on_unknown_outcome = \"release\": an order \
+     whose outcome is unknown (504) is released, and a retry of it may be placed twice";
+
 /// Binds everything and starts the owner. Errors here are start-up errors, and come before
 /// the owner starts: a failed start leaves the database as it was.
 pub async fn start(config: Config) -> Result<Started, RunError> {
@@ -132,6 +138,9 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
     let terminate = Terminate::listen();
     ignore_file_size_signal();
     let tls_cfg = config.tls.load()?;
+    if config.on_unknown_outcome == crate::config::OnUnknown::Release {
+        log::warn!("{RELEASE_ON_UNKNOWN}");
+    }
     let executor = match &config.executor {
         ExecutorKind::Paper => Executor::Paper(executor::paper::Paper::new()),
         ExecutorKind::Http(cfg) => Executor::Http(

@@ -294,6 +294,13 @@ fn check_config(config: &Path) -> ExitCode {
     if loaded.admin.is_none() {
         eprintln!("hoox-edge: warning: {}", crate::app::NO_ADMIN);
     }
+    if loaded.on_unknown_outcome == crate::config::OnUnknown::Release {
+        eprintln!(
+            "hoox-edge: warning: {}: {}",
+            config.display(),
+            crate::app::RELEASE_ON_UNKNOWN
+        );
+    }
     // Port 0 is a port the OS picks at each start (tests run so): no sender can know the
     // webhook's, and the operator commands, which read the file, cannot reach the admin
     // face (`halt` among them).

@@ -1316,6 +1316,27 @@ fn check_config_warns_of_a_config_without_admin() {
     assert!(err.contains("warning: no [admin] listen"), "{err}");
 }
 
+/// `on_unknown_outcome = "release"` passes, and is warned of, naming the file: it lets a
+/// retry of a timed-out order through. The default (hold) is not.
+#[test]
+fn check_config_warns_of_releasing_an_unknown_outcome() {
+    let mut setup = Setup::new(None);
+    setup.set("executor", "on_unknown_outcome", "hold");
+    let (code, err) = check_config(&setup.write_config());
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("on_unknown_outcome"), "{err}");
+    setup.set("executor", "on_unknown_outcome", "release");
+    let path = setup.write_config();
+    let (code, err) = check_config(&path);
+    assert_eq!(code, Some(0), "{err}");
+    let want = format!(
+        "warning: {}: executor.on_unknown_outcome = \"release\": an order whose outcome is \
+         unknown (504) is released, and a retry of it may be placed twice",
+        path.display()
+    );
+    assert!(err.contains(&want), "{err}");
+}
+
 #[test]
 fn a_missing_file_is_a_config_error_naming_the_key_and_the_path() {
     // The rig's own config passes: what fails below is the one missing file.

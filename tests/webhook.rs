@@ -376,6 +376,8 @@ async fn on_unknown_release_lets_the_retry_run() {
     let r = gw.post(&t, &[]).await;
     assert_eq!(r.status, 200);
     assert_eq!(exec.calls(), 2);
+    // The operator was told at start what this setting gives up.
+    gw.wait_logged("executor.on_unknown_outcome = \"release\": an order whose outcome is unknown");
 }
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
