@@ -607,6 +607,20 @@ fn with_a_short_queue(
     })
 }
 
+/// Reserves of keys `q0`, `q1`, ...: each polled once, so queued for the owner in order.
+fn queued_reserves(
+    m: &hoox_edge::mutex::Mutex,
+    n: usize,
+) -> Vec<std::pin::Pin<Box<impl std::future::Future<Output = Decision> + '_>>> {
+    (0..n)
+        .map(|i| {
+            let mut call = Box::pin(m.reserve(reserve(&key(&format!("q{i}")), 60_000, 1)));
+            queue(call.as_mut());
+            call
+        })
+        .collect()
+}
+
 /// A full queue refuses new reserves, but not the end of trades already granted nor the
 /// kill switch: a release refused `Busy` held a failed trade's key to its TTL, and a kill
 /// switch refused `Busy` did not work under the flood it was thrown for. They go ahead of
@@ -623,12 +637,7 @@ fn a_full_queue_still_takes_settles_and_the_kill_switch() {
         let g_failed = granted(m.reserve(reserve(&failed, 60_000, 1)).await);
         granted(m.reserve(reserve(&held, 60_000, 1)).await);
         m.stall(Duration::from_millis(1_000)).await.unwrap();
-        let mut backlog = Vec::new();
-        for i in 0..4 {
-            let mut call = Box::pin(m.reserve(reserve(&key(&format!("q{i}")), 60_000, 1)));
-            queue(call.as_mut());
-            backlog.push(call);
-        }
+        let backlog = queued_reserves(&m, 4);
         let mut refused = Box::pin(m.reserve(reserve(&key("q4"), 60_000, 1)));
         assert_eq!(
             poll_once(refused.as_mut()),
@@ -666,6 +675,31 @@ fn a_full_queue_still_takes_settles_and_the_kill_switch() {
         granted(m.reserve(reserve(&failed, 60_000, 1)).await);
         let d = duplicate(m.reserve(reserve(&filled, 60_000, 1)).await);
         assert_eq!(d.response, Some(snap));
+    });
+    owner.stop();
+}
+
+/// The kill switch goes ahead of a backlog that has not filled the queue too: the
+/// reserves waiting for the owner when it is thrown are halted, not granted. (Until
+/// 0.2.22 only a full queue sent it ahead, and every reserve queued before it went out.)
+#[test]
+fn the_kill_switch_goes_ahead_of_a_backlog_short_of_a_full_queue() {
+    let dir = tempfile::tempdir().unwrap();
+    let (m, owner) = with_a_short_queue(&dir.path().join("m.redb"), 64);
+    rt().block_on(async {
+        m.stall(Duration::from_millis(500)).await.unwrap();
+        let backlog = queued_reserves(&m, 8);
+        assert_eq!(m.set_halted(true).await, Ok(()));
+        for call in backlog {
+            assert_eq!(
+                call.await,
+                Decision::Halted,
+                "queued before the switch, applied after"
+            );
+        }
+        assert_eq!(m.get(key("q0")).await.unwrap(), None, "no key was taken");
+        assert_eq!(m.set_halted(false).await, Ok(()));
+        granted(m.reserve(reserve(&key("q0"), 60_000, 1)).await);
     });
     owner.stop();
 }

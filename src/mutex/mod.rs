@@ -369,30 +369,27 @@ pub(crate) enum Command {
     Stall(Duration, oneshot::Sender<()>),
     /// Flush, close the database cleanly, and end the thread.
     Shutdown,
-    /// Nothing: wakes an owner asleep on the channel for what overflowed (`Mutex::enqueue`).
+    /// Nothing: wakes an owner asleep on the channel for what took the overflow lane
+    /// (`Mutex::overflow`).
     Wake,
 }
 
 impl Command {
-    /// Whether a full channel sends it to the overflow lane rather than refusing it.
+    /// Whether a full channel sends it to the overflow lane rather than refusing it. (The
+    /// kill switch always takes the lane: `Mutex::enqueue`.)
     ///
     /// A commit or a release refused `Busy` was lost: a trade that failed held its key to
-    /// the TTL, refusing the retry that should have placed it. A kill switch refused `Busy`
-    /// did not work under the flood it was thrown for. Each is bounded without the
-    /// channel's help: a grant is settled once, and an operator's write waits for its
-    /// answer. Reserves and reads stay refusable: they are what a flood is made of, and a
-    /// retry is their remedy.
+    /// the TTL, refusing the retry that should have placed it. Each is bounded without the
+    /// channel's help: a grant is settled once. Reserves and reads stay refusable: they are
+    /// what a flood is made of, and a retry is their remedy.
     ///
     /// Overflowed commands are applied ahead of what the channel held when they were sent,
-    /// which each of these may be: a commit or a release settles its own grant's entry only,
-    /// and the switch is meant to go ahead of the backlog. Not an operator's release: ahead
-    /// of a commit queued before it (a trade that filled as the operator looked), it would
-    /// free a filled trade's key. It stays `Busy`, and the operator runs it again.
+    /// which each of these may be: a commit or a release settles its own grant's entry
+    /// only. Not an operator's release: ahead of a commit queued before it (a trade that
+    /// filled as the operator looked), it would free a filled trade's key. It stays
+    /// `Busy`, and the operator runs it again.
     fn spills(&self) -> bool {
-        matches!(
-            self,
-            Command::Commit(..) | Command::Release(..) | Command::SetHalted(..)
-        )
+        matches!(self, Command::Commit(..) | Command::Release(..))
     }
 }
 
@@ -469,7 +466,7 @@ pub fn try_start_with(
     stall_hook: bool,
 ) -> std::io::Result<(Mutex, Owner)> {
     // At least one place: a rendezvous channel (0) takes nothing while the owner is busy,
-    // not even the `Wake` that follows an overflow (`Mutex::enqueue`).
+    // not even the `Wake` that follows an overflow (`Mutex::overflow`).
     let (tx, rx) = std::sync::mpsc::sync_channel(config.queue_depth.max(1));
     let (spill, spilled) = std::sync::mpsc::channel();
     let shared = Arc::new(Shared::default());
@@ -649,20 +646,31 @@ impl Mutex {
     }
 
     fn enqueue(&self, cmd: Command) -> Result<(), Unavailable> {
+        // The kill switch does not wait its turn behind a backlog, full or not: the
+        // reserves queued before it are the ones it is thrown to stop. Refused `Busy`, it
+        // would not work under the flood it was thrown for. The lane stays bounded: an
+        // operator's write waits for its answer.
+        if matches!(cmd, Command::SetHalted(..)) {
+            return self.overflow(cmd);
+        }
         match self.tx.try_send(cmd) {
             Ok(()) => Ok(()),
-            Err(TrySendError::Full(cmd)) if cmd.spills() => {
-                self.spill.send(cmd).map_err(|_| Unavailable::Stopped)?;
-                // The channel was full a moment ago, but this thread may have been
-                // preempted since, and the owner may have drained it all and gone to sleep
-                // before the lane held this. A wake that finds the channel full again is
-                // not needed: the owner takes the lane after each drain of the channel.
-                match self.tx.try_send(Command::Wake) {
-                    Ok(()) | Err(TrySendError::Full(_)) => Ok(()),
-                    Err(TrySendError::Disconnected(_)) => Err(Unavailable::Stopped),
-                }
-            }
+            Err(TrySendError::Full(cmd)) if cmd.spills() => self.overflow(cmd),
             Err(TrySendError::Full(_)) => Err(Unavailable::Busy),
+            Err(TrySendError::Disconnected(_)) => Err(Unavailable::Stopped),
+        }
+    }
+
+    /// Queues on the overflow lane, which the owner applies ahead of the channel.
+    fn overflow(&self, cmd: Command) -> Result<(), Unavailable> {
+        self.spill.send(cmd).map_err(|_| Unavailable::Stopped)?;
+        // The owner may be asleep on an empty channel; or the channel was full a moment
+        // ago, but this thread may have been preempted since, and the owner may have
+        // drained it all and gone to sleep before the lane held this. A wake that finds
+        // the channel full is not needed: the owner takes the lane after each drain of
+        // the channel.
+        match self.tx.try_send(Command::Wake) {
+            Ok(()) | Err(TrySendError::Full(_)) => Ok(()),
             Err(TrySendError::Disconnected(_)) => Err(Unavailable::Stopped),
         }
     }

@@ -372,9 +372,10 @@ impl Owner {
         let mut batch = Vec::with_capacity(limit);
         let mut early = Vec::new();
         loop {
-            // What overflowed a full channel does not wait for a turn of its own, and the
-            // owner does not sleep while any is left. (One that overflows while it sleeps
-            // is followed by a `Wake` on the channel: `Mutex::enqueue`.)
+            // What took the overflow lane (a full channel's commits and releases, and the
+            // kill switch) does not wait for a turn of its own, and the owner does not
+            // sleep while any is left. (One sent while it sleeps is followed by a `Wake`
+            // on the channel: `Mutex::overflow`.)
             early.extend(spilled.try_iter());
             let overflowed = !early.is_empty();
             // Nothing queued and a checkpoint's worth of records kept: take it now, while
