@@ -767,17 +767,25 @@ fn operator_release(args: &AdminArgs, path: &str, pinned: bool) -> ExitCode {
     };
     // A gateway that does not answer is left to the release itself to report.
     if let Ok((200, body)) = rt.block_on(admin::client::request(&listen, "GET", "/status")) {
-        let theirs = serde_json::from_str::<serde_json::Value>(&body)
+        // Every hoox-edge's status has said its version: an answer without one is another
+        // service's, as `call` tells any answer without what it asked for.
+        let Some(v) = serde_json::from_str::<serde_json::Value>(&body)
             .ok()
-            .and_then(|s| s.get("version")?.as_str().map(str::to_owned));
-        let v = theirs.as_deref().unwrap_or("a version that does not say");
+            .and_then(|s| s.get("version")?.as_str().map(str::to_owned))
+        else {
+            eprintln!(
+                "hoox-edge: admin listener {listen} answered its status without \"version\": \
+                 not hoox-edge's admin API (another service at that address?): {body}"
+            );
+            return ExitCode::from(EX_UNAVAILABLE);
+        };
         let finish = "or finish the upgrade: check-config with this hoox-edge, then \
                       systemctl restart hoox-edge";
-        let refusal = if theirs.as_deref().is_none_or(|v| older(v, "0.2.4")) {
+        let refusal = if older(&v, "0.2.4") {
             Some(format!(
                 "which reads no --entry and frees a key whose order is out: {finish}"
             ))
-        } else if !pinned && older(v, "0.2.11") {
+        } else if !pinned && older(&v, "0.2.11") {
             Some(format!(
                 "which frees a committed key on a plain release: give the entry tag `keys \
                  show` prints (--entry), which it honours, {finish}"
@@ -903,6 +911,12 @@ fn call(
             } else {
                 ExitCode::FAILURE
             }
+        }
+        // Made from the command line's key, and too long to send: its input, not the
+        // gateway, is at fault, and a script must not retry it as it would a 69.
+        Err(e @ admin::client::ClientError::Request(_)) => {
+            eprintln!("hoox-edge: not sent: {e}");
+            ExitCode::FAILURE
         }
         Err(e) => {
             eprintln!("hoox-edge: admin listener {listen}: {e}");

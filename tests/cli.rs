@@ -194,7 +194,8 @@ async fn failing_closed_beside(holder: &Setup) -> (Setup, Gateway) {
 }
 
 /// An admin face that says it runs `version` and answers every request 200 `{}`, as a
-/// gateway of another version would; the request lines it got, in order.
+/// gateway of another version would; the request lines it got, in order. With `version`
+/// empty its `/status` is `{}` too: another service, not hoox-edge.
 fn admin_of_version(version: &'static str) -> (String, std::sync::Arc<Mutex<Vec<String>>>) {
     admin_answering("200 OK", version)
 }
@@ -220,7 +221,7 @@ fn admin_answering(
             while reader.read_line(&mut rest).unwrap() > 2 {
                 rest.clear();
             }
-            let body = if line.starts_with("GET /status ") {
+            let body = if line.starts_with("GET /status ") && !version.is_empty() {
                 format!(r#"{{"version":"{version}","serving":true}}"#)
             } else if line.starts_with("POST /keys/") {
                 r#"{"key":"k","released":true}"#.to_string()
@@ -375,6 +376,14 @@ fn an_answer_that_is_not_hoox_edges_is_not_taken_for_one() {
         );
     }
     assert_eq!(seen.lock().unwrap().len(), 4);
+    // A release asks `/status` first, for the gateway's version: an answer without one is
+    // not an old gateway's (every version's has said it), and nothing is released.
+    let (at, seen) = admin_of_version("");
+    let o = cli(&["keys", "release", "client:psk:live:k", "--admin", &at]);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(69), "{said}");
+    assert!(said.contains("not hoox-edge's admin API"), "{said}");
+    assert_eq!(*seen.lock().unwrap(), ["GET /status HTTP/1.1"]);
     // Nor a refusal that is not hoox-edge's (a 404 page): exit 1 would tell `keys show K`
     // there is no such key, and `halt` that it was refused for a reason of hoox-edge's.
     for status in ["404 Not Found", "501 Not Implemented"] {
@@ -386,6 +395,27 @@ fn an_answer_that_is_not_hoox_edges_is_not_taken_for_one() {
             assert!(said.contains("not hoox-edge's admin API"), "{said}");
         }
     }
+}
+
+/// A key too long for a URL (over 64 KiB once encoded; no key the gateway keeps is over
+/// 384 bytes) is the command's bad input, exit 1, not an unreachable gateway (69), which a
+/// script retries; nothing is sent.
+#[test]
+fn a_key_too_long_to_send_is_bad_input() {
+    let (at, seen) = admin_of_version(env!("CARGO_PKG_VERSION"));
+    let long = format!("client:psk:live:{}", " ".repeat(22_000));
+    for args in [
+        &["keys", "show", &long][..],
+        &["keys", "release", &long],
+        &["keys", "release", "client:psk:live:k", "--entry", &long],
+    ] {
+        let o = cli(&[args, &["--admin", &at]].concat());
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(1), "{said}");
+        assert!(said.contains("too long"), "{said}");
+    }
+    let seen = seen.lock().unwrap();
+    assert!(!seen.iter().any(|l| l.contains("/keys")), "{seen:?}");
 }
 
 /// An admin listener that hangs up without an answer is said to have done so, not taken

@@ -50,7 +50,13 @@ pub enum ClientError {
     Closed { at: String },
     #[error("admin request failed: {0}")]
     Http(#[from] hyper::Error),
-    #[error("invalid admin request: {0}")]
+    /// The request cannot be made from what was given: in practice a key or an entry tag
+    /// too long for a URL (the `http` crate takes up to 64 KiB).
+    #[error(
+        "the request cannot be made ({0}): a key or --entry that long is no key the gateway \
+         keeps ({max} bytes at most)",
+        max = crate::mutex::key::MAX_KEY
+    )]
     Request(#[from] hyper::http::Error),
     #[error("the admin listener did not answer within {0:?}")]
     Timeout(Duration),
