@@ -680,7 +680,7 @@ fn a_full_queue_still_takes_settles_and_the_kill_switch() {
 }
 
 /// The kill switch goes ahead of a backlog that has not filled the queue too: the
-/// reserves waiting for the owner when it is thrown are halted, not granted. (Until
+/// reserves waiting for the owner when it is thrown are halted, not granted. (Before
 /// 0.2.22 only a full queue sent it ahead, and every reserve queued before it went out.)
 #[test]
 fn the_kill_switch_goes_ahead_of_a_backlog_short_of_a_full_queue() {
