@@ -23,3 +23,9 @@ pub fn rerun(test: &str) -> std::io::Result<Command> {
     cmd.args([test, "--exact", "--test-threads=1", "--nocapture"]);
     Ok(cmd)
 }
+
+/// Whether a child run by [`rerun`] ran its one test and passed it. Exit 0 alone says
+/// neither: a name that matches no test (one renamed, or mistyped) runs none, and exits 0.
+pub fn passed(out: &std::process::Output) -> bool {
+    out.status.success() && String::from_utf8_lossy(&out.stdout).contains("1 passed")
+}

@@ -477,6 +477,22 @@ async fn an_idle_gateway_without_a_watchdog_looks_once_a_second() {
     let pinged = turns().await - before;
     // 3 or 4 pings at once a second; at most one at the old 5 s.
     assert!(pinged >= 2, "{pinged} turns in 3.5 s of idling");
+    // And each such turn looks: the journal removed, `/readyz` says so within a look
+    // (0.9 s) after a ping (1 s), ~2 s; 5 s here, for a busy machine. Looks spaced 10 s
+    // apart left it "serving" for 10 s.
+    std::fs::remove_file(setup.dir.path().join("state/mutex.redb-journal")).unwrap();
+    let removed = std::time::Instant::now();
+    let mut status = 200;
+    while status != 503 && removed.elapsed() < Duration::from_secs(5) {
+        tokio::time::sleep(Duration::from_millis(100)).await;
+        status = gw.admin("GET", "/readyz").await.0;
+    }
+    assert_eq!(
+        status,
+        503,
+        "still ready {:?} after the journal went",
+        removed.elapsed()
+    );
 }
 
 /// The journal replaced by a file of its length that holds none of its records (zeros, a

@@ -461,13 +461,12 @@ mod tests {
             let mut cmd = crate::testing::rerun(NAME).expect("exe");
             cmd.env(ROLE, "child")
                 .env_remove("JOURNAL_STREAM")
-                .stdout(std::process::Stdio::null())
                 .stderr(file);
             if journal_stream {
                 // stderr *is* the journal stream, but no journald listens: fall back to stderr.
                 cmd.env("JOURNAL_STREAM", format!("{}:{}", meta.dev(), meta.ino()));
             }
-            assert!(cmd.status().expect("run child").success());
+            assert!(crate::testing::passed(&cmd.output().expect("run child")));
             std::fs::read_to_string(&path).expect("read stderr")
         };
 

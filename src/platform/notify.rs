@@ -175,7 +175,7 @@ mod tests {
     fn assert_success(cmd: &mut Command) {
         let out = cmd.output().expect("run child test");
         assert!(
-            out.status.success(),
+            crate::testing::passed(&out),
             "child failed: {}\n{}",
             String::from_utf8_lossy(&out.stdout),
             String::from_utf8_lossy(&out.stderr)
@@ -242,7 +242,7 @@ mod tests {
         let _unread = UnixDatagram::bind(&path).expect("bind notify socket");
         let mut child = rerun_self(NAME, "child")
             .env("NOTIFY_SOCKET", &path)
-            .stdout(std::process::Stdio::null())
+            .stdout(std::process::Stdio::piped())
             .spawn()
             .expect("run child");
         let deadline = std::time::Instant::now() + Duration::from_secs(30);
@@ -257,7 +257,12 @@ mod tests {
             }
             std::thread::sleep(Duration::from_millis(20));
         };
-        assert!(status.success());
+        let out = child.wait_with_output().expect("child's output");
+        assert!(
+            crate::testing::passed(&out),
+            "{status}: {}",
+            String::from_utf8_lossy(&out.stdout)
+        );
     }
 
     /// A socket that is not there fails every send: said once, not at every ping.
@@ -277,7 +282,7 @@ mod tests {
             .env("NOTIFY_SOCKET", dir.path().join("not-there.sock"))
             .output()
             .expect("run child");
-        assert!(out.status.success());
+        assert!(crate::testing::passed(&out));
         let said = String::from_utf8_lossy(&out.stderr);
         assert_eq!(said.matches("sd_notify:").count(), 1, "{said}");
     }
@@ -297,7 +302,7 @@ mod tests {
             return;
         }
         let out = rerun_self(NAME, "child").output().expect("run child");
-        assert!(out.status.success());
+        assert!(crate::testing::passed(&out));
         assert!(
             !String::from_utf8_lossy(&out.stderr).contains("sd_notify"),
             "no warning expected"
