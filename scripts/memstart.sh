@@ -20,9 +20,10 @@
 #   scripts/memstart.sh --alloc BIN_A BIN_B ...   compare builds (e.g. musl malloc vs
 #       mimalloc): ROUNDS x, binaries interleaved within each round so the shared machine's
 #       drift hits all alike: fresh state on tmpfs (ALLOC_DIR=/dev/shm) so the disk does not
-#       dominate, paper executor, idle RSS, then hoox-load for ALLOC_S=10 s at each of
+#       dominate, paper executor, [limits] capacity = 1000000, and for each run a fresh store
+#       and gateway: idle RSS, then hoox-load for ALLOC_S=10 s at each of
 #       ALLOC_CONNECTIONS="16 64" (HTTP/1.1, unique keys). Prints req/s, p50/p99 and VmHWM
-#       per run and the medians per binary.
+#       per run and the medians per binary; fails if any answer is not 200.
 set -euo pipefail
 
 ALLOC=()
@@ -33,7 +34,7 @@ if [ "${1:-}" = --alloc ]; then
     SKIP_BUILD=1
     MEM_DIR=${MEM_DIR:-$(mktemp -d "${ALLOC_DIR:-/dev/shm}/hoox-alloc.XXXXXX")}
 elif [ $# -gt 0 ]; then
-    sed -n '2,25p' "$0"
+    sed -n '2,26p' "$0"
     exit 64
 fi
 
@@ -132,13 +133,14 @@ stop_gateway() {
     PIDS=(${keep[@]+"${keep[@]}"})
 }
 
-# mem FIELD: a /proc/GW_PID/status field in MB (kB / 1024).
+# mem FIELD: a /proc/GW_PID/status field in MB, 10^6 bytes, as the targets are (the kernel's
+# "kB" are KiB: × 1024 / 10^6). Until 2026-12-06 this printed MiB as MB, 4.6% less.
 mem() {
-    awk -v f="$1:" '$1 == f { printf "%.1f", $2 / 1024 }' "/proc/$GW_PID/status"
+    awk -v f="$1:" '$1 == f { printf "%.1f", $2 * 1024 / 1e6 }' "/proc/$GW_PID/status"
 }
 # rollup FIELD: the same from smaps_rollup (Anonymous, Rss, Private_Dirty, ...).
 rollup() {
-    awk -v f="$1:" '$1 == f { printf "%.1f", $2 / 1024 }' "/proc/$GW_PID/smaps_rollup"
+    awk -v f="$1:" '$1 == f { printf "%.1f", $2 * 1024 / 1e6 }' "/proc/$GW_PID/smaps_rollup"
 }
 live_keys() {
     curl -s --max-time 5 "http://127.0.0.1:$ADMIN_PORT/metrics" |
@@ -164,7 +166,13 @@ chmod 700 "$WORK/secrets"
     echo
     printf '[admin]\nlisten = "127.0.0.1:%s"\n\n' "$ADMIN_PORT"
     printf '[store]\npath = "%s"\nttl = "1h"\n\n' "$WORK/state/mutex.redb"
-    printf '[limits]\ncapacity = 200000\n\n'
+    # Room for the fill; the allocator runs, each on a fresh store, take the default, which
+    # no run of ALLOC_S at this machine's rates fills.
+    if [ ${#ALLOC[@]} -gt 0 ]; then
+        printf '[limits]\ncapacity = 1000000\n\n'
+    else
+        printf '[limits]\ncapacity = 200000\n\n'
+    fi
     printf '[auth]\nbearer_tokens_file = "%s"\n\n' "$WORK/secrets/token"
     printf '[executor]\nkind = "paper"\n'
 } >"$WORK/config.toml"
@@ -184,22 +192,31 @@ if [ ${#ALLOC[@]} -gt 0 ]; then
         echo "-- round $round, $(uptime | sed 's/.*load average/load average/')"
         for i in "${!ALLOC[@]}"; do
             GATEWAY=${ALLOC[$i]}
-            rm -rf "$WORK/state" && mkdir -p "$WORK/state"
-            start_ready "alloc-$i-$round"
-            sleep 1
-            idle=$(mem VmRSS)
             for c in $ALLOC_CONNECTIONS; do
+                # A fresh store for each run: the keys of the one before (a 1 h TTL) would
+                # fill it, and a gateway refusing at capacity is measured answering 503s.
+                rm -rf "$WORK/state" && mkdir -p "$WORK/state"
+                start_ready "alloc-$i-$round-$c"
+                sleep 1
+                idle=$(mem VmRSS)
                 timeout 120 "$BIN/hoox-load" run --url "https://127.0.0.1:$GW_PORT/webhook" \
                     --ca "$WORK/tls/cert.pem" --http1 --auth bearer --secret-file "$WORK/secrets/token" \
                     --connections "$c" --duration "${ALLOC_S}s" --key-prefix "alloc-$$-$round-$i-$c" \
                     --json >"$WORK/run.json" || true
+                # Only 200s: a refusal answers fast, and its req/s and latency are not the
+                # allocator's.
+                status=$(grep -o '"status":{[^}]*}' "$WORK/run.json" || true)
+                if ! [[ $status =~ ^\"status\":\{\"200\":[0-9]+\}$ ]]; then
+                    echo "memstart: $GATEWAY at $c connections answered other than 200 ($status)" >&2
+                    exit 1
+                fi
                 rps=$(jget "$WORK/run.json" throughput_rps)
                 p50=$(jget "$WORK/run.json" p50) p99=$(jget "$WORK/run.json" p99)
                 printf '%s\t%s\t%s\t%s\t%s\t%s\n' "$i" "$c" "$rps" "$p50" "$p99" "$idle" >>"$WORK/alloc.tsv"
                 printf '  %-60s c%-3s %7.0f req/s  p50 %6s us  p99 %6s us  idle RSS %s MB  VmHWM %s MB\n' \
                     "$GATEWAY" "$c" "$rps" "$p50" "$p99" "$idle" "$(mem VmHWM)"
+                stop_gateway
             done
-            stop_gateway
         done
     done
     echo

@@ -7,7 +7,7 @@
 
 /// musl's own malloc takes one lock for every allocation, and the gateway allocates on every
 /// request from every tokio worker: under load the workers queue on that lock (mimalloc:
-/// +26% req/s at 16 connections, +112% at 64, docs/BENCHMARKS.md). glibc's malloc has
+/// +14% req/s at 16 connections, +13% at 64, docs/BENCHMARKS.md). glibc's malloc has
 /// per-thread arenas but was still a fifth of the gateway's CPU in a profile; mimalloc cut
 /// the gnu build's CPU per response by ~12% at 16 connections.
 /// One allocator everywhere also means the host build measures what the static build runs.
