@@ -1051,9 +1051,10 @@ mod tests {
     }
 
     /// A SIGHUP and a SIGTERM that come after `start` but before anyone serves are kept:
-    /// the SIGHUP reloads, the SIGTERM stops the gateway cleanly. Left to their default
-    /// action, either would end the process, and systemd would count it a clean stop (no
-    /// restart). Run in a child process, since the signals go to the whole process.
+    /// the SIGHUP does not end the process (what a reload does is `tests/systemd.rs`'s), the
+    /// SIGTERM stops the gateway cleanly. Left to their default action, either would end
+    /// the process, and systemd would count it a clean stop (no restart). Run in a child
+    /// process, since the signals go to the whole process.
     #[test]
     fn signals_between_start_and_serve_are_kept() {
         const ROLE: &str = "HOOX_APP_TEST_STATE";
