@@ -8,8 +8,8 @@
 //! state: the owner's order is the order of truth.
 //!
 //! A full channel refuses new work (`Busy`), but never the end of work already begun (a
-//! commit, a release) nor the kill switch: those go to an unbounded overflow lane instead,
-//! which the owner takes ahead of the channel (`Command::spills`).
+//! commit, a release): those go to an unbounded overflow lane instead, which the owner
+//! takes ahead of the channel. The kill switch always goes that way (`Command::route`).
 //!
 //! This module knows nothing of HTTP.
 
@@ -374,22 +374,41 @@ pub(crate) enum Command {
     Wake,
 }
 
+/// Which way a command goes to the owner (`Mutex::enqueue`).
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Route {
+    /// The bounded channel; refused `Busy` when it is full.
+    Channel,
+    /// The channel, or the overflow lane when the channel is full.
+    LaneWhenFull,
+    /// The overflow lane, always.
+    Lane,
+}
+
 impl Command {
-    /// Whether a full channel sends it to the overflow lane rather than refusing it. (The
-    /// kill switch always takes the lane: `Mutex::enqueue`.)
+    /// Which way it goes. The owner applies the overflow lane ahead of the channel.
     ///
-    /// A commit or a release refused `Busy` was lost: a trade that failed held its key to
-    /// the TTL, refusing the retry that should have placed it. Each is bounded without the
-    /// channel's help: a grant is settled once. Reserves and reads stay refusable: they are
-    /// what a flood is made of, and a retry is their remedy.
+    /// - The kill switch always takes the lane: it does not wait its turn behind a
+    ///   backlog, full or not, as the reserves queued before it are the ones it is thrown
+    ///   to stop. Refused `Busy`, it would not work under the flood it was thrown for.
+    /// - A commit or a release takes it when the channel is full: refused `Busy`, it was
+    ///   lost, and a trade that failed held its key to the TTL, refusing the retry that
+    ///   should have placed it.
+    /// - Reserves and reads stay refusable: they are what a flood is made of, and a retry
+    ///   is their remedy.
     ///
-    /// Overflowed commands are applied ahead of what the channel held when they were sent,
-    /// which each of these may be: a commit or a release settles its own grant's entry
-    /// only. Not an operator's release: ahead of a commit queued before it (a trade that
-    /// filled as the operator looked), it would free a filled trade's key. It stays
-    /// `Busy`, and the operator runs it again.
-    fn spills(&self) -> bool {
-        matches!(self, Command::Commit(..) | Command::Release(..))
+    /// The lane is bounded without the channel's help: a grant is settled once, and an
+    /// operator's write waits for its answer. Going ahead of what the channel held when it
+    /// was sent is harmless for these three: a commit or a release settles its own grant's
+    /// entry only. Not for an operator's release: ahead of a commit queued before it (a
+    /// trade that filled as the operator looked), it would free a filled trade's key. It
+    /// stays `Busy`, and the operator runs it again.
+    fn route(&self) -> Route {
+        match self {
+            Command::SetHalted(..) => Route::Lane,
+            Command::Commit(..) | Command::Release(..) => Route::LaneWhenFull,
+            _ => Route::Channel,
+        }
     }
 }
 
@@ -397,7 +416,7 @@ impl Command {
 #[derive(Clone)]
 pub struct Mutex {
     tx: SyncSender<Command>,
-    /// The overflow lane (`Command::spills`).
+    /// The overflow lane (`Command::route`).
     spill: Sender<Command>,
     /// The owner's clock, to tell it when a reserve was asked.
     clock: Clock,
@@ -646,16 +665,13 @@ impl Mutex {
     }
 
     fn enqueue(&self, cmd: Command) -> Result<(), Unavailable> {
-        // The kill switch does not wait its turn behind a backlog, full or not: the
-        // reserves queued before it are the ones it is thrown to stop. Refused `Busy`, it
-        // would not work under the flood it was thrown for. The lane stays bounded: an
-        // operator's write waits for its answer.
-        if matches!(cmd, Command::SetHalted(..)) {
+        let route = cmd.route();
+        if route == Route::Lane {
             return self.overflow(cmd);
         }
         match self.tx.try_send(cmd) {
             Ok(()) => Ok(()),
-            Err(TrySendError::Full(cmd)) if cmd.spills() => self.overflow(cmd),
+            Err(TrySendError::Full(cmd)) if route == Route::LaneWhenFull => self.overflow(cmd),
             Err(TrySendError::Full(_)) => Err(Unavailable::Busy),
             Err(TrySendError::Disconnected(_)) => Err(Unavailable::Stopped),
         }

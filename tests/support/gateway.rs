@@ -142,7 +142,12 @@ bearer_tokens_file = "secrets/bearer"
 
 /// Whether `/readyz` on the admin listener `admin` answers `want` (200 or 503) within 20 s.
 pub async fn readyz_is(admin: &Listen, want: u16) -> bool {
-    let deadline = Instant::now() + Duration::from_secs(20);
+    readyz_is_within(admin, want, Duration::from_secs(20)).await
+}
+
+/// Whether `/readyz` answers `want` within `within`.
+pub async fn readyz_is_within(admin: &Listen, want: u16, within: Duration) -> bool {
+    let deadline = Instant::now() + within;
     loop {
         if let Ok((s, _)) = hoox_edge::admin::client::request(admin, "GET", "/readyz").await
             && s == want
@@ -292,7 +297,7 @@ impl Gateway {
         }
     }
 
-    fn admin_listen(&self) -> &Listen {
+    pub fn admin_listen(&self) -> &Listen {
         self.admin
             .as_ref()
             .expect("a gateway started without [admin]")
