@@ -178,6 +178,7 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
         mutex::Config {
             path: config.store_path.clone(),
             capacity: config.capacity,
+            deadline: config.store_timeout,
             ..mutex::Config::default()
         },
         Clock::system(),

@@ -91,6 +91,9 @@ pub struct Config {
     pub admin: Option<Listen>,
     pub store_path: PathBuf,
     pub ttl: Duration,
+    /// How long a webhook waits for the mutex's answer (its reserve made durable) before
+    /// it is refused 503 (`store.timeout`).
+    pub store_timeout: Duration,
     pub capacity: usize,
     pub auth: AuthConfig,
     pub executor: ExecutorKind,
@@ -261,6 +264,7 @@ struct RawAdmin {
 struct RawStore {
     path: Option<PathBuf>,
     ttl: Option<String>,
+    timeout: Option<String>,
 }
 
 #[derive(Deserialize, Default)]
@@ -476,6 +480,20 @@ impl Config {
         if ttl < Duration::from_secs(1) || ttl > Duration::from_secs(24 * 3600) {
             return Err(err("store.ttl", "must be between 1s and 24h".into()));
         }
+        // A reserve may wait out the sync in progress and then its own: a disk whose
+        // syncs take a second (an SD card wear-levelling) needs more than the default.
+        let store_timeout = duration("store.timeout", &raw.store.timeout, crate::mutex::DEADLINE)?;
+        if !(MIN_TIMEOUT..=MAX_STORE_TIMEOUT).contains(&store_timeout) {
+            return Err(err(
+                "store.timeout",
+                format!(
+                    "must be between {} and {}: a longer wait could keep a slow but \
+                     working gateway from its watchdog's ping (WatchdogSec=10s)",
+                    humantime::format_duration(MIN_TIMEOUT),
+                    humantime::format_duration(MAX_STORE_TIMEOUT)
+                ),
+            ));
+        }
 
         let require = raw
             .auth
@@ -551,13 +569,16 @@ impl Config {
                 // An order still out when the drain at SIGTERM ends is abandoned: its key
                 // stays pending, and a fill would lose its commit. So every order must be
                 // able to end within the drain, with time left to settle it.
-                if cfg.timeout > MAX_EXECUTOR_TIMEOUT {
+                let most = max_executor_timeout(store_timeout);
+                if cfg.timeout > most {
                     return Err(err(
                         "executor.timeout",
                         format!(
-                            "must be at most {}: at SIGTERM, orders in flight get {} to finish",
-                            humantime::format_duration(MAX_EXECUTOR_TIMEOUT),
-                            humantime::format_duration(crate::gateway::DRAIN)
+                            "must be at most {}: at SIGTERM, orders in flight get {} to finish, \
+                             store.timeout ({}) included",
+                            humantime::format_duration(most),
+                            humantime::format_duration(crate::gateway::DRAIN),
+                            humantime::format_duration(store_timeout)
                         ),
                     ));
                 }
@@ -565,13 +586,14 @@ impl Config {
                 // retry and that order. Its TTL runs from the owner's clock reading, and
                 // the Proceed may reach the gateway up to the owner's deadline later: only
                 // then does the executor's timeout start.
-                if ttl <= cfg.timeout + crate::mutex::DEADLINE {
+                if ttl <= cfg.timeout + store_timeout {
                     return Err(err(
                         "store.ttl",
                         format!(
-                            "must be longer than executor.timeout ({}) and the {} a reserve may wait for the mutex",
+                            "must be longer than executor.timeout ({}) and store.timeout ({}), \
+                             the longest a reserve may wait for the mutex",
                             humantime::format_duration(cfg.timeout),
-                            humantime::format_duration(crate::mutex::DEADLINE)
+                            humantime::format_duration(store_timeout)
                         ),
                     ));
                 }
@@ -698,6 +720,7 @@ impl Config {
             admin,
             store_path,
             ttl,
+            store_timeout,
             capacity,
             auth,
             executor,
@@ -988,10 +1011,18 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 /// `executor.timeout`): below it a value is a typo for seconds, not a setting.
 const MIN_TIMEOUT: Duration = Duration::from_millis(100);
 
-/// The longest `executor.timeout`: an order must end within the drain at SIGTERM, with 5 s
-/// left to settle it.
-const MAX_EXECUTOR_TIMEOUT: Duration =
-    Duration::from_secs(crate::gateway::DRAIN.as_secs().saturating_sub(5));
+/// The longest `store.timeout`. The supervisor pings the owner every second and waits this
+/// long for its answer, or for the owner to finish a turn: with 5 s, a disk slow enough to
+/// hold each turn up to 5 s still lets a WATCHDOG=1 go every 6 s at most, within the
+/// packaged `WatchdogSec=10s`.
+const MAX_STORE_TIMEOUT: Duration = Duration::from_secs(5);
+
+/// The longest `executor.timeout`: an order must end within the drain at SIGTERM, counted
+/// from its reserve (which may wait `store.timeout`), with 3 s left to settle it: 25 s at
+/// the default `store.timeout`.
+fn max_executor_timeout(store_timeout: Duration) -> Duration {
+    crate::gateway::DRAIN.saturating_sub(Duration::from_secs(3) + store_timeout)
+}
 
 /// One address's share of `max_connections` when the config names none: a quarter (256 of
 /// the default 1024), and at least 16, or all of them when there are fewer. So a runaway
@@ -1391,7 +1422,17 @@ mod tests {
 
     /// An HTTP executor's config with `timeout`, and `ttl` if given.
     fn http_executor(timeout: &str, ttl: Option<&str>) -> Result<Config, ConfigError> {
+        http_executor_waiting(timeout, ttl, None)
+    }
+
+    /// The same, with `store.timeout` if given.
+    fn http_executor_waiting(
+        timeout: &str,
+        ttl: Option<&str>,
+        store_timeout: Option<&str>,
+    ) -> Result<Config, ConfigError> {
         let (timeout, ttl) = (timeout.to_string(), ttl.map(String::from));
+        let store_timeout = store_timeout.map(String::from);
         checked(move |r| {
             r.executor.kind = Some("http".into());
             r.executor.url = Some("http://127.0.0.1:9/order".into());
@@ -1399,6 +1440,7 @@ mod tests {
             if ttl.is_some() {
                 r.store.ttl = ttl;
             }
+            r.store.timeout = store_timeout;
         })
     }
 
@@ -1410,6 +1452,36 @@ mod tests {
         let e = http("25001ms").expect_err("accepted");
         assert_eq!(e.key, "executor.timeout");
         assert!(e.message.contains("at most 25s"), "{e}");
+        // The reserve's wait counts: with the longest store.timeout, 3 s less.
+        let waiting = |timeout| http_executor_waiting(timeout, None, Some("5s"));
+        assert!(waiting("22s").is_ok());
+        let e = waiting("22001ms").expect_err("accepted");
+        assert_eq!(e.key, "executor.timeout");
+        assert!(e.message.contains("at most 22s"), "{e}");
+        assert!(e.message.contains("store.timeout (5s)"), "{e}");
+    }
+
+    /// `store.timeout`: the mutex's 2 s deadline unless set, between 100 ms and 5 s.
+    #[test]
+    fn the_store_timeout_is_the_mutex_deadline_within_bounds() {
+        let c = checked(|_| {}).unwrap();
+        assert_eq!(c.store_timeout, crate::mutex::DEADLINE);
+        let with = |v: &str| {
+            let v = v.to_string();
+            checked(move |r| r.store.timeout = Some(v))
+        };
+        assert_eq!(
+            with("100ms").unwrap().store_timeout,
+            Duration::from_millis(100)
+        );
+        assert_eq!(with("5s").unwrap().store_timeout, Duration::from_secs(5));
+        for bad in ["99ms", "5001ms", "0s"] {
+            let e = with(bad).expect_err(bad);
+            assert_eq!(e.key, "store.timeout", "{e}");
+            assert!(e.message.contains("between 100ms and 5s"), "{bad}: {e}");
+        }
+        let e = with("2").expect_err("no unit");
+        assert_eq!(e.key, "store.timeout", "{e}");
     }
 
     /// A typo of "10ms" for "10s" is refused, as the server's timeouts below 100 ms are:
@@ -1706,8 +1778,14 @@ mod tests {
         };
         assert_eq!(e.key, "store.ttl", "{e}");
         assert!(e.message.contains("executor.timeout (10s)"), "{e}");
-        assert!(e.message.contains("the 2s a reserve"), "{e}");
+        assert!(e.message.contains("store.timeout (2s)"), "{e}");
         assert!(http("12s", "9999ms").is_ok());
+        // A longer store.timeout asks for a longer TTL.
+        let waiting = |ttl| http_executor_waiting("10s", Some(ttl), Some("5s"));
+        let e = waiting("15s").expect_err("a TTL of the timeout and store.timeout");
+        assert_eq!(e.key, "store.ttl", "{e}");
+        assert!(e.message.contains("store.timeout (5s)"), "{e}");
+        assert!(waiting("15001ms").is_ok());
     }
 
     /// Each start of the embedded defaults in a new folder makes its own secret: 256 bits,

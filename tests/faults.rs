@@ -1138,3 +1138,43 @@ async fn the_database_is_made_for_its_user_alone_whatever_the_umask() {
     setup.set("store", "path", link.to_str().unwrap());
     assert_eq!(modes_under_umask_0(&setup, &[target]).await, [0o600]);
 }
+
+/// A slow disk (an SD card wear-levelling) is waited for as long as `store.timeout` says.
+/// Every sync of the mount takes 1.5 s here, and a journal record, written `O_DSYNC`
+/// through FUSE, takes two (the write, then its sync): 3 s. Within the deadline set, the
+/// reserve waits it out and the trade goes through; past it, the webhook is refused 503,
+/// after no less than the deadline and nothing sent (the default, 2 s, is past it too).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_slow_disk_is_waited_for_as_long_as_store_timeout() {
+    let secs = Duration::from_secs;
+    let cases = [
+        (Some("300ms"), 503, Duration::from_millis(300)..secs(2)),
+        (None, 503, secs(2)..secs(60)),
+        (Some("5s"), 200, secs(3)..secs(60)),
+    ];
+    for (timeout, status, took_within) in cases {
+        let exec = MockExecutor::start().await;
+        let mut setup = Setup::new(Some(&exec.url()));
+        if let Some(t) = timeout {
+            setup.set("store", "timeout", t);
+        }
+        let (_backing, disk) = volatile_state(&setup, true);
+        let gw = setup.start();
+        gw.wait_ready().await;
+        disk.delay_syncs(Duration::from_millis(1500));
+        let t0 = std::time::Instant::now();
+        let r = gw.post(&keyed(&format!("slow-{status}")), &[]).await;
+        let took = t0.elapsed();
+        // The release of a reserve granted after its caller gave up is a write too.
+        disk.delay_syncs(Duration::ZERO);
+        let at = format!("store.timeout {timeout:?}: {} after {took:?}", r.status);
+        assert_eq!(r.status, status, "{at}: {:?}", r.json());
+        assert!(took_within.contains(&took), "{at}, want {took_within:?}");
+        if status == 503 {
+            assert_eq!(code(&r.json()), "IDEMPOTENCY_UNAVAILABLE", "{at}");
+            let detail = r.json()["detail"].as_str().unwrap_or("").to_string();
+            assert!(detail.contains("timeout"), "{at}: {detail}");
+        }
+        assert_eq!(exec.calls(), usize::from(status == 200), "{at}");
+    }
+}

@@ -53,7 +53,7 @@ pub struct Config {
     /// Depth of the command channel; a full channel is `Unavailable::Busy`.
     pub queue_depth: usize,
     /// How long a caller waits for the owner before answering `Unavailable::Timeout`
-    /// ([`DEADLINE`] unless a test says otherwise).
+    /// ([`DEADLINE`] unless the config's `store.timeout` or a test says otherwise).
     pub deadline: Duration,
     /// Longest pause between two attempts to reopen a failed database.
     pub reopen_backoff_max: Duration,
@@ -64,8 +64,9 @@ pub struct Config {
     pub journal_bytes: usize,
 }
 
-/// How long a caller waits for the owner: long enough for a slow sync, short enough that a
-/// stalled disk is a 503 in seconds, not a hung webhook.
+/// How long a caller waits for the owner by default (`store.timeout`): long enough for a
+/// slow sync, short enough that a stalled disk is a 503 in seconds, not a hung webhook. A
+/// reserve may wait out the sync in progress, then its own: syncs up to ~1 s fit in it.
 pub const DEADLINE: Duration = Duration::from_secs(2);
 
 impl Default for Config {
