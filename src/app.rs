@@ -19,7 +19,7 @@ use tokio::signal::unix::{Signal, SignalKind, signal};
 
 use crate::admin;
 use crate::config::{Config, ExecutorKind, Reload};
-use crate::executor::{self, Executor};
+use crate::executor::{self, Executor, Outstanding};
 use crate::gateway::auth::{Authenticator, Method};
 use crate::gateway::limits::RateLimiter;
 use crate::gateway::{self, ConnLimits, Gateway, Reloadable, TlsConfig};
@@ -203,7 +203,7 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
         require_client_key: config.require_client_key,
         body_timeout: config.header_timeout,
         in_flight: tokio_util::task::TaskTracker::new(),
-        outstanding: Arc::default(),
+        outstanding: Arc::new(Outstanding::for_deadline(mutex.deadline())),
         order_slots,
         order_time: mutex.deadline()
             + match &config.executor {
@@ -351,7 +351,7 @@ const PING_EVERY: Duration = Duration::from_secs(1);
 /// STATUS= with what an operator wants to see in `systemctl status`.
 ///
 /// Pings go every second (every half watchdog period, if that is shorter; a ping waits up
-/// to the owner's 2 s deadline). So WATCHDOG=1 resumes within a second of the owner
+/// to the owner's deadline, `store.timeout`, and for a turn up to 2 s at least). So WATCHDOG=1 resumes within a second of the owner
 /// answering again, and systemd kills only an owner that answered nothing for most of the
 /// period: about 8 s of the packaged 10. At the half-period pace, a stall of 2 s that
 /// began just before a ping left 12 s between two WATCHDOG=1, and got the service killed.
@@ -539,16 +539,17 @@ fn lock<T>(m: &std::sync::Mutex<T>) -> std::sync::MutexGuard<'_, T> {
 }
 
 /// A ping, and if it cannot get through a backlog, whether the owner is working through it
-/// (`Err((_, true))`): it finished a turn while the ping waited out its deadline, or, the
-/// queue being full (refused at once), within as long again. A stalled disk finishes no
-/// turn, so a stuck owner reads `Err((_, false))` however deep its queue.
+/// (`Err((_, true))`): it finished a turn within the ping's deadline, or the default one
+/// (2 s) if longer, from the ping's start (a full queue refuses it at once, a short
+/// `store.timeout` gives up on it early: a turn of a slow disk, or a checkpoint, outlasts
+/// 100 ms, and a busy owner is alive). A stalled disk finishes no turn, so a stuck owner
+/// reads `Err((_, false))` however deep its queue.
 async fn ping(mutex: &Mutex) -> Result<mutex::Status, (Unavailable, bool)> {
     let turns = || mutex.shared().turns.load(Ordering::Relaxed);
     let before = turns();
+    let until = tokio::time::Instant::now() + mutex.deadline().max(mutex::DEADLINE);
     let pinged = mutex.ping().await;
-    if let Err(Unavailable::Busy) = pinged {
-        // Refused at once: give the owner as long as a ping may wait.
-        let until = tokio::time::Instant::now() + mutex.deadline();
+    if let Err(Unavailable::Busy | Unavailable::Timeout) = pinged {
         while turns() == before && tokio::time::Instant::now() < until {
             tokio::time::sleep(Duration::from_millis(10)).await;
         }
@@ -1048,6 +1049,38 @@ mod tests {
         for f in fill {
             f.await.unwrap();
         }
+        owner.stop();
+    }
+
+    /// A short `store.timeout` gives up on a ping early, not on the owner: a turn that
+    /// outlasts 100 ms but ends within the default deadline (a slow disk's write, a
+    /// checkpoint) reads alive, and only one stalled past 2 s reads stuck. Were the wait
+    /// for a turn the ping's own 100 ms, a busy gateway on a slow disk would miss its
+    /// WATCHDOG=1 pings and be killed.
+    #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+    async fn a_short_store_timeout_still_waits_the_default_deadline_for_a_turn() {
+        let dir = tempfile::tempdir().unwrap();
+        let config = mutex::Config {
+            path: dir.path().join("m.redb"),
+            deadline: Duration::from_millis(100),
+            ..mutex::Config::default()
+        };
+        let (m, owner) = mutex::start_with(config, Clock::system(), true);
+        // Answered, and the turn that answered counted (it is counted after its replies).
+        let idle = || async {
+            while m.ping().await.is_err() {
+                tokio::time::sleep(Duration::from_millis(10)).await;
+            }
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        };
+        idle().await;
+        let _slow = m.stall(Duration::from_millis(600));
+        assert_eq!(ping(&m).await.map(drop), Err((Unavailable::Timeout, true)));
+        idle().await;
+        let _stuck = m.stall(Duration::from_secs(4));
+        let t0 = std::time::Instant::now();
+        assert_eq!(ping(&m).await.map(drop), Err((Unavailable::Timeout, false)));
+        assert!(t0.elapsed() >= mutex::DEADLINE, "{:?}", t0.elapsed());
         owner.stop();
     }
 

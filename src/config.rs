@@ -487,8 +487,8 @@ impl Config {
             return Err(err(
                 "store.timeout",
                 format!(
-                    "must be between {} and {}: a longer wait could keep a slow but \
-                     working gateway from its watchdog's ping (WatchdogSec=10s)",
+                    "must be between {} and {} (longer, a gateway still serving on a disk \
+                     that slow could be killed by its watchdog, WatchdogSec=10s)",
                     humantime::format_duration(MIN_TIMEOUT),
                     humantime::format_duration(MAX_STORE_TIMEOUT)
                 ),
@@ -1008,13 +1008,15 @@ pub fn parse_duration(s: &str) -> Result<Duration, String> {
 }
 
 /// The shortest timeout of any kind (`server.handshake_timeout`, `server.header_timeout`,
-/// `executor.timeout`): below it a value is a typo for seconds, not a setting.
+/// `executor.timeout`, `store.timeout`): below it a value is a typo for seconds, not a
+/// setting.
 const MIN_TIMEOUT: Duration = Duration::from_millis(100);
 
-/// The longest `store.timeout`. The supervisor pings the owner every second and waits this
-/// long for its answer, or for the owner to finish a turn: with 5 s, a disk slow enough to
-/// hold each turn up to 5 s still lets a WATCHDOG=1 go every 6 s at most, within the
-/// packaged `WatchdogSec=10s`.
+/// The longest `store.timeout`. A gateway serves trades while its owner's turns (a write
+/// each) end within this deadline; the supervisor pings every second and sends WATCHDOG=1
+/// once a turn ends within the ping's wait. So with turns up to 5 s long, still serving, a
+/// WATCHDOG=1 goes every 6 s at most, within the packaged `WatchdogSec=10s`; with turns of
+/// 9 s it would not.
 const MAX_STORE_TIMEOUT: Duration = Duration::from_secs(5);
 
 /// The longest `executor.timeout`: an order must end within the drain at SIGTERM, counted
@@ -1185,11 +1187,11 @@ mod tests {
         assert_eq!(running.auth.bearer_tokens.len(), 1);
         assert!(!format!("{running:?}").contains("s3cret"), "{running:?}");
 
-        // A credential kind taken out, and the TTL changed: the first applied, the second
-        // named and not applied.
+        // A credential kind taken out, and the TTL and store.timeout changed: the first
+        // applied, the others named and not applied.
         let edited = with_url
             .replace("bearer_tokens_file = \"secrets/secret\"\n", "")
-            .replace("ttl = \"300s\"", "ttl = \"30s\"")
+            .replace("ttl = \"300s\"", "ttl = \"30s\"\ntimeout = \"4s\"")
             .replace("[executor]", "[limits]\nrate_per_s = 5.0\n[executor]");
         std::fs::write(&path, &edited).unwrap();
         let Reload {
@@ -1199,10 +1201,10 @@ mod tests {
         } = running.reload().unwrap();
         assert!(next.auth.bearer_tokens.is_empty());
         assert_eq!(next.auth.api_keys.len(), 1);
-        assert_eq!(pending, ["limits.rate_per_s", "store.ttl"]);
+        assert_eq!(pending, ["limits.rate_per_s", "store.timeout", "store.ttl"]);
         assert_eq!(
-            (next.ttl, next.rate_per_s),
-            (running.ttl, running.rate_per_s)
+            (next.ttl, next.store_timeout, next.rate_per_s),
+            (running.ttl, running.store_timeout, running.rate_per_s)
         );
         // Compared with what it started on, not with the last reload.
         assert_eq!(next.reload().unwrap().pending, pending);
@@ -1221,7 +1223,12 @@ mod tests {
         std::fs::write(&path, &moved).unwrap();
         assert_eq!(
             running.reload().unwrap().pending,
-            ["limits.rate_per_s", "store.path", "store.ttl"]
+            [
+                "limits.rate_per_s",
+                "store.path",
+                "store.timeout",
+                "store.ttl"
+            ]
         );
 
         // A key a flag overrides is the flag's at a restart too: not one to restart for.
@@ -1236,6 +1243,7 @@ mod tests {
                 "limits.rate_per_s",
                 "server.listen",
                 "store.path",
+                "store.timeout",
                 "store.ttl"
             ]
         );
@@ -1244,7 +1252,15 @@ mod tests {
             overridden,
             ..
         } = flagged.reload().unwrap();
-        assert_eq!(pending, ["limits.rate_per_s", "store.path", "store.ttl"]);
+        assert_eq!(
+            pending,
+            [
+                "limits.rate_per_s",
+                "store.path",
+                "store.timeout",
+                "store.ttl"
+            ]
+        );
         assert_eq!(overridden, ["server.listen (set by --listen)"]);
 
         // The embedded defaults have no file to read again: their secret is.

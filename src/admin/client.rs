@@ -12,8 +12,10 @@ use tokio::net::{TcpStream, UnixStream};
 use super::Listen;
 
 /// How long one admin call may take, connect to last byte. The admin face answers from
-/// memory or from one owner round trip, so anything slower means it is stuck.
-pub const TIMEOUT: Duration = Duration::from_secs(10);
+/// memory or from the owner: a release waits for it twice (the look, then the release) and
+/// for an order's mark in between, 16 s at the longest `store.timeout` (5 s, and 6 s for a
+/// mark). Anything slower means it is stuck.
+pub const TIMEOUT: Duration = Duration::from_secs(20);
 
 #[derive(Debug, thiserror::Error)]
 pub enum ClientError {

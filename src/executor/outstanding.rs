@@ -22,18 +22,26 @@ use std::time::Duration;
 
 use crate::mutex::{Grant, Key};
 
-/// The longest `orders_out` waits for a mark to be bound or let go: longer than a reserve
-/// can take (the mutex's deadline, 2 s). A mark still unbound then reads as out: refusing
-/// an unforced release is the safe answer.
-const BIND_WAIT: Duration = Duration::from_secs(3);
+/// How much longer than a reserve can take (the mutex's deadline, `store.timeout`)
+/// `orders_out` waits for a mark to be bound or let go. A mark still unbound then reads as
+/// out: refusing an unforced release is the safe answer.
+const BIND_SLACK: Duration = Duration::from_secs(1);
 
 /// The marks of each key, by mark. A `Key` is inline: a webhook's marks cost it an
 /// uncontended lock to take (one mark, two with a signature guard), one to bind, and one
 /// to drop.
-#[derive(Debug, Default)]
+#[derive(Debug)]
 pub struct Outstanding {
     marks: Mutex<HashMap<Key, Vec<Mark>>>,
     next: AtomicU64,
+    /// The longest `orders_out` waits: the mutex's deadline and [`BIND_SLACK`].
+    bind_wait: Duration,
+}
+
+impl Default for Outstanding {
+    fn default() -> Self {
+        Outstanding::for_deadline(crate::mutex::DEADLINE)
+    }
 }
 
 #[derive(Debug, Clone, Copy)]
@@ -64,9 +72,18 @@ impl Outstanding {
         }
     }
 
+    /// For a mutex whose reserves take `deadline` at most (`Mutex::deadline`).
+    pub fn for_deadline(deadline: Duration) -> Self {
+        Outstanding {
+            marks: Mutex::default(),
+            next: AtomicU64::default(),
+            bind_wait: deadline + BIND_SLACK,
+        }
+    }
+
     /// Whether the order that made each entry (`key`, its sequence number) is out. Waits
     /// for the marks of those keys not yet bound to be bound or let go (at most
-    /// `BIND_WAIT`, for all of them together): one of them may be the reserve that made
+    /// `bind_wait`, for all of them together): one of them may be the reserve that made
     /// the entry. Marks taken after the call cannot be: the entry is made already.
     pub async fn orders_out(&self, entries: &[(&Key, u64)]) -> Vec<bool> {
         let unbound: Vec<Vec<u64>> = {
@@ -83,7 +100,7 @@ impl Outstanding {
                 })
                 .collect()
         };
-        let until = tokio::time::Instant::now() + BIND_WAIT;
+        let until = tokio::time::Instant::now() + self.bind_wait;
         let mut answers: Vec<Option<bool>> = vec![None; entries.len()];
         loop {
             // Each entry decided under one look at the map (a mark bound between two looks
@@ -265,7 +282,17 @@ mod tests {
         let silent = set.begin(&k, None);
         let started = tokio::time::Instant::now();
         assert!(set.order_out(&k, 7).await);
-        assert!(started.elapsed() >= BIND_WAIT);
+        assert!(started.elapsed() >= crate::mutex::DEADLINE + BIND_SLACK);
+        // A longer store.timeout is waited out too: a reserve may take that long.
+        let slow = Arc::new(Outstanding::for_deadline(Duration::from_secs(5)));
+        let _silent = slow.begin(&k, None);
+        let started = tokio::time::Instant::now();
+        assert!(slow.order_out(&k, 7).await);
+        assert!(
+            started.elapsed() >= Duration::from_secs(6),
+            "{:?}",
+            started.elapsed()
+        );
         // Bound to another entry, it is not this one's.
         silent.bind(&k, 3);
         assert!(!set.order_out(&k, 7).await);
