@@ -403,16 +403,22 @@ impl Config {
             None => Ok(default),
             Some(s) => parse_duration(s).map_err(|m| err(key, m)),
         };
-        // A zero would drop every connection the moment it was made, and without a word.
-        let timeout = |key: &str, v: &Option<String>| {
-            let d = duration(key, v, Duration::from_secs(10))?;
-            if d < MIN_TIMEOUT || d > Duration::from_secs(3600) {
-                return Err(err(key, "must be between 100ms and 1h".into()));
+        // A timeout of any kind, `MIN_TIMEOUT` to `most`, and why not more if it matters. A
+        // zero would drop every connection the moment it was made, and without a word.
+        let timeout = |key: &str, v: &Option<String>, default, most, why: &str| {
+            let d = duration(key, v, default)?;
+            if d < MIN_TIMEOUT || d > most {
+                let fmt = humantime::format_duration;
+                let range = format!("{} and {}", fmt(MIN_TIMEOUT), fmt(most));
+                return Err(err(key, format!("must be between {range}{why}")));
             }
             Ok(d)
         };
-        let handshake_timeout = timeout("server.handshake_timeout", &raw.server.handshake_timeout)?;
-        let header_timeout = timeout("server.header_timeout", &raw.server.header_timeout)?;
+        let hour = Duration::from_secs(3600);
+        let server_timeout = |key, v| timeout(key, v, Duration::from_secs(10), hour, "");
+        let handshake_timeout =
+            server_timeout("server.handshake_timeout", &raw.server.handshake_timeout)?;
+        let header_timeout = server_timeout("server.header_timeout", &raw.server.header_timeout)?;
         let max_connections = raw.server.max_connections.unwrap_or(1024);
         // The top bound keeps the connection semaphore's own limit (it panics beyond
         // `usize::MAX >> 3`) out of reach; a million is past any file-descriptor limit.
@@ -482,18 +488,14 @@ impl Config {
         }
         // A reserve may wait out the sync in progress and then its own: a disk whose
         // syncs take a second (an SD card wear-levelling) needs more than the default.
-        let store_timeout = duration("store.timeout", &raw.store.timeout, crate::mutex::DEADLINE)?;
-        if !(MIN_TIMEOUT..=MAX_STORE_TIMEOUT).contains(&store_timeout) {
-            return Err(err(
-                "store.timeout",
-                format!(
-                    "must be between {} and {} (longer, a gateway still serving on a disk \
-                     that slow could be killed by its watchdog, WatchdogSec=10s)",
-                    humantime::format_duration(MIN_TIMEOUT),
-                    humantime::format_duration(MAX_STORE_TIMEOUT)
-                ),
-            ));
-        }
+        let store_timeout = timeout(
+            "store.timeout",
+            &raw.store.timeout,
+            crate::mutex::DEADLINE,
+            MAX_STORE_TIMEOUT,
+            " (longer, a gateway still serving on a disk that slow could be killed by its \
+             watchdog, WatchdogSec=10s)",
+        )?;
 
         let require = raw
             .auth

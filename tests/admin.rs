@@ -9,6 +9,7 @@ use std::sync::atomic::AtomicBool;
 use std::time::Duration;
 
 use hoox_edge::admin::{self, Listen, State, client};
+use hoox_edge::executor::Outstanding;
 use hoox_edge::metrics::Metrics;
 use hoox_edge::mutex::{self, ClientKey, Clock, Config, Decision, Key, Mode, Owner, Reserve};
 use serde_json::{Value, json};
@@ -65,7 +66,7 @@ fn state(mutex: &mutex::Mutex, ready: bool) -> State {
         ready: Arc::new(AtomicBool::new(ready)),
         stopping: Arc::new(AtomicBool::new(false)),
         stall_hook: false,
-        outstanding: Default::default(),
+        outstanding: Arc::new(Outstanding::for_deadline(mutex.deadline())),
         restart_pending: Default::default(),
     }
 }

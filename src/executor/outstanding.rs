@@ -38,12 +38,6 @@ pub struct Outstanding {
     bind_wait: Duration,
 }
 
-impl Default for Outstanding {
-    fn default() -> Self {
-        Outstanding::for_deadline(crate::mutex::DEADLINE)
-    }
-}
-
 #[derive(Debug, Clone, Copy)]
 struct Mark {
     id: u64,
@@ -225,7 +219,7 @@ mod tests {
 
     #[tokio::test(start_paused = true)]
     async fn an_entry_is_out_while_an_order_bound_to_it_is() {
-        let set = Arc::new(Outstanding::default());
+        let set = Arc::new(Outstanding::for_deadline(crate::mutex::DEADLINE));
         let (k, j) = (key("k"), key("j"));
         let a = set.begin(&k, None);
         a.bind(&k, 7);
@@ -256,7 +250,7 @@ mod tests {
     /// reserve that made the entry binds, and it is; one that never says reads as out.
     #[tokio::test(start_paused = true)]
     async fn an_unbound_mark_is_waited_for() {
-        let set = Arc::new(Outstanding::default());
+        let set = Arc::new(Outstanding::for_deadline(crate::mutex::DEADLINE));
         let k = key("k");
 
         let retry = set.begin(&k, None);
@@ -311,7 +305,7 @@ mod tests {
         };
         let (m, owner) = crate::mutex::start(config, Clock::system());
         let (k, g) = (key("k"), Key::signature("psk", &[1; 32]));
-        let set = Arc::new(Outstanding::default());
+        let set = Arc::new(Outstanding::for_deadline(crate::mutex::DEADLINE));
         let out = set.begin(&k, Some(&g));
         assert_eq!(set.count(), 0, "not granted yet");
         let req = Reserve {
