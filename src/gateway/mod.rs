@@ -483,12 +483,15 @@ pub async fn serve(
             let peer = Arc::new(peer);
             let activity = Arc::new(idle::Activity::new());
             let busy = activity.clone();
-            // Cancelled by the first request of a client certificate no longer trusted:
-            // answered 401, and the connection then closed, so that its sender opens a
+            // Cancelled once the first request of a client certificate not served has
+            // its answer (401): the connection is then closed, so that its sender opens a
             // new one (with a certificate that verifies now) rather than be refused on a
-            // kept-alive connection for as long as it keeps sending.
+            // kept-alive connection for as long as it keeps sending. After the answer, not
+            // as the request comes in: an HTTP/2 GOAWAY that reaches hyper's client (the
+            // one in reqwest) before it has sent the request's body makes it drop the
+            // request, answer unread (hyperium/hyper#2500).
             let cut = CancellationToken::new();
-            let cut_by = cut.clone();
+            let cuts = cut.clone();
             let svc = service_fn(move |req| {
                 let request = busy.begin();
                 let in_flight = gw.in_flight.token();
@@ -496,13 +499,14 @@ pub async fn serve(
                     Some(check) => check.peer(&tls, &peer),
                     None => peer.clone(),
                 };
-                if peer.cut_off {
-                    cut_by.cancel();
-                }
+                let cut_by = peer.cut_off.then(|| cuts.clone());
                 let answer = webhook::handle(gw.clone(), peer, req);
                 async move {
                     let r = answer.await;
                     drop((request, in_flight));
+                    if let Some(cut) = cut_by {
+                        cut.cancel();
+                    }
                     r
                 }
             });

@@ -207,7 +207,7 @@ impl TlsClient {
             .unwrap_or_else(|e| panic!("connect {url}: {e}"));
         conn.request(method, url, headers, body)
             .await
-            .unwrap_or_else(|e| panic!("{url}: {e}"))
+            .unwrap_or_else(|e| panic!("{url}: {e:?}"))
     }
 }
 

@@ -11,6 +11,7 @@ use tokio::net::TcpStream;
 use tokio_rustls::client::TlsStream;
 
 use super::client::{Alpn, TlsClient};
+use super::pki::CertFiles;
 
 pub const DATA: u8 = 0;
 pub const HEADERS: u8 = 1;
@@ -40,7 +41,12 @@ pub struct RawH2 {
 impl RawH2 {
     /// A TLS connection that chose `h2`, with the client preface and empty SETTINGS sent.
     pub async fn connect(ca: &Path, url: &str) -> RawH2 {
-        let client = TlsClient::with(ca, Alpn::Http2, None);
+        Self::connect_as(ca, url, None).await
+    }
+
+    /// As [`RawH2::connect`], presenting `identity` as the client certificate.
+    pub async fn connect_as(ca: &Path, url: &str, identity: Option<&CertFiles>) -> RawH2 {
+        let client = TlsClient::with(ca, Alpn::Http2, identity);
         let io = client
             .connect_raw(url)
             .await
@@ -166,9 +172,37 @@ pub fn status(block: &[u8]) -> Option<u16> {
             .map(|(_, s)| *s);
     }
     // Literal with incremental indexing (0x40 | 8), or without / never indexed (0x08, 0x18):
-    // then a 3-digit value, not Huffman-coded.
-    if matches!(first, 0x48 | 0x08 | 0x18) && block.get(1) == Some(&3) {
-        return std::str::from_utf8(block.get(2..5)?).ok()?.parse().ok();
+    // then a 3-digit value, its length's top bit saying whether it is Huffman-coded.
+    if !matches!(first, 0x48 | 0x08 | 0x18) {
+        return None;
     }
-    None
+    let len = *block.get(1)?;
+    let value = block.get(2..2 + usize::from(len & 0x7f))?;
+    if len & 0x80 == 0 {
+        return std::str::from_utf8(value).ok()?.parse().ok();
+    }
+    huffman_digits(value)
+}
+
+/// A Huffman-coded string of digits (RFC 7541 Appendix B): '0' to '2' are the 5-bit codes
+/// 0 to 2, '3' to '9' the 6-bit codes 0x19 to 0x1f, and what follows the last is padding,
+/// fewer than 8 one bits.
+fn huffman_digits(coded: &[u8]) -> Option<u16> {
+    let mut bits = coded
+        .iter()
+        .flat_map(|b| (0..8).rev().map(move |i| (b >> i) & 1));
+    let mut take =
+        |n: usize| -> Option<u8> { (0..n).try_fold(0u8, |code, _| Some(code << 1 | bits.next()?)) };
+    let mut value = 0u16;
+    for _ in 0..3 {
+        let code = take(5)?;
+        let digit = match code {
+            0..=2 => code,
+            0b01100..=0b01111 => (code << 1 | take(1)?).checked_sub(0x19)? + 3,
+            _ => return None,
+        };
+        value = value * 10 + u16::from(digit);
+    }
+    let padding: Vec<u8> = bits.collect();
+    (padding.len() < 8 && padding.iter().all(|&b| b == 1)).then_some(value)
 }
