@@ -1635,14 +1635,19 @@ async fn a_client_certificate_that_names_no_one_is_refused() {
     let t = json!({"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,
         "idempotencyKey":"shared","apiKey":SECRET});
     let nobody = setup.pki.client_nameless("nobody");
-    let c = TlsClient::with(&setup.pki.ca_cert, Alpn::Any, Some(&nobody));
     // Three connections, one line: said at most once a minute.
-    for _ in 0..3 {
+    for alpn in [Alpn::Any, Alpn::Any, Alpn::Http1] {
+        let c = TlsClient::with(&setup.pki.ca_cert, alpn, Some(&nobody));
         let r = c
             .request(hyper::Method::POST, &gw.url(), &[], t.to_string())
             .await;
         assert_eq!(r.status, 401, "{:?}", r.json());
         assert_eq!(code(&r.json()), "AUTH_FAILED");
+        // The answer says the connection closes: a client that kept it for its next
+        // request would race the close.
+        if r.version == hyper::Version::HTTP_11 {
+            assert_eq!(r.headers.get("connection").unwrap(), "close", "{r:?}");
+        }
     }
     assert_eq!(exec.calls(), 0);
     let log = gw.wait_logged("names no one");

@@ -500,11 +500,23 @@ pub async fn serve(
                     None => peer.clone(),
                 };
                 let cut_by = peer.cut_off.then(|| cuts.clone());
+                let http1 = req.version() < hyper::Version::HTTP_2;
                 let answer = webhook::handle(gw.clone(), peer, req);
                 async move {
-                    let r = answer.await;
+                    let mut r = answer.await;
                     drop((request, in_flight));
                     if let Some(cut) = cut_by {
+                        // Said in the answer over HTTP/1.1 (HTTP/2 has the GOAWAY): a
+                        // client that kept the connection would race the close with its
+                        // next request, which might then be lost.
+                        if let Ok(answer) = &mut r
+                            && http1
+                        {
+                            answer.headers_mut().insert(
+                                hyper::header::CONNECTION,
+                                hyper::header::HeaderValue::from_static("close"),
+                            );
+                        }
                         cut.cancel();
                     }
                     r
