@@ -1675,62 +1675,88 @@ async fn a_client_certificate_that_names_no_one_is_refused() {
     );
 }
 
-/// A connection cut off for its client certificate is told to go away only once its
-/// request has its answer. The GOAWAY went out as the request came in, its body still on
-/// the way, and hyper's client (the one in reqwest) dropped such a request, its answer
-/// unread (hyperium/hyper#2500): the test above lost one of its 401s in about 40 runs
-/// under load. Here the body comes 300 ms after the head: nothing says going away before
-/// it, the answer is the 401, every GOAWAY leaves stream 1 taken, and the connection ends.
+/// A connection cut off for its client certificate is told to go away only once nothing
+/// is in flight on it. The GOAWAY went out as the request came in, and hyper's client (the
+/// one in reqwest) drops a request whose GOAWAY comes before it has sent the body, its
+/// answer unread (hyperium/hyper#2500): the test above lost one of its 401s in about 40
+/// runs under load. Here stream 1 sends its head, stream 3 a whole request, answered at
+/// once; stream 1's body follows 300 ms after that answer. Nothing says going away before
+/// it; then stream 1 is answered, every GOAWAY leaves both streams taken, and the
+/// connection ends.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_cut_off_connection_goes_away_only_after_its_answer() {
+async fn a_cut_off_connection_goes_away_once_nothing_is_in_flight() {
     use support::h2raw::*;
     let (exec, setup, gw) = with_mock_configured(|setup| {
         let ca = setup.pki.ca_cert.display().to_string();
         setup.set("server", "client_ca", ca);
+        // Stream 1's body is late on purpose: not so late that it times out.
+        setup.set("server", "header_timeout", "5s");
     })
     .await;
-    let body = json!({"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,
-        "idempotencyKey":"late-body","apiKey":SECRET})
-    .to_string();
+    let trade = |key: &str| {
+        json!({"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,
+            "idempotencyKey":key,"apiKey":SECRET})
+        .to_string()
+    };
+    let (late, whole) = (trade("late-body"), trade("whole"));
     let nobody = setup.pki.client_nameless("nobody");
     let mut h = RawH2::connect_as(&setup.pki.ca_cert, &gw.url(), Some(&nobody)).await;
-    let len = body.len().to_string();
-    let headers = [
-        ("content-type", "application/json"),
-        ("content-length", &len),
-    ];
-    h.send_request(1, &gw.url(), &headers).await;
-    let head_only = std::time::Instant::now() + Duration::from_millis(300);
-    while let Some(frame) = h
-        .next(head_only.saturating_duration_since(std::time::Instant::now()))
-        .await
-    {
-        assert_ne!(frame.kind, GOAWAY, "going away before the body: {frame:?}");
-        h.acknowledge(&frame).await;
+    for (stream, body) in [(1, &late), (3, &whole)] {
+        let len = body.len().to_string();
+        let headers = [
+            ("content-type", "application/json"),
+            ("content-length", &len),
+        ];
+        h.send_request(stream, &gw.url(), &headers).await;
     }
-    h.send(DATA, END_STREAM, 1, body.as_bytes()).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let (mut answer, mut goaways) = (None, 0);
-    while let Some(frame) = h
-        .next(deadline.saturating_duration_since(std::time::Instant::now()))
-        .await
-    {
-        match (frame.kind, frame.stream) {
-            (HEADERS, 1) => answer = status(&frame.payload),
-            (GOAWAY, _) => {
-                let last = u32::from_be_bytes(frame.payload[..4].try_into().unwrap());
-                assert_ne!(last & 0x7fff_ffff, 0, "stream 1 refused: {frame:?}");
-                goaways += 1;
+    h.send(DATA, END_STREAM, 3, whole.as_bytes()).await;
+    let mut bodies = [String::new(), String::new()];
+    let mut read = async |h: &mut RawH2, until: std::time::Instant, goaways: &mut u32| {
+        let mut statuses = Vec::new();
+        while let Some(frame) = h
+            .next(until.saturating_duration_since(std::time::Instant::now()))
+            .await
+        {
+            match (frame.kind, frame.stream) {
+                (HEADERS, s) => statuses.push((s, status(&frame.payload))),
+                (DATA, 1) => bodies[0] += &String::from_utf8_lossy(&frame.payload),
+                (DATA, 3) => bodies[1] += &String::from_utf8_lossy(&frame.payload),
+                (GOAWAY, _) => {
+                    let last = u32::from_be_bytes(frame.payload[..4].try_into().unwrap());
+                    assert!(last & 0x7fff_ffff >= 3, "a stream refused: {frame:?}");
+                    *goaways += 1;
+                }
+                _ => {}
             }
-            _ => {}
+            h.acknowledge(&frame).await;
+            if frame.kind == DATA && frame.stream == 3 && frame.flags & END_STREAM != 0 {
+                break;
+            }
         }
-        h.acknowledge(&frame).await;
-    }
+        statuses
+    };
+    // Stream 3's answer: the first of the connection, its status a literal.
+    let mut goaways = 0;
+    let soon = std::time::Instant::now() + Duration::from_secs(10);
+    let first = read(&mut h, soon, &mut goaways).await;
+    assert_eq!(first, [(3, Some(401))]);
+    assert_eq!(goaways, 0, "going away with stream 1 in flight");
+    // Stream 1 still waits for its body: nothing says going away meanwhile.
+    let later = std::time::Instant::now() + Duration::from_millis(300);
+    assert_eq!(read(&mut h, later, &mut goaways).await, []);
+    assert_eq!(goaways, 0, "going away with stream 1 in flight");
+    h.send(DATA, END_STREAM, 1, late.as_bytes()).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(10);
+    let answers = read(&mut h, deadline, &mut goaways).await;
     assert!(
         std::time::Instant::now() < deadline,
         "the connection was not closed"
     );
-    assert_eq!(answer, Some(401));
+    assert_eq!(answers.len(), 1, "{answers:?}");
+    assert_eq!(answers[0].0, 1);
+    for body in &bodies {
+        assert!(body.contains("AUTH_FAILED"), "{bodies:?}");
+    }
     assert!(goaways > 0, "closed without a GOAWAY");
     assert_eq!(exec.calls(), 0);
 }

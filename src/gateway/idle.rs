@@ -11,6 +11,7 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
+use tokio::sync::Notify;
 // tokio's, so that a test with the clock paused sees time pass.
 use tokio::time::Instant;
 
@@ -18,6 +19,8 @@ use tokio::time::Instant;
 pub struct Activity {
     in_flight: AtomicUsize,
     since: Mutex<Instant>,
+    /// Told each time a request ends.
+    ended: Notify,
 }
 
 /// One request in flight, from the service call until its answer (or until the request is
@@ -30,6 +33,7 @@ impl Activity {
         Activity {
             in_flight: AtomicUsize::new(0),
             since: Mutex::new(Instant::now()),
+            ended: Notify::new(),
         }
     }
 
@@ -53,6 +57,20 @@ impl Activity {
         }
     }
 
+    /// Resolves once the connection has no request in flight.
+    pub async fn quiet(&self) {
+        loop {
+            // Listening before the count is read: an end between the two is not missed.
+            let ended = self.ended.notified();
+            tokio::pin!(ended);
+            ended.as_mut().enable();
+            if self.in_flight.load(Ordering::SeqCst) == 0 {
+                return;
+            }
+            ended.await;
+        }
+    }
+
     fn last_end(&self) -> Instant {
         // A poisoned lock holds a plain Instant, still whole.
         *self.since.lock().unwrap_or_else(|p| p.into_inner())
@@ -69,6 +87,7 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         *self.0.since.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
+        self.0.ended.notify_waiters();
     }
 }
 
@@ -99,5 +118,23 @@ mod tests {
             ended.elapsed() >= limit,
             "closed before the limit after the last request"
         );
+    }
+
+    #[tokio::test(start_paused = true)]
+    async fn quiet_once_the_last_request_ends() {
+        let a = Arc::new(Activity::new());
+        a.quiet().await;
+        let (first, second) = (a.begin(), a.begin());
+        let quiet = a.quiet();
+        tokio::pin!(quiet);
+        let wait = Duration::from_secs(1);
+        assert!(tokio::time::timeout(wait, &mut quiet).await.is_err());
+        drop(first);
+        assert!(
+            tokio::time::timeout(wait, &mut quiet).await.is_err(),
+            "quiet with a request in flight"
+        );
+        drop(second);
+        assert!(tokio::time::timeout(wait, quiet).await.is_ok());
     }
 }

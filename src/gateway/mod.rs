@@ -483,15 +483,12 @@ pub async fn serve(
             let peer = Arc::new(peer);
             let activity = Arc::new(idle::Activity::new());
             let busy = activity.clone();
-            // Cancelled once the first request of a client certificate not served has
-            // its answer (401): the connection is then closed, so that its sender opens a
-            // new one (with a certificate that verifies now) rather than be refused on a
-            // kept-alive connection for as long as it keeps sending. After the answer, not
-            // as the request comes in: an HTTP/2 GOAWAY that reaches hyper's client (the
-            // one in reqwest) before it has sent the request's body makes it drop the
-            // request, answer unread (hyperium/hyper#2500).
+            // Cancelled by the first request of a client certificate not served, which is
+            // answered 401: the connection is then closed, so that its sender opens a new
+            // one (with a certificate that verifies now) rather than be refused on a
+            // kept-alive connection for as long as it keeps sending.
             let cut = CancellationToken::new();
-            let cuts = cut.clone();
+            let cut_by = cut.clone();
             let svc = service_fn(move |req| {
                 let request = busy.begin();
                 let in_flight = gw.in_flight.token();
@@ -499,25 +496,23 @@ pub async fn serve(
                     Some(check) => check.peer(&tls, &peer),
                     None => peer.clone(),
                 };
-                let cut_by = peer.cut_off.then(|| cuts.clone());
-                let http1 = req.version() < hyper::Version::HTTP_2;
+                // Said in its answer over HTTP/1.1 (HTTP/2 has the GOAWAY): a client that
+                // kept the connection would race the close with its next request.
+                let close = peer.cut_off && req.version() < hyper::Version::HTTP_2;
+                if peer.cut_off {
+                    cut_by.cancel();
+                }
                 let answer = webhook::handle(gw.clone(), peer, req);
                 async move {
                     let mut r = answer.await;
                     drop((request, in_flight));
-                    if let Some(cut) = cut_by {
-                        // Said in the answer over HTTP/1.1 (HTTP/2 has the GOAWAY): a
-                        // client that kept the connection would race the close with its
-                        // next request, which might then be lost.
-                        if let Ok(answer) = &mut r
-                            && http1
-                        {
-                            answer.headers_mut().insert(
-                                hyper::header::CONNECTION,
-                                hyper::header::HeaderValue::from_static("close"),
-                            );
-                        }
-                        cut.cancel();
+                    if let Ok(answer) = &mut r
+                        && close
+                    {
+                        let close = hyper::header::HeaderValue::from_static("close");
+                        answer
+                            .headers_mut()
+                            .insert(hyper::header::CONNECTION, close);
                     }
                     r
                 }
@@ -539,6 +534,16 @@ pub async fn serve(
                 activity.idle_for(t).await;
             };
             tokio::pin!(linger);
+            // A cut connection goes away once nothing is in flight on it, not as the
+            // request that cut it comes in: hyper's HTTP/2 client (the one in reqwest)
+            // drops a request it has begun, answer unread, if a GOAWAY comes before it has
+            // sent the body (hyperium/hyper#2500). The gateway answers a request only once
+            // its body is in (or refused unread), so by then no stream has one to send.
+            let cut_and_quiet = async {
+                cut.cancelled().await;
+                activity.quiet().await;
+            };
+            tokio::pin!(cut_and_quiet);
             let mut closing = false;
             loop {
                 // The connection first: a request already read is served before any close.
@@ -564,7 +569,7 @@ pub async fn serve(
                         conn.as_mut().graceful_shutdown();
                         closing = true;
                     }
-                    () = cut.cancelled(), if !closing => {
+                    () = &mut cut_and_quiet, if !closing => {
                         log::debug!(
                             "closing the connection from {addr}: its client certificate is \
                              no longer trusted"

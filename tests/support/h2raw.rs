@@ -152,8 +152,9 @@ fn push_length(out: &mut Vec<u8>, n: usize) {
 
 /// The `:status` of a response's header block, as the gateway's HPACK encoder writes it:
 /// an indexed field of the static table (RFC 7541 Appendix A) for the statuses it has,
-/// else a literal with the name indexed (`:status` is index 8), read here only when its
-/// value is not Huffman-coded.
+/// else a literal with the name indexed (`:status` is index 8), its value Huffman-coded
+/// or not. `None` for a status the connection has sent before, which the encoder then
+/// gives as an index into its dynamic table, not kept here: read one answer per status.
 pub fn status(block: &[u8]) -> Option<u16> {
     const INDEXED: [(u8, u16); 7] = [
         (8, 200),
