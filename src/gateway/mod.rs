@@ -537,8 +537,9 @@ pub async fn serve(
             // A cut connection goes away once nothing is in flight on it, not as the
             // request that cut it comes in: hyper's HTTP/2 client (the one in reqwest)
             // drops a request it has begun, answer unread, if a GOAWAY comes before it has
-            // sent the body (hyperium/hyper#2500). The gateway answers a request only once
-            // its body is in (or refused unread), so by then no stream has one to send.
+            // sent the body (hyperium/hyper#2500). By then every request on it has its
+            // answer, and the gateway answers once it has read the body (bar the few it
+            // refuses unread).
             let cut_and_quiet = async {
                 cut.cancelled().await;
                 activity.quiet().await;
@@ -572,7 +573,7 @@ pub async fn serve(
                     () = &mut cut_and_quiet, if !closing => {
                         log::debug!(
                             "closing the connection from {addr}: its client certificate is \
-                             no longer trusted"
+                             not served"
                         );
                         conn.as_mut().graceful_shutdown();
                         closing = true;
