@@ -1622,16 +1622,29 @@ async fn mtls_requires_a_client_certificate_and_namespaces_by_it() {
     assert_eq!(exec.calls(), clients.len());
 }
 
+/// A gateway that asks senders for a client certificate of the test CA, `configure` then
+/// setting what else the test needs.
+async fn with_client_ca(
+    configure: impl FnOnce(&mut Setup),
+) -> (
+    support::executor::MockExecutor,
+    Setup,
+    support::gateway::Gateway,
+) {
+    with_mock_configured(|setup| {
+        let ca = setup.pki.ca_cert.display().to_string();
+        setup.set("server", "client_ca", ca);
+        configure(setup);
+    })
+    .await
+}
+
 /// A client certificate that verifies but names nobody (no CN, no alt name) is refused,
 /// and says why at warn: with the shared secret beside it, it once went on as `psk`, and
 /// two such clients shared one namespace, one's key refusing the other's trade.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_client_certificate_that_names_no_one_is_refused() {
-    let (exec, setup, gw) = with_mock_configured(|setup| {
-        let ca = setup.pki.ca_cert.display().to_string();
-        setup.set("server", "client_ca", ca);
-    })
-    .await;
+    let (exec, setup, gw) = with_client_ca(|_| {}).await;
     let t = json!({"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,
         "idempotencyKey":"shared","apiKey":SECRET});
     let nobody = setup.pki.client_nameless("nobody");
@@ -1645,7 +1658,8 @@ async fn a_client_certificate_that_names_no_one_is_refused() {
         assert_eq!(code(&r.json()), "AUTH_FAILED");
         // The answer says the connection closes: a client that kept it for its next
         // request would race the close.
-        if r.version == hyper::Version::HTTP_11 {
+        if alpn == Alpn::Http1 {
+            assert_eq!(r.version, hyper::Version::HTTP_11);
             assert_eq!(r.headers.get("connection").unwrap(), "close", "{r:?}");
         }
     }
@@ -1677,54 +1691,46 @@ async fn a_client_certificate_that_names_no_one_is_refused() {
 
 /// A connection cut off for its client certificate is told to go away only once nothing
 /// is in flight on it. The GOAWAY went out as the request came in, and hyper's client (the
-/// one in reqwest) drops a request whose GOAWAY comes before it has sent the body, its
-/// answer unread (hyperium/hyper#2500): the test above lost one of its 401s in about 40
-/// runs under load. Here stream 1 sends its head, stream 3 a whole request, answered at
+/// one in reqwest) can drop a request it has begun to send when a GOAWAY comes just then
+/// (hyperium/hyper#2500): the test above lost one of its 401s in about 40 runs under load,
+/// its body never sent. Here stream 1 sends its head, stream 3 a whole request, answered at
 /// once; stream 1's body follows 300 ms after that answer. Nothing says going away before
 /// it; then stream 1 is answered, every GOAWAY leaves both streams taken, and the
-/// connection ends.
+/// connection ends, well before an idle close could end it.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_cut_off_connection_goes_away_once_nothing_is_in_flight() {
     use support::h2raw::*;
-    let (exec, setup, gw) = with_mock_configured(|setup| {
-        let ca = setup.pki.ca_cert.display().to_string();
-        setup.set("server", "client_ca", ca);
-        // Stream 1's body is late on purpose: not so late that it times out.
-        setup.set("server", "header_timeout", "5s");
+    // Stream 1's body is late on purpose, not late enough to time out; and the idle close
+    // comes 10 s after the last answer, not within the test's 5 s.
+    let (exec, setup, gw) = with_client_ca(|setup| {
+        setup.set("server", "header_timeout", "10s");
     })
     .await;
-    let trade = |key: &str| {
-        json!({"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1,
-            "idempotencyKey":key,"apiKey":SECRET})
-        .to_string()
+    let body = |key: &str| {
+        let mut t = trade("BTCUSDT");
+        t["idempotencyKey"] = json!(key);
+        t.to_string()
     };
-    let (late, whole) = (trade("late-body"), trade("whole"));
+    let (late, whole) = (body("late-body"), body("whole"));
     let nobody = setup.pki.client_nameless("nobody");
     let mut h = RawH2::connect_as(&setup.pki.ca_cert, &gw.url(), Some(&nobody)).await;
-    for (stream, body) in [(1, &late), (3, &whole)] {
-        let len = body.len().to_string();
-        let headers = [
-            ("content-type", "application/json"),
-            ("content-length", &len),
-        ];
-        h.send_request(stream, &gw.url(), &headers).await;
-    }
+    h.send_post(1, &gw.url(), late.len()).await;
+    h.send_post(3, &gw.url(), whole.len()).await;
     h.send(DATA, END_STREAM, 3, whole.as_bytes()).await;
+    // Frames until `until` (or stream 3's last): the statuses of the answers' heads and
+    // how many GOAWAYs, each checked to leave both streams taken; the answers' bodies.
     let mut bodies = [String::new(), String::new()];
-    let mut read = async |h: &mut RawH2, until: std::time::Instant, goaways: &mut u32| {
-        let mut statuses = Vec::new();
-        while let Some(frame) = h
-            .next(until.saturating_duration_since(std::time::Instant::now()))
-            .await
-        {
+    let mut read = async |h: &mut RawH2, until: std::time::Instant| {
+        let (mut heads, mut goaways) = (Vec::new(), 0);
+        while let Some(frame) = h.next_before(until).await {
             match (frame.kind, frame.stream) {
-                (HEADERS, s) => statuses.push((s, status(&frame.payload))),
+                (HEADERS, s) => heads.push((s, status(&frame.payload))),
                 (DATA, 1) => bodies[0] += &String::from_utf8_lossy(&frame.payload),
                 (DATA, 3) => bodies[1] += &String::from_utf8_lossy(&frame.payload),
                 (GOAWAY, _) => {
                     let last = u32::from_be_bytes(frame.payload[..4].try_into().unwrap());
                     assert!(last & 0x7fff_ffff >= 3, "a stream refused: {frame:?}");
-                    *goaways += 1;
+                    goaways += 1;
                 }
                 _ => {}
             }
@@ -1733,21 +1739,21 @@ async fn a_cut_off_connection_goes_away_once_nothing_is_in_flight() {
                 break;
             }
         }
-        statuses
+        (heads, goaways)
     };
-    // Stream 3's answer: the first of the connection, its status a literal.
-    let mut goaways = 0;
+    // Stream 3's answer: the first of the connection, its status a literal. Stream 1 still
+    // waits for its body: nothing says going away meanwhile.
     let soon = std::time::Instant::now() + Duration::from_secs(10);
-    let first = read(&mut h, soon, &mut goaways).await;
-    assert_eq!(first, [(3, Some(401))]);
-    assert_eq!(goaways, 0, "going away with stream 1 in flight");
-    // Stream 1 still waits for its body: nothing says going away meanwhile.
+    assert_eq!(read(&mut h, soon).await, (vec![(3, Some(401))], 0));
     let later = std::time::Instant::now() + Duration::from_millis(300);
-    assert_eq!(read(&mut h, later, &mut goaways).await, []);
-    assert_eq!(goaways, 0, "going away with stream 1 in flight");
+    assert_eq!(
+        read(&mut h, later).await,
+        (vec![], 0),
+        "going away too soon"
+    );
     h.send(DATA, END_STREAM, 1, late.as_bytes()).await;
-    let deadline = std::time::Instant::now() + Duration::from_secs(10);
-    let answers = read(&mut h, deadline, &mut goaways).await;
+    let deadline = std::time::Instant::now() + Duration::from_secs(5);
+    let (answers, goaways) = read(&mut h, deadline).await;
     assert!(
         std::time::Instant::now() < deadline,
         "the connection was not closed"
@@ -1758,6 +1764,40 @@ async fn a_cut_off_connection_goes_away_once_nothing_is_in_flight() {
         assert!(body.contains("AUTH_FAILED"), "{bodies:?}");
     }
     assert!(goaways > 0, "closed without a GOAWAY");
+    assert_eq!(exec.calls(), 0);
+}
+
+/// ... but not forever: a sender whose requests always overlap would keep a cut connection
+/// open, refused at every request. It is told to go away `header_timeout` after the cut
+/// whatever is in flight. Here a head without a body goes every 250 ms (each answered 400
+/// once its body is `header_timeout` late), so that something is always in flight: a
+/// GOAWAY comes while they still go.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_cut_off_connection_kept_busy_still_goes_away() {
+    use support::h2raw::*;
+    let (exec, setup, gw) = with_client_ca(|_| {}).await;
+    let nobody = setup.pki.client_nameless("nobody");
+    let mut h = RawH2::connect_as(&setup.pki.ca_cert, &gw.url(), Some(&nobody)).await;
+    // header_timeout is 1 s (support::gateway): heads for 4 s overlap all along.
+    let sending = std::time::Instant::now() + Duration::from_secs(4);
+    let (mut stream, mut goaway) = (1, None);
+    while goaway.is_none() && std::time::Instant::now() < sending {
+        h.send_post(stream, &gw.url(), 100).await;
+        stream += 2;
+        let next = std::time::Instant::now() + Duration::from_millis(250);
+        while let Some(frame) = h.next_before(next).await {
+            if frame.kind == GOAWAY {
+                goaway = Some(frame);
+                break;
+            }
+            h.acknowledge(&frame).await;
+        }
+    }
+    assert!(
+        goaway.is_some(),
+        "no GOAWAY in 4 s of overlapping requests ({} sent)",
+        stream / 2
+    );
     assert_eq!(exec.calls(), 0);
 }
 
@@ -2661,12 +2701,8 @@ async fn a_body_sent_before_the_settings_is_not_stalled() {
     let body = trade_of_len("early-body", 60 * 1024);
     let body = body.as_bytes();
     let mut h = RawH2::connect(&setup.pki.ca_cert, &gw.url()).await;
-    let len = body.len().to_string();
-    let headers = [
-        ("content-type", "application/json"),
-        ("content-length", &len),
-    ];
-    h.send_request(1, &gw.url(), &headers).await;
+    let len = body.len();
+    h.send_post(1, &gw.url(), len).await;
     let mut sent = 8 * 1024;
     h.send(DATA, 0, 1, &body[..sent]).await;
     // The gateway reads those bytes (and frees their room) before its SETTINGS are
@@ -2676,8 +2712,7 @@ async fn a_body_sent_before_the_settings_is_not_stalled() {
     let mut connection_window = DEFAULT_WINDOW - sent as i64;
     let deadline = std::time::Instant::now() + Duration::from_secs(10);
     let answer = loop {
-        let left = deadline.saturating_duration_since(std::time::Instant::now());
-        let frame = h.next(left).await.unwrap_or_else(|| {
+        let frame = h.next_before(deadline).await.unwrap_or_else(|| {
             panic!("no answer: {sent} of {len} bytes sent, stream window {stream_window}")
         });
         if let Some(new) = h.acknowledge(&frame).await {

@@ -509,10 +509,10 @@ pub async fn serve(
                     if let Ok(answer) = &mut r
                         && close
                     {
-                        let close = hyper::header::HeaderValue::from_static("close");
+                        let value = hyper::header::HeaderValue::from_static("close");
                         answer
                             .headers_mut()
-                            .insert(hyper::header::CONNECTION, close);
+                            .insert(hyper::header::CONNECTION, value);
                     }
                     r
                 }
@@ -535,14 +535,15 @@ pub async fn serve(
             };
             tokio::pin!(linger);
             // A cut connection goes away once nothing is in flight on it, not as the
-            // request that cut it comes in: hyper's HTTP/2 client (the one in reqwest)
-            // drops a request it has begun, answer unread, if a GOAWAY comes before it has
-            // sent the body (hyperium/hyper#2500). By then every request on it has its
-            // answer, and the gateway answers once it has read the body (bar the few it
-            // refuses unread).
+            // request that cut it comes in: hyper's HTTP/2 client (the one in reqwest) can
+            // drop a request it has begun to send, unanswered, when a GOAWAY comes just
+            // then (hyperium/hyper#2500; seen here with the body still to send). By then
+            // every request on it has its answer, and the gateway answers once it has read
+            // the body (bar the few it refuses unread). At most `header_timeout` after the
+            // cut, though: a sender whose requests always overlap would keep it open.
             let cut_and_quiet = async {
                 cut.cancelled().await;
-                activity.quiet().await;
+                let _ = tokio::time::timeout(t, activity.quiet()).await;
             };
             tokio::pin!(cut_and_quiet);
             let mut closing = false;

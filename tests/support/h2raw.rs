@@ -36,6 +36,8 @@ pub struct H2Frame {
 
 pub struct RawH2 {
     io: TlsStream<TcpStream>,
+    /// What was read and is not a whole frame yet: a wait that ends mid-frame loses nothing.
+    read: Vec<u8>,
 }
 
 impl RawH2 {
@@ -52,7 +54,10 @@ impl RawH2 {
             .await
             .unwrap_or_else(|e| panic!("connect {url}: {e}"));
         assert_eq!(io.get_ref().1.alpn_protocol(), Some(&b"h2"[..]));
-        let mut h = RawH2 { io };
+        let mut h = RawH2 {
+            io,
+            read: Vec::new(),
+        };
         h.io.write_all(b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n")
             .await
             .unwrap();
@@ -95,23 +100,54 @@ impl RawH2 {
         self.send(HEADERS, END_HEADERS, stream, &block).await;
     }
 
+    /// A POST's HEADERS frame for a JSON body of `len` bytes, which the caller sends.
+    pub async fn send_post(&mut self, stream: u32, url: &str, len: usize) {
+        let len = len.to_string();
+        let headers = [
+            ("content-type", "application/json"),
+            ("content-length", len.as_str()),
+        ];
+        self.send_request(stream, url, &headers).await;
+    }
+
     /// The next frame, or `None` once the connection has ended (EOF or an error), or when
     /// none comes within `wait`.
     pub async fn next(&mut self, wait: Duration) -> Option<H2Frame> {
         let read = async {
-            let mut head = [0u8; 9];
-            self.io.read_exact(&mut head).await.ok()?;
-            let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
-            let mut payload = vec![0; len];
-            self.io.read_exact(&mut payload).await.ok()?;
-            Some(H2Frame {
-                kind: head[3],
-                flags: head[4],
-                stream: u32::from_be_bytes([head[5], head[6], head[7], head[8]]) & 0x7fff_ffff,
-                payload,
-            })
+            loop {
+                if let Some(frame) = self.whole_frame() {
+                    return Some(frame);
+                }
+                // `read` takes nothing when cancelled: a timeout keeps the bytes so far.
+                let mut chunk = [0u8; 16 * 1024];
+                match self.io.read(&mut chunk).await {
+                    Ok(0) | Err(_) => return None,
+                    Ok(n) => self.read.extend_from_slice(&chunk[..n]),
+                }
+            }
         };
         tokio::time::timeout(wait, read).await.ok().flatten()
+    }
+
+    /// [`RawH2::next`] until `until`.
+    pub async fn next_before(&mut self, until: std::time::Instant) -> Option<H2Frame> {
+        let wait = until.saturating_duration_since(std::time::Instant::now());
+        self.next(wait).await
+    }
+
+    fn whole_frame(&mut self) -> Option<H2Frame> {
+        let head = self.read.get(..9)?;
+        let len = u32::from_be_bytes([0, head[0], head[1], head[2]]) as usize;
+        if self.read.len() < 9 + len {
+            return None;
+        }
+        let frame: Vec<u8> = self.read.drain(..9 + len).collect();
+        Some(H2Frame {
+            kind: frame[3],
+            flags: frame[4],
+            stream: u32::from_be_bytes([frame[5], frame[6], frame[7], frame[8]]) & 0x7fff_ffff,
+            payload: frame[9..].to_vec(),
+        })
     }
 
     /// Answers what the protocol requires of a client for `frame`: SETTINGS and PING
