@@ -484,9 +484,9 @@ pub async fn serve(
             let activity = Arc::new(idle::Activity::new());
             let busy = activity.clone();
             // Cancelled by the first request of a client certificate not served, which is
-            // answered 401: the connection is then closed, so that its sender opens a new
-            // one (with a certificate that verifies now) rather than be refused on a
-            // kept-alive connection for as long as it keeps sending.
+            // refused (401, or what a malformed request gets first): the connection is then
+            // closed, so that its sender opens a new one (with a certificate that verifies
+            // now) rather than be refused on a kept-alive connection as long as it sends.
             let cut = CancellationToken::new();
             let cut_by = cut.clone();
             let svc = service_fn(move |req| {
