@@ -353,8 +353,9 @@ const PING_EVERY: Duration = Duration::from_secs(1);
 /// Pings go every second (every half watchdog period, if that is shorter; a ping waits up
 /// to the owner's deadline, `store.timeout`, and for a turn 2 s at least). So WATCHDOG=1
 /// resumes within a second of the owner answering again, and systemd kills only an owner
-/// that answered nothing for most of the period: about 8 s of the packaged 10. At the half-period pace, a stall of 2 s that
-/// began just before a ping left 12 s between two WATCHDOG=1, and got the service killed.
+/// that answered nothing for most of the period: about 8 s of the packaged 10. At the
+/// half-period pace, a stall of 2 s that began just before a ping left 12 s between two
+/// WATCHDOG=1, and got the service killed.
 /// Without a watchdog too: each ping is a turn of the owner, and a turn is when it looks
 /// for its files, so an idle gateway says a removed database or journal within a second
 /// (`/readyz`, `status`), as the README promises, not within five.

@@ -11,7 +11,6 @@ use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
-use tokio::sync::Notify;
 // tokio's, so that a test with the clock paused sees time pass.
 use tokio::time::Instant;
 
@@ -19,8 +18,6 @@ use tokio::time::Instant;
 pub struct Activity {
     in_flight: AtomicUsize,
     since: Mutex<Instant>,
-    /// Told each time a request ends.
-    ended: Notify,
 }
 
 /// One request in flight, from the service call until its answer (or until the request is
@@ -33,7 +30,6 @@ impl Activity {
         Activity {
             in_flight: AtomicUsize::new(0),
             since: Mutex::new(Instant::now()),
-            ended: Notify::new(),
         }
     }
 
@@ -57,17 +53,12 @@ impl Activity {
         }
     }
 
-    /// Resolves once the connection has no request in flight.
+    /// Resolves once the connection has no request in flight. Looked at every 10 ms, as
+    /// `idle_for` sleeps and looks again: only a connection being cut waits on it, and a
+    /// wake-up for it at every request's end would cost every request.
     pub async fn quiet(&self) {
-        loop {
-            // Listening before the count is read: an end between the two is not missed.
-            let ended = self.ended.notified();
-            tokio::pin!(ended);
-            ended.as_mut().enable();
-            if self.in_flight.load(Ordering::SeqCst) == 0 {
-                return;
-            }
-            ended.await;
+        while self.in_flight.load(Ordering::SeqCst) > 0 {
+            tokio::time::sleep(Duration::from_millis(10)).await;
         }
     }
 
@@ -87,7 +78,6 @@ impl Drop for InFlight {
     fn drop(&mut self) {
         *self.0.since.lock().unwrap_or_else(|p| p.into_inner()) = Instant::now();
         self.0.in_flight.fetch_sub(1, Ordering::SeqCst);
-        self.0.ended.notify_waiters();
     }
 }
 
