@@ -1436,8 +1436,21 @@ async fn orders_out_are_bounded_as_connections_are() {
     assert_eq!(r.header("retry-after"), Some("1"));
     assert_eq!(exec.calls(), 2);
     assert_eq!(key_state(&gw, "client:psk:live:out-3").await, "absent");
+    // A resend of an order that is out is refused so too, before its reserve could say
+    // 409: the answer must not let its sender think that no delivery of it is out.
+    let r = gw.post(&keyed("out-1"), &[]).await;
+    let v = r.json();
+    assert_eq!(r.status.as_u16(), 503, "{v}");
+    assert!(
+        v["detail"]
+            .as_str()
+            .unwrap()
+            .ends_with("(a resend of an order that is out may be one of them: once one ends, a duplicate is answered 409)"),
+        "{v}"
+    );
+    assert_eq!(exec.calls(), 2);
     let refused = r#"hoox_refused_total{reason="orders_in_flight"}"#;
-    assert_eq!(metric(&gw, refused).await, 1.0);
+    assert_eq!(metric(&gw, refused).await, 2.0);
     // The orders end, committed; then the retry runs.
     for k in ["out-1", "out-2"] {
         let key = format!("client:psk:live:{k}");

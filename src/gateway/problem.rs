@@ -242,7 +242,9 @@ impl Problem {
                 ..
             } => format!(
                 "as many orders as server.max_connections are at the executor \
-                 ({ORDERS_IN_FLIGHT}); the trade was refused: nothing was reserved or sent"
+                 ({ORDERS_IN_FLIGHT}); this request was refused, nothing was reserved or \
+                 sent for it (a resend of an order that is out may be one of them: once \
+                 one ends, a duplicate is answered 409)"
             ),
             Unavailable { reason, .. } => {
                 format!("idempotency cannot be guaranteed ({reason}); the trade was refused")
