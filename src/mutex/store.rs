@@ -415,7 +415,7 @@ pub(super) fn open(
     // Drafts never held a key: this start's own, once linked a second name of the database
     // (or left as one by a crash before this sweep), and those of first starts that stopped.
     remove_drafts(path);
-    let txn = db.begin_write()?;
+    let mut txn = db.begin_write()?;
     let (file, journal_identity, id, checkpoint, replayed, torn, halted, unrecorded_len) = {
         let mut meta = txn.open_table(META)?;
         let mut entries = txn.open_table(ENTRIES)?;
@@ -528,6 +528,10 @@ pub(super) fn open(
             entries.remove(seq)?;
         }
     }
+    // Durable before the journal is written again from its start, over the records just
+    // replayed: said here, as at every checkpoint, rather than left to redb's default
+    // (`Immediate` in redb 4, which a later release could change).
+    txn.set_durability(redb::Durability::Immediate)?;
     txn.commit()?;
     let files = [db_identity, journal_identity];
     let journal = Journal::new(file, &journal_path, id, journal_bytes, checkpoint);
