@@ -205,7 +205,10 @@ impl Problem {
             } => {
                 // Held by its signature's guard, not by the trade's key (docs/DESIGN.md):
                 // the very request, resent. A new trade with the same body is told what
-                // tells it apart, without being told to send anything again.
+                // tells it apart, without being told to send anything again: a key in its
+                // body (README, "Keys"). Not a new signature: that would tell a sender
+                // whose resend this is to sign it again, and a trade with no key of its
+                // own, signed again past its fingerprint's minute, is placed again.
                 let guard = crate::mutex::key::is_guard(key);
                 let what = if guard {
                     "this signed request (the same body, signed in the same second)"
@@ -225,7 +228,8 @@ impl Problem {
                     _ => "the executor took its order",
                 };
                 let new = if guard {
-                    "; a new trade with the same body needs a new signature"
+                    "; a new trade with the same body needs a key of its own in the body \
+                     (idempotencyKey)"
                 } else {
                     ""
                 };
@@ -543,7 +547,8 @@ mod tests {
             "this trade was already accepted (committed): the executor took its order"
         );
         // Held by a signature's guard: the very request, resent. A new trade with the same
-        // body is told what tells it apart (a new signature), for a new key alone would not.
+        // body is told what tells it apart: a key in the body, which the signature covers
+        // (one in the header it does not), and which keeps its own retries apart.
         let (_, v) = body_of(&Problem::Duplicate {
             key: "sig:0123456789abcdef0123456789abcdef".into(),
             state: "pending",
@@ -556,7 +561,11 @@ mod tests {
         assert!(
             detail.starts_with("this signed request (the same body, signed in the same second)")
                 && detail.contains("(pending): its order may still be at the executor")
-                && detail.ends_with("a new trade with the same body needs a new signature"),
+                && detail.ends_with(
+                    "a new trade with the same body needs a key of its own in the body \
+                     (idempotencyKey)"
+                )
+                && !detail.contains("signature"),
             "{detail}"
         );
     }
