@@ -319,28 +319,40 @@ fn check_config(config: &Path) -> ExitCode {
     {
         picked("admin.listen", "the operator commands (status, halt, keys)");
     }
+    // A file's folder that is not there, or that this user cannot write: what the package's
+    // install and the unit's reload check see, as they run this as the service's user.
+    let folder_of = |key: &str, file: &Path, absent_ok: Option<&Path>, then: &str| {
+        let folder = match file.parent() {
+            Some(p) if !p.as_os_str().is_empty() => p,
+            _ => Path::new("."),
+        };
+        let problem = if !folder.is_dir() {
+            if absent_ok == Some(folder) {
+                return;
+            }
+            "is not there (yet)"
+        } else if !writable(folder) {
+            "cannot be written by this user"
+        } else {
+            return;
+        };
+        eprintln!(
+            "hoox-edge: warning: {}: {key}: the folder {} {problem}: {then}",
+            config.display(),
+            folder.display()
+        );
+    };
     // Not an error: the gateway starts without it (a mount not up yet), failing closed
     // until it is there. But a typo passed for ok here refuses every trade.
-    let folder = match loaded.store_path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    if !folder.is_dir() {
-        eprintln!(
-            "hoox-edge: warning: {}: store.path: the folder {} is not there (yet): the \
-             gateway refuses every trade (503) until it is",
-            config.display(),
-            folder.display()
-        );
-    } else if !writable(folder) {
-        // What the package's install and the unit's reload check see: they run this as
-        // the service's user.
-        eprintln!(
-            "hoox-edge: warning: {}: store.path: this user cannot write the folder {}: a \
-             gateway run as it refuses every trade (503) until it can",
-            config.display(),
-            folder.display()
-        );
+    let refuses = "a gateway run so refuses every trade (503) until it can write there";
+    folder_of("store.path", &loaded.store_path, None, refuses);
+    // Nor this, which the unit's `RuntimeDirectory=` makes at each start, after a first
+    // install's check: but any other folder missing or not this user's stops `serve` at
+    // its start, after `ok` here.
+    if let Some(crate::admin::Listen::Unix(socket)) = &loaded.admin {
+        let unit_makes = Some(Path::new("/run/hoox-edge"));
+        let stops = "a gateway run so cannot listen there, and stops at its start";
+        folder_of("admin.listen", socket, unit_makes, stops);
     }
     // Loaded once already, by `Config::load`: this only reads what clients would refuse.
     let tls = loaded.tls.load().ok();
@@ -740,7 +752,8 @@ fn admin_listen(args: &AdminArgs, default_config: &Path) -> Result<Listen, Strin
     })?;
     match partial.admin.and_then(|a| a.listen) {
         // Relative to the file, as the gateway that read it took it (`Config::load`).
-        Some(l) => Listen::parse_in(&l, path.parent().unwrap_or(Path::new("."))),
+        Some(l) => Listen::parse_in(&l, path.parent().unwrap_or(Path::new(".")))
+            .map_err(|e| format!("{}: admin.listen: {e}", path.display())),
         None => Err(format!(
             "{} has no [admin] listen: that gateway serves no admin API (or pass --admin)",
             path.display()
@@ -1097,6 +1110,14 @@ mod tests {
         assert_eq!(
             admin_listen(&args(None, Some(relative)), &installed),
             Ok(Listen::Unix(dir.path().join("run/admin.sock")))
+        );
+        // A listen that does not parse is named with its file, as `serve` names it.
+        let bad = dir.path().join("bad.toml");
+        std::fs::write(&bad, "[admin]\nlisten = \"127.0.0.1\"\n").unwrap();
+        let e = admin_listen(&args(None, Some(bad.clone())), &installed).unwrap_err();
+        assert!(
+            e.starts_with(&format!("{}: admin.listen: ", bad.display())),
+            "{e}"
         );
         // A config without [admin] serves no admin API: said, not guessed.
         std::fs::write(&installed, "[server]\n").unwrap();

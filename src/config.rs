@@ -131,7 +131,11 @@ pub struct AuthConfig {
 /// with the line number: not toml's own rendering, which quotes the offending line, and that
 /// may hold a secret (an executor URL with credentials).
 pub fn syntax(text: &str, e: &toml::de::Error) -> (String, String) {
-    let message = e.message().trim().replace('\n', " ");
+    let mut message = e.message().trim().replace('\n', " ");
+    // serde names the Rust type an integer key is read as; a reader wants what to write.
+    for int in ["usize", "u64", "u32", "u16"] {
+        message = message.replace(&format!("expected {int}"), "expected a whole number");
+    }
     let Some(at) = e
         .span()
         .map(|s| s.start)
@@ -1556,7 +1560,7 @@ mod tests {
         })
         .unwrap();
         let said = http.executor.describe();
-        assert_eq!(said, "http: orders go to https://exec.example:9443");
+        assert_eq!(said, "http: orders go to https://exec.example:9443/…");
     }
 
     /// What a config that leaves a key out gets (SPEC §1, §7): pinned, since every test
@@ -1691,7 +1695,7 @@ mod tests {
                 "[server]\nlisten = \"127.0.0.1:1\"\n\n# cap\nmax_connections = \"100\"\n",
                 "server.max_connections",
                 "line 5: ",
-                "invalid type",
+                "invalid type: string \"100\", expected a whole number",
             ),
             ("ttl = \"1s\"\n", "ttl", "line 1: ", "unknown"),
             // A comment after a header, as in README's example config.

@@ -1285,6 +1285,30 @@ fn check_config_warns_of_a_store_folder_not_there() {
     assert!(err.contains(&whole), "{err}");
 }
 
+/// An admin socket whose folder is not there passes, with a warning: `serve` then cannot
+/// listen there and stops at its start. Not for the unit's `RuntimeDirectory=`, which
+/// systemd makes at each start, after a first install's check.
+#[test]
+fn check_config_warns_of_an_admin_socket_folder_not_there() {
+    let mut setup = Setup::new(None);
+    let warning = "admin.listen: the folder";
+    setup.set("admin", "listen", "unix:run/admin.sock");
+    let config = setup.write_config();
+    let (code, err) = check_config(&config);
+    assert_eq!(code, Some(0), "{err}");
+    let run = config.parent().unwrap().join("run");
+    let whole = format!("{warning} {} is not there (yet)", run.display());
+    assert!(err.contains(&whole), "{err}");
+    std::fs::create_dir(&run).unwrap();
+    let (code, err) = check_config(&config);
+    assert_eq!((code, err.contains(warning)), (Some(0), false), "{err}");
+    if !Path::new("/run/hoox-edge").exists() {
+        setup.set("admin", "listen", "unix:/run/hoox-edge/admin.sock");
+        let (code, err) = check_config(&setup.write_config());
+        assert_eq!((code, err.contains(warning)), (Some(0), false), "{err}");
+    }
+}
+
 /// A listen address on port 0 passes (tests run so), with a warning: no sender could find
 /// the webhook's, nor an operator command (`halt`) the admin face's.
 #[test]
@@ -1327,7 +1351,7 @@ fn check_config_warns_of_a_config_without_admin() {
     setup.write_config();
     let out = said(&setup);
     assert!(
-        out.ends_with(": ok (executor: http: orders go to http://127.0.0.1:9)\n"),
+        out.ends_with(": ok (executor: http: orders go to http://127.0.0.1:9/…)\n"),
         "{out}"
     );
     setup.config.remove("executor");

@@ -235,7 +235,7 @@ async fn read_only_state_directory() {
         String::from_utf8_lossy(&o.stderr).into_owned()
     };
     setup.write_config();
-    let warning = "this user cannot write the folder";
+    let warning = "cannot be written by this user";
     assert!(check().contains(warning), "{}", check());
     let gw = setup.start();
     assert_fails_closed(&gw, &exec, "ro-1").await;

@@ -97,7 +97,8 @@ impl fmt::Debug for HttpConfig {
 
 impl HttpConfig {
     /// Where orders go, for the log: scheme, host and port (the scheme's own when the URL
-    /// names none), nothing else. Userinfo, path and query may hold secrets.
+    /// names none), nothing else. Userinfo, path and query may hold secrets: a path or a
+    /// query is shown as `/…`, so that a reader does not take it for one left out.
     pub fn origin(&self) -> String {
         let scheme = self.url.scheme_str().unwrap_or("http");
         let host = self.url.host().unwrap_or("");
@@ -105,7 +106,11 @@ impl HttpConfig {
             .url
             .port_u16()
             .unwrap_or(if scheme == "https" { 443 } else { 80 });
-        format!("{scheme}://{host}:{port}")
+        let rest = match self.url.path_and_query().map(|p| p.as_str()) {
+            None | Some("/") => "",
+            Some(_) => "/…",
+        };
+        format!("{scheme}://{host}:{port}{rest}")
     }
 }
 
@@ -651,11 +656,16 @@ mod tests {
         let cases = [
             (
                 "https://user:hunter2@exec.local:9443/o/s3cret?token=s3cret",
-                "https://exec.local:9443",
+                "https://exec.local:9443/…",
             ),
-            ("https://exec.local/orders", "https://exec.local:443"),
-            ("http://127.0.0.1/orders?key=s3cret", "http://127.0.0.1:80"),
-            ("http://[::1]:9000/orders", "http://[::1]:9000"),
+            ("https://exec.local/orders", "https://exec.local:443/…"),
+            (
+                "http://127.0.0.1/orders?key=s3cret",
+                "http://127.0.0.1:80/…",
+            ),
+            ("http://127.0.0.1/?key=s3cret", "http://127.0.0.1:80/…"),
+            ("http://[::1]:9000/", "http://[::1]:9000"),
+            ("http://[::1]:9000", "http://[::1]:9000"),
         ];
         for (url, want) in cases {
             assert_eq!(cfg(url).origin(), want, "{url}");
