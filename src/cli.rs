@@ -182,19 +182,19 @@ enum KeysOp {
     },
     /// Show one key (the stored form, e.g. client:psk:live:order-1).
     Show { key: String },
-    /// Operator release of a held key, so that a retry may run. Refused while the order
-    /// that made its entry is at the executor (`in_flight` in `keys show`), unless forced,
-    /// and, without --entry, for a committed key (its order filled).
+    /// Operator release of a held key, so that a retry may run: the entry `keys show` gave,
+    /// as it was then. Refused while the order that made it is at the executor (`in_flight`
+    /// in `keys show`), unless forced.
     Release {
         key: String,
         /// Release even a key whose order is at the executor now: only when you know that
-        /// order cannot fill. Needs --entry.
-        #[arg(long, requires = "entry")]
+        /// order cannot fill.
+        #[arg(long)]
         force: bool,
         /// The `entry` that `keys show` gave: release that entry only, and only in the
         /// state you saw, not one that settled since or a retry's that took the key.
         #[arg(long, value_name = "TAG")]
-        entry: Option<String>,
+        entry: String,
     },
 }
 
@@ -245,15 +245,13 @@ pub fn main() -> ExitCode {
                     ("GET", format!("/keys/{}", admin::client::encode_key(key)))
                 }
                 KeysOp::Release { key, force, entry } => {
-                    let mut path = format!("/keys/{}/release", admin::client::encode_key(key));
-                    // `--force` requires `--entry` (clap), so it only ever follows one.
-                    if let Some(tag) = entry {
-                        path += &format!("?entry={}", admin::client::encode_key(tag));
-                        if *force {
-                            path += "&force=1";
-                        }
-                    }
-                    return operator_release(&admin, &path, entry.is_some());
+                    let (key, tag) = (
+                        admin::client::encode_key(key),
+                        admin::client::encode_key(entry),
+                    );
+                    let force = if *force { "&force=1" } else { "" };
+                    let path = format!("/keys/{key}/release?entry={tag}{force}");
+                    return operator_release(&admin, &path);
                 }
             };
             let field = match op {
@@ -768,12 +766,11 @@ fn operator(args: &AdminArgs, method: &str, path: &str, field: &str) -> ExitCode
 
 /// A release, which the gateway guards, not this command. A gateway older than this
 /// command (an upgrade's window, between the package's files and the restart, or an upgrade
-/// held by its config check) makes the refusals of its own version only: before 0.2.11 a
-/// plain release freed a committed key, and before 0.2.4 any release freed a key whose
-/// order was out, `--entry` unread; the retry was placed a second time. So a plain release
-/// goes to 0.2.11 or later, one pinned by `--entry` to 0.2.4 or later, which honour what
-/// they ask.
-fn operator_release(args: &AdminArgs, path: &str, pinned: bool) -> ExitCode {
+/// held by its config check) makes the refusals of its own version only: before 0.2.4 a
+/// release freed a key whose order was out, `--entry` unread, and the retry was placed a
+/// second time. So a release (always pinned by `--entry`) goes to 0.2.4 or later, which
+/// honour it.
+fn operator_release(args: &AdminArgs, path: &str) -> ExitCode {
     let (listen, rt) = match admin_face(args) {
         Ok(face) => face,
         Err(code) => return code,
@@ -794,20 +791,11 @@ fn operator_release(args: &AdminArgs, path: &str, pinned: bool) -> ExitCode {
         };
         let finish = "or finish the upgrade: check-config with this hoox-edge, then \
                       systemctl restart hoox-edge";
-        let refusal = if older(&v, "0.2.4") {
-            Some(format!(
-                "which reads no --entry and frees a key whose order is out: {finish}"
-            ))
-        } else if !pinned && older(&v, "0.2.11") {
-            Some(format!(
-                "which frees a committed key on a plain release: give the entry tag `keys \
-                 show` prints (--entry), which it honours, {finish}"
-            ))
-        } else {
-            None
-        };
-        if let Some(why) = refusal {
-            eprintln!("hoox-edge: not sent: the gateway at {listen} runs {v}, {why}");
+        if older(&v, "0.2.4") {
+            eprintln!(
+                "hoox-edge: not sent: the gateway at {listen} runs {v}, which reads no \
+                 --entry and frees a key whose order is out: {finish}"
+            );
             return ExitCode::FAILURE;
         }
     }

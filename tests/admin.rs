@@ -153,7 +153,10 @@ async fn failing_closed_is_not_ready_and_says_why() {
         for (method, path) in [
             ("GET", "/keys"),
             ("GET", "/keys/client:psk:live:order-1"),
-            ("POST", "/keys/client:psk:live:order-1/release"),
+            (
+                "POST",
+                "/keys/client:psk:live:order-1/release?entry=1.2.pending.0",
+            ),
             ("POST", "/halt"),
             ("POST", "/resume"),
         ] {
@@ -239,6 +242,12 @@ async fn bad_requests_are_refused_before_the_mutex_is_asked() {
         (
             "POST",
             "/keys/client:a:live:b/release?force=1",
+            400,
+            "INVALID_REQUEST",
+        ),
+        (
+            "POST",
+            "/keys/client:a:live:b/release",
             400,
             "INVALID_REQUEST",
         ),
@@ -594,7 +603,8 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
     );
     let out_tag = entry(&shown);
     assert!(out_tag.contains(".out."), "{out_tag}");
-    assert_eq!(answer(release.clone()).await, in_flight);
+    let pinned = |tag: &str| format!("{release}?entry={tag}");
+    assert_eq!(answer(pinned(&out_tag)).await, in_flight);
     assert_eq!(
         answer(format!("{release}?force=1")).await,
         (400, "INVALID_REQUEST".to_string())
@@ -618,7 +628,6 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
     // Seen out; the order ends, its commit lost (dropped with the queue full): the entry
     // is pending and unmarked, a filled trade as far as anyone knows, and a release with
     // the look from while it was out is refused.
-    let pinned = |tag: &str| format!("{release}?entry={tag}");
     let out = marks.begin(&key, None);
     let Decision::Proceed(lost) = m.reserve(reserve(&key)).await else {
         panic!("a released key is granted")
@@ -660,7 +669,7 @@ async fn keys_are_listed_shown_and_released_by_the_operator() {
     assert_eq!(v["key"], key.as_str());
     let (s, v) = a.call("GET", &format!("/keys/{encoded}")).await;
     assert_eq!((s, v["code"].as_str()), (404, Some("KEY_NOT_FOUND")));
-    let (s, _) = a.call("POST", &release).await;
+    let (s, _) = a.call("POST", &pinned(&entry(&committed))).await;
     assert_eq!(s, 404, "a second release finds nothing");
 
     // The retry the operator unblocked now runs; the other key is untouched.

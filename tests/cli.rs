@@ -64,8 +64,18 @@ async fn operator_releases_a_held_key_and_halts() {
     let show = json_out(&cli(&[&["keys", "show", key][..], &admin].concat()));
     assert_eq!(show["state"], "pending");
 
+    // Not without the entry the operator judged: a usage error, nothing sent.
+    let o = cli(&[&["keys", "release", key][..], &admin].concat());
+    assert_eq!(o.status.code(), Some(2));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("--entry"));
+    assert_eq!(
+        json_out(&cli(&[&["keys", "show", key][..], &admin].concat()))["state"],
+        "pending"
+    );
     // The operator checked the exchange: nothing filled. Release, and the retry runs.
-    let rel = json_out(&cli(&[&["keys", "release", key][..], &admin].concat()));
+    let tag = show["entry"].as_str().unwrap();
+    let release = ["keys", "release", key, "--entry", tag];
+    let rel = json_out(&cli(&[&release[..], &admin].concat()));
     assert_eq!(rel["released"], true);
     // Gone now: exit 1, the problem on stderr, nothing on stdout for a pipe to parse.
     let again = cli(&[&["keys", "show", key][..], &admin].concat());
@@ -318,28 +328,27 @@ fn a_state_dir_beside_a_config_is_refused_not_ignored() {
 }
 
 /// In an upgrade's window the new `hoox-edge` may talk to the old gateway, whose release
-/// does not make this version's refusals (0.2.10 freed a committed key without `--entry`,
-/// 0.2.3 read no `--entry`): a release is sent only where it is honoured as asked.
+/// does not make this version's refusals (0.2.3 read no `--entry`): a release is sent only
+/// where it is honoured as asked.
 #[test]
 fn a_release_is_not_sent_to_a_gateway_that_would_not_honour_it() {
     let ours = env!("CARGO_PKG_VERSION");
-    let plain = ["keys", "release", "client:psk:live:k"];
-    let pinned = [
-        &plain[..],
-        &["--entry", "3.1764770000123.committed.ab12cd34"],
-    ]
-    .concat();
-    for (version, args, sent) in [
-        ("0.2.10", &plain[..], false),
-        ("0.2.9", &plain[..], false),
-        ("0.2.10", &pinned[..], true),
-        ("0.2.4", &pinned[..], true),
-        ("0.2.3", &pinned[..], false),
-        ("0.1.0", &pinned[..], false),
-        (ours, &plain[..], true),
-        ("0.2.11", &plain[..], true),
-        ("99.0.0", &plain[..], true),
+    let args = [
+        "keys",
+        "release",
+        "client:psk:live:k",
+        "--entry",
+        "3.1764770000123.committed.ab12cd34",
+    ];
+    for (version, sent) in [
+        ("0.2.10", true),
+        ("0.2.4", true),
+        ("0.2.3", false),
+        ("0.1.0", false),
+        (ours, true),
+        ("99.0.0", true),
     ] {
+        let args = &args[..];
         let (at, seen) = admin_of_version(version);
         let o = cli(&[args, &["--admin", &at]].concat());
         let said = String::from_utf8_lossy(&o.stderr);
@@ -379,7 +388,14 @@ fn an_answer_that_is_not_hoox_edges_is_not_taken_for_one() {
     // A release asks `/status` first, for the gateway's version: an answer without one is
     // not an old gateway's (every version's has said it), and nothing is released.
     let (at, seen) = admin_of_version("");
-    let o = cli(&["keys", "release", "client:psk:live:k", "--admin", &at]);
+    let release = [
+        "keys",
+        "release",
+        "client:psk:live:k",
+        "--entry",
+        "1.2.pending.0",
+    ];
+    let o = cli(&[&release[..], &["--admin", &at]].concat());
     let said = String::from_utf8_lossy(&o.stderr);
     assert_eq!(o.status.code(), Some(69), "{said}");
     assert!(said.contains("not hoox-edge's admin API"), "{said}");
@@ -406,7 +422,7 @@ fn a_key_too_long_to_send_is_bad_input() {
     let long = format!("client:psk:live:{}", " ".repeat(22_000));
     for args in [
         &["keys", "show", &long][..],
-        &["keys", "release", &long],
+        &["keys", "release", &long, "--entry", "1.2.pending.0"],
         &["keys", "release", "client:psk:live:k", "--entry", &long],
     ] {
         let o = cli(&[args, &["--admin", &at]].concat());
@@ -544,7 +560,8 @@ async fn a_key_whose_order_is_out_is_released_only_by_force() {
         (Some("pending"), Some(true))
     );
     let pending_tag = show["entry"].as_str().unwrap().to_string();
-    let o = cli(&[&["keys", "release", key][..], &admin].concat());
+    let release = ["keys", "release", key, "--entry", &pending_tag];
+    let o = cli(&[&release[..], &admin].concat());
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("ORDER_IN_FLIGHT"));
     // `status` counts it: what an operator waits to see at 0 before a restart.
@@ -569,11 +586,12 @@ async fn a_key_whose_order_is_out_is_released_only_by_force() {
     let o = cli(&[&force[..], &admin].concat());
     assert_eq!(o.status.code(), Some(1));
     assert!(String::from_utf8_lossy(&o.stderr).contains("KEY_CHANGED"));
-    // Nor does a plain release free it: an operator who saw it pending and released it
-    // once it filled would have its retry placed again. Named by its entry, it is freed.
-    let o = cli(&[&["keys", "release", key][..], &admin].concat());
+    // Nor does the release the operator was told to wait with: they saw it out, and it
+    // has filled since; freed, its retry would be placed again. Named by the entry as it
+    // is now, it is freed.
+    let o = cli(&[&release[..], &admin].concat());
     assert_eq!(o.status.code(), Some(1));
-    assert!(String::from_utf8_lossy(&o.stderr).contains("KEY_COMMITTED"));
+    assert!(String::from_utf8_lossy(&o.stderr).contains("KEY_CHANGED"));
     let committed_tag = show["entry"].as_str().unwrap();
     let rel = json_out(&cli(&[
         &["keys", "release", key, "--entry", committed_tag][..],
@@ -704,7 +722,11 @@ async fn retries_of_a_held_trade_leave_it_releasable_and_a_guard_is_out_with_its
     let (s, v) = gw
         .admin(
             "POST",
-            &format!("/keys/{}/release", guard["key"].as_str().unwrap()),
+            &format!(
+                "/keys/{}/release?entry={}",
+                guard["key"].as_str().unwrap(),
+                guard["entry"].as_str().unwrap()
+            ),
         )
         .await;
     assert_eq!(

@@ -3550,15 +3550,17 @@ async fn a_signatures_key_is_settled_with_its_trade() {
     assert_eq!(key_state(&gw, &sig_key).await, "committed");
     assert_eq!(exec.calls(), 2);
 
-    // Committed, it is released only as seen: a plain release says what freeing it does.
+    // Released only as seen: a release that names no entry is refused, and says why.
     let (s, v) = gw.admin("POST", &release_path(&sig_key)).await;
-    assert_eq!((s, &v["code"]), (409, &json!("KEY_COMMITTED")), "{v}");
+    assert_eq!((s, &v["code"]), (400, &json!("INVALID_REQUEST")), "{v}");
     assert!(
         v["detail"]
             .as_str()
             .unwrap()
-            .contains("the same signed request is placed again")
+            .starts_with("a release needs entry=TAG, the entry keys show gave"),
+        "{v}"
     );
+    assert_eq!(key_state(&gw, &sig_key).await, "committed");
     assert_eq!(release_as_seen(&gw, &sig_key).await, 200);
     let r = post_signed(&gw, &body, signed_at, &headers).await;
     assert_eq!(r.status, 200, "{:?}", r.json());

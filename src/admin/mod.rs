@@ -12,7 +12,7 @@
 //! | `GET /status`              | `{live_keys, halted, serving, fail_closed, detail, ready, orders_in_flight, restart_pending, version}`|
 //! | `GET /keys?limit=N`        | `{keys: [entry], truncated}`, by wall clock expiry, oldest first |
 //! | `GET /keys/{key}`          | one entry, 404 if no live entry                             |
-//! | `POST /keys/{key}/release` | operator release; `?entry=TAG` (from `keys show`) pins it to that entry as seen; 404 no live entry; 409 `ORDER_IN_FLIGHT` (`?force=1&entry=TAG` overrides), `KEY_COMMITTED` (a filled order's key: only with `?entry=TAG`) or `KEY_CHANGED` (settled, taken again, or reloaded, meanwhile) |
+//! | `POST /keys/{key}/release?entry=TAG` | operator release of the entry `keys show` gave (TAG), as it was seen; 400 without one; 404 no live entry; 409 `ORDER_IN_FLIGHT` (`&force=1` overrides) or `KEY_CHANGED` (settled, taken again, or reloaded, meanwhile) |
 //! | `POST /halt`, `/resume`    | the kill switch, persisted by the mutex                     |
 //!
 //! `{key}` is the stored key, percent-encoded as [`client::encode_key`] does.
@@ -639,17 +639,17 @@ async fn show(state: &State, raw: &str) -> Answer {
     }
 }
 
-/// `POST /keys/{key}/release[?entry=TAG[&force=1]]`. A key whose order is at the executor now is not
+/// `POST /keys/{key}/release?entry=TAG[&force=1]`. A key whose order is at the executor now is not
 /// released without `force`: its outcome is not known yet, and a retry let through now
 /// could fill beside it (`executor::outstanding`).
 async fn release(state: &State, raw: &str, query: &str) -> Answer {
-    let (force, entry) = match release_query(query) {
-        Ok(q) => q,
-        Err(detail) => return problem(StatusCode::BAD_REQUEST, "INVALID_REQUEST", detail),
-    };
     let key = match parse_key(raw) {
         Ok(k) => k,
         Err(a) => return *a,
+    };
+    let (force, entry) = match release_query(query) {
+        Ok(q) => q,
+        Err(detail) => return problem(StatusCode::BAD_REQUEST, "INVALID_REQUEST", detail),
     };
     // The release names the entry looked at here, in the state it is in: the owner
     // removes that entry only, and only if it has not settled since. An order is marked
@@ -657,32 +657,17 @@ async fn release(state: &State, raw: &str, query: &str) -> Answer {
     // to the entry its reserve made, so an entry that is live now with no mark bound to it
     // once the marks taken before the look are bound or gone has no order out; an order
     // marked later cannot hold it (a reserve makes a new entry). `entry` pins the look
-    // further back, to the operator's own (`keys show`): an entry that settled since, or
-    // a key freed and taken again, is not the one they judged.
+    // further back, to the operator's own (`keys show`): an entry that settled since (an
+    // order out then, filled or timed out now), or a key freed and taken again, is not
+    // the one they judged.
     let seen = match state.mutex.get(key.clone()).await {
         Ok(Some(e)) => e,
         Ok(None) => return not_found(),
         Err(u) => return unavailable(&u),
     };
     let out = order_out(state, &seen).await;
-    if entry.is_some_and(|tag| tag != entry_tag(&seen, out)) {
+    if entry != entry_tag(&seen, out) {
         return key_changed();
-    }
-    // A committed entry is a filled order: freed, its sender's retry is placed again. A
-    // release that names no entry may come from a look taken while the order was still
-    // out (pending then, committed since): it must say which entry it means.
-    if entry.is_none() && seen.state == crate::mutex::State::Committed {
-        let what = if key.is_guard() {
-            "this signature's trade filled (committed): freed, with its trade's key, the \
-             same signed request is placed again"
-        } else {
-            "this key's order filled (committed): freed, a retry of its trade is placed again"
-        };
-        return problem(
-            StatusCode::CONFLICT,
-            "KEY_COMMITTED",
-            format!("{what}. If that is what you mean, release it with the entry keys show gives"),
-        );
     }
     if !force && out {
         return problem(
@@ -708,10 +693,13 @@ async fn release(state: &State, raw: &str, query: &str) -> Answer {
     }
 }
 
-/// `force=1` and `entry=TAG`, each at most once, in any order; force only with an entry,
-/// since a forced release of whatever holds the key now could free a retry's new order
-/// that took it after the operator looked.
-fn release_query(query: &str) -> Result<(bool, Option<&str>), String> {
+/// `entry=TAG` and maybe `force=1`, each at most once, in any order. The entry is required:
+/// every live entry is one whose order may have filled (committed; or pending, its
+/// outcome unknown, or its commit lost), so a release frees what the operator judged or
+/// nothing. Without it, a look taken while the order was out, and a release sent once it
+/// had filled or timed out, would free the fill to be placed again; and a forced release
+/// of whatever holds the key now, a retry's new order that took it since.
+fn release_query(query: &str) -> Result<(bool, &str), String> {
     let (mut force, mut entry) = (false, None);
     for part in query.split('&').filter(|p| !p.is_empty()) {
         match part.split_once('=') {
@@ -733,13 +721,14 @@ fn release_query(query: &str) -> Result<(bool, Option<&str>), String> {
             }
         }
     }
-    if force && entry.is_none() {
+    let Some(entry) = entry else {
         return Err(
-            "force=1 needs entry=TAG, the entry keys show gave: a forced release \
-                    names the entry the operator judged"
+            "a release needs entry=TAG, the entry keys show gave: it frees the entry \
+                    the operator judged, as it was then, or nothing (an order whose outcome \
+                    is unknown may have filled: check the exchange first)"
                 .into(),
         );
-    }
+    };
     Ok((force, entry))
 }
 
