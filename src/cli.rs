@@ -193,7 +193,9 @@ enum KeysOp {
         force: bool,
         /// The `entry` that `keys show` gave: release that entry only, and only in the
         /// state you saw, not one that settled since or a retry's that took the key.
-        #[arg(long, value_name = "TAG")]
+        #[arg(long, value_name = "TAG", value_parser = |t: &str| {
+            admin::entry_tag_of(t).map(str::to_owned)
+        })]
         entry: String,
     },
 }

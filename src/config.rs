@@ -132,9 +132,16 @@ pub struct AuthConfig {
 /// may hold a secret (an executor URL with credentials).
 pub fn syntax(text: &str, e: &toml::de::Error) -> (String, String) {
     let mut message = e.message().trim().replace('\n', " ");
-    // serde names the Rust type an integer key is read as; a reader wants what to write.
-    for int in ["usize", "u64", "u32", "u16"] {
-        message = message.replace(&format!("expected {int}"), "expected a whole number");
+    // serde names the Rust type an integer key is read as; a reader wants what to write,
+    // its range too (the message may be of a whole number out of it).
+    for (int, max) in [
+        ("usize", usize::MAX as u64),
+        ("u64", u64::MAX),
+        ("u32", u32::MAX.into()),
+        ("u16", u16::MAX.into()),
+    ] {
+        let whole = format!("expected a whole number from 0 to {max}");
+        message = message.replace(&format!("expected {int}"), &whole);
     }
     let Some(at) = e
         .span()
@@ -1695,7 +1702,15 @@ mod tests {
                 "[server]\nlisten = \"127.0.0.1:1\"\n\n# cap\nmax_connections = \"100\"\n",
                 "server.max_connections",
                 "line 5: ",
-                "invalid type: string \"100\", expected a whole number",
+                "invalid type: string \"100\", expected a whole number from 0 to 1844674407",
+            ),
+            // A whole number out of its range says the range, not only "a whole number".
+            (
+                "[limits]\nburst = 5000000000\n",
+                "limits.burst",
+                "line 2: ",
+                "invalid value: integer `5000000000`, expected a whole number from 0 to \
+                 4294967295",
             ),
             ("ttl = \"1s\"\n", "ttl", "line 1: ", "unknown"),
             // A comment after a header, as in README's example config.

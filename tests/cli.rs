@@ -329,32 +329,31 @@ fn a_state_dir_beside_a_config_is_refused_not_ignored() {
 
 /// In an upgrade's window the new `hoox-edge` may talk to the old gateway, whose release
 /// does not make this version's refusals (0.2.3 read no `--entry`): a release is sent only
-/// where it is honoured as asked.
+/// where it is honoured as asked, and as asked: pinned to its entry, forced if told.
 #[test]
 fn a_release_is_not_sent_to_a_gateway_that_would_not_honour_it() {
     let ours = env!("CARGO_PKG_VERSION");
-    let args = [
-        "keys",
-        "release",
-        "client:psk:live:k",
-        "--entry",
-        "3.1764770000123.committed.ab12cd34",
-    ];
-    for (version, sent) in [
-        ("0.2.10", true),
-        ("0.2.4", true),
-        ("0.2.3", false),
-        ("0.1.0", false),
-        (ours, true),
-        ("99.0.0", true),
+    let tag = "3.1764770000123.committed.ab12cd34";
+    let args = ["keys", "release", "client:psk:live:k", "--entry", tag];
+    let forced = [&args[..], &["--force"]].concat();
+    let pinned = format!("POST /keys/client:psk:live:k/release?entry={tag} HTTP/1.1");
+    let pinned_forced = pinned.replace(" HTTP", "&force=1 HTTP");
+    for (version, args, sent) in [
+        ("0.2.10", &args[..], Some(&pinned)),
+        ("0.2.4", &forced[..], Some(&pinned_forced)),
+        ("0.2.3", &args[..], None),
+        ("0.1.0", &forced[..], None),
+        (ours, &args[..], Some(&pinned)),
+        (ours, &forced[..], Some(&pinned_forced)),
+        ("99.0.0", &args[..], Some(&pinned)),
     ] {
-        let args = &args[..];
         let (at, seen) = admin_of_version(version);
         let o = cli(&[args, &["--admin", &at]].concat());
         let said = String::from_utf8_lossy(&o.stderr);
         let seen = seen.lock().unwrap().clone();
-        let released = seen.iter().any(|l| l.starts_with("POST /keys/"));
-        assert_eq!(released, sent, "{version} {args:?}: {seen:?} {said}");
+        let released: Vec<_> = seen.iter().filter(|l| l.starts_with("POST ")).collect();
+        assert_eq!(released, Vec::from_iter(sent), "{version} {args:?}: {said}");
+        let sent = sent.is_some();
         assert_eq!(o.status.success(), sent, "{version}: {said}");
         if !sent {
             let why = format!("not sent: the gateway at {at} runs {version}, which ");
@@ -413,6 +412,27 @@ fn an_answer_that_is_not_hoox_edges_is_not_taken_for_one() {
     }
 }
 
+/// A release names its entry as `keys show` gave it: none, or one pasted wrong (empty,
+/// quoted from JSON, upper case), is a usage error (exit 2) and nothing is sent.
+#[test]
+fn a_release_without_an_entry_as_keys_show_gives_it_is_not_sent() {
+    let (at, seen) = admin_of_version(env!("CARGO_PKG_VERSION"));
+    let release = ["keys", "release", "client:psk:live:k"];
+    for entry in [
+        &[][..],
+        &["--entry", ""],
+        &["--entry", "\"3.1764770000123.pending.ab12cd34\""],
+        &["--entry", "3.1764770000123.PENDING.AB12CD34"],
+        &["--entry", &"1".repeat(65)],
+    ] {
+        let o = cli(&[&release[..], entry, &["--admin", &at]].concat());
+        let said = String::from_utf8_lossy(&o.stderr);
+        assert_eq!(o.status.code(), Some(2), "{entry:?}: {said}");
+        assert!(said.contains("--entry"), "{entry:?}: {said}");
+    }
+    assert!(seen.lock().unwrap().is_empty());
+}
+
 /// A key too long for a URL (over 64 KiB once encoded; no key the gateway keeps is over
 /// 384 bytes) is the command's bad input, exit 1, not an unreachable gateway (69), which a
 /// script retries; nothing is sent.
@@ -423,7 +443,6 @@ fn a_key_too_long_to_send_is_bad_input() {
     for args in [
         &["keys", "show", &long][..],
         &["keys", "release", &long, "--entry", "1.2.pending.0"],
-        &["keys", "release", "client:psk:live:k", "--entry", &long],
     ] {
         let o = cli(&[args, &["--admin", &at]].concat());
         let said = String::from_utf8_lossy(&o.stderr);

@@ -25,7 +25,7 @@ async fn key_state(gw: &support::gateway::Gateway, key: &str) -> String {
 }
 
 /// An operator's release of `key` pinned to its entry as `keys show` gives it now, as
-/// the release of a committed (filled) key must be: the admin's status.
+/// every release must be: the admin's status.
 async fn release_as_seen(gw: &support::gateway::Gateway, key: &str) -> u16 {
     let path = format!("/keys/{}", hoox_edge::admin::client::encode_key(key));
     let (status, body) = gw.admin("GET", &path).await;

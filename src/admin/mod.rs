@@ -704,15 +704,7 @@ fn release_query(query: &str) -> Result<(bool, &str), String> {
     for part in query.split('&').filter(|p| !p.is_empty()) {
         match part.split_once('=') {
             Some(("force", "1")) if !force => force = true,
-            Some(("entry", tag)) if entry.is_none() => {
-                let fits = |c: char| c.is_ascii_digit() || c.is_ascii_lowercase() || c == '.';
-                if tag.is_empty() || tag.len() > 64 || !tag.chars().all(fits) {
-                    return Err(format!(
-                        "entry {tag:?} is not an entry that keys show gives"
-                    ));
-                }
-                entry = Some(tag);
-            }
+            Some(("entry", tag)) if entry.is_none() => entry = Some(entry_tag_of(tag)?),
             _ => {
                 return Err(format!(
                     "unknown query {query:?}: the parameters are force=1 and entry=TAG, \
@@ -730,6 +722,19 @@ fn release_query(query: &str) -> Result<(bool, &str), String> {
         );
     };
     Ok((force, entry))
+}
+
+/// `tag` if it reads as an entry tag `keys show` gives (`entry_tag`: digits, lower-case hex
+/// and dots), else why not. The command line checks `--entry` with it too, so that a tag
+/// pasted wrong (empty, quoted, upper case) is its usage error, nothing sent.
+pub fn entry_tag_of(tag: &str) -> Result<&str, String> {
+    let fits = |c: char| c.is_ascii_digit() || c.is_ascii_lowercase() || c == '.';
+    if tag.is_empty() || tag.len() > 64 || !tag.chars().all(fits) {
+        return Err(format!(
+            "entry {tag:?} is not an entry that keys show gives"
+        ));
+    }
+    Ok(tag)
 }
 
 /// An entry as `keys show` names it: its number, when it was stored, its state (`out` for
