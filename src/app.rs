@@ -337,8 +337,14 @@ impl Started {
             let _ = t.await;
         }
         // The owner flushes and closes the database; it blocks, so keep it off the runtime.
+        // Failing closed, it holds none to close (a folder not there, a broken file).
+        let open = mutex.shared().serving.load(Ordering::Relaxed);
         let _ = tokio::task::spawn_blocking(move || owner.stop()).await;
-        log::info!("stopped; database closed");
+        if open {
+            log::info!("stopped; database closed");
+        } else {
+            log::info!("stopped; the database was not open");
+        }
     }
 }
 

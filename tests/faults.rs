@@ -279,6 +279,16 @@ async fn missing_state_directory() {
     let exec = MockExecutor::start().await;
     let mut setup = Setup::new(Some(&exec.url()));
     setup.set("store", "path", "later/mutex.redb");
+    let mut gw = setup.start();
+    assert_fails_closed(&gw, &exec, "missing-1").await;
+    // Stopped so, it says that it closed no database: it never had one.
+    assert!(gw.terminate().success(), "{}", gw.stderr());
+    let said = gw.stderr();
+    assert!(
+        said.contains("stopped; the database was not open"),
+        "{said}"
+    );
+    assert!(!said.contains("database closed"), "{said}");
     let gw = setup.start();
     assert_fails_closed(&gw, &exec, "missing-1").await;
     std::fs::create_dir(setup.dir.path().join("later")).unwrap();
