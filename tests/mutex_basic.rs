@@ -83,11 +83,18 @@ fn reserve_commit_release_and_duplicates() {
             m.force_release(a.clone(), None).await,
             Ok(Released::NotFound)
         );
-        granted(m.reserve(reserve(&a, 300_000, 9)).await);
+        // Taken last, and with a shorter TTL: it expires first, and is listed first.
+        granted(m.reserve(reserve(&a, 200_000, 9)).await);
 
         let list = m.list(10).await.unwrap();
-        assert_eq!(list.len(), 2);
-        assert!(list[0].expires_at <= list[1].expires_at);
+        let listed: Vec<_> = list
+            .iter()
+            .map(|e| (e.key.as_str(), e.expires_at))
+            .collect();
+        assert_eq!(
+            listed,
+            [(a.as_str(), T0 + 201_000), (b.as_str(), T0 + 301_000)]
+        );
         let s = &m.shared().stats;
         assert_eq!(s.proceeds.load(std::sync::atomic::Ordering::Relaxed), 4);
         assert_eq!(s.mismatches.load(std::sync::atomic::Ordering::Relaxed), 1);
@@ -983,17 +990,32 @@ fn an_overflow_behind_carried_operations_loses_no_settle() {
         // the owner with that commit applied and not yet written.
         m.stall(Duration::from_millis(500)).await.unwrap();
         m.commit(grants.next().unwrap(), None).unwrap();
-        let stalled = m.stall(Duration::from_millis(500));
+        let stalled = m.stall(Duration::from_millis(1_000));
         stalled.await.unwrap();
-        // Two fill the channel; the third overflows.
+        // Two fill the channel; the third overflows (the channel full, as a reserve finds
+        // it: refused at once, where a commit takes the lane).
         for g in grants {
             m.commit(g, None).unwrap();
         }
-        // The stall over, the channel drained.
-        tokio::time::sleep(Duration::from_millis(1_000)).await;
+        let mut probe = Box::pin(m.reserve(reserve(&key("probe"), 60_000, 1)));
+        assert_eq!(
+            poll_once(probe.as_mut()),
+            std::task::Poll::Ready(Decision::Unavailable(Unavailable::Busy)),
+            "the channel is full"
+        );
+        // The stall over, the channel drained: every settle applied.
+        let until = std::time::Instant::now() + Duration::from_secs(10);
         for k in &keys {
-            let e = m.get(k.clone()).await.unwrap().expect("held");
-            assert_eq!(e.state, State::Committed, "{k:?} not committed");
+            loop {
+                // Busy while the channel is still full.
+                match m.get(k.clone()).await {
+                    Ok(Some(e)) if e.state == State::Committed => break,
+                    Ok(Some(_)) | Err(Unavailable::Busy) => {}
+                    other => panic!("{k:?}: {other:?}"),
+                }
+                assert!(std::time::Instant::now() < until, "{k:?} not committed");
+                tokio::time::sleep(Duration::from_millis(20)).await;
+            }
         }
     });
     owner.stop();
