@@ -1236,7 +1236,8 @@ mod tests {
         assert!(lines[0].contains("client=desk-a"), "{lines:?}");
         assert!(lines[0].contains("status=200"), "{lines:?}");
 
-        // The request was gone first: the send fails, and the task says it.
+        // The request was gone first: the send fails, and nothing is said here (the task
+        // says it, `Origin::hung_up`: `sigterm_waits_for_an_order_whose_client_hung_up`).
         let (tx, awaited) = Awaited::channel(&order("early"), "desk-a", LOOPBACK);
         drop(awaited);
         assert!(tx.send(answer(Settled::Released, None)).is_err());
