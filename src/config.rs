@@ -132,16 +132,17 @@ pub struct AuthConfig {
 /// may hold a secret (an executor URL with credentials).
 pub fn syntax(text: &str, e: &toml::de::Error) -> (String, String) {
     let mut message = e.message().trim().replace('\n', " ");
-    // serde names the Rust type an integer key is read as; a reader wants what to write,
-    // its range too (the message may be of a whole number out of it).
-    for (int, max) in [
-        ("usize", usize::MAX as u64),
-        ("u64", u64::MAX),
-        ("u32", u32::MAX.into()),
-        ("u16", u16::MAX.into()),
+    // serde names the Rust type a key is read as; a reader wants what to write, and a whole
+    // number's range too (the message may be of one out of it).
+    let whole = |max: u64| format!("a whole number from 0 to {max}");
+    for (rust, said) in [
+        ("usize", whole(usize::MAX as u64)),
+        ("u64", whole(u64::MAX)),
+        ("u32", whole(u32::MAX.into())),
+        ("u16", whole(u16::MAX.into())),
+        ("f64", "a number".into()),
     ] {
-        let whole = format!("expected a whole number from 0 to {max}");
-        message = message.replace(&format!("expected {int}"), &whole);
+        message = message.replace(&format!("expected {rust}"), &format!("expected {said}"));
     }
     let Some(at) = e
         .span()
@@ -1703,6 +1704,13 @@ mod tests {
                 "server.max_connections",
                 "line 5: ",
                 "invalid type: string \"100\", expected a whole number from 0 to 1844674407",
+            ),
+            // A number given as text says what to write, not the Rust type it is read as.
+            (
+                "[limits]\nrate_per_s = \"5\"\n",
+                "limits.rate_per_s",
+                "line 2: ",
+                "invalid type: string \"5\", expected a number",
             ),
             // A whole number out of its range says the range, not only "a whole number".
             (
