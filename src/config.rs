@@ -152,7 +152,19 @@ pub fn syntax(text: &str, e: &toml::de::Error) -> (String, String) {
         return ("(syntax)".into(), message);
     };
     let line = text[..at].matches('\n').count() + 1;
-    let key = key_at(text, at).unwrap_or_else(|| "(syntax)".into());
+    let Some(key) = key_at(text, at) else {
+        // toml names the field it did not know (`unknown field `s3cret`, expected one of
+        // ...`): on a line that is not shaped as a key that name is the line's own text,
+        // which `key_at` will not say, so neither does the message.
+        let message = match message.split_once(", expected") {
+            Some((head, tail)) if head.contains('`') => {
+                let head = head.split('`').next().unwrap_or_default().trim_end();
+                format!("{head}, expected{tail}")
+            }
+            _ => message,
+        };
+        return ("(syntax)".into(), format!("line {line}: {message}"));
+    };
     (key, format!("line {line}: {message}"))
 }
 
@@ -1746,6 +1758,19 @@ mod tests {
             // not a key, and is not said.
             ("s3cretBASE64pad==\n", "(syntax)", "line 1: ", ""),
             ("# hmac\nS3CRETpad=\n", "(syntax)", "line 2: ", ""),
+            // One whose value reads as TOML: the unknown field toml names is the secret.
+            (
+                "s3cret=1\n",
+                "(syntax)",
+                "line 1: ",
+                "unknown field, expected one of",
+            ),
+            (
+                "[auth]\ns3cret=true\n",
+                "(syntax)",
+                "line 2: ",
+                "unknown field, expected",
+            ),
         ];
         for (text, want_key, want_line, says) in cases {
             let e = toml::from_str::<RawFile>(text).err().expect(want_key);
