@@ -359,6 +359,44 @@ fn after_a_reboot_a_key_is_held_no_longer_than_its_ttl_by_the_monotonic_clock() 
     owner.stop();
 }
 
+/// The same box, the clock set only after the start: the key was taken an hour behind, the
+/// reboot comes back an hour behind, and NTP steps the clock while the gateway runs, which
+/// holds the key by the deadline its start took. A restart in that boot (a crash, an
+/// upgrade) must hold it to that deadline too, not to the wall clock that now says it
+/// expired an hour ago.
+#[test]
+fn a_restart_after_ntp_steps_the_clock_holds_a_key_of_the_last_boot_to_its_ttl() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let (clock, time) = Clock::manual(T0);
+    let k = key("rebooted");
+    time.step_wall_back_ms(3_600_000);
+    let (m, owner) = start(&path, clock.clone());
+    rt().block_on(async {
+        granted(m.reserve(reserve(&k, 300_000, 1)).await);
+    });
+    owner.stop();
+    time.reboot();
+    let (m, owner) = start(&path, clock.clone());
+    rt().block_on(async {
+        duplicate(m.reserve(reserve(&k, 300_000, 1)).await);
+    });
+    time.step_wall_ms(3_600_000);
+    time.advance_ms(10_000);
+    owner.stop();
+    let (m, owner) = start(&path, clock);
+    rt().block_on(async {
+        let d = duplicate(m.reserve(reserve(&k, 300_000, 1)).await);
+        assert_eq!(
+            d.expires_in_ms, 290_000,
+            "by the boot clock of the first start"
+        );
+        time.advance_ms(290_000);
+        granted(m.reserve(reserve(&k, 300_000, 2)).await);
+    });
+    owner.stop();
+}
+
 #[test]
 fn capacity_refuses_new_keys_but_not_duplicates() {
     let dir = tempfile::tempdir().unwrap();

@@ -1321,6 +1321,7 @@ impl Owner {
                     );
                 }
                 let mut skipped = 0;
+                let boot_open = loaded.boot_open;
                 for (seq, e) in loaded.live {
                     // Only keys this version could have written are trusted.
                     if Key::from_stored(&e.key).is_err() {
@@ -1334,7 +1335,7 @@ impl Owner {
                         .get(&seq)
                         .map(|d| d.mono)
                         .filter(|&m| m > now_mono);
-                    let on_boot = e.boot_due.and_then(|d| d.ms_in(self.boot));
+                    let on_boot = store::due_in_boot(&e, self.boot, boot_open);
                     let due = kept.max(on_boot);
                     self.track(seq, Rc::from(e.key.as_str()), &e, (now_wall, now_mono), due);
                 }

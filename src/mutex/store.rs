@@ -40,6 +40,10 @@ const CHECKPOINT: &str = "journal_lsn";
 /// The journal's length at this database's last open (u64 LE): a journal found shorter
 /// was cut (by a copy, a restore, a file-system repair), and the records it held with it.
 const JOURNAL_LEN: &str = "journal_len";
+/// This database's first open in the current boot ([`BootOpen`]: 20 bytes, the boot id
+/// u32 LE, its clock's ms u64 LE, the wall clock's ms u64 LE), rewritten at the first open
+/// in each boot.
+const BOOT_OPEN: &str = "boot_open";
 
 /// redb caches pages in memory; the default (1 GiB) is too much for a Raspberry Pi, and
 /// the hot path never reads the database anyway (decisions come from the index).
@@ -80,6 +84,51 @@ impl BootTime {
     pub fn ms_in(self, boot: Option<u32>) -> Option<u64> {
         (Some(self.boot) == boot).then_some(self.ms)
     }
+}
+
+/// The first open of the database in a boot: that boot's clock, and the wall clock then.
+/// An entry of an earlier boot has no deadline on this boot's clock of its own; the first
+/// open's index gave it one by the wall clock of that moment, and a later open in the
+/// same boot gives it the same one from this, not from a wall clock NTP may have stepped
+/// forward since (which would free it early).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub(super) struct BootOpen {
+    pub at: BootTime,
+    pub wall: u64,
+}
+
+impl BootOpen {
+    fn decode(v: &[u8]) -> Option<BootOpen> {
+        let boot = u32::from_le_bytes(v.get(..4)?.try_into().ok()?);
+        let ms = u64::from_le_bytes(v.get(4..12)?.try_into().ok()?);
+        let wall = u64::from_le_bytes(v.get(12..20)?.try_into().ok()?);
+        (v.len() == 20).then_some(BootOpen {
+            at: BootTime { boot, ms },
+            wall,
+        })
+    }
+
+    fn encode(self) -> [u8; 20] {
+        let mut v = [0; 20];
+        v[..4].copy_from_slice(&self.at.boot.to_le_bytes());
+        v[4..12].copy_from_slice(&self.at.ms.to_le_bytes());
+        v[12..].copy_from_slice(&self.wall.to_le_bytes());
+        v
+    }
+}
+
+/// When `e` expires on the clock of `boot`: its own deadline if it was written in that
+/// boot, else the one that boot's first open (`first`) gave it: the wall clock's time
+/// left then, never more than its TTL. None if neither is known. The one rule for the
+/// purge at open and for the index it rebuilds.
+pub(super) fn due_in_boot(e: &Entry, boot: Option<u32>, first: Option<BootOpen>) -> Option<u64> {
+    e.boot_due.and_then(|d| d.ms_in(boot)).or_else(|| {
+        let first = first.filter(|f| Some(f.at.boot) == boot)?;
+        // Saturating: the times may come from the disk.
+        let ttl = e.expires_at.saturating_sub(e.stored_at);
+        let left = e.expires_at.saturating_sub(first.wall).min(ttl);
+        Some(first.at.ms.saturating_add(left))
+    })
 }
 
 /// The format on disk. The variant index is the version; never reorder or remove one.
@@ -211,6 +260,8 @@ pub(super) struct Loaded {
     /// The newest record newer than the checkpoint that failed its check, skipped
     /// (`journal::Scan::torn`).
     pub torn: Option<u64>,
+    /// The database's first open in this boot (this one, if it is), if the boot is known.
+    pub boot_open: Option<BootOpen>,
 }
 
 /// Why the store cannot be trusted at open.
@@ -416,7 +467,7 @@ pub(super) fn open(
     // (or left as one by a crash before this sweep), and those of first starts that stopped.
     remove_drafts(path);
     let mut txn = db.begin_write()?;
-    let (file, journal_identity, id, checkpoint, replayed, torn, halted, unrecorded_len) = {
+    let (file, journal_identity, id, checkpoint, replayed, torn, halted, unrecorded_len, boot_open) = {
         let mut meta = txn.open_table(META)?;
         let mut entries = txn.open_table(ENTRIES)?;
         let known = read_u64(&meta, JOURNAL_ID)?;
@@ -490,6 +541,27 @@ pub(super) fn open(
             unrecorded = None;
         }
         let halted = read_halted(&meta)?;
+        // The one value an open writes though nothing else changed: once a boot, at the
+        // first open in it. Later opens in the boot read it and write nothing.
+        let boot_open = match meta.get(BOOT_OPEN).map_err(redb::Error::from)? {
+            None => None,
+            Some(v) => Some(BootOpen::decode(v.value()).ok_or_else(|| LoadError::Meta {
+                key: BOOT_OPEN,
+                value: v.value().to_vec(),
+            })?),
+        };
+        let boot_open = match (boot_open, now_boot) {
+            (Some(first), Some(now)) if first.at.boot == now.boot => Some(first),
+            (_, Some(now)) => {
+                let first = BootOpen {
+                    at: now,
+                    wall: now_wall,
+                };
+                meta.insert(BOOT_OPEN, first.encode().as_slice())?;
+                Some(first)
+            }
+            (_, None) => None,
+        };
         let found = records.len();
         (
             file,
@@ -500,13 +572,14 @@ pub(super) fn open(
             torn,
             halted,
             unrecorded,
+            boot_open,
         )
     };
-    // Live by the boot clock: written in this boot, and not yet due on its clock.
+    // Live by the boot clock: not yet due on this boot's clock.
     let boot_live = |e: &Entry| {
-        e.boot_due
-            .zip(now_boot)
-            .is_some_and(|(due, now)| due.ms_in(Some(now.boot)).is_some_and(|ms| ms > now.ms))
+        now_boot.is_some_and(|now| {
+            due_in_boot(e, Some(now.boot), boot_open).is_some_and(|ms| ms > now.ms)
+        })
     };
     let mut live = Vec::new();
     let mut expired = Vec::new();
@@ -542,6 +615,7 @@ pub(super) fn open(
         halted,
         replayed,
         torn,
+        boot_open,
     };
     let store = Store {
         db,
@@ -1111,6 +1185,75 @@ mod tests {
         }
         put_halted(&[0]);
         assert!(!open().expect("resumed").1.halted);
+    }
+
+    /// The first open in a boot is recorded once, and kept by every later open in that
+    /// boot, whatever the wall clock says by then: an entry of the last boot is held to the
+    /// deadline that first open's index gave it (`due_in_boot`), not purged by a wall clock
+    /// stepped forward since. A new boot records its own; a value no version writes is
+    /// refused, as any damaged bookkeeping is.
+    #[test]
+    fn the_first_open_in_a_boot_is_kept_for_that_boot() {
+        const NOW: u64 = 1_700_000_000_000;
+        let dir = tempfile::tempdir().unwrap();
+        let path = dir.path().join("m.redb");
+        let at = |boot, ms| Some(BootTime { boot, ms });
+        let open = |wall, boot| open(&path, 16 * 4096, Create::Yes, wall, boot, |_| false);
+        // Taken in boot 3, due at its 300 s by the wall clock.
+        let mut e = sample();
+        e.stored_at = NOW;
+        e.expires_at = NOW + 300_000;
+        let (mut store, loaded) = open(NOW, at(3, 1_000)).unwrap();
+        let first3 = BootOpen {
+            at: BootTime { boot: 3, ms: 1_000 },
+            wall: NOW,
+        };
+        assert_eq!(loaded.boot_open, Some(first3));
+        append_put(&mut store, 0, &e);
+        drop(store);
+        // Boot 4 comes back an hour behind: its first open holds the entry by the wall.
+        let behind = NOW - 3_600_000;
+        let (store, loaded) = open(behind, at(4, 5_000)).unwrap();
+        let first4 = BootOpen {
+            at: BootTime { boot: 4, ms: 5_000 },
+            wall: behind,
+        };
+        assert_eq!(loaded.boot_open, Some(first4));
+        assert_eq!(loaded.live.len(), 1);
+        let due = due_in_boot(&loaded.live[0].1, Some(4), loaded.boot_open);
+        assert_eq!(
+            due,
+            Some(5_000 + 300_000),
+            "the TTL, not the wall's hour and more"
+        );
+        drop(store);
+        // NTP steps the clock an hour forward; 10 s on, a restart in boot 4 keeps the
+        // entry (its deadline is 295 s ahead on boot 4's clock) and the first open's record.
+        let (store, loaded) = open(NOW + 10_000, at(4, 15_000)).unwrap();
+        assert_eq!(loaded.boot_open, Some(first4));
+        assert_eq!((loaded.live.len(), loaded.purged), (1, 0));
+        drop(store);
+        // Past that deadline, with the wall clock past its expiry too, it is purged.
+        let (store, loaded) = open(NOW + 300_000, at(4, 305_000)).unwrap();
+        assert_eq!((loaded.live.len(), loaded.purged), (0, 1));
+        drop(store);
+        // Where the boot is not known, nothing is recorded or read.
+        assert_eq!(open(NOW, None).unwrap().1.boot_open, None);
+        // Damaged: refused, naming the value.
+        {
+            let db = Database::open(&path).unwrap();
+            let txn = db.begin_write().unwrap();
+            txn.open_table(META)
+                .unwrap()
+                .insert(BOOT_OPEN, &[0u8; 19][..])
+                .unwrap();
+            txn.commit().unwrap();
+        }
+        match open(NOW, at(4, 1)) {
+            Err(LoadError::Meta { key, value }) => assert_eq!((key, value.len()), (BOOT_OPEN, 19)),
+            Err(e) => panic!("refused for another reason: {e}"),
+            Ok(_) => panic!("opened"),
+        }
     }
 
     /// The journal's length is recorded only by an open that writes anyway (a first open,
