@@ -96,12 +96,8 @@ pub enum SecretError {
     WorldReadable { path: PathBuf, mode: u32 },
     #[error("{} holds a secret and is writable by everyone (mode {mode:o}): any user of this machine could put one of their own there; run chmod o-rwx on it", .path.display())]
     WorldWritable { path: PathBuf, mode: u32 },
-    #[error("{} holds a secret, and {} is writable by everyone (mode {mode:o}): any user of this machine could put a file of their own in its place; run chmod o-w on {}", .path.display(), .dir.display(), .dir.display())]
-    OpenFolder {
-        path: PathBuf,
-        dir: PathBuf,
-        mode: u32,
-    },
+    #[error("{} holds a secret, and {}", .path.display(), .how)]
+    OpenFolder { path: PathBuf, how: Exposed },
     /// A folder, or a FIFO, a socket, a device (a read of one may never end): `not_a_file`.
     #[error("{} {why}", .path.display())]
     NotAFile { path: PathBuf, why: &'static str },
@@ -234,23 +230,59 @@ pub fn open_to_writes(path: &Path, what: &str) -> Option<String> {
 /// anyone, with `what` of their own: a folder on its way that everyone may write, without
 /// the sticky bit ([`open_folder`]).
 pub fn folder_open_to_others(path: &Path, what: &str) -> Option<String> {
-    let (dir, mode) = open_folder(path)?;
-    Some(format!(
-        "in {}, which is writable by everyone (mode {mode:o}): any user of this machine \
-         could put {what} of their own in its place; run chmod o-w on {}, or choose \
-         another folder",
-        dir.display(),
-        dir.display()
-    ))
+    Some(match open_folder(path)? {
+        Exposed::Open { dir, mode } => format!(
+            "in {}, which is writable by everyone (mode {mode:o}): any user of this \
+             machine could put {what} of their own in its place; run chmod o-w on {}, or \
+             choose another folder",
+            dir.display(),
+            dir.display()
+        ),
+        theirs => format!("{theirs}, with {what} of their own"),
+    })
+}
+
+/// How another user could put a file of their own in the place of a path: [`open_folder`].
+#[derive(Debug, PartialEq)]
+pub enum Exposed {
+    /// A folder on its way that everyone may write, without the sticky bit.
+    Open { dir: PathBuf, mode: u32 },
+    /// A name on its way (a link, or the file) in a folder that everyone may write, with
+    /// the sticky bit, that another user owns: the sticky bit keeps others from renaming
+    /// only what is not theirs.
+    Theirs { name: PathBuf, uid: u32 },
+}
+
+impl fmt::Display for Exposed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        match self {
+            Exposed::Open { dir, mode } => write!(
+                f,
+                "{} is writable by everyone (mode {mode:o}): any user of this machine could \
+                 put a file of their own in its place; run chmod o-w on {}",
+                dir.display(),
+                dir.display()
+            ),
+            Exposed::Theirs { name, uid } => write!(
+                f,
+                "{} belongs to another user (uid {uid}) in a folder everyone may write: the \
+                 sticky bit keeps others from replacing only what is not theirs, so that \
+                 user could put a file of their own in its place; use a folder of its own",
+                name.display()
+            ),
+        }
+    }
 }
 
 /// A folder on the way to `path` that everyone may write and that lacks the sticky bit
 /// (which, as on /tmp, keeps others from renaming what is not theirs): there, anyone could
 /// put a file of their own in the place of `path`, or of a link on the way to it, whatever
-/// the file's own mode. The path is walked as the kernel resolves it: every folder a name
-/// is looked up in, following each link from where it points (`..` included), so a folder
-/// only named on the way (`open/../private`) is not one the file depends on.
-fn open_folder(path: &Path) -> Option<(PathBuf, u32)> {
+/// the file's own mode. With the sticky bit, the owner of a name in it still may, so each
+/// name there (a link on the way, the file) must be root's or this process's user's. The
+/// path is walked as the kernel resolves it: every folder a name is looked up in,
+/// following each link from where it points (`..` included), so a folder only named on
+/// the way (`open/../private`) is not one the file depends on.
+fn open_folder(path: &Path) -> Option<Exposed> {
     use std::collections::VecDeque;
     use std::path::Component;
     let mut left: VecDeque<_> = std::path::absolute(path)
@@ -270,10 +302,20 @@ fn open_folder(path: &Path) -> Option<(PathBuf, u32)> {
             Some(Component::Normal(name)) => {
                 // `name` is looked up in `at`: whoever may write `at` may replace it.
                 let mode = std::fs::metadata(&at).ok()?.permissions().mode();
-                if mode & 0o002 != 0 && mode & 0o1000 == 0 {
-                    return Some((at, mode & 0o7777));
-                }
                 let next = at.join(name);
+                if mode & 0o002 != 0 && mode & 0o1000 == 0 {
+                    let mode = mode & 0o7777;
+                    return Some(Exposed::Open { dir: at, mode });
+                }
+                if mode & 0o002 != 0 {
+                    use std::os::unix::fs::MetadataExt;
+                    // SAFETY: geteuid cannot fail and touches no memory.
+                    let me = unsafe { libc::geteuid() };
+                    let uid = std::fs::symlink_metadata(&next).map_or(0, |m| m.uid());
+                    if uid != 0 && uid != me {
+                        return Some(Exposed::Theirs { name: next, uid });
+                    }
+                }
                 match std::fs::read_link(&next) {
                     Ok(target) => {
                         links += 1;
@@ -315,7 +357,7 @@ fn private(path: &Path, meta: &std::fs::Metadata) -> Result<(), SecretError> {
         return Err(SecretError::WorldWritable { path, mode: shown });
     }
     match open_folder(&path) {
-        Some((dir, mode)) => Err(SecretError::OpenFolder { path, dir, mode }),
+        Some(how) => Err(SecretError::OpenFolder { path, how }),
         None => Ok(()),
     }
 }
@@ -485,7 +527,7 @@ mod tests {
         let secret = write(&open, "secret", "topsecret\n", 0o600);
         let e = load_secrets(&secret).unwrap_err();
         assert!(
-            matches!(&e, SecretError::OpenFolder { dir, mode: 0o777, .. } if *dir == open),
+            matches!(&e, SecretError::OpenFolder { how: Exposed::Open { dir, mode: 0o777 }, .. } if *dir == open),
             "{e:?}"
         );
         let msg = e.to_string();
@@ -521,7 +563,7 @@ mod tests {
         std::os::unix::fs::symlink(&link, via.join("link")).unwrap();
         assert!(matches!(
             load_secrets(&via.join("link")),
-            Err(SecretError::OpenFolder { dir, .. }) if dir == open
+            Err(SecretError::OpenFolder { how: Exposed::Open { dir, .. }, .. }) if dir == open
         ));
         // A folder only named on the way is not one the file depends on.
         assert!(load_secrets(&open.join("..").join("private")).is_ok());
@@ -530,6 +572,72 @@ mod tests {
         assert!(load_secrets(&secret).is_ok());
         assert_eq!(open_to_writes(&ca, "a CA"), None);
         mode(0o700).unwrap();
+    }
+
+    /// In a sticky folder that everyone may write (as /tmp), the sticky bit keeps others
+    /// from renaming only what is not theirs: a link, or the file itself, that another
+    /// user owns there is theirs to replace, with a secret (or a CA) of their own. Refused,
+    /// naming it and its owner; ours (or root's) there is not. Run as root (CI), to chown.
+    #[test]
+    fn a_link_or_file_of_another_user_in_a_sticky_folder_is_refused() {
+        use std::os::unix::fs::{PermissionsExt, lchown};
+        const NOBODY: u32 = 65534;
+        let d = tempfile::tempdir().unwrap();
+        let sticky = d.path().join("sticky");
+        std::fs::create_dir(&sticky).unwrap();
+        std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o1777)).unwrap();
+        let private = write(d.path(), "private", "topsecret\n", 0o600);
+        let link = sticky.join("link");
+        std::os::unix::fs::symlink(&private, &link).unwrap();
+        let secret = write(&sticky, "secret", "topsecret\n", 0o600);
+        let ca = write(&sticky, "ca.pem", "", 0o644);
+        // Ours: as before.
+        assert!(load_secrets(&link).is_ok());
+        assert!(load_secrets(&secret).is_ok());
+        assert_eq!(open_to_writes(&ca, "a CA"), None);
+        for p in [&link, &secret, &ca] {
+            lchown(p, Some(NOBODY), None).unwrap();
+        }
+        for p in [&link, &secret] {
+            let e = load_secrets(p).unwrap_err();
+            assert!(
+                matches!(&e, SecretError::OpenFolder { how: Exposed::Theirs { name, uid: NOBODY }, .. } if name == p),
+                "{e:?}"
+            );
+            let msg = e.to_string();
+            assert!(
+                msg.contains(&format!(
+                    "{} belongs to another user (uid 65534)",
+                    p.display()
+                )) && !msg.contains("topsecret"),
+                "{msg}"
+            );
+            assert!(refuse_world_readable(p).is_err());
+        }
+        let why = open_to_writes(&ca, "a CA").unwrap();
+        assert!(
+            why.contains("belongs to another user") && why.ends_with("a CA of their own"),
+            "{why}"
+        );
+        // Behind a link of ours, the file it names in the sticky folder counts too.
+        let ours = d.path().join("ours");
+        std::os::unix::fs::symlink(&secret, &ours).unwrap();
+        assert!(load_secrets(&ours).is_err());
+        // The folder's owner is not the question (only its mode is): not sticky, the folder
+        // is refused as open to all, whoever owns what is in it.
+        std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o777)).unwrap();
+        assert!(matches!(
+            load_secrets(&secret),
+            Err(SecretError::OpenFolder {
+                how: Exposed::Open { .. },
+                ..
+            })
+        ));
+        // Closed to others, another user's file there is the operator's doing (as the
+        // service user's own secrets are to root's check-config).
+        std::fs::set_permissions(&sticky, std::fs::Permissions::from_mode(0o755)).unwrap();
+        assert!(load_secrets(&secret).is_ok());
+        assert!(load_secrets(&link).is_ok());
     }
 
     /// A file anyone may write is anyone's to add a secret to: refused, named, with the
