@@ -27,7 +27,7 @@ use hyper::header::{
 use hyper::{Request, Uri};
 use hyper_rustls::{ConfigBuilderExt, HttpsConnector};
 use hyper_util::client::legacy::Client;
-use hyper_util::client::legacy::connect::HttpConnector;
+use hyper_util::client::legacy::connect::{HttpConnector, capture_connection};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::ClientConfig;
 
@@ -45,6 +45,7 @@ const MAX_CONNECT: Duration = Duration::from_secs(3);
 /// key held, the retry refused for the key's life, for an order perhaps never placed. So a
 /// connection is dropped well before the shortest such timeout. At a trade every second or
 /// more the pool stays warm; a trade after a pause pays a new connection (and handshake).
+/// An executor that says a shorter timeout (`Keep-Alive: timeout=1`) gets no reuse.
 const POOL_IDLE: Duration = Duration::from_millis(1500);
 
 #[derive(Clone)]
@@ -170,10 +171,11 @@ impl HttpExecutor {
 
     /// One order, within the executor's `timeout`: for the answer's head and then its body.
     pub async fn execute(&self, order: &Order) -> Outcome {
-        let request = match self.request(order) {
+        let mut request = match self.request(order) {
             Ok(request) => request,
             Err(e) => return Outcome::NotSent(format!("cannot build the request: {e}")),
         };
+        let connection = capture_connection(&mut request);
         let deadline = tokio::time::Instant::now() + self.cfg.timeout;
         let late = || format!("no answer within {:?}", self.cfg.timeout);
         let response = match tokio::time::timeout_at(deadline, self.client.request(request)).await {
@@ -191,6 +193,11 @@ impl HttpExecutor {
             Ok(Err(e)) => return Outcome::Unknown(chain(&e)),
             Err(_) => return Outcome::Unknown(late()),
         };
+        if closes_sooner_than_the_pool(response.headers())
+            && let Some(c) = connection.connection_metadata().as_ref()
+        {
+            c.poison();
+        }
         let status = response.status().as_u16();
         // A 2xx in a coding this reads not (it asks for none, but RFC 9110 lets a server
         // send one anyway): its `success` cannot be read, and the order may have filled.
@@ -261,6 +268,27 @@ impl HttpExecutor {
             .header("x-request-id", order.request_id.as_str())
             .body(Full::new(order.body.clone()))
     }
+}
+
+/// Whether the answer says the executor closes this connection once idle for less than
+/// the pool keeps it, with half a second to spare (`Keep-Alive: timeout=1`, RFC 2068
+/// §19.7.1.1, in seconds). Reused, the next order could cross that close: a 504 with its
+/// key held for an order perhaps never read. Such a connection is not reused; a timeout
+/// it does not say is left to `POOL_IDLE`.
+fn closes_sooner_than_the_pool(headers: &hyper::HeaderMap) -> bool {
+    headers
+        .get_all("keep-alive")
+        .iter()
+        .filter_map(|v| v.to_str().ok())
+        .flat_map(|v| v.split(','))
+        .filter_map(|param| {
+            let (name, value) = param.split_once('=')?;
+            let value = value.trim().trim_matches('"');
+            name.trim()
+                .eq_ignore_ascii_case("timeout")
+                .then(|| value.parse::<u64>().ok())?
+        })
+        .any(|secs| Duration::from_secs(secs) < POOL_IDLE + Duration::from_millis(500))
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -500,6 +528,42 @@ pub(crate) fn causes<'a>(
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    /// The timeout is read in any letter case, with spaces, quoted or among other
+    /// parameters, from any `Keep-Alive` header; under 2 s (the pool's 1.5 s and half a
+    /// second to spare) the connection is not reused. A timeout that is no number, or none
+    /// said, leaves the pool's own rule.
+    #[test]
+    fn a_keep_alive_timeout_under_two_seconds_ends_reuse() {
+        let says = |values: &[&str]| {
+            let mut h = hyper::HeaderMap::new();
+            for v in values {
+                h.append("keep-alive", HeaderValue::from_str(v).unwrap());
+            }
+            closes_sooner_than_the_pool(&h)
+        };
+        for short in [
+            &["timeout=1"][..],
+            &["timeout=0"],
+            &["max=100, timeout=1"],
+            &["Timeout = 1"],
+            &["timeout=\"1\""],
+            &["max=5", "timeout=1"],
+        ] {
+            assert!(says(short), "{short:?}");
+        }
+        for not in [
+            &[][..],
+            &["timeout=2"],
+            &["timeout=5, max=100"],
+            &["timeout=-1"],
+            &["timeout=1.5"],
+            &["timeout"],
+            &["max=1"],
+        ] {
+            assert!(!says(not), "{not:?}");
+        }
+    }
 
     /// An error with the next one as its source.
     #[derive(Debug)]
