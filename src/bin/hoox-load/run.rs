@@ -140,12 +140,6 @@ const EXIT_REPLAY_FORWARDED: u8 = 5;
 /// excuse it: a gateway halted, or down, proves nothing.
 const EXIT_REPLAY_UNPROVEN: u8 = 6;
 
-/// An answer of a working gateway: 2xx, or 409 for a repeated trade (runs with --dup-ratio or
-/// --keys repeat trades on purpose). Anything else is not throughput.
-fn served(status: u16) -> bool {
-    (200..300).contains(&status) || status == 409
-}
-
 /// Keys go into JSON and headers unescaped, and are at most 255 characters.
 fn valid_prefix(p: &str) -> bool {
     p.len() <= 200
@@ -509,9 +503,21 @@ struct Plan {
     record_ok_keys: bool,
     /// With --keyless: trades without a key.
     keyless: bool,
+    /// Whether the run may send a trade the gateway has seen: it repeats keys (--dup-ratio,
+    /// --keys), replays them (--replay-keys), or shares them with other runs (--key-prefix).
+    /// Else every key is this run's own (`load-` and a random number).
+    repeats: bool,
 }
 
 impl Plan {
+    /// An answer of a working gateway: 2xx, or 409 for a repeated trade when the run may
+    /// repeat trades (`repeats`). Anything else is not throughput: a 409 in a run of fresh
+    /// keys is a gateway that took new trades for duplicates, and its fast answers would
+    /// lift bench.sh's ratios.
+    fn served(&self, status: u16) -> bool {
+        (200..300).contains(&status) || (status == 409 && self.repeats)
+    }
+
     /// Key number `j` as a prefix and the number its trade is made from: ours, or with
     /// --replay-keys the `j`th key of the file.
     fn key(&self, j: u64) -> (&str, u64) {
@@ -772,7 +778,7 @@ async fn connection(plan: Arc<Plan>, mut conn: Option<Conn>, seed: u64) -> Resul
                 *stats.status.entry(status).or_insert(0) += 1;
                 if plan.deadline.is_none_or(|d| done <= d) {
                     stats.answers_in_window += 1;
-                    stats.served_in_window += u64::from(served(status));
+                    stats.served_in_window += u64::from(plan.served(status));
                 }
                 if replayed && (200..300).contains(&status) {
                     stats.replayed += 1;
@@ -889,6 +895,10 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
         replay,
         record_ok_keys: args.write_2xx_keys.is_some(),
         keyless: args.keyless,
+        repeats: args.dup_ratio > 0.0
+            || args.keys.is_some()
+            || args.replay_keys.is_some()
+            || args.key_prefix.is_some(),
     });
     let pacer = plan.paced.is_some().then(|| {
         let (plan, connections) = (plan.clone(), args.connections);
@@ -930,7 +940,7 @@ pub async fn run(args: Args) -> Result<ExitCode, Error> {
     let not_served: u64 = total
         .status
         .iter()
-        .filter(|(status, _)| !served(**status))
+        .filter(|(status, _)| !plan.served(**status))
         .map(|(_, n)| n)
         .sum();
     let transport = total.errors.values().sum::<u64>() + failed as u64;
@@ -999,7 +1009,7 @@ fn print_report(
     let served_total: u64 = total
         .status
         .iter()
-        .filter(|(status, _)| served(**status))
+        .filter(|(status, _)| plan.served(**status))
         .map(|(_, n)| n)
         .sum();
     let secs = window.as_secs_f64();
@@ -1156,7 +1166,21 @@ mod tests {
             replay: None,
             record_ok_keys: false,
             keyless: false,
+            repeats: false,
         }
+    }
+
+    /// A 409 is throughput only in a run that may repeat a trade: in one of fresh keys it
+    /// is a gateway refusing new trades as duplicates, and must neither lift the ratios nor
+    /// pass (exit 4). 2xx always; other refusals never.
+    #[test]
+    fn a_409_is_served_only_in_a_run_that_repeats() {
+        let mut p = plan(Auth::None);
+        assert!(p.served(200) && p.served(201));
+        assert!(!p.served(409) && !p.served(503) && !p.served(422));
+        p.repeats = true;
+        assert!(p.served(409) && p.served(200));
+        assert!(!p.served(503) && !p.served(422));
     }
 
     #[test]
