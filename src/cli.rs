@@ -746,10 +746,27 @@ fn admin_listen(args: &AdminArgs, default_config: &Path) -> Result<Listen, Strin
         Err(e) => return Err(format!("cannot read {}: {e}", path.display())),
         Ok(Err(_)) => return Err(format!("cannot read {}: not UTF-8 text", path.display())),
     };
-    let partial = toml::from_str::<Partial>(&text).map_err(|e| {
-        let (key, message) = crate::config::syntax(&text, &e);
-        format!("{}: {key}: {message}", path.display())
-    })?;
+    let partial = match toml::from_str::<Partial>(&text) {
+        Ok(p) => p,
+        Err(e) => {
+            let (key, message) = crate::config::syntax(&text, &e);
+            let said = format!("{}: {key}: {message}", path.display());
+            // An edit halfway elsewhere in the file must not keep `halt` from the gateway,
+            // which runs on what it read before: the [admin] table read alone.
+            match admin_table(&text).and_then(|t| toml::from_str::<Partial>(&t).ok()) {
+                Some(p) => {
+                    eprintln!("hoox-edge: warning: {said} ([admin] listen read alone)");
+                    p
+                }
+                None => {
+                    return Err(format!(
+                        "{said} (pass --admin ADDR: the packaged gateway's is \
+                         unix:/run/hoox-edge/admin.sock)"
+                    ));
+                }
+            }
+        }
+    };
     match partial.admin.and_then(|a| a.listen) {
         // Relative to the file, as the gateway that read it took it (`Config::load`).
         Some(l) => Listen::parse_in(&l, path.parent().unwrap_or(Path::new(".")))
@@ -759,6 +776,22 @@ fn admin_listen(args: &AdminArgs, default_config: &Path) -> Result<Listen, Strin
             path.display()
         )),
     }
+}
+
+/// The `[admin]` table of a config alone, from its header to the next (a comment after a
+/// header is allowed, as in README's example), as a file of its own. None without one.
+fn admin_table(text: &str) -> Option<String> {
+    let header = |line: &str| {
+        let line = line.split('#').next().unwrap_or_default().trim();
+        let name = line.strip_prefix('[')?.strip_suffix(']')?;
+        Some(name.trim().to_string())
+    };
+    let mut lines = text
+        .lines()
+        .skip_while(|l| header(l).as_deref() != Some("admin"));
+    lines.next()?;
+    let body: Vec<&str> = lines.take_while(|l| header(l).is_none()).collect();
+    Some(format!("[admin]\n{}\n", body.join("\n")))
 }
 
 /// An operator command whose 2xx answer carries `field`, as hoox-edge's admin API answers it.
@@ -1109,6 +1142,39 @@ mod tests {
             e.starts_with(&format!("{}: admin.listen: ", bad.display())),
             "{e}"
         );
+        // A syntax error elsewhere (an edit halfway) leaves [admin] listen readable alone;
+        // one in [admin] itself, or no [admin] table to read alone, is said with the way
+        // out. Read alone, the table ends at the next header, a comment after it or not.
+        let editing = dir.path().join("editing.toml");
+        for (text, want) in [
+            (
+                "[store]\nttl = \"1s\"\nttl = \"2s\"\n[admin] # ops\nlisten = \"127.0.0.1:7003\"\n[executor]\nurl = \"x\n",
+                tcp("127.0.0.1:7003"),
+            ),
+            (
+                "[admin]\nlisten = \"unix:a.sock\"\n\n  [ executor ]\nurl = \"\n",
+                Ok(Listen::Unix(dir.path().join("a.sock"))),
+            ),
+        ] {
+            std::fs::write(&editing, text).unwrap();
+            assert_eq!(
+                admin_listen(&args(None, Some(editing.clone())), &installed),
+                want,
+                "{text}"
+            );
+        }
+        for text in [
+            "[admin]\nlisten = \"127.0.0.1:7003\n",
+            "[server]\nlisten = \"x\n",
+            "admin.listen = \"127.0.0.1:1\"\n[x]\ny = \"\n",
+        ] {
+            std::fs::write(&editing, text).unwrap();
+            let e = admin_listen(&args(None, Some(editing.clone())), &installed).unwrap_err();
+            assert!(
+                e.contains("line ") && e.contains("pass --admin"),
+                "{text}: {e}"
+            );
+        }
         // A config without [admin] serves no admin API: said, not guessed.
         std::fs::write(&installed, "[server]\n").unwrap();
         let e = admin_listen(&args(None, None), &installed).unwrap_err();

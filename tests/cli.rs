@@ -102,6 +102,33 @@ async fn operator_releases_a_held_key_and_halts() {
     json_out(&cli(&[&["resume"][..], &admin].concat()));
     assert_eq!(gw.post(&trade("ETHUSDT"), &[]).await.status, 200);
 
+    // Halfway through an edit elsewhere in the file, the kill switch still works: only
+    // `[admin] listen` is read, the rest's error said as a warning.
+    let editing = setup.dir.path().join("editing.toml");
+    let text = std::fs::read_to_string(config).unwrap();
+    std::fs::write(
+        &editing,
+        format!("{text}\n[sever]\nurl = \"http://unterminated\n"),
+    )
+    .unwrap();
+    let editing = ["--config", editing.to_str().unwrap()];
+    let o = cli(&[&["halt"][..], &editing].concat());
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert!(o.status.success(), "{err}");
+    assert!(
+        err.contains("line ") && err.contains("[admin] listen read alone"),
+        "{err}"
+    );
+    assert_eq!(
+        json_out(&cli(&[&["status"][..], &admin].concat()))["halted"],
+        true
+    );
+    json_out(&cli(&[&["resume"][..], &editing].concat()));
+    assert_eq!(
+        json_out(&cli(&[&["status"][..], &admin].concat()))["halted"],
+        false
+    );
+
     // Nobody there: a clear error and EX_UNAVAILABLE.
     let o = cli(&["status", "--admin", "127.0.0.1:1"]);
     assert_eq!(o.status.code(), Some(69));
