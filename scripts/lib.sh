@@ -30,6 +30,16 @@ server_limits() {
         "$((most > 1024 ? most : 1024))" "$((most > 256 ? most : 256))"
 }
 
+# running PID: whether a process has not exited yet. One that has exited stays a zombie
+# (state Z) until its parent reaps it, and `kill -0` or /proc/PID would still find it: a child
+# of ours until we `wait`, or, reparented, until PID 1 (or a subreaper) reaps it, which a
+# container's init may never do.
+running() {
+    local state
+    state=$(sed 's/.*) //' "/proc/$1/stat" 2>/dev/null | cut -d' ' -f1) || return 1
+    [ -n "$state" ] && [ "$state" != Z ]
+}
+
 # work_in DIR: state and logs go to DIR. On exit, every process whose PID is in PIDS is
 # killed (and reaped if it is our child), then DIR is removed unless KEEP=1.
 work_in() {

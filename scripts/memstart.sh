@@ -116,15 +116,16 @@ EOF
     rm -f "$WORK/gw.pid"
 }
 
-# stop_gateway: SIGTERM, and wait (30 s at most) until it is gone. It is not our child (the
-# python launcher exited), so poll /proc instead of `wait`.
+# stop_gateway: SIGTERM, and wait (30 s at most) until it has exited. It is not our child (the
+# python launcher exited), so poll its state instead of `wait`: `running` (scripts/lib.sh),
+# for which an exited gateway no one has reaped yet (a zombie) is gone.
 stop_gateway() {
     kill -TERM "$GW_PID" 2>/dev/null || true
     for _ in $(seq 300); do
-        [ -d "/proc/$GW_PID" ] || break
+        running "$GW_PID" || break
         sleep 0.1
     done
-    if [ -d "/proc/$GW_PID" ]; then
+    if running "$GW_PID"; then
         echo "memstart.sh: gateway $GW_PID did not stop on SIGTERM" >&2
         exit 1
     fi
