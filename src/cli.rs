@@ -779,19 +779,33 @@ fn admin_listen(args: &AdminArgs, default_config: &Path) -> Result<Listen, Strin
 }
 
 /// The `[admin]` table of a config alone, from its header to the next (a comment after a
-/// header is allowed, as in README's example), as a file of its own. None without one.
+/// header is allowed, as in README's example), as a file of its own. None without one, or
+/// when which one is unsure: two `[admin]` headers (one being moved), or one inside a
+/// multi-line string (text, not a table), where a guess could send `resume` or a release
+/// to another address.
 fn admin_table(text: &str) -> Option<String> {
     let header = |line: &str| {
         let line = line.split('#').next().unwrap_or_default().trim();
         let name = line.strip_prefix('[')?.strip_suffix(']')?;
         Some(name.trim().to_string())
     };
-    let mut lines = text
-        .lines()
-        .skip_while(|l| header(l).as_deref() != Some("admin"));
-    lines.next()?;
-    let body: Vec<&str> = lines.take_while(|l| header(l).is_none()).collect();
-    Some(format!("[admin]\n{}\n", body.join("\n")))
+    let lines: Vec<&str> = text.lines().collect();
+    let mut admin = (0..lines.len()).filter(|&i| header(lines[i]).as_deref() == Some("admin"));
+    let (at, None) = (admin.next()?, admin.next()) else {
+        return None;
+    };
+    let before = lines[..at].join("\n");
+    if ["\"\"\"", "'''"]
+        .iter()
+        .any(|q| before.matches(q).count() % 2 == 1)
+    {
+        return None;
+    }
+    let body = lines[at + 1..].iter().take_while(|l| header(l).is_none());
+    Some(format!(
+        "[admin]\n{}\n",
+        body.copied().collect::<Vec<_>>().join("\n")
+    ))
 }
 
 /// An operator command whose 2xx answer carries `field`, as hoox-edge's admin API answers it.
@@ -1167,6 +1181,10 @@ mod tests {
             "[admin]\nlisten = \"127.0.0.1:7003\n",
             "[server]\nlisten = \"x\n",
             "admin.listen = \"127.0.0.1:1\"\n[x]\ny = \"\n",
+            // Which [admin] is unsure: two of them, or one in a multi-line string.
+            "[admin]\nlisten = \"127.0.0.1:1\"\n[x]\ny = \"\n[admin]\nlisten = \"127.0.0.1:2\"\n",
+            "[x]\nnote = \"\"\"\n[admin]\nlisten = \"127.0.0.1:9\"\n\"\"\"\ny = \"\n",
+            "[x]\nnote = '''\n[admin]\nlisten = \"127.0.0.1:9\"\n'''\ny = \"\n",
         ] {
             std::fs::write(&editing, text).unwrap();
             let e = admin_listen(&args(None, Some(editing.clone())), &installed).unwrap_err();

@@ -238,7 +238,7 @@ pub fn folder_open_to_others(path: &Path, what: &str) -> Option<String> {
             dir.display(),
             dir.display()
         ),
-        theirs => format!("{theirs}, with {what} of their own"),
+        theirs @ Exposed::Theirs { .. } => theirs.said(what),
     })
 }
 
@@ -253,24 +253,30 @@ pub enum Exposed {
     Theirs { name: PathBuf, uid: u32 },
 }
 
-impl fmt::Display for Exposed {
-    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+impl Exposed {
+    /// Who could put `what` of their own in the path's place, and the way out.
+    fn said(&self, what: &str) -> String {
         match self {
-            Exposed::Open { dir, mode } => write!(
-                f,
+            Exposed::Open { dir, mode } => format!(
                 "{} is writable by everyone (mode {mode:o}): any user of this machine could \
-                 put a file of their own in its place; run chmod o-w on {}",
+                 put {what} of their own in its place; run chmod o-w on {}",
                 dir.display(),
                 dir.display()
             ),
-            Exposed::Theirs { name, uid } => write!(
-                f,
+            Exposed::Theirs { name, uid } => format!(
                 "{} belongs to another user (uid {uid}) in a folder everyone may write: the \
                  sticky bit keeps others from replacing only what is not theirs, so that \
-                 user could put a file of their own in its place; use a folder of its own",
+                 user could put {what} of their own in its place; use a folder of its own, \
+                 or make it root's or the user's that runs this (chown)",
                 name.display()
             ),
         }
+    }
+}
+
+impl fmt::Display for Exposed {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(&self.said("a file"))
     }
 }
 
@@ -596,7 +602,7 @@ mod tests {
         assert!(load_secrets(&secret).is_ok());
         assert_eq!(open_to_writes(&ca, "a CA"), None);
         for p in [&link, &secret, &ca] {
-            lchown(p, Some(NOBODY), None).unwrap();
+            lchown(p, Some(NOBODY), None).expect("this test needs root, to give files away");
         }
         for p in [&link, &secret] {
             let e = load_secrets(p).unwrap_err();
@@ -616,7 +622,7 @@ mod tests {
         }
         let why = open_to_writes(&ca, "a CA").unwrap();
         assert!(
-            why.contains("belongs to another user") && why.ends_with("a CA of their own"),
+            why.contains("belongs to another user") && why.contains("could put a CA of their own"),
             "{why}"
         );
         // Behind a link of ours, the file it names in the sticky folder counts too.

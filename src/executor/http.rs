@@ -273,22 +273,23 @@ impl HttpExecutor {
 /// Whether the answer says the executor closes this connection once idle for less than
 /// the pool keeps it, with half a second to spare (`Keep-Alive: timeout=1`, RFC 2068
 /// §19.7.1.1, in seconds). Reused, the next order could cross that close: a 504 with its
-/// key held for an order perhaps never read. Such a connection is not reused; a timeout
-/// it does not say is left to `POOL_IDLE`.
+/// key held for an order perhaps never read. Such a connection is not reused, nor one whose
+/// timeout cannot be read (`timeout=1;max=5`): a new connection costs a handshake, a close
+/// crossed an order. No timeout said is left to `POOL_IDLE`.
 fn closes_sooner_than_the_pool(headers: &hyper::HeaderMap) -> bool {
+    let enough = (POOL_IDLE + Duration::from_millis(500)).as_secs_f64();
     headers
         .get_all("keep-alive")
         .iter()
-        .filter_map(|v| v.to_str().ok())
+        .map(|v| v.to_str().unwrap_or_default())
         .flat_map(|v| v.split(','))
         .filter_map(|param| {
             let (name, value) = param.split_once('=')?;
             let value = value.trim().trim_matches('"');
-            name.trim()
-                .eq_ignore_ascii_case("timeout")
-                .then(|| value.parse::<u64>().ok())?
+            let secs = value.parse::<f64>().ok().filter(|s| s.is_finite());
+            name.trim().eq_ignore_ascii_case("timeout").then_some(secs)
         })
-        .any(|secs| Duration::from_secs(secs) < POOL_IDLE + Duration::from_millis(500))
+        .any(|secs| secs.is_none_or(|s| s < enough))
 }
 
 type BoxError = Box<dyn std::error::Error + Send + Sync>;
@@ -531,8 +532,8 @@ mod tests {
 
     /// The timeout is read in any letter case, with spaces, quoted or among other
     /// parameters, from any `Keep-Alive` header; under 2 s (the pool's 1.5 s and half a
-    /// second to spare) the connection is not reused. A timeout that is no number, or none
-    /// said, leaves the pool's own rule.
+    /// second to spare) the connection is not reused, nor when the timeout is no number.
+    /// None said leaves the pool's own rule.
     #[test]
     fn a_keep_alive_timeout_under_two_seconds_ends_reuse() {
         let says = |values: &[&str]| {
@@ -549,6 +550,12 @@ mod tests {
             &["Timeout = 1"],
             &["timeout=\"1\""],
             &["max=5", "timeout=1"],
+            &["timeout=1.5"],
+            // Not read: taken as short, the safe side.
+            &["timeout=1;max=5"],
+            &["timeout=x"],
+            &["timeout=-1"],
+            &["timeout=NaN"],
         ] {
             assert!(says(short), "{short:?}");
         }
@@ -556,8 +563,7 @@ mod tests {
             &[][..],
             &["timeout=2"],
             &["timeout=5, max=100"],
-            &["timeout=-1"],
-            &["timeout=1.5"],
+            &["timeout=2.0"],
             &["timeout"],
             &["max=1"],
         ] {

@@ -541,8 +541,7 @@ pub(super) fn open(
             unrecorded = None;
         }
         let halted = read_halted(&meta)?;
-        // The one value an open writes though nothing else changed: once a boot, at the
-        // first open in it. Later opens in the boot read it and write nothing.
+        // This boot's first open: as recorded, or this one (recorded below, if it must be).
         let boot_open = match meta.get(BOOT_OPEN).map_err(redb::Error::from)? {
             None => None,
             Some(v) => Some(BootOpen::decode(v.value()).ok_or_else(|| LoadError::Meta {
@@ -551,15 +550,14 @@ pub(super) fn open(
             })?),
         };
         let boot_open = match (boot_open, now_boot) {
-            (Some(first), Some(now)) if first.at.boot == now.boot => Some(first),
-            (_, Some(now)) => {
-                let first = BootOpen {
+            (Some(first), Some(now)) if first.at.boot == now.boot => Some((first, true)),
+            (_, Some(now)) => Some((
+                BootOpen {
                     at: now,
                     wall: now_wall,
-                };
-                meta.insert(BOOT_OPEN, first.encode().as_slice())?;
-                Some(first)
-            }
+                },
+                false,
+            )),
             (_, None) => None,
         };
         let found = records.len();
@@ -578,7 +576,7 @@ pub(super) fn open(
     // Live by the boot clock: not yet due on this boot's clock.
     let boot_live = |e: &Entry| {
         now_boot.is_some_and(|now| {
-            due_in_boot(e, Some(now.boot), boot_open).is_some_and(|ms| ms > now.ms)
+            due_in_boot(e, Some(now.boot), boot_open.map(|(f, _)| f)).is_some_and(|ms| ms > now.ms)
         })
     };
     let mut live = Vec::new();
@@ -606,6 +604,26 @@ pub(super) fn open(
     // (`Immediate` in redb 4, which a later release could change).
     txn.set_durability(redb::Durability::Immediate)?;
     txn.commit()?;
+    // This boot's first open, recorded only when a live entry needs it (one of an earlier
+    // boot: after a reboot), and apart, after the open's own commit: so an open that changes
+    // nothing still writes nothing, and a full disk that refuses the record still opens, as
+    // before there was one (a restart in this boot then takes those entries by the wall
+    // clock again).
+    let needs = |e: &Entry| {
+        e.boot_due
+            .and_then(|d| d.ms_in(now_boot.map(|b| b.boot)))
+            .is_none()
+    };
+    if let Some((first, false)) = boot_open
+        && live.iter().any(|(_, e)| needs(e))
+        && let Err(e) = record_boot_open(&db, first)
+    {
+        log::warn!(
+            "mutex: cannot record this boot's first open ({e}): a restart in this boot \
+             frees the last boot's keys by the wall clock, which NTP may have stepped forward"
+        );
+    }
+    let boot_open = boot_open.map(|(first, _)| first);
     let files = [db_identity, journal_identity];
     let journal = Journal::new(file, &journal_path, id, journal_bytes, checkpoint);
     let loaded = Loaded {
@@ -627,6 +645,15 @@ pub(super) fn open(
         files,
     };
     Ok((store, loaded))
+}
+
+fn record_boot_open(db: &Database, first: BootOpen) -> Result<(), redb::Error> {
+    let mut txn = db.begin_write()?;
+    txn.open_table(META)?
+        .insert(BOOT_OPEN, first.encode().as_slice())?;
+    txn.set_durability(redb::Durability::Immediate)?;
+    txn.commit()?;
+    Ok(())
 }
 
 /// Makes a new database at `path`, and never a half-made one there. redb makes it under a
@@ -1199,6 +1226,13 @@ mod tests {
         let path = dir.path().join("m.redb");
         let at = |boot, ms| Some(BootTime { boot, ms });
         let open = |wall, boot| open(&path, 16 * 4096, Create::Yes, wall, boot, |_| false);
+        let recorded = || {
+            let db = Database::open(&path).unwrap();
+            let txn = db.begin_read().unwrap();
+            let meta = txn.open_table(META).unwrap();
+            let v = meta.get(BOOT_OPEN).unwrap();
+            v.map(|v| BootOpen::decode(v.value()).unwrap())
+        };
         // Taken in boot 3, due at its 300 s by the wall clock.
         let mut e = sample();
         e.stored_at = NOW;
@@ -1211,6 +1245,8 @@ mod tests {
         assert_eq!(loaded.boot_open, Some(first3));
         append_put(&mut store, 0, &e);
         drop(store);
+        // No entry of another boot to hold: nothing recorded, the open wrote nothing.
+        assert_eq!(recorded(), None);
         // Boot 4 comes back an hour behind: its first open holds the entry by the wall.
         let behind = NOW - 3_600_000;
         let (store, loaded) = open(behind, at(4, 5_000)).unwrap();
@@ -1227,6 +1263,7 @@ mod tests {
             "the TTL, not the wall's hour and more"
         );
         drop(store);
+        assert_eq!(recorded(), Some(first4));
         // NTP steps the clock an hour forward; 10 s on, a restart in boot 4 keeps the
         // entry (its deadline is 295 s ahead on boot 4's clock) and the first open's record.
         let (store, loaded) = open(NOW + 10_000, at(4, 15_000)).unwrap();
@@ -1237,6 +1274,9 @@ mod tests {
         let (store, loaded) = open(NOW + 300_000, at(4, 305_000)).unwrap();
         assert_eq!((loaded.live.len(), loaded.purged), (0, 1));
         drop(store);
+        // A reboot with nothing live records nothing new.
+        assert_eq!(open(NOW + 400_000, at(5, 1)).unwrap().1.live.len(), 0);
+        assert_eq!(recorded(), Some(first4));
         // Where the boot is not known, nothing is recorded or read.
         assert_eq!(open(NOW, None).unwrap().1.boot_open, None);
         // Damaged: refused, naming the value.

@@ -29,11 +29,12 @@ struct Cli {
 enum Command {
     /// Send trade webhooks over N TLS connections and report throughput and latency.
     ///
-    /// Exit codes: 0 every answer served (2xx or 409; with --replay-keys, 409 or a stored
-    /// answer marked Idempotent-Replayed); 1 the ledger (--ledger) saw a key
+    /// Exit codes: 0 every answer served (2xx, or 409 in a run that may repeat a trade:
+    /// --dup-ratio, --keys, --key-prefix; with --replay-keys, 409 or a stored answer marked
+    /// Idempotent-Replayed); 1 the ledger (--ledger) saw a key
     /// forwarded twice or an order without a key; 2 the run could not start, or the ledger
     /// could not be read after it (the run's report is printed first); 3 no answer at
-    /// all; 4 some answer was neither 2xx nor 409, or some request failed in transport (a
+    /// all; 4 some answer was not served, or some request failed in transport (a
     /// connect, an I/O error, a timeout), unless --expect-errors; 5 with --replay-keys, a
     /// replayed key answered 2xx (forwarded again); 6 with --replay-keys, a replayed key
     /// answered neither 409 nor its stored answer (not shown held). --expect-errors

@@ -14,8 +14,9 @@
 //! either would drop the wait of every request due meanwhile (coordinated omission). The
 //! pacer's lateness is also reported apart, to show how much of a tail is the generator's.
 //!
-//! Throughput counts served answers only (2xx, and 409: a repeated trade refused as a
-//! duplicate is the gateway working): a gateway that answers 401 or 503 fast is not fast.
+//! Throughput counts served answers only (2xx, and 409 in a run that may repeat a trade: a
+//! repeat refused as a duplicate is the gateway working): a gateway that answers 401 or
+//! 503 fast is not fast, nor one that answers 409 to fresh trades (`Plan::served`).
 
 use std::collections::{BTreeMap, VecDeque};
 use std::path::PathBuf;
@@ -98,7 +99,8 @@ pub struct Args {
     /// the ledger's verdict.
     #[arg(long)]
     json: bool,
-    /// Exit 0 even if some answers are not 2xx or 409, or some requests fail in transport
+    /// Exit 0 even if some answers are not served (2xx, or 409 in a run that may repeat a
+    /// trade), or some requests fail in transport
     /// (the chaos bench kills the gateway on purpose); without it, such a run exits 4.
     /// Exits 1 (the ledger), 5 (a replayed key forwarded again) and 6 (a replayed key not
     /// shown held) still apply.
@@ -126,8 +128,8 @@ pub struct Args {
     keyless: bool,
 }
 
-/// The exit code of a run in which an answer was neither 2xx nor 409, or a request failed in
-/// transport (and --expect-errors was not given).
+/// The exit code of a run in which an answer was not served (`Plan::served`), or a request
+/// failed in transport (and --expect-errors was not given).
 const EXIT_ERRORS: u8 = 4;
 
 /// The exit code of a --replay-keys run in which a replayed key was answered 2xx: the
@@ -1074,7 +1076,7 @@ fn print_report(
         plan.target.uri, args.connections
     );
     println!(
-        "  responses  {responses}, served (2xx, 409) {served_total}   throughput {rps:.1} served/s, {answers_rps:.1} answers/s"
+        "  responses  {responses}, served {served_total}   throughput {rps:.1} served/s, {answers_rps:.1} answers/s"
     );
     println!(
         "  latency us p50 {}  p90 {}  p99 {}  p99.9 {}  max {}",
