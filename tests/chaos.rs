@@ -12,7 +12,14 @@
 //! the fingerprint's promise (no second forward less than 60 s after the first).
 //!
 //! `HOOX_CHAOS_CYCLES` sets the number of cycles (20 by default; `scripts/bench.sh --chaos`
-//! runs 60).
+//! runs 60). `HOOX_CHAOS_SEED` replays a run's random choices (each run prints its seed);
+//! the machine's timing is its own.
+//!
+//! A third of the cycles also kill a gateway a few ms after its start, with nothing sent to
+//! it: often mid-open (the journal replayed into the database, the checkpoint after it; each
+//! such kill prints how far the log got), so that a start that loses what it replays is
+//! caught too. Every kill is asserted to be one: the
+//! gateway was running, and ended by SIGKILL, not by itself.
 
 mod support;
 
@@ -83,12 +90,17 @@ async fn sigkill_under_load_never_forwards_a_key_twice() {
         .ok()
         .and_then(|v| v.parse().ok())
         .unwrap_or(20);
-    let seed = std::time::SystemTime::now()
-        .duration_since(std::time::UNIX_EPOCH)
-        .unwrap()
-        .as_nanos() as u64
+    let seed = std::env::var("HOOX_CHAOS_SEED")
+        .ok()
+        .and_then(|v| v.parse().ok())
+        .unwrap_or_else(|| {
+            std::time::SystemTime::now()
+                .duration_since(std::time::UNIX_EPOCH)
+                .unwrap()
+                .as_nanos() as u64
+        })
         | 1;
-    println!("chaos seed {seed}, {cycles} cycles");
+    println!("chaos seed {seed} (HOOX_CHAOS_SEED), {cycles} cycles");
     let mut rng = Rng(seed);
 
     let exec = MockExecutor::start().await;
@@ -104,10 +116,28 @@ async fn sigkill_under_load_never_forwards_a_key_twice() {
     // is new, so that every cycle still has trades to forward when its kill comes.
     let window = 400u64;
     let (mut progressed, mut cut_off, mut unanswered_before) = (0, 0, 0);
+    let mut early_kills = 0;
 
     for cycle in 0..cycles {
         let calls_before = exec.calls();
         let base = cycle as u64 * window / 2;
+        if rng.below(3) == 0 {
+            let mut early = setup.start();
+            let after = rng.below(40);
+            tokio::time::sleep(Duration::from_millis(after)).await;
+            assert_sigkilled(early.kill9(), &early.stderr());
+            // Where it was: its log says how far it got (the reading thread may lag).
+            let log = early.stderr();
+            let got = if log.contains("ready: database open") {
+                "ready"
+            } else if log.contains("mutex: replayed") {
+                "replayed its journal, not ready"
+            } else {
+                "not yet through its open"
+            };
+            println!("cycle {cycle}: killed {after} ms after its start: {got}");
+            early_kills += 1;
+        }
         let mut gw = setup.start();
         gw.wait_ready().await;
         let url = gw.url();
@@ -150,7 +180,7 @@ async fn sigkill_under_load_never_forwards_a_key_twice() {
         while exec.calls() == arrived && tokio::time::Instant::now() < deadline {
             tokio::time::sleep(Duration::from_millis(1)).await;
         }
-        gw.kill9();
+        assert_sigkilled(gw.kill9(), &gw.stderr());
         for w in workers {
             w.await.unwrap();
         }
@@ -184,6 +214,7 @@ async fn sigkill_under_load_never_forwards_a_key_twice() {
         cut_off * 2 >= cycles,
         "a kill cut off an order at the executor in only {cut_off} of {cycles} cycles"
     );
+    println!("{early_kills} of {cycles} cycles also killed a gateway just after its start");
 
     // No trade forwarded twice: a key within its TTL (the whole run), a fingerprint within
     // its minute, whatever its bucket.
@@ -247,4 +278,15 @@ async fn sigkill_under_load_never_forwards_a_key_twice() {
         seen.len()
     );
     assert_eq!(exec.calls(), before);
+}
+
+/// A kill that was one: the gateway was still running (it had not ended by itself, as one
+/// that aborts on concurrent duplicates would) and SIGKILL ended it.
+fn assert_sigkilled(status: std::process::ExitStatus, stderr: &str) {
+    use std::os::unix::process::ExitStatusExt;
+    assert_eq!(
+        status.signal(),
+        Some(libc::SIGKILL),
+        "the gateway ended before its kill ({status}); stderr:\n{stderr}"
+    );
 }

@@ -145,20 +145,42 @@ impl Drop for Mount {
     }
 }
 
+/// A fault present at the start, and still while the gateway retries its open: it fails
+/// closed, says why (`/readyz`'s reason and detail), and still fails closed after three
+/// failed opens, not only at the first.
+async fn assert_stays_closed(gw: &Gateway, exec: &MockExecutor, why: &str, k: &str) {
+    assert_fails_closed(gw, exec, &format!("{k}-1")).await;
+    gw.wait_unready_until(why, |b| {
+        b["reason"] == "not_open" && b["detail"].as_str().is_some_and(|d| d.contains(why))
+    })
+    .await;
+    wait_logged(gw, "mutex: cannot open", 3).await;
+    assert_fails_closed(gw, exec, &format!("{k}-2")).await;
+}
+
+/// Recovered once the fault is gone, without a restart, on the very database that was
+/// there: its key still held, and no other file made beside it.
+async fn assert_recovers_on(gw: &Gateway, exec: &MockExecutor, state: &Path, held: &str) {
+    assert_recovers(gw, exec, &format!("{held}-after")).await;
+    assert_eq!(gw.post(&keyed(held), &[]).await.status, 409);
+    assert_eq!(names(state), ["mutex.redb", "mutex.redb-journal"]);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn locked_by_another_process() {
-    let exec = MockExecutor::start().await;
-    let holder_setup = Setup::new(None);
+    let (exec, setup) = stopped_holding("locked").await;
+    let state = setup.dir.path().join("state");
+    // Another gateway holds the database (redb's lock on the file).
+    let mut holder_setup = Setup::new(None);
+    let db = state.join("mutex.redb").display().to_string();
+    holder_setup.set("store", "path", db);
     let holder = holder_setup.start();
     holder.wait_ready().await;
-    let mut setup = Setup::new(Some(&exec.url()));
-    let held = holder_setup.dir.path().join("state/mutex.redb");
-    setup.set("store", "path", held.display().to_string());
     let gw = setup.start();
-    assert_fails_closed(&gw, &exec, "locked-1").await;
+    assert_stays_closed(&gw, &exec, "already open", "locked").await;
     // The holder goes away: recovery without a restart.
     drop(holder);
-    assert_recovers(&gw, &exec, "locked-2").await;
+    assert_recovers_on(&gw, &exec, &state, "locked").await;
 }
 
 /// Two gateways make their first start on one folder at the same moment, four times over:
@@ -219,8 +241,7 @@ async fn two_first_starts_on_one_folder_at_once() {
 
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn read_only_state_directory() {
-    let exec = MockExecutor::start().await;
-    let setup = Setup::new(Some(&exec.url()));
+    let (exec, setup) = stopped_holding("ro").await;
     let state = setup.dir.path().join("state");
     let mount = Mount::bind(&state);
     mount.read_only(true);
@@ -238,10 +259,10 @@ async fn read_only_state_directory() {
     let warning = "cannot be written by this user";
     assert!(check().contains(warning), "{}", check());
     let gw = setup.start();
-    assert_fails_closed(&gw, &exec, "ro-1").await;
+    assert_stays_closed(&gw, &exec, "Read-only file system", "ro").await;
     mount.read_only(false);
     assert!(!check().contains(warning), "{}", check());
-    assert_recovers(&gw, &exec, "ro-2").await;
+    assert_recovers_on(&gw, &exec, &state, "ro").await;
 }
 
 /// A release the owner cannot take, because it began failing closed while the order was

@@ -1,6 +1,8 @@
 //! Storm: 1000 concurrent identical webhooks, repeated over trials (20 by default,
 //! `HOOX_STORM_TRIALS` to change; `scripts/bench.sh --storm` runs 100), each trial a fresh
-//! trade. Exactly one forward each.
+//! trade. Exactly one forward each. Trials alternate: a trade with no key of its own (its
+//! fingerprint decides) and one with its `idempotencyKey` (the client's key decides), so
+//! that neither path races where the other does not.
 
 mod support;
 
@@ -36,10 +38,14 @@ async fn a_thousand_identical_webhooks_forward_once_per_trial() {
         conns.push(client.connect(&gw.url()).await.unwrap());
     }
     for trial in 0..trials {
-        // No client key: the fingerprint decides, as for a signal engine that sends none.
-        let body = json!({"exchange":"bybit","symbol":format!("T{trial}USDT"),"action":"LONG",
-                          "quantity":1,"apiKey":SECRET})
-        .to_string();
+        // Even trials: no client key, the fingerprint decides, as for a signal engine that
+        // sends none. Odd ones: the client's key.
+        let mut body = json!({"exchange":"bybit","symbol":format!("T{trial}USDT"),"action":"LONG",
+                              "quantity":1,"apiKey":SECRET});
+        if trial % 2 == 1 {
+            body["idempotencyKey"] = json!(format!("storm-{trial}"));
+        }
+        let body = body.to_string();
         let before = exec.calls();
         let barrier = Arc::new(tokio::sync::Barrier::new(1000));
         let mut tasks = Vec::new();
@@ -73,5 +79,10 @@ async fn a_thousand_identical_webhooks_forward_once_per_trial() {
             "trial {trial}: no duplicate saw the trade pending"
         );
         assert_eq!(exec.calls(), before + 1, "trial {trial}");
+        // Forwarded under the key that decided: the client's, or the fingerprint.
+        let key = exec.ledger().last().and_then(|r| r.idempotency_key.clone());
+        let key = key.expect("the order carried its key");
+        let client_key = key.ends_with(&format!(":storm-{trial}"));
+        assert_eq!(client_key, trial % 2 == 1, "trial {trial}: {key}");
     }
 }

@@ -373,9 +373,10 @@ impl Gateway {
         }
     }
 
-    pub fn kill9(&mut self) {
+    /// SIGKILL, and how the process ended: by the signal, unless it had ended already.
+    pub fn kill9(&mut self) -> std::process::ExitStatus {
         let _ = self.child.kill();
-        let _ = self.child.wait();
+        self.child.wait().expect("the gateway's exit status")
     }
 }
 
