@@ -828,15 +828,40 @@ fn an_operator_write_made_after_its_caller_gave_up_is_logged() {
         assert_eq!(release.await, Err(Unavailable::Timeout));
         slow_sync.await.unwrap();
         assert!(eventually(Duration::from_secs(20), async || m.ping().await.is_ok()).await);
-        assert!(m.ping().await.unwrap().halted);
-        assert_eq!(m.get(k.clone()).await.unwrap(), None);
-        let logged = |what: &str| logs::lines().iter().any(|l| l.contains(what));
-        assert!(logged(
-            "operator set the kill switch, though the caller had given up"
-        ));
-        assert!(logged(&format!(
-            "operator released key {k}, though the caller had given up"
-        )));
+        made_and_logged(&m, &k, "though the caller had given up").await;
+    });
+    owner.stop();
+}
+
+/// Both operator writes of the tests around it made (halted, `k` released), and each
+/// logged as made, `said` telling how its caller missed the answer.
+async fn made_and_logged(m: &hoox_edge::mutex::Mutex, k: &Key, said: &str) {
+    assert!(m.ping().await.unwrap().halted);
+    assert_eq!(m.get(k.clone()).await.unwrap(), None);
+    let logged = |what: &str| logs::lines().iter().any(|l| l.contains(what));
+    assert!(logged(&format!("operator set the kill switch, {said}")));
+    assert!(logged(&format!("operator released key {k}, {said}")));
+}
+
+/// One made and answered in time, whose answer its caller never took (its deadline passed
+/// in the poll that would have taken it, or the operator's request went away): logged as
+/// made, as one the owner could not deliver is.
+#[test]
+fn an_operator_write_whose_answer_was_not_taken_is_logged() {
+    logs::capture();
+    let dir = tempfile::tempdir().unwrap();
+    let (m, owner) = start(&dir.path().join("m.redb"), Clock::system());
+    rt().block_on(async {
+        let k = key("untaken-release");
+        granted(m.reserve(reserve(&k, 60_000, 1)).await);
+        let mut halt = Box::pin(m.set_halted(true));
+        queue(halt.as_mut());
+        let mut release = Box::pin(m.force_release(k.clone(), None));
+        queue(release.as_mut());
+        // Behind both: once it is answered, so are they, their answers left unread.
+        m.ping().await.unwrap();
+        drop((halt, release));
+        made_and_logged(&m, &k, "though its caller stopped waiting").await;
     });
     owner.stop();
 }

@@ -607,12 +607,34 @@ impl Mutex {
         key: Key,
         only: Option<Seen>,
     ) -> Result<Released, Unavailable> {
-        self.call(|tx| Command::ForceRelease(Box::new(key), only, tx))
-            .await?
+        let shown = key.as_str().to_owned();
+        // Made, and answered, but the answer not taken (the deadline passed in the same
+        // poll, or the operator's request went away): the log is where they learn it.
+        let unclaimed = move |_: &Mutex, r: Result<Released, Unavailable>| {
+            if r == Ok(Released::Yes) {
+                log::warn!(
+                    "operator released key {shown}, though its caller stopped waiting {UNTAKEN}"
+                );
+            }
+        };
+        self.call_settling(
+            |tx| Command::ForceRelease(Box::new(key), only, tx),
+            unclaimed,
+        )
+        .await?
     }
 
     pub async fn set_halted(&self, halted: bool) -> Result<(), Unavailable> {
-        self.call(|tx| Command::SetHalted(halted, tx)).await?
+        let unclaimed = move |_: &Mutex, r: Result<(), Unavailable>| {
+            if r.is_ok() {
+                let did = if halted { "set" } else { "lifted" };
+                log::warn!(
+                    "operator {did} the kill switch, though its caller stopped waiting {UNTAKEN}"
+                );
+            }
+        };
+        self.call_settling(|tx| Command::SetHalted(halted, tx), unclaimed)
+            .await?
     }
 
     /// A round trip through the owner, for the watchdog: `Err` if it did not answer in time.
@@ -702,17 +724,17 @@ impl Mutex {
     /// A round trip to the owner. An answer sent but never taken (the deadline passed, or
     /// the caller dropped this future, between the owner's send and the caller's next
     /// poll) goes to `unclaimed` instead of being dropped unseen.
-    async fn call_settling<T>(
+    async fn call_settling<T, F: FnOnce(&Mutex, T)>(
         &self,
         make: impl FnOnce(oneshot::Sender<T>) -> Command,
-        unclaimed: fn(&Mutex, T),
+        unclaimed: F,
     ) -> Result<T, Unavailable> {
         let (tx, rx) = oneshot::channel();
         self.enqueue(make(tx))?;
         let mut waiting = Waiting {
             rx,
             mutex: self,
-            unclaimed,
+            unclaimed: Some(unclaimed),
         };
         match tokio::time::timeout(self.deadline, &mut waiting.rx).await {
             Ok(Ok(v)) => Ok(v),
@@ -722,20 +744,24 @@ impl Mutex {
     }
 }
 
+/// How an operator's write whose answer was sent but not taken is logged: made, though the
+/// caller was told otherwise, or nothing.
+const UNTAKEN: &str = "(it was answered 503, or its client had gone, as the answer came)";
+
 /// The receiving end of a call, which settles an answer nobody took when dropped.
-struct Waiting<'a, T> {
+struct Waiting<'a, T, F: FnOnce(&Mutex, T)> {
     rx: oneshot::Receiver<T>,
     mutex: &'a Mutex,
-    unclaimed: fn(&Mutex, T),
+    unclaimed: Option<F>,
 }
 
-impl<T> Drop for Waiting<'_, T> {
+impl<T, F: FnOnce(&Mutex, T)> Drop for Waiting<'_, T, F> {
     fn drop(&mut self) {
         // Closed first: from here on the owner's send fails, and the owner settles the
         // answer itself (`Reply::send`). Whatever it sent before is still in the channel.
         self.rx.close();
-        if let Ok(v) = self.rx.try_recv() {
-            (self.unclaimed)(self.mutex, v);
+        if let (Ok(v), Some(unclaimed)) = (self.rx.try_recv(), self.unclaimed.take()) {
+            unclaimed(self.mutex, v);
         }
     }
 }
