@@ -234,8 +234,7 @@ async fn two_first_starts_on_one_folder_at_once() {
             "trial {trial}"
         );
         assert!(serving.terminate().success());
-        assert_recovers(refused, &exec, &format!("after-{trial}")).await;
-        assert_eq!(refused.post(&keyed(&k), &[]).await.status, 409);
+        assert_recovers_on(refused, &exec, &state, &k).await;
     }
 }
 

@@ -40,9 +40,9 @@ const CHECKPOINT: &str = "journal_lsn";
 /// The journal's length at this database's last open (u64 LE): a journal found shorter
 /// was cut (by a copy, a restore, a file-system repair), and the records it held with it.
 const JOURNAL_LEN: &str = "journal_len";
-/// This database's first open in the current boot ([`BootOpen`]: 20 bytes, the boot id
-/// u32 LE, its clock's ms u64 LE, the wall clock's ms u64 LE), rewritten at the first open
-/// in each boot.
+/// This database's first open in a boot that found live entries of an earlier one
+/// ([`BootOpen`]: 20 bytes, the boot id u32 LE, its clock's ms u64 LE, the wall clock's ms
+/// u64 LE), written apart after that open's commit.
 const BOOT_OPEN: &str = "boot_open";
 
 /// redb caches pages in memory; the default (1 GiB) is too much for a Raspberry Pi, and
