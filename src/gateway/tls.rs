@@ -496,23 +496,45 @@ fn der(bytes: &[u8]) -> bool {
 
 /// A PEM reader's error in words: its own name the bytes of a line as numbers. `what` is
 /// what was looked for, `convert` the command that makes one from DER.
+///
+/// The file's text is quoted only where it is shaped as a label (`PRIVATE KEY`) or a BEGIN
+/// line: a key whose line breaks were lost (`echo $KEY > key.pem`) or escaped (`\n`, as
+/// secret stores and environment variables hold it) reads as one line, so its "label" or
+/// its "BEGIN line" is the whole key, and this message goes to the journal.
 fn pem_error(e: &pem::Error, bytes: &[u8], what: &str, convert: &str) -> String {
-    let text = |b: &[u8]| String::from_utf8_lossy(b).trim().to_string();
+    const JOINED: &str = "its BEGIN line runs on into the key or certificate itself: were \
+        the file's line breaks lost or escaped? (`echo $PEM > file` joins them; \
+        `printf '%s\\n' \"$PEM\" > file` keeps them)";
     match e {
         pem::Error::NoItemsFound if der(bytes) => format!(
             "no {what} in PEM form: the file looks like DER (binary); convert it: {convert}"
         ),
         pem::Error::NoItemsFound => format!("no {what} in PEM file"),
-        pem::Error::MissingSectionEnd { end_marker } => format!(
-            "a PEM block is not closed: no \"-----END {}-----\" line (is the file cut short?)",
-            text(end_marker)
-        ),
-        pem::Error::IllegalSectionStart { line } => {
-            format!("a PEM BEGIN line cannot be read: \"{}\"", text(line))
-        }
+        pem::Error::MissingSectionEnd { end_marker } => match pem_text(end_marker, 40, false) {
+            Some(label) => format!(
+                "a PEM block is not closed: no \"-----END {label}-----\" line (is the file cut \
+                 short?)"
+            ),
+            None => format!("a PEM block is not closed: {JOINED}"),
+        },
+        pem::Error::IllegalSectionStart { line } => match pem_text(line, 64, true) {
+            Some(line) => format!("a PEM BEGIN line cannot be read: \"{line}\""),
+            None => format!("a PEM BEGIN line cannot be read: {JOINED}"),
+        },
         pem::Error::Base64Decode(m) => format!("a PEM block's base64 is damaged: {m}"),
         e => e.to_string(),
     }
+}
+
+/// `bytes` as text, if short and made only of what a PEM label is made of (capitals, digits
+/// and spaces, and dashes where `dashes`): never a run of base64, which has small letters,
+/// `+` and `/` (64 base64 characters without them: about one chance in 10^16).
+fn pem_text(bytes: &[u8], max: usize, dashes: bool) -> Option<String> {
+    let text = std::str::from_utf8(bytes).ok()?.trim();
+    let shaped = |c: char| c.is_ascii_uppercase() || c.is_ascii_digit() || c == ' ';
+    let fits =
+        (1..=max).contains(&text.len()) && text.chars().all(|c| shaped(c) || (dashes && c == '-'));
+    fits.then(|| text.to_string())
 }
 
 /// Writes `cert.pem` and `key.pem` (mode 0600) into `dir`: a self-signed certificate for
@@ -571,6 +593,63 @@ mod tests {
         assert!(
             said.contains("getrandom") && !said.contains("of a kind"),
             "{said}"
+        );
+    }
+
+    /// A key file whose line breaks were lost or escaped reads as one line; its error names
+    /// the likely cause and quotes none of the key (it went to the journal whole, as the
+    /// "label" of a block not closed or as the "BEGIN line"). A label that is one is still
+    /// quoted.
+    #[test]
+    fn a_key_file_with_its_lines_joined_is_not_quoted_in_its_error() {
+        let dir = tempfile::tempdir().unwrap();
+        let key = rcgen::KeyPair::generate().unwrap();
+        let pem = key.serialize_pem();
+        let cert = rcgen::CertificateParams::new(vec!["localhost".into()])
+            .unwrap()
+            .self_signed(&key)
+            .unwrap();
+        let files = TlsFiles {
+            cert: dir.path().join("cert.pem"),
+            key: dir.path().join("key.pem"),
+            client_ca: None,
+        };
+        crate::config::write_private(&files.cert, &cert.pem()).unwrap();
+        let body: String = pem.lines().filter(|l| !l.starts_with("-----")).collect();
+        let said = |text: &str| {
+            crate::config::write_private(&files.key, text).unwrap();
+            match files.load() {
+                Ok(_) => panic!("a broken key loaded: {text:?}"),
+                Err(e) => e.to_string(),
+            }
+        };
+        let joined = [
+            pem.replace('\n', " "),                     // echo $KEY > key.pem
+            pem.replace('\n', ""),                      // stripped
+            pem.replace('\n', "\\n"),                   // escaped, as in JSON or env
+            pem.replacen("-----\n", "----- ", 1),       // only the BEGIN line joined
+            pem.replacen("KEY-----\n", "KEY----\n", 1), // a BEGIN line one dash short
+        ];
+        for (i, text) in joined.iter().enumerate() {
+            let error = said(text);
+            let leaked = (0..body.len() - 12).find(|&at| error.contains(&body[at..at + 12]));
+            assert_eq!(leaked, None, "variant {i} quotes the key: {error}");
+            if i < 4 {
+                assert!(
+                    error.contains("line breaks lost or escaped"),
+                    "{i}: {error}"
+                );
+            } else {
+                // Shaped as a BEGIN line: quoted, as it helps.
+                assert!(error.contains("\"-----BEGIN PRIVATE KEY----\""), "{error}");
+            }
+        }
+        // A block cut short: its label is quoted.
+        let cut = &pem[..pem.len() / 2];
+        assert!(
+            said(cut).contains("no \"-----END PRIVATE KEY-----\" line (is the file cut short?)"),
+            "{}",
+            said(cut)
         );
     }
 
