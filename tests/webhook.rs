@@ -217,6 +217,37 @@ async fn symbols_with_colons_have_fingerprints_of_their_own() {
     assert_eq!(exec.calls(), 4);
 }
 
+/// The executor's credential, given in its URL's path and query as the README says, does
+/// not reach the log when the executor echoes the URL in a refusal: the line still says
+/// what it answered, with the credential masked.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_executor_echoing_its_url_does_not_log_its_credential() {
+    let exec = MockExecutor::start().await;
+    let url = format!("{}/EXECTOKEN_sk_live_51H8?token=s3cr3t%2Bv", exec.url());
+    let setup = Setup::new(Some(&url));
+    let gw = setup.start();
+    gw.wait_ready().await;
+    exec.set_mode(Mode::NotFoundEchoing);
+    let mut t = trade("ETHUSDT");
+    t["idempotencyKey"] = json!("echo-1");
+    let r = gw.post(&t, &[]).await;
+    assert_eq!(r.status, 502, "{:?}", r.json());
+    assert_eq!(
+        exec.ledger()[0].path,
+        "/orders/EXECTOKEN_sk_live_51H8",
+        "the order went to the URL with its credential"
+    );
+    let log = gw.wait_logged("code=EXECUTION_FAILED key=client:psk:live:echo-1 ");
+    let line = lines_with(&log, "key=client:psk:live:echo-1 ")[0];
+    assert!(
+        line.contains(r#"executor answered 404 (failed): key released; it said: "{\"error\":\"Not Found\",\"path\":\"…\",\"status\":404}""#),
+        "{line}"
+    );
+    for secret in ["EXECTOKEN", "s3cr3t"] {
+        assert!(!log.contains(secret), "{secret} in the log: {log}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn soft_fail_and_errors_release_so_a_retry_runs() {
     let (exec, _setup, gw) = with_mock().await;

@@ -115,9 +115,47 @@ impl HttpConfig {
     }
 }
 
+/// The parts of an executor's URL that may be its credential (the README has it given in
+/// the path or the query), as an executor may echo them back in an answer that did not fill
+/// (`Cannot POST /orders/KEY`, `{"path": …}`, `invalid token …`), which the log quotes: the
+/// path and query together and apart, each path segment of 8 characters or more, each query value of 4 or
+/// more; each as written, percent-decoded, and with `/` escaped as JSON may (`\/`).
+/// Longest first, so that a part is hidden before a shorter one inside it.
+fn url_secrets(url: &Uri) -> Vec<String> {
+    let Some(whole) = url
+        .path_and_query()
+        .map(|p| p.as_str())
+        .filter(|p| *p != "/")
+    else {
+        return Vec::new();
+    };
+    let (path, query) = whole.split_once('?').unwrap_or((whole, ""));
+    let segments = path.split('/').filter(|s| s.len() >= 8);
+    let values = query
+        .split('&')
+        .map(|pair| pair.split_once('=').map_or(pair, |(_, value)| value))
+        .filter(|v| v.len() >= 4);
+    let mut parts = Vec::new();
+    let wholes = [whole, path, query].into_iter().filter(|p| p.len() > 1);
+    for raw in wholes.chain(segments).chain(values) {
+        let decoded = percent_encoding::percent_decode_str(raw).decode_utf8_lossy();
+        for part in [raw.to_string(), decoded.into_owned()] {
+            if part.contains('/') {
+                parts.push(part.replace('/', "\\/"));
+            }
+            parts.push(part);
+        }
+    }
+    parts.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
+    parts.dedup();
+    parts
+}
+
 pub struct HttpExecutor {
     client: Client<Bounded<HttpsConnector<HttpConnector>>, Full<Bytes>>,
     cfg: HttpConfig,
+    /// What of the URL may be a credential, longest first ([`url_secrets`]).
+    secrets: Vec<String>,
 }
 
 impl fmt::Debug for HttpExecutor {
@@ -166,7 +204,17 @@ impl HttpExecutor {
             .timer(TokioTimer::new())
             .pool_idle_timeout(POOL_IDLE)
             .build(connector);
-        Ok(Self { client, cfg })
+        let secrets = url_secrets(&cfg.url);
+        Ok(Self {
+            client,
+            cfg,
+            secrets,
+        })
+    }
+
+    /// What of the URL may be a credential, for [`super::Executor::mask`].
+    pub fn secrets(&self) -> &[String] {
+        &self.secrets
     }
 
     /// One order, within the executor's `timeout`: for the answer's head and then its body.

@@ -849,7 +849,7 @@ async fn execute_and_settle(gw: &Gateway, grant: Grant, order: &Order, _out: Out
                 }
                 _ => format!("executor answered {status}"),
             };
-            let said = said(body);
+            let said = said(body, &gw.executor);
             let text = format!("{why} ({}): key released{said}", outcome.label());
             let settled = release(gw, grant);
             Settlement::problem(
@@ -885,15 +885,16 @@ async fn execute_and_settle(gw: &Gateway, grant: Grant, order: &Order, _out: Out
 
 /// The start of an executor's answer that did not fill, for the log line: `; it said:
 /// "…"`, or nothing for an empty one. Quoted, its quotes and backslashes escaped: the
-/// executor's text cannot pass for the line's own fields (`key=… outcome=committed`).
-fn said(body: &[u8]) -> String {
+/// executor's text cannot pass for the line's own fields (`key=… outcome=committed`). What
+/// of the executor's URL may be a credential is masked: an executor may echo it.
+fn said(body: &[u8], executor: &Executor) -> String {
     const SAID: usize = 160;
     let body = body.trim_ascii();
     if body.is_empty() {
         return String::new();
     }
-    let head = String::from_utf8_lossy(&body[..body.len().min(SAID)]);
-    let more = if body.len() > SAID { "…" } else { "" };
+    let (head, cut) = executor.excerpt(body, SAID);
+    let more = if cut { "…" } else { "" };
     format!("; it said: {head:?}{more}")
 }
 
@@ -1129,6 +1130,8 @@ mod tests {
     /// whole of a short one, and the first 160 bytes of a long one, marked as cut.
     #[test]
     fn what_the_executor_said_is_logged_up_to_160_bytes() {
+        let paper = Executor::Paper(crate::executor::Paper::new());
+        let said = |body: &[u8]| said(body, &paper);
         assert_eq!(said(b""), "");
         assert_eq!(said(b" \r\n"), "");
         assert_eq!(
@@ -1149,6 +1152,51 @@ mod tests {
             said(&long.as_bytes()[..160]),
             format!("; it said: \"{}\"", &long[..160])
         );
+    }
+
+    /// An executor that echoes its URL (Spring's `"path"`, Express's `Cannot POST`, a
+    /// token it refuses) does not put the credential the URL carries into the log: not as
+    /// written, not percent-decoded, not with JSON's `\/`, not in part at the cut.
+    #[test]
+    fn the_executors_credential_it_echoes_is_masked_in_the_log() {
+        let http = crate::executor::HttpExecutor::new(crate::executor::HttpConfig {
+            url: "http://127.0.0.1:9/v1/orders/EXECTOKEN_sk_live_51H8?token=ab%2Bcd&x=1"
+                .parse()
+                .unwrap(),
+            timeout: std::time::Duration::from_secs(1),
+            ca_file: None,
+        })
+        .unwrap();
+        let http = Executor::Http(http);
+        let said = |body: &str| said(body.as_bytes(), &http);
+        assert_eq!(
+            said(r#"{"status":404,"path":"/v1/orders/EXECTOKEN_sk_live_51H8"}"#),
+            r#"; it said: "{\"status\":404,\"path\":\"…\"}""#
+        );
+        assert_eq!(
+            said(r#"{"path":"\/v1\/orders\/EXECTOKEN_sk_live_51H8"}"#),
+            r#"; it said: "{\"path\":\"…\"}""#
+        );
+        assert_eq!(
+            said("Cannot POST /v1/orders/EXECTOKEN_sk_live_51H8?token=ab%2Bcd&x=1"),
+            r#"; it said: "Cannot POST …""#
+        );
+        assert_eq!(
+            said("invalid token ab+cd, order EXECTOKEN_sk_live_51H8 refused: x=1"),
+            r#"; it said: "invalid token …, order … refused: x=1""#
+        );
+        // Across the cut at 160 bytes: hidden whole, not its first bytes.
+        let body = format!("{}EXECTOKEN_sk_live_51H8 refused", "y".repeat(145));
+        let line = said(&body);
+        assert_eq!(line, format!("; it said: \"{}… refused\"", "y".repeat(145)));
+        let body = format!(
+            "{}EXECTOKEN_sk_live_51H8{}",
+            "y".repeat(150),
+            "z".repeat(200)
+        );
+        let line = said(&body);
+        assert!(!line.contains("EXEC"), "{line}");
+        assert!(line.ends_with("z\"…"), "{line}");
     }
 
     /// The log lines of this test binary, with their fields: a test looks for its own.

@@ -41,6 +41,8 @@ pub enum Mode {
     /// Accepts each connection and closes it at once, reading nothing: a proxy whose
     /// backend is down.
     CloseAtOnce,
+    /// 404 with the request's path and query in the body, as Spring's error page has it.
+    NotFoundEchoing,
 }
 
 /// One request as the mock received it.
@@ -255,6 +257,7 @@ async fn answer(
         header("content-type"),
         header("accept-encoding"),
     );
+    let target = req.uri().path_and_query().map(|p| p.to_string());
     let (method, path, version) = (
         req.method().to_string(),
         req.uri().path().to_owned(),
@@ -316,5 +319,9 @@ async fn answer(
         }
         Mode::SuccessWith(status) => reply(StatusCode::from_u16(status).unwrap(), filled),
         Mode::CloseAtOnce => unreachable!("never answers a request"),
+        Mode::NotFoundEchoing => reply(
+            StatusCode::NOT_FOUND,
+            serde_json::json!({"status": 404, "error": "Not Found", "path": target}),
+        ),
     }
 }
