@@ -217,12 +217,18 @@ pub fn main() -> ExitCode {
     // in a file) would otherwise kill the process, where it should fail with EFBIG and exit
     // with its own code (74 for an answer not written, 78 for a config error).
     crate::app::ignore_file_size_signal();
+    // Every command's too: each may read secrets (`serve`, `check-config`, `sign`), and a
+    // core dump would write them out.
+    let dumpable = crate::platform::nodump::forbid();
     let cli = match Cli::try_parse() {
         Ok(cli) => cli,
         Err(e) => return clap_exit(&e),
     };
     let level = log_level(std::env::var_os(LOG_ENV).as_deref());
     crate::platform::log::init(level.as_ref().copied().unwrap_or(log::LevelFilter::Info));
+    if let Err(e) = dumpable {
+        log::warn!("cannot turn core dumps off (prctl PR_SET_DUMPABLE): {e}");
+    }
     if let Err(e) = level {
         log::warn!("{e}");
     }

@@ -1863,3 +1863,32 @@ async fn an_expired_certificate_is_said_and_its_end_is_a_metric() {
         Some(not_after(&good.0))
     );
 }
+
+/// The gateway is not dumpable: no core dump writes its secrets out, and no other process
+/// of its user attaches to it or reads its memory. The kernel gives `/proc/PID/environ` (and
+/// `mem`) of a process that is not dumpable to root; of one that is, to its user, as a
+/// `sleep` of the same user shows beside it (so the check could fail).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_gateway_leaves_no_core_dump_of_its_secrets() {
+    use std::os::unix::fs::MetadataExt;
+    use std::os::unix::process::CommandExt;
+    const NOBODY: u32 = 65534;
+    let setup = Setup::new(None);
+    setup.give_to(NOBODY);
+    let mut cmd = setup.command();
+    cmd.uid(NOBODY).gid(NOBODY);
+    let gw = Gateway::spawn(cmd, &setup.pki.ca_cert);
+    gw.wait_ready().await;
+    let mut sleep = Command::new("sleep");
+    let mut sleep = sleep.arg("30").uid(NOBODY).gid(NOBODY).spawn().unwrap();
+    let owner = |pid: u32| {
+        std::fs::metadata(format!("/proc/{pid}/environ"))
+            .unwrap()
+            .uid()
+    };
+    let (gateway, dumpable) = (owner(gw.child.id()), owner(sleep.id()));
+    sleep.kill().unwrap();
+    sleep.wait().unwrap();
+    assert_eq!(dumpable, NOBODY, "a process of the user is its own");
+    assert_eq!(gateway, 0, "the gateway is dumpable: {}", gw.stderr());
+}

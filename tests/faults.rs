@@ -1066,19 +1066,8 @@ async fn a_limit_on_threads_reached_while_serving_neither_loses_an_order_nor_the
     const NOBODY: u32 = 65534;
     let exec = MockExecutor::start().await;
     let setup = Setup::new(Some(&exec.url_localhost()));
-    setup.write_config();
     // Everything the gateway reads or writes, made its own.
-    let mut dirs = vec![setup.dir.path().to_path_buf()];
-    while let Some(d) = dirs.pop() {
-        std::os::unix::fs::chown(&d, Some(NOBODY), Some(NOBODY)).unwrap();
-        for e in std::fs::read_dir(&d).unwrap().flatten() {
-            if e.file_type().unwrap().is_dir() {
-                dirs.push(e.path());
-            } else {
-                std::os::unix::fs::chown(e.path(), Some(NOBODY), Some(NOBODY)).unwrap();
-            }
-        }
-    }
+    setup.give_to(NOBODY);
     // The user's threads now, the gateway's main thread, its one worker and the mutex's
     // owner; one blocking thread more (the fixed gateway keeps one) and one for slack.
     let limit = threads_of_user(NOBODY) + 5;

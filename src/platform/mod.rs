@@ -1,9 +1,11 @@
 //! The OS around us: the allocator of the static build (`alloc`), systemd notification
-//! (`notify`), logging to the journal or stderr (`log`) and the open-file limit (`nofile`).
+//! (`notify`), logging to the journal or stderr (`log`), the open-file limit (`nofile`) and
+//! no core dumps (`nodump`).
 //! Uses nothing of ours, so every other module may use it.
 
 pub mod alloc;
 pub mod log;
+pub mod nodump;
 pub mod nofile;
 pub mod notify;
 

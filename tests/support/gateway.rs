@@ -104,6 +104,24 @@ bearer_tokens_file = "secrets/bearer"
         p
     }
 
+    /// Everything in the setup's folder made `uid`'s (its group `uid` too), the config
+    /// written first: for a gateway run as another user.
+    pub fn give_to(&self, uid: u32) {
+        use std::os::unix::fs::chown;
+        self.write_config();
+        let mut dirs = vec![self.dir.path().to_path_buf()];
+        while let Some(d) = dirs.pop() {
+            chown(&d, Some(uid), Some(uid)).unwrap();
+            for e in std::fs::read_dir(&d).unwrap().flatten() {
+                if e.file_type().unwrap().is_dir() {
+                    dirs.push(e.path());
+                } else {
+                    chown(e.path(), Some(uid), Some(uid)).unwrap();
+                }
+            }
+        }
+    }
+
     /// Starts the binary and waits until it listens (not until the database is open: see
     /// [`Gateway::wait_ready`]).
     pub fn start(&self) -> Gateway {
