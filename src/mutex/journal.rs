@@ -46,8 +46,11 @@ const MAGIC: [u8; 4] = *b"HXJ1";
 const DURABLE: u32 = 1;
 /// Flag bits no version of this format sets: a record with one is from a newer format.
 const UNKNOWN_FLAGS: u32 = 0xfe;
-/// No record is numbered beyond this (2^62): lsns count records, one at a time.
-const MAX_LSN: u64 = 1 << 62;
+/// No record is numbered beyond this (2^62): lsns count records, one at a time. An intact
+/// record past it is refused ([`scan`]), and so is a database whose checkpoint is past it
+/// (`store::open`): taken, its lsn became the checkpoint, the next record's wrapped to 0,
+/// and every record after it was skipped at the next open as one the checkpoint covers.
+pub(super) const MAX_LSN: u64 = 1 << 62;
 /// No journal any version wrote comes near this (the gateway's is 1 MiB, 4 MiB in early
 /// 0.1), and reading it whole at open stays well inside a Raspberry Pi's memory.
 const MAX_FILE: u64 = 64 << 20;
@@ -219,7 +222,11 @@ impl Journal {
 
     /// Writes one record; with `sync`, returns only once it is on disk.
     pub fn append(&mut self, payload: &[u8], sync: bool) -> io::Result<()> {
+        // `last` is at most 2^62 plus the batches skipped since the open: no overflow.
         let lsn = self.last + 1;
+        if lsn > MAX_LSN {
+            return Err(io::Error::other("record numbers exhausted (past 2^62)"));
+        }
         // A distance too far for 24 bits (a journal of 64 GiB) claims nothing.
         let back = u32::try_from(lsn.saturating_sub(self.anchor))
             .ok()
@@ -381,6 +388,10 @@ pub fn scan(bytes: &[u8], id: u64, checkpoint: u64) -> Result<Scan<'_>, JournalE
             return Err(JournalError::NewerFormat { lsn, what });
         }
         match slot.intact() {
+            Some(_) if lsn > MAX_LSN => {
+                let what = "a record number past 2^62".to_string();
+                return Err(JournalError::NewerFormat { lsn, what });
+            }
             Some(_) if flags & UNKNOWN_FLAGS != 0 => {
                 let what = format!("flags {flags:#x}");
                 return Err(JournalError::NewerFormat { lsn, what });
@@ -991,15 +1002,34 @@ mod tests {
         far[PAGE + 12..PAGE + 20].copy_from_slice(&(MAX_LSN + 1).to_le_bytes());
         assert_eq!(refused_at(&far, 0), Some(2));
         // A flag bit no version sets, with the checksum made to hold.
-        let flag: fn(&mut [u8]) = |r| {
-            r[20] |= 2;
+        /// A record's checksum made to hold again after a change to its header.
+        fn reseal(r: &mut [u8]) {
             let len = u32::from_le_bytes(r[24..28].try_into().unwrap()) as usize;
             let mut c = crc32fast::Hasher::new();
             c.update(&r[4..28]);
             c.update(&r[HEADER..HEADER + len]);
             r[28..32].copy_from_slice(&c.finalize().to_le_bytes());
+        }
+        // A flag bit no version sets.
+        let flag: fn(&mut [u8]) = |r| {
+            r[20] |= 2;
+            reseal(r);
         };
         assert_eq!(newer_format(0, ID, flag), Some((2, "flags 0x103".into())));
+        // A number no record of this version reaches: taken, it became the checkpoint, and
+        // the next record's number wrapped to 0, under it.
+        let far: fn(&mut [u8]) = |r| {
+            r[12..20].copy_from_slice(&u64::MAX.to_le_bytes());
+            reseal(r);
+        };
+        let past = Some((u64::MAX, "a record number past 2^62".into()));
+        assert_eq!(newer_format(0, ID, far), past);
+        // Nor does this version write one.
+        let (_d, mut j) = journal(4 * PAGE, MAX_LSN - 1);
+        j.append(&payload(&[Op::Del(3)]), true).unwrap();
+        assert_eq!(j.last(), MAX_LSN);
+        let exhausted = j.append(&payload(&[Op::Del(3)]), true).unwrap_err();
+        assert!(exhausted.to_string().contains("past 2^62"), "{exhausted}");
         // A database that never had a journal finds records in one that holds only a
         // newer format's, whose checksum this version may not know how to check.
         let mut only_newer = bytes.clone();

@@ -506,6 +506,13 @@ pub(super) fn open(
             }
         };
         let stored = read_u64(&meta, CHECKPOINT)?.unwrap_or(0);
+        if stored > journal::MAX_LSN {
+            let value = stored.to_le_bytes().to_vec();
+            return Err(LoadError::Meta {
+                key: CHECKPOINT,
+                value,
+            });
+        }
         // The journal is never cleared (a checkpoint moves only where the next record
         // goes), so a database whose checkpoint has moved finds a record of its own there,
         // of some lsn. None: a journal put in its place, zeros or another database's, of
@@ -1190,6 +1197,18 @@ mod tests {
             let (_store, loaded) = open().expect("restored");
             assert_eq!(loaded.live.len(), 1, "{key}");
         }
+        // A checkpoint past any record number (2^62): the next record's would wrap to 0,
+        // under it, and be skipped at the open after.
+        let good = set(CHECKPOINT, &u64::MAX.to_le_bytes());
+        match open() {
+            Err(LoadError::Meta { key, value }) => {
+                assert_eq!((key, &value[..]), (CHECKPOINT, &u64::MAX.to_le_bytes()[..]));
+            }
+            Err(e) => panic!("refused for another reason: {e}"),
+            Ok(_) => panic!("opened at a checkpoint past 2^62"),
+        }
+        set(CHECKPOINT, &good);
+        assert_eq!(open().expect("restored").1.live.len(), 1);
         // The kill switch: a value no version writes is damage too, not "resumed".
         let put_halted = |value: &[u8]| {
             let db = Database::open(&path).unwrap();
