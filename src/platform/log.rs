@@ -12,7 +12,7 @@
 
 use std::fmt::Write as _;
 use std::io::Write as _;
-use std::time::SystemTime;
+use std::time::{SystemTime, UNIX_EPOCH};
 
 use log::kv::{Key, Value, VisitSource};
 use log::{LevelFilter, Log, Metadata, Record};
@@ -143,7 +143,9 @@ fn format_line(now: SystemTime, record: &Record) -> String {
     let _ = write!(
         line,
         "{} {:<5} {}: {}",
-        humantime::format_rfc3339_millis(now),
+        // humantime panics on a time before 1970; a clock there (a shim, a broken RTC)
+        // must not abort the process at its next log line. Said as 1970, as `unix_ms` does.
+        humantime::format_rfc3339_millis(now.max(UNIX_EPOCH)),
         record.level(),
         record.target(),
         record.args()
@@ -336,7 +338,7 @@ mod tests {
         assert!(at("rustls::common_state", Warn, LevelFilter::Debug));
         assert!(at("rustls::common_state", Debug, LevelFilter::Trace));
     }
-    use std::time::{Duration, UNIX_EPOCH};
+    use std::time::Duration;
 
     #[test]
     fn a_throttled_warning_is_said_once_per_period_with_the_count_held_back() {
@@ -370,6 +372,14 @@ mod tests {
                 .key_values(&kvs)
                 .build(),
         )
+    }
+
+    /// A clock before 1970 is said as 1970: humantime panics on it, which aborted the process.
+    #[test]
+    fn a_line_at_a_time_before_1970_is_stamped_1970() {
+        let record = Record::builder().args(format_args!("x")).build();
+        let line = format_line(UNIX_EPOCH - Duration::from_secs(1), &record);
+        assert!(line.starts_with("1970-01-01T00:00:00.000Z "), "{line}");
     }
 
     /// The journal's message is escaped as a stderr line is: a raw control character (a
