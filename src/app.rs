@@ -24,7 +24,7 @@ use crate::gateway::auth::{Authenticator, Method};
 use crate::gateway::limits::RateLimiter;
 use crate::gateway::{self, ConnLimits, Gateway, Reloadable, TlsConfig};
 use crate::metrics::Metrics;
-use crate::mutex::{self, Clock, Mutex, Unavailable};
+use crate::mutex::{self, Clock, Closed, Mutex, Unavailable};
 use crate::platform::notify;
 
 /// Set to `1` to let `POST /debug/stall` on the admin listener stall the owner loop. For
@@ -54,6 +54,9 @@ pub enum RunError {
     /// The OS would not make the mutex's owner thread (a limit on processes and threads).
     #[error("{no}: {0}", no = crate::platform::NO_THREAD)]
     Thread(std::io::Error),
+    /// It served and stopped, but the database did not close cleanly (`Closed::Failed`).
+    #[error("the database was not closed cleanly: {0}")]
+    NotClosed(String),
 }
 
 /// A gateway whose listeners are bound and whose owner thread runs.
@@ -237,21 +240,23 @@ fn authenticator(config: &Config) -> Result<Authenticator, RunError> {
 
 /// Starts and serves until `shutdown` resolves.
 pub async fn run(config: Config, shutdown: impl Future<Output = ()>) -> Result<(), RunError> {
-    start(config).await?.serve(shutdown).await;
-    Ok(())
+    match start(config).await?.serve(shutdown).await {
+        Closed::Failed(why) => Err(RunError::NotClosed(why)),
+        Closed::Clean | Closed::NotOpen => Ok(()),
+    }
 }
 
 impl Started {
     /// Serves until SIGTERM or SIGINT (listened for since [`start`]), then drains and
     /// closes the database.
-    pub async fn serve_until_terminated(self) {
+    pub async fn serve_until_terminated(self) -> Closed {
         self.serve(std::future::pending()).await
     }
 
     /// Serves until `shutdown` resolves, or SIGTERM or SIGINT comes (`start` took them
     /// over from their default action, so it must act on them), then drains and closes the
-    /// database.
-    pub async fn serve(self, shutdown: impl Future<Output = ()>) {
+    /// database, and says how it left it.
+    pub async fn serve(self, shutdown: impl Future<Output = ()>) -> Closed {
         let Started {
             gateway_addr,
             admin_addr,
@@ -338,13 +343,20 @@ impl Started {
         }
         // The owner flushes and closes the database; it blocks, so keep it off the runtime.
         // Failing closed, it holds none to close (a folder not there, a broken file).
-        let open = mutex.shared().serving.load(Ordering::Relaxed);
-        let _ = tokio::task::spawn_blocking(move || owner.stop()).await;
-        if open {
-            log::info!("stopped; database closed");
-        } else {
-            log::info!("stopped; the database was not open");
+        let closed = tokio::task::spawn_blocking(move || owner.stop())
+            .await
+            .unwrap_or_else(|e| Closed::Failed(format!("its stop did not end: {e}")));
+        match &closed {
+            Closed::Clean => log::info!("stopped; database closed"),
+            Closed::NotOpen => log::info!("stopped; the database was not open"),
+            Closed::Failed(why) => log::error!(
+                "stopped; the database was NOT closed cleanly ({why}): nothing synced is \
+                 lost, the next start replays the journal into it; until a clean stop, \
+                 do not go back to an older version on it (README, \"Going back to an \
+                 older version\")"
+            ),
         }
+        closed
     }
 }
 

@@ -27,7 +27,8 @@ const EX_OSERR: u8 = 71;
 /// to a named executor) and the database's close at a stop.
 const BLOCKING_THREADS: usize = 8;
 
-/// sysexits' EX_IOERR: the answer asked for could not be written to stdout.
+/// sysexits' EX_IOERR: the answer asked for could not be written to stdout; or `serve` stopped
+/// with its database not closed cleanly.
 const EX_IOERR: u8 = 74;
 
 // Every message below goes to stderr through this `eprintln!`, not std's: std's panics when
@@ -593,10 +594,15 @@ fn serve(
         if embedded {
             print_first_run(state_dir, started.gateway_addr);
         }
-        started.serve_until_terminated().await;
+        let closed = started.serve_until_terminated().await;
         // STOPPING=1 and the last STATUS= go out from a thread of their own: let them.
         crate::platform::notify::flush(Duration::from_secs(1));
-        ExitCode::SUCCESS
+        match closed {
+            // systemd shows the stop failed, not done, and the operator looks (the log
+            // says why and what it means).
+            crate::mutex::Closed::Failed(_) => ExitCode::from(EX_IOERR),
+            crate::mutex::Closed::Clean | crate::mutex::Closed::NotOpen => ExitCode::SUCCESS,
+        }
     })
 }
 

@@ -596,6 +596,46 @@ async fn a_disk_gone_mid_run_is_not_replaced_by_an_empty_database() {
     let _disk = assert_refused_until_restored(&gw, &exec, (&db, why), remount, "gone").await;
 }
 
+/// A stop whose database cannot be brought up to date (the disk fails the final
+/// checkpoint) says so and exits 74 (EX_IOERR): it said "database closed" and exited 0, and
+/// systemd showed a clean stop, which an operator about to downgrade relies on. Nothing
+/// synced is lost: the next start replays the journal, and the key is still held. A clean
+/// stop after it exits 0.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_that_cannot_close_the_database_says_so_and_exits_74() {
+    use eiofs::{EioMount, Fault};
+    let exec = MockExecutor::start().await;
+    let setup = Setup::new(Some(&exec.url()));
+    let state = setup.dir.path().join("state");
+    let backing = tempfile::tempdir().unwrap();
+    let disk = EioMount::new(&state, backing.path());
+    let mut gw = setup.start();
+    gw.wait_ready().await;
+    assert_eq!(gw.post(&keyed("unclosed"), &[]).await.status, 200);
+    // The probe makes the owner write its carried commit: the stop's checkpoint is the
+    // first write to fail.
+    gw.wait_ready().await;
+    disk.fail(Fault::WritesAndSyncs);
+    let status = gw.terminate();
+    let log = gw.stderr();
+    assert_eq!(status.code(), Some(74), "{log}");
+    assert!(
+        log.contains("stopped; the database was NOT closed cleanly (final checkpoint: "),
+        "{log}"
+    );
+    assert!(!log.contains("stopped; database closed"), "{log}");
+
+    disk.fail(Fault::None);
+    let mut gw = setup.start();
+    gw.wait_ready().await;
+    assert_eq!(gw.post(&keyed("unclosed"), &[]).await.status, 409);
+    assert_eq!(exec.calls(), 1);
+    let status = gw.terminate();
+    assert_eq!(status.code(), Some(0), "{}", gw.stderr());
+    assert!(gw.stderr().contains("stopped; database closed"));
+    drop(gw);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owner_stalled() {
     let exec = MockExecutor::start().await;

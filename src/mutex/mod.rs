@@ -451,16 +451,31 @@ pub struct Shared {
 /// its own when every handle is gone.
 pub struct Owner {
     tx: SyncSender<Command>,
-    thread: Option<std::thread::JoinHandle<()>>,
+    thread: Option<std::thread::JoinHandle<Closed>>,
+}
+
+/// How the owner left the database at its stop.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum Closed {
+    /// Every journal record is in the database, and the file closed.
+    Clean,
+    /// It held none: failing closed (a folder not there, a broken file), or never opened.
+    NotOpen,
+    /// The final checkpoint or the close failed (why). Nothing synced is lost: the
+    /// journal still holds it, and the next open replays it; but the database file alone
+    /// is not up to date, which a downgrade to a version before the journal relies on.
+    Failed(String),
 }
 
 impl Owner {
     /// Flushes what is pending, closes the database and joins the thread.
-    pub fn stop(mut self) {
+    pub fn stop(mut self) -> Closed {
         // A full channel still accepts this blocking send once the owner drains it.
         let _ = self.tx.send(Command::Shutdown);
-        if let Some(t) = self.thread.take() {
-            let _ = t.join();
+        match self.thread.take().map(|t| t.join()) {
+            Some(Ok(closed)) => closed,
+            Some(Err(_)) => Closed::Failed("the owner thread panicked".into()),
+            None => Closed::NotOpen,
         }
     }
 }

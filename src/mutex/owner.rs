@@ -29,8 +29,8 @@ use super::stats::inc;
 use super::store::{self, Batch, BootTime, Entry, Store, WriteError};
 use super::wheel::Wheel;
 use super::{
-    Clock, Command, Config, Decision, Duplicate, EntryInfo, Grant, Key, PayloadHash, Released,
-    Reserve, Shared, Snapshot, State, Status, Unavailable,
+    Clock, Closed, Command, Config, Decision, Duplicate, EntryInfo, Grant, Key, PayloadHash,
+    Released, Reserve, Shared, Snapshot, State, Status, Unavailable,
 };
 
 /// The most keys one trade takes: its own, and a signed request's guard.
@@ -80,7 +80,7 @@ pub(super) fn spawn(
     spilled: Receiver<Command>,
     shared: Arc<Shared>,
     stall_hook: bool,
-) -> std::io::Result<std::thread::JoinHandle<()>> {
+) -> std::io::Result<std::thread::JoinHandle<Closed>> {
     std::thread::Builder::new()
         .name("hoox-mutex".into())
         .spawn(move || Owner::new(config, clock, shared, stall_hook).run(rx, spilled))
@@ -366,7 +366,7 @@ impl Owner {
         }
     }
 
-    fn run(mut self, rx: Receiver<Command>, spilled: Receiver<Command>) {
+    fn run(mut self, rx: Receiver<Command>, spilled: Receiver<Command>) -> Closed {
         self.reopen();
         let limit = self.config.batch_limit.max(1);
         let mut batch = Vec::with_capacity(limit);
@@ -446,7 +446,7 @@ impl Owner {
                 break;
             }
         }
-        self.close();
+        self.close()
     }
 
     /// How long the loop may sleep: until the next alarm, or the next reopen attempt.
@@ -1603,18 +1603,25 @@ impl Owner {
     }
 
     /// A last checkpoint, so the next start has no journal to replay, and a clean close.
-    fn close(&mut self) {
+    fn close(&mut self) -> Closed {
         let Some(mut store) = self.store.take() else {
-            return;
+            return Closed::NotOpen;
         };
+        let mut failed = Vec::new();
         if let Err(e) = store::apply(&mut store, &mut self.carry, true) {
             log::error!("mutex: final checkpoint failed: {e}");
+            failed.push(format!("final checkpoint: {e}"));
         }
         if let Err(e) = store.db.close() {
             log::error!("mutex: close failed: {e}");
+            failed.push(format!("close: {e}"));
         }
         self.shared.serving.store(false, Ordering::Relaxed);
         self.shared.failing.store(true, Ordering::Relaxed);
+        match failed.is_empty() {
+            true => Closed::Clean,
+            false => Closed::Failed(failed.join("; ")),
+        }
     }
 }
 
