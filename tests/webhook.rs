@@ -3022,6 +3022,44 @@ async fn sigterm_does_not_wait_for_a_connection_in_its_handshake() {
     assert!(!said.contains("did not finish"), "{said}");
 }
 
+/// Nor for a connection with a request head half sent (a scanner, a slowloris): it has no
+/// request either, and held the drain, the listener already closed and every sender
+/// refused, for its `header_timeout` (60 s here, past the 30 s drain). A request in flight
+/// beside it is still answered.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn sigterm_does_not_wait_for_a_request_head_half_sent() {
+    use tokio::io::AsyncWriteExt;
+    let exec = MockExecutor::start().await;
+    exec.set_mode(Mode::Slow(Duration::from_millis(1500)));
+    let mut setup = Setup::new(Some(&exec.url()));
+    setup
+        .set("server", "header_timeout", "60s")
+        .set("executor", "timeout", "10s");
+    let mut gw = setup.start();
+    gw.wait_ready().await;
+    let mut half = gw.client.connect_raw(&gw.url()).await.unwrap();
+    half.write_all(b"POST /webhook HTTP/1.1\r\nHost: x\r\n")
+        .await
+        .unwrap();
+    half.flush().await.unwrap();
+    let (client, url) = (gw.client.clone(), gw.url());
+    let body = trade("BTCUSDT").to_string();
+    let inflight =
+        tokio::spawn(async move { client.request(hyper::Method::POST, &url, &[], body).await });
+    exec.wait_for_calls(1).await;
+    let status = gw.terminate();
+    assert!(status.success(), "{status:?}");
+    let said = gw.stderr();
+    assert_eq!(
+        inflight.await.unwrap().status,
+        200,
+        "the order in flight: {said}"
+    );
+    let said = gw.stderr();
+    assert!(!said.contains("did not finish"), "{said}");
+    drop(half);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_in_flight_orders_commit_then_closes_cleanly() {
     let exec = MockExecutor::start().await;

@@ -48,6 +48,11 @@ const H2_CONNECTION_WINDOW: u32 = H2_STREAMS * H2_STREAM_WINDOW;
 /// How long in-flight requests may take to finish their commit or release at shutdown.
 /// The packaged unit's `TimeoutStopSec=45s` leaves the rest for the close.
 pub const DRAIN: Duration = Duration::from_secs(30);
+/// Once the drain begins, how long a connection stays open with nothing in flight: enough
+/// for the last answer to be written (a request ends before hyper writes its answer). One
+/// with a request head half sent, or a client that holds it open, held the drain (and the
+/// restart, the listener closed) for a whole `header_timeout` more.
+const DRAIN_LINGER: Duration = Duration::from_secs(1);
 /// Warnings that can come in floods (connections refused over `max_connections_per_ip`,
 /// failed handshakes) are logged at most this often, with how many since the last line: a
 /// flood must not become a flood of log lines.
@@ -534,6 +539,13 @@ pub async fn serve(
                 activity.idle_for(t).await;
             };
             tokio::pin!(linger);
+            // At the drain, shorter: a request in flight is still served, its answer
+            // written, but nothing more is waited for.
+            let drained = async {
+                draining.cancelled().await;
+                activity.idle_for(DRAIN_LINGER.min(t)).await;
+            };
+            tokio::pin!(drained);
             // A cut connection goes away once nothing is in flight on it, not as the
             // request that cut it comes in: hyper's HTTP/2 client (the one in reqwest) can
             // drop a request it has begun to send, unanswered, when a GOAWAY comes just
@@ -580,6 +592,7 @@ pub async fn serve(
                         closing = true;
                     }
                     () = &mut linger, if closing => break,
+                    () = &mut drained, if closing => break,
                 }
             }
         });
