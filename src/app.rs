@@ -79,8 +79,17 @@ pub struct Started {
 }
 
 /// SIGTERM and SIGINT, listened for from the moment it is made: one that arrives before
-/// anyone waits for it is kept, not lost, nor left to its default action.
-struct Terminate(Option<(Signal, Signal)>);
+/// anyone waits for it is kept, not lost, nor left to its default action. SIGUSR1 and
+/// SIGUSR2 too, which by default end the process (orders in flight lost their answers and
+/// commits): a daemon's "reopen your logs" by habit is said and not acted on.
+struct Terminate(Option<Signals>);
+
+struct Signals {
+    term: Signal,
+    int: Signal,
+    /// `None` where it could not be listened for: left to its default action.
+    user: [Option<Signal>; 2],
+}
 
 impl Terminate {
     fn listen() -> Terminate {
@@ -88,7 +97,14 @@ impl Terminate {
             signal(SignalKind::terminate()),
             signal(SignalKind::interrupt()),
         ) {
-            (Ok(term), Ok(int)) => Terminate(Some((term, int))),
+            (Ok(term), Ok(int)) => Terminate(Some(Signals {
+                term,
+                int,
+                user: [
+                    signal(SignalKind::user_defined1()).ok(),
+                    signal(SignalKind::user_defined2()).ok(),
+                ],
+            })),
             _ => {
                 log::warn!("cannot listen for SIGTERM and SIGINT: only SIGKILL stops this");
                 Terminate(None)
@@ -96,17 +112,48 @@ impl Terminate {
         }
     }
 
-    /// Resolves on SIGTERM or SIGINT; never, without the handlers.
+    /// Resolves on SIGTERM or SIGINT; never, without the handlers. Those that come after
+    /// it, while the gateway drains, are said (a second Ctrl-C left no trace, and the
+    /// stop seemed hung), and not acted on: the drain is what keeps each order's commit.
     async fn recv(self) {
-        match self.0 {
-            Some((mut term, mut int)) => {
-                tokio::select! {
-                    _ = term.recv() => {}
-                    _ = int.recv() => {}
+        let Some(mut s) = self.0 else {
+            return std::future::pending::<()>().await;
+        };
+        let user = async |s: &mut [Option<Signal>; 2]| {
+            let [one, two] = s;
+            let got = async |sig: &mut Option<Signal>| match sig {
+                Some(sig) => sig.recv().await,
+                None => std::future::pending().await,
+            };
+            tokio::select! {
+                _ = got(one) => "SIGUSR1",
+                _ = got(two) => "SIGUSR2",
+            }
+        };
+        loop {
+            tokio::select! {
+                _ = s.term.recv() => break,
+                _ = s.int.recv() => break,
+                name = user(&mut s.user) => {
+                    log::info!("{name}: not acted on (SIGHUP reloads, SIGTERM stops)");
                 }
             }
-            None => std::future::pending::<()>().await,
         }
+        tokio::spawn(async move {
+            loop {
+                let name = tokio::select! {
+                    _ = s.term.recv() => "SIGTERM",
+                    _ = s.int.recv() => "SIGINT",
+                    name = user(&mut s.user) => name,
+                };
+                log::warn!(
+                    "{name} while stopping: not acted on; the drain ends within {:?} \
+                     (SIGKILL ends it now: orders in flight then stay held, their outcome \
+                     unknown)",
+                    gateway::DRAIN
+                );
+            }
+        });
     }
 }
 

@@ -3060,6 +3060,43 @@ async fn sigterm_does_not_wait_for_a_request_head_half_sent() {
     drop(half);
 }
 
+/// SIGUSR1 and SIGUSR2 (a "reopen your logs" by habit) are said and not acted on: by
+/// default they end the process, the answers and commits of orders in flight lost. A
+/// second SIGTERM or a SIGINT while it drains is said too (a second Ctrl-C left no trace),
+/// and the drain goes on: the order in flight is answered and committed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn user_signals_and_a_second_stop_are_said_not_acted_on() {
+    let exec = MockExecutor::start().await;
+    exec.set_mode(Mode::Slow(Duration::from_millis(1500)));
+    let mut setup = Setup::new(Some(&exec.url()));
+    setup.set("executor", "timeout", "10s");
+    let mut gw = setup.start();
+    gw.wait_ready().await;
+    let pid = gw.child.id() as i32;
+    for (sig, name) in [(libc::SIGUSR1, "SIGUSR1"), (libc::SIGUSR2, "SIGUSR2")] {
+        unsafe { libc::kill(pid, sig) };
+        gw.wait_logged(&format!("{name}: not acted on"));
+    }
+    assert_eq!(
+        gw.post(&trade("ETHUSDT"), &[]).await.status,
+        200,
+        "still serving"
+    );
+    let (client, url) = (gw.client.clone(), gw.url());
+    let body = trade("BTCUSDT").to_string();
+    let inflight =
+        tokio::spawn(async move { client.request(hyper::Method::POST, &url, &[], body).await });
+    exec.wait_for_calls(2).await;
+    unsafe { libc::kill(pid, libc::SIGTERM) };
+    gw.wait_logged("stopping: draining");
+    unsafe { libc::kill(pid, libc::SIGINT) };
+    gw.wait_logged("SIGINT while stopping: not acted on");
+    let r = inflight.await.unwrap();
+    assert_eq!(r.status, 200, "{}", gw.stderr());
+    assert_eq!(r.header("hoox-idempotency-outcome"), Some("committed"));
+    assert!(gw.terminate().success(), "{}", gw.stderr());
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn sigterm_lets_in_flight_orders_commit_then_closes_cleanly() {
     let exec = MockExecutor::start().await;
