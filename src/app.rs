@@ -390,9 +390,16 @@ impl Started {
         }
         // The owner flushes and closes the database; it blocks, so keep it off the runtime.
         // Failing closed, it holds none to close (a folder not there, a broken file).
-        let closed = tokio::task::spawn_blocking(move || owner.stop())
-            .await
-            .unwrap_or_else(|e| Closed::Failed(format!("its stop did not end: {e}")));
+        let mut stop = tokio::task::spawn_blocking(move || owner.stop());
+        let stop = match tokio::time::timeout(Duration::from_secs(1), &mut stop).await {
+            Ok(stopped) => stopped,
+            // A stalled disk: say what the stop waits for, rather than nothing for as long.
+            Err(_) => {
+                log::info!("stopping: waiting for the mutex's owner to close the database");
+                stop.await
+            }
+        };
+        let closed = stop.unwrap_or_else(|e| Closed::Failed(format!("its stop did not end: {e}")));
         match &closed {
             Closed::Clean => log::info!("stopped; database closed"),
             Closed::NotOpen => log::info!("stopped; the database was not open"),
@@ -431,10 +438,13 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
     let tick = watchdog.map_or(PING_EVERY, |w| w.min(PING_EVERY));
     let fast = Duration::from_millis(100);
     let started = tokio::time::Instant::now();
+    // `ready` is cleared again at the stop: an owner stalled then is not a first open.
+    let mut was_ready = false;
     let mut last_status = String::new();
     tokio::pin!(stopped);
     loop {
         gateway::webhook::summarise_refusals(false);
+        was_ready |= ready.load(Ordering::Relaxed);
         let status = match ping(&mutex).await {
             Ok(s) => {
                 // The first open: READY=1, unless a SIGTERM during it said STOPPING=1.
@@ -459,7 +469,7 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
                 if behind && watchdog.is_some() {
                     notify::watchdog();
                 }
-                let opening = !ready.load(Ordering::Relaxed) && started.elapsed() < OPENING;
+                let opening = !was_ready && started.elapsed() < OPENING;
                 unanswered(&u, behind, opening)
             }
         };

@@ -636,6 +636,33 @@ async fn a_stop_that_cannot_close_the_database_says_so_and_exits_74() {
     drop(gw);
 }
 
+/// A stop while the owner is stalled says what it waits for, and not "starting: opening
+/// the database", the first open's words (readiness is cleared at the stop, and that was
+/// all the status went by); it stops once the stall ends, the database closed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_stop_while_the_owner_is_stalled_says_what_it_waits_for() {
+    let setup = Setup::new(None);
+    let mut gw = setup.start_with(&[(hoox_edge::app::STALL_HOOK_ENV, "1")]);
+    gw.wait_ready().await;
+    let (s, _) = gw.admin("POST", "/debug/stall?ms=5000").await;
+    assert_eq!(s, 200);
+    // A trade in the drain, waiting on the owner until its deadline: the supervisor's
+    // ping times out after readiness was cleared.
+    let (client, url) = (gw.client.clone(), gw.url());
+    let body = keyed("stalled-at-stop").to_string();
+    let refused =
+        tokio::spawn(async move { client.request(hyper::Method::POST, &url, &[], body).await });
+    tokio::time::sleep(Duration::from_millis(200)).await;
+    let status = gw.terminate();
+    let log = gw.stderr();
+    assert!(status.success(), "{status:?}: {log}");
+    assert_eq!(refused.await.unwrap().status, 503, "{log}");
+    assert!(!log.contains("starting: opening the database"), "{log}");
+    let waits = "stopping: waiting for the mutex's owner to close the database";
+    assert!(log.contains(waits), "{log}");
+    assert!(log.contains("stopped; database closed"), "{log}");
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn owner_stalled() {
     let exec = MockExecutor::start().await;
