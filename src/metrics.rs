@@ -228,7 +228,11 @@ fn mutex_registry(shared: &Shared) -> Registry {
         ("proceeds", "Reserves answered Proceed", &s.proceeds),
         ("duplicates", "Reserves answered Duplicate", &s.duplicates),
         ("mismatches", "Reserves answered Mismatch", &s.mismatches),
-        ("unavailable", "Calls answered Unavailable", &s.unavailable),
+        (
+            "unavailable",
+            "Reserves refused: failing closed, busy, timed out, at capacity, stopping or halted",
+            &s.unavailable,
+        ),
         ("commits", "Keys committed", &s.commits),
         (
             "releases",

@@ -1268,7 +1268,7 @@ impl Owner {
     }
 
     /// A file of the database removed or replaced while open (`Store::files_in_place`)
-    /// fails closed here, at the first turn a second or more after the last look, before
+    /// fails closed here, at the first turn `FILES_CHECK` (0.9 s) or more after the last look, before
     /// that turn is written to a file no restart would find. The reopen then reads what is
     /// there, and refuses a file that is missing as at any open.
     fn check_files(&mut self) {

@@ -1,8 +1,8 @@
 //! redb tables, the versioned postcard entry, and opening the database with its journal.
 //!
 //! Two tables: `entries` maps a sequence number to an encoded [`Entry`] (which carries its
-//! key); `meta` holds the kill switch, the journal id, the checkpoint lsn and the
-//! journal's length. The table holds live keys only: the owner deletes what expires, so
+//! key); `meta` holds the kill switch, the journal id, the checkpoint lsn, the journal's
+//! length and the first open in this boot (`boot_open`). The table holds live keys only: the owner deletes what expires, so
 //! the file stays the size of the working set. Every write goes through a [`Batch`], which
 //! encodes it as the operations of one journal record; the tables receive those very
 //! records at the next checkpoint.
@@ -15,8 +15,9 @@
 //! table: the owner's in-memory index maps key → sequence.
 //!
 //! An entry on disk is a postcard enum whose variant index is the format version. postcard
-//! writes that index as the first varint, so a later version adds `V2` and still reads
-//! every `V1` ever written; nothing else in the format needs to change to evolve it.
+//! writes that index as the first varint, so a version adds a variant (`V2`, the one
+//! written now) and still reads every `V1` ever written; nothing else in the format needs
+//! to change to evolve it.
 
 use std::collections::HashMap;
 use std::ops::Range;
