@@ -171,8 +171,8 @@ pub fn syntax(text: &str, e: &toml::de::Error) -> (String, String) {
 /// The dotted name of the `key = value` line holding byte `at`, when the line and its table
 /// header are plain, and shaped as this file's names are (lower case and `_`, dotted):
 /// `server.max_connections`. Never any of the value's text, nor a line that only looks
-/// like a key: a secrets file given as the config by mistake holds `S3CRETpad==`, whose
-/// text before `=` is the secret.
+/// like a key: a secrets file given as the config by mistake holds `S3CRETpad==` (or
+/// `smallletters==`), whose text before `=` is the secret.
 fn key_at(text: &str, at: usize) -> Option<String> {
     let bare = |s: &str| {
         s.split('.').all(|part| {
@@ -198,9 +198,11 @@ fn key_at(text: &str, at: usize) -> Option<String> {
     if line.trim().starts_with('[') {
         return table_of(line);
     }
-    let (name, _) = line.split_once('=')?;
+    let (name, value) = line.split_once('=')?;
     let name = name.trim();
-    if !bare(name) {
+    // Nothing but `=` after it is a base64 secret's padding (`onlysmallletters==`), not a
+    // key's value: a secret of small letters alone is shaped as a key.
+    if !bare(name) || value.trim().trim_start_matches('=').is_empty() {
         return None;
     }
     let header = text[..start]
@@ -1758,6 +1760,9 @@ mod tests {
             // not a key, and is not said.
             ("s3cretBASE64pad==\n", "(syntax)", "line 1: ", ""),
             ("# hmac\nS3CRETpad=\n", "(syntax)", "line 2: ", ""),
+            // Shaped as a key, small letters only: nothing but padding after its `=`.
+            ("onlylowercasesecret==\n", "(syntax)", "line 1: ", ""),
+            ("[auth]\nonly_lower.case=\n", "(syntax)", "line 2: ", ""),
             // One whose value reads as TOML: the unknown field toml names is the secret.
             (
                 "s3cret=1\n",
@@ -1777,10 +1782,9 @@ mod tests {
             let (key, m) = syntax(text, &e);
             assert_eq!(key, want_key, "{m}");
             assert!(m.starts_with(want_line) && m.contains(says), "{m}");
-            assert!(
-                !m.contains("s3cret") && !key.contains("s3cret"),
-                "{key}: {m}"
-            );
+            for secret in ["s3cret", "only"] {
+                assert!(!m.contains(secret) && !key.contains(secret), "{key}: {m}");
+            }
         }
     }
 
