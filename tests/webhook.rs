@@ -1281,6 +1281,39 @@ async fn five_hundred_concurrent_identical_webhooks_forward_once() {
     assert_eq!(exec.calls(), 1);
 }
 
+/// An answer larger than a webhook (64 KiB) is not kept for replay: its duplicates get the
+/// 409, and the webhook's line says why. Kept, each duplicate answered held a copy of it
+/// (16 at once on an HTTP/2 connection: 16 MiB for a 1 MiB answer).
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_answer_too_large_to_keep_is_not_replayed() {
+    let (exec, _setup, gw) = with_mock_configured(|setup| {
+        setup.set("server", "duplicate_response", "replay");
+    })
+    .await;
+    exec.set_mode(Mode::SuccessPadded(70 * 1024));
+    let mut t = trade("BTCUSDT");
+    t["idempotencyKey"] = json!("large-answer");
+    let first = gw.post(&t, &[]).await;
+    assert_eq!(first.status, 200);
+    assert!(first.body.len() > 70 * 1024, "the executor's answer, whole");
+    let again = gw.post(&t, &[]).await;
+    assert_eq!(again.status, 409, "{:?}", again.body.len());
+    assert_eq!(again.header("idempotent-replayed"), None);
+    assert_eq!(code(&again.json()), "DUPLICATE");
+    assert_eq!(again.json()["order"], "succeeded");
+    let line = gw.wait_logged("over the 65536 kept for replay: its duplicates get 409");
+    assert!(line.contains(" WARN "), "{line}");
+    // One that fits is replayed, as before.
+    exec.set_mode(Mode::SuccessPadded(60 * 1024));
+    t["idempotencyKey"] = json!("fits");
+    let first = gw.post(&t, &[]).await;
+    assert_eq!(first.status, 200);
+    let again = gw.post(&t, &[]).await;
+    assert_eq!(again.header("idempotent-replayed"), Some("true"));
+    assert_eq!(again.body, first.body);
+    assert_eq!(exec.calls(), 2);
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn replay_answers_a_duplicate_with_the_stored_response() {
     let (exec, _setup, gw) = with_mock_configured(|setup| {

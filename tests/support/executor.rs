@@ -43,6 +43,8 @@ pub enum Mode {
     CloseAtOnce,
     /// 404 with the request's path and query in the body, as Spring's error page has it.
     NotFoundEchoing,
+    /// As `Success`, its answer padded (a `pad` string) to at least this many bytes.
+    SuccessPadded(usize),
 }
 
 /// One request as the mock received it.
@@ -319,6 +321,11 @@ async fn answer(
         }
         Mode::SuccessWith(status) => reply(StatusCode::from_u16(status).unwrap(), filled),
         Mode::CloseAtOnce => unreachable!("never answers a request"),
+        Mode::SuccessPadded(len) => {
+            let mut padded = filled;
+            padded["pad"] = serde_json::json!("p".repeat(len));
+            reply(StatusCode::OK, padded)
+        }
         Mode::NotFoundEchoing => reply(
             StatusCode::NOT_FOUND,
             serde_json::json!({"status": 404, "error": "Not Found", "path": target}),
