@@ -195,6 +195,23 @@ async fn readyz_says_starting_until_the_first_open_is_seen() {
     owner.stop();
 }
 
+/// HEAD is answered wherever GET is (an uptime probe's; RFC 9110 §9.3.2): the same
+/// status, no body. It was 405.
+#[tokio::test]
+async fn head_is_answered_where_get_is() {
+    let dir = tempfile::tempdir().unwrap();
+    let (_m, _owner, state) = serving(dir.path()).await;
+    let a = Admin::start(&Listen::parse("127.0.0.1:0").unwrap(), state).await;
+    for (path, status) in [("/healthz", 200), ("/readyz", 200), ("/metrics", 200)] {
+        let (s, body) = client::request(&a.listen, "HEAD", path).await.unwrap();
+        assert_eq!((s, body.as_str()), (status, ""), "{path}");
+        assert_eq!(a.text(path).await.0, status, "GET {path}");
+    }
+    // Not where only POST is.
+    let (s, _) = client::request(&a.listen, "HEAD", "/halt").await.unwrap();
+    assert_eq!(s, 405);
+}
+
 #[tokio::test]
 async fn bad_requests_are_refused_before_the_mutex_is_asked() {
     // The mutex fails closed (its directory is missing): any request that reached it would

@@ -11,7 +11,7 @@ use serde_json::{Value, json};
 use support::client::{Alpn, TlsClient};
 use support::executor::{MockExecutor, Mode, refused_url};
 use support::gateway::{SECRET, Setup, readyz_is, trade, with_mock, with_mock_configured};
-use support::stream::h1_post_head;
+use support::stream::{h1_post_head, post_h1_wire};
 
 /// The key's state as the admin API tells it: "pending", "committed", or "absent".
 async fn key_state(gw: &support::gateway::Gateway, key: &str) -> String {
@@ -1152,6 +1152,80 @@ async fn a_head_request_is_answered_without_a_body() {
             assert_eq!(r.status.as_u16(), status, "{alpn:?} {url}");
             assert!(r.body.is_empty(), "{alpn:?} {url}: {:?}", r.body);
         }
+    }
+    assert_eq!(exec.calls(), 0);
+}
+
+/// The protocol is the one TLS negotiated (SPEC §3: "by ALPN"), not one sniffed from the
+/// first bytes: HTTP/1.1 sent on a connection that agreed on `h2` is refused, and so is
+/// HTTP/2's preface on one that agreed on `http/1.1`. Nothing is placed either way.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_protocol_is_the_one_alpn_chose() {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let (exec, setup, gw) = with_mock().await;
+    let mut t = trade("BTCUSDT");
+    t["idempotencyKey"] = json!("alpn-1");
+    let body = t.to_string();
+    let h1 = format!(
+        "{}{body}",
+        h1_post_head(
+            &gw.url(),
+            &[
+                ("Content-Length", &body.len().to_string()),
+                ("Connection", "close")
+            ]
+        )
+    );
+    let preface = b"PRI * HTTP/2.0\r\n\r\nSM\r\n\r\n".to_vec();
+    for (alpn, bytes) in [(Alpn::Http2, h1.into_bytes()), (Alpn::Http1, preface)] {
+        let client = TlsClient::with(&setup.pki.ca_cert, alpn, None);
+        let mut stream = client.connect_raw(&gw.url()).await.unwrap();
+        stream.write_all(&bytes).await.unwrap();
+        stream.flush().await.unwrap();
+        let mut answer = Vec::new();
+        let read = stream.read_to_end(&mut answer);
+        let _ = tokio::time::timeout(Duration::from_secs(10), read).await;
+        let text = String::from_utf8_lossy(&answer);
+        match alpn {
+            // An HTTP/2 server's first frame (SETTINGS, or a GOAWAY), never an HTTP/1.1
+            // answer.
+            Alpn::Http2 => assert!(!text.contains("HTTP/1.1"), "{text}"),
+            // Closed unanswered, or an HTTP/1.1 refusal; never HTTP/2's SETTINGS frame.
+            _ => assert!(
+                answer.is_empty() || text.starts_with("HTTP/1.1 4"),
+                "{alpn:?}: {answer:?}"
+            ),
+        }
+    }
+    assert_eq!(exec.calls(), 0);
+    // The trade sent on the wrong protocol was not placed: sent right, it is.
+    assert_eq!(gw.post(&t, &[]).await.status, 200);
+}
+
+/// An HTTP/1.1 request without a Host header, or with two, is refused 400 (RFC 9112
+/// §3.2), and nothing is placed; it was served.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn an_http1_request_needs_exactly_one_host() {
+    let (exec, setup, gw) = with_mock().await;
+    let body = trade("BTCUSDT").to_string();
+    let head = h1_post_head(
+        &gw.url(),
+        &[
+            ("Content-Length", &body.len().to_string()),
+            ("Connection", "close"),
+        ],
+    );
+    let host = head.lines().find(|l| l.starts_with("Host: ")).unwrap();
+    let without = head.replace(&format!("{host}\r\n"), "");
+    let twice = head.replace(&format!("{host}\r\n"), &format!("{host}\r\n{host}\r\n"));
+    for (what, head) in [("no Host", without), ("two Hosts", twice)] {
+        let ca = &setup.pki.ca_cert;
+        let said = post_h1_wire(ca, &gw.url(), format!("{head}{body}").into_bytes()).await;
+        assert!(said.starts_with("HTTP/1.1 400"), "{what}: {said}");
+        assert!(
+            said.contains("INVALID_REQUEST") && said.contains("Host"),
+            "{what}: {said}"
+        );
     }
     assert_eq!(exec.calls(), 0);
 }

@@ -424,7 +424,10 @@ async fn route(state: &State, req: Request<Incoming>) -> Answer {
     let Some((allowed, route)) = resolve(req.uri().path()) else {
         return problem(StatusCode::NOT_FOUND, "NOT_FOUND", "no such admin route");
     };
-    if req.method() != allowed {
+    // HEAD wherever GET is answered (RFC 9110 §9.3.2; an uptime probe's): hyper writes no
+    // body to a HEAD over HTTP/1.1, the face's one protocol.
+    let head = req.method() == Method::HEAD && allowed == Method::GET;
+    if req.method() != allowed && !head {
         return not_allowed(&allowed);
     }
     // DNS rebinding: a web page whose own name was made to resolve to 127.0.0.1 could
@@ -857,7 +860,11 @@ fn not_allowed(allowed: &Method) -> Answer {
         "METHOD_NOT_ALLOWED",
         format!("use {allowed}"),
     );
-    if let Ok(v) = HeaderValue::from_str(allowed.as_str()) {
+    let allow = match *allowed {
+        Method::GET => "GET, HEAD",
+        ref m => m.as_str(),
+    };
+    if let Ok(v) = HeaderValue::from_str(allow) {
         a.headers_mut().insert(header::ALLOW, v);
     }
     a

@@ -361,7 +361,10 @@ pub async fn serve(
         .initial_connection_window_size(H2_CONNECTION_WINDOW)
         .initial_stream_window_size(H2_STREAM_WINDOW)
         .keep_alive_interval(Some(Duration::from_secs(30)));
-    let builder = Arc::new(builder);
+    // The protocol is the one TLS negotiated (ALPN, SPEC §3), not one sniffed from the
+    // first bytes: `h2` is served as HTTP/2 only, anything else (`http/1.1`, or no ALPN)
+    // as HTTP/1.1 only, and a client that sends the other is refused as malformed.
+    let builders = Arc::new((builder.clone().http1_only(), builder.http2_only()));
     tokio::pin!(shutdown);
 
     loop {
@@ -431,7 +434,7 @@ pub async fn serve(
         let acceptor = TlsAcceptor::from(accepted_under.config.clone());
         let tls = tls.clone();
         let gw = gw.clone();
-        let builder = builder.clone();
+        let builders = builders.clone();
         let draining = draining.clone();
         let floods = floods.clone();
         connections.spawn(async move {
@@ -522,6 +525,11 @@ pub async fn serve(
                     r
                 }
             });
+            let (http1, http2) = &*builders;
+            let builder = match stream.get_ref().1.alpn_protocol() {
+                Some(b"h2") => http2,
+                _ => http1,
+            };
             let conn = builder
                 .serve_connection(TokioIo::new(stream), svc)
                 .into_owned();

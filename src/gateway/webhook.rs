@@ -289,7 +289,13 @@ async fn pipeline(
     let oversize = announced.is_some_and(|n| n > MAX_BODY as u64);
     let drain =
         !req.headers().contains_key(EXPECT) && announced.is_none_or(|n| n <= DRAIN_MAX as u64);
-    let refused = if path != "/webhook" && path != "/" {
+    // RFC 9112 §3.2: an HTTP/1.1 request without one Host, or with two, is refused (400).
+    let hosts = req.headers().get_all(hyper::header::HOST).iter().count();
+    let refused = if req.version() == hyper::Version::HTTP_11 && hosts != 1 {
+        Some(Problem::InvalidRequest(format!(
+            "an HTTP/1.1 request carries exactly one Host header, not {hosts}"
+        )))
+    } else if path != "/webhook" && path != "/" {
         Some(Problem::NotFound)
     } else if req.method() != Method::POST {
         Some(Problem::MethodNotAllowed)

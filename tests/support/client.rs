@@ -64,6 +64,10 @@ impl Reply {
 #[derive(Clone)]
 pub struct TlsClient {
     connector: TlsConnector,
+    /// For [`TlsClient::connect_raw`]: as `connector`, but a client that offers both
+    /// protocols offers `http/1.1` alone, as its bytes written by hand are (the gateway
+    /// speaks the protocol ALPN chose, which would be `h2`).
+    raw: TlsConnector,
 }
 
 impl TlsClient {
@@ -103,13 +107,18 @@ impl TlsClient {
                 builder.with_client_auth_cert(chain, key).unwrap()
             }
         };
-        config.alpn_protocols = match alpn {
-            Alpn::Any => vec![b"h2".to_vec(), b"http/1.1".to_vec()],
-            Alpn::Http1 => vec![b"http/1.1".to_vec()],
-            Alpn::Http2 => vec![b"h2".to_vec()],
+        let mut raw = config.clone();
+        (config.alpn_protocols, raw.alpn_protocols) = match alpn {
+            Alpn::Any => (
+                vec![b"h2".to_vec(), b"http/1.1".to_vec()],
+                vec![b"http/1.1".to_vec()],
+            ),
+            Alpn::Http1 => (vec![b"http/1.1".to_vec()], vec![b"http/1.1".to_vec()]),
+            Alpn::Http2 => (vec![b"h2".to_vec()], vec![b"h2".to_vec()]),
         };
         TlsClient {
             connector: TlsConnector::from(Arc::new(config)),
+            raw: TlsConnector::from(Arc::new(raw)),
         }
     }
 
@@ -141,16 +150,26 @@ impl TlsClient {
         Ok(Conn { sender, authority })
     }
 
-    /// The TLS stream alone, for tests that write bytes by hand (a slow client).
+    /// The TLS stream alone, for tests that write bytes by hand (a slow client): HTTP/1.1,
+    /// unless this client offers `h2` alone.
     pub async fn connect_raw(
         &self,
         url: &str,
     ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
-        self.tls_stream(url, None).await
+        self.tls_stream_with(&self.raw, url, None).await
     }
 
     async fn tls_stream(
         &self,
+        url: &str,
+        from: Option<IpAddr>,
+    ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
+        self.tls_stream_with(&self.connector, url, from).await
+    }
+
+    async fn tls_stream_with(
+        &self,
+        connector: &TlsConnector,
         url: &str,
         from: Option<IpAddr>,
     ) -> std::io::Result<tokio_rustls::client::TlsStream<TcpStream>> {
@@ -177,7 +196,7 @@ impl TlsClient {
         };
         let tcp = tokio::time::timeout(DEADLINE, tcp).await??;
         tcp.set_nodelay(true)?;
-        tokio::time::timeout(DEADLINE, self.connector.connect(name, tcp)).await?
+        tokio::time::timeout(DEADLINE, connector.connect(name, tcp)).await?
     }
 
     /// POSTs `body` on a fresh connection; answers status, headers and the body as JSON

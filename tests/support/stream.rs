@@ -214,14 +214,21 @@ pub async fn post_h1_chunked_wire(
     headers: &[(&str, &str)],
     chunked: Vec<u8>,
 ) -> String {
+    let framing = [("Transfer-Encoding", "chunked"), ("Connection", "close")];
+    let mut wire = h1_post_head(url, &[&framing, headers].concat()).into_bytes();
+    wire.extend_from_slice(&chunked);
+    post_h1_wire(ca, url, wire).await
+}
+
+/// Writes `wire` (an HTTP/1.1 request, head and body, as it goes on the wire) to the host of
+/// `url`, and answers everything the server wrote until it closed, as text. Written while
+/// the answer is read, so a server that answers before reading it all is heard.
+pub async fn post_h1_wire(ca: &Path, url: &str, wire: Vec<u8>) -> String {
     let client = TlsClient::with(ca, Alpn::Http1, None);
     let stream = client
         .connect_raw(url)
         .await
         .unwrap_or_else(|e| panic!("connect {url}: {e}"));
-    let framing = [("Transfer-Encoding", "chunked"), ("Connection", "close")];
-    let mut wire = h1_post_head(url, &[&framing, headers].concat()).into_bytes();
-    wire.extend_from_slice(&chunked);
     let (mut rd, mut wr) = tokio::io::split(stream);
     // The server may answer and close before it has read everything: a failed write is
     // expected then, and what it answered is still read below.
