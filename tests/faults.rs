@@ -596,11 +596,12 @@ async fn a_disk_gone_mid_run_is_not_replaced_by_an_empty_database() {
     let _disk = assert_refused_until_restored(&gw, &exec, (&db, why), remount, "gone").await;
 }
 
-/// A stop whose database cannot be brought up to date (the disk fails the final
-/// checkpoint) says so and exits 74 (EX_IOERR): it said "database closed" and exited 0, and
-/// systemd showed a clean stop, which an operator about to downgrade relies on. Nothing
-/// synced is lost: the next start replays the journal, and the key is still held. A clean
-/// stop after it exits 0.
+/// A stop whose database cannot be brought up to date says so and exits 74 (EX_IOERR): it
+/// said "database closed" (or "was not open") and exited 0, and systemd showed a clean
+/// stop, which an operator about to downgrade relies on. Both ways: the disk fails the
+/// final checkpoint, or a trade's write first, the gateway failing closed at the stop.
+/// Nothing synced is lost: the next start replays the journal, and the key is still held.
+/// A clean stop after it exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_that_cannot_close_the_database_says_so_and_exits_74() {
     use eiofs::{EioMount, Fault};
@@ -609,27 +610,35 @@ async fn a_stop_that_cannot_close_the_database_says_so_and_exits_74() {
     let state = setup.dir.path().join("state");
     let backing = tempfile::tempdir().unwrap();
     let disk = EioMount::new(&state, backing.path());
+    for (key, why) in [
+        ("at-the-stop", "(final checkpoint: "),
+        ("failing", "(failing closed: "),
+    ] {
+        let mut gw = setup.start();
+        gw.wait_ready().await;
+        assert_eq!(gw.post(&keyed(key), &[]).await.status, 200);
+        // The probe makes the owner write its carried commit: the next write is the
+        // first to fail.
+        gw.wait_ready().await;
+        disk.fail(Fault::WritesAndSyncs);
+        if key == "failing" {
+            assert_eq!(gw.post(&keyed("refused"), &[]).await.status, 503);
+        }
+        let status = gw.terminate();
+        let log = gw.stderr();
+        assert_eq!(status.code(), Some(74), "{key}: {log}");
+        let said = format!("stopped; the database was NOT closed cleanly {why}");
+        assert!(log.contains(&said), "{key}: {log}");
+        assert!(!log.contains("stopped; database closed"), "{key}: {log}");
+        assert!(!log.contains("was not open"), "{key}: {log}");
+        disk.fail(Fault::None);
+    }
     let mut gw = setup.start();
     gw.wait_ready().await;
-    assert_eq!(gw.post(&keyed("unclosed"), &[]).await.status, 200);
-    // The probe makes the owner write its carried commit: the stop's checkpoint is the
-    // first write to fail.
-    gw.wait_ready().await;
-    disk.fail(Fault::WritesAndSyncs);
-    let status = gw.terminate();
-    let log = gw.stderr();
-    assert_eq!(status.code(), Some(74), "{log}");
-    assert!(
-        log.contains("stopped; the database was NOT closed cleanly (final checkpoint: "),
-        "{log}"
-    );
-    assert!(!log.contains("stopped; database closed"), "{log}");
-
-    disk.fail(Fault::None);
-    let mut gw = setup.start();
-    gw.wait_ready().await;
-    assert_eq!(gw.post(&keyed("unclosed"), &[]).await.status, 409);
-    assert_eq!(exec.calls(), 1);
+    for key in ["at-the-stop", "failing"] {
+        assert_eq!(gw.post(&keyed(key), &[]).await.status, 409, "{key}");
+    }
+    assert_eq!(exec.calls(), 2);
     let status = gw.terminate();
     assert_eq!(status.code(), Some(0), "{}", gw.stderr());
     assert!(gw.stderr().contains("stopped; database closed"));

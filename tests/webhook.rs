@@ -3167,6 +3167,50 @@ async fn sigterm_does_not_wait_for_a_request_head_half_sent() {
     drop(half);
 }
 
+/// An HTTP/2 connection idle when the drain begins goes through its closing exchange
+/// (GOAWAY, PING, the last GOAWAY): a request sent as the first GOAWAY comes is answered.
+/// Dropped a second after its last request rather than a second after the drain began,
+/// such a connection went at once, and the request was lost, neither answered nor refused
+/// unprocessed.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_request_sent_as_the_drain_begins_over_http2_is_answered() {
+    use support::h2raw::*;
+    // Not closed for idleness meanwhile.
+    let (exec, setup, mut gw) = with_mock_configured(|s| {
+        s.set("server", "header_timeout", "10s");
+    })
+    .await;
+    let mut h = RawH2::connect(&setup.pki.ca_cert, &gw.url()).await;
+    while let Some(f) = h.next(Duration::from_millis(500)).await {
+        h.acknowledge(&f).await;
+    }
+    // Idle for longer than the drain's linger.
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    unsafe { libc::kill(gw.child.id() as i32, libc::SIGTERM) };
+    loop {
+        let f = h.next(Duration::from_secs(10)).await.expect("a GOAWAY");
+        if f.kind == GOAWAY {
+            break;
+        }
+        h.acknowledge(&f).await;
+    }
+    let body = trade("BTCUSDT").to_string();
+    h.send_post(1, &gw.url(), body.len()).await;
+    h.send(DATA, END_STREAM, 1, body.as_bytes()).await;
+    let answered = loop {
+        match h.next(Duration::from_secs(10)).await {
+            Some(f) if f.kind == HEADERS && f.stream == 1 => break status(&f.payload),
+            Some(f) => {
+                h.acknowledge(&f).await;
+            }
+            None => break None,
+        }
+    };
+    assert_eq!(answered, Some(200), "{}", gw.stderr());
+    assert_eq!(exec.calls(), 1);
+    assert!(gw.terminate().success());
+}
+
 /// SIGUSR1 and SIGUSR2 (a "reopen your logs" by habit) are said and not acted on: by
 /// default they end the process, the answers and commits of orders in flight lost. A
 /// second SIGTERM or a SIGINT while it drains is said too (a second Ctrl-C left no trace),

@@ -48,10 +48,11 @@ const H2_CONNECTION_WINDOW: u32 = H2_STREAMS * H2_STREAM_WINDOW;
 /// How long in-flight requests may take to finish their commit or release at shutdown.
 /// The packaged unit's `TimeoutStopSec=45s` leaves the rest for the close.
 pub const DRAIN: Duration = Duration::from_secs(30);
-/// Once the drain begins, how long a connection stays open with nothing in flight: enough
-/// for the last answer to be written (a request ends before hyper writes its answer). One
-/// with a request head half sent, or a client that holds it open, held the drain (and the
-/// restart, the listener closed) for a whole `header_timeout` more.
+/// Once the drain begins, how long a connection stays open (from the drain's start, and
+/// then with nothing in flight): enough for HTTP/2's closing exchange (GOAWAY, PING, the
+/// last GOAWAY) and for the last answer to be written (a request ends before hyper writes
+/// its answer). One with a request head half sent, or a client that holds it open, held
+/// the drain (and the restart, the listener closed) for a whole `header_timeout` more.
 const DRAIN_LINGER: Duration = Duration::from_secs(1);
 /// Warnings that can come in floods (connections refused over `max_connections_per_ip`,
 /// failed handshakes) are logged at most this often, with how many since the last line: a
@@ -547,11 +548,16 @@ pub async fn serve(
                 activity.idle_for(t).await;
             };
             tokio::pin!(linger);
-            // At the drain, shorter: a request in flight is still served, its answer
-            // written, but nothing more is waited for.
+            // At the drain, shorter: a second from the drain's start, and a second with
+            // nothing in flight (a request in flight is served, its answer written). From
+            // the start, not from the last request's end: an HTTP/2 connection idle for
+            // longer was dropped at once, under its GOAWAY's exchange, and a request sent
+            // as the GOAWAY came was lost rather than answered or refused unprocessed.
             let drained = async {
                 draining.cancelled().await;
-                activity.idle_for(DRAIN_LINGER.min(t)).await;
+                let linger = DRAIN_LINGER.min(t);
+                tokio::time::sleep(linger).await;
+                activity.idle_for(linger).await;
             };
             tokio::pin!(drained);
             // A cut connection goes away once nothing is in flight on it, not as the

@@ -459,11 +459,12 @@ pub struct Owner {
 pub enum Closed {
     /// Every journal record is in the database, and the file closed.
     Clean,
-    /// It held none: failing closed (a folder not there, a broken file), or never opened.
+    /// It never opened one in this run (a folder not there, a broken file).
     NotOpen,
-    /// The final checkpoint or the close failed (why). Nothing synced is lost: the
-    /// journal still holds it, and the next open replays it; but the database file alone
-    /// is not up to date, which a downgrade to a version before the journal relies on.
+    /// The final checkpoint or the close failed, or it was failing closed after having
+    /// opened the database (why). Nothing synced is lost: the journal still holds it, and
+    /// the next open replays it; but the database file alone is not up to date, which a
+    /// downgrade to a version before the journal relies on.
     Failed(String),
 }
 

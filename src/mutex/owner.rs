@@ -1605,7 +1605,12 @@ impl Owner {
     /// A last checkpoint, so the next start has no journal to replay, and a clean close.
     fn close(&mut self) -> Closed {
         let Some(mut store) = self.store.take() else {
-            return Closed::NotOpen;
+            // Open once in this run and failing closed now: its journal may hold records
+            // the database does not, as after a failed final checkpoint.
+            return match (&self.failure, self.opened) {
+                (Some(why), true) => Closed::Failed(format!("failing closed: {why}")),
+                _ => Closed::NotOpen,
+            };
         };
         let mut failed = Vec::new();
         if let Err(e) = store::apply(&mut store, &mut self.carry, true) {
