@@ -118,26 +118,26 @@ impl HttpConfig {
 /// The parts of an executor's URL that may be its credential (the README has it given in
 /// the path or the query), as an executor may echo them back in an answer that did not fill
 /// (`Cannot POST /orders/KEY`, `{"path": …}`, `invalid token …`), which the log quotes: the
-/// path and query together and apart, each path segment of 8 characters or more, each query value of 4 or
-/// more; each as written, percent-decoded, and with `/` escaped as JSON may (`\/`).
-/// Longest first, so that a part is hidden before a shorter one inside it.
+/// path and query together and apart, each path segment and each query value; each as
+/// written, percent-decoded, and with `/` escaped as JSON may (`\/`). Only those of 8
+/// characters or more, masked wherever they occur: no credential is shorter, and a shorter
+/// part (`/o`, `live`) would mask ordinary words (`/orders`, `delivered`). Longest first,
+/// so that a part is hidden before a shorter one inside it.
 fn url_secrets(url: &Uri) -> Vec<String> {
-    let Some(whole) = url
-        .path_and_query()
-        .map(|p| p.as_str())
-        .filter(|p| *p != "/")
-    else {
+    const SHORTEST: usize = 8;
+    let Some(whole) = url.path_and_query().map(|p| p.as_str()) else {
         return Vec::new();
     };
     let (path, query) = whole.split_once('?').unwrap_or((whole, ""));
-    let segments = path.split('/').filter(|s| s.len() >= 8);
     let values = query
         .split('&')
-        .map(|pair| pair.split_once('=').map_or(pair, |(_, value)| value))
-        .filter(|v| v.len() >= 4);
+        .map(|pair| pair.split_once('=').map_or(pair, |(_, value)| value));
     let mut parts = Vec::new();
-    let wholes = [whole, path, query].into_iter().filter(|p| p.len() > 1);
-    for raw in wholes.chain(segments).chain(values) {
+    for raw in [whole, path, query]
+        .into_iter()
+        .chain(path.split('/'))
+        .chain(values)
+    {
         let decoded = percent_encoding::percent_decode_str(raw).decode_utf8_lossy();
         for part in [raw.to_string(), decoded.into_owned()] {
             if part.contains('/') {
@@ -146,6 +146,7 @@ fn url_secrets(url: &Uri) -> Vec<String> {
             parts.push(part);
         }
     }
+    parts.retain(|p| p.len() >= SHORTEST);
     parts.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
     parts.dedup();
     parts

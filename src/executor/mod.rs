@@ -189,26 +189,24 @@ impl Executor {
     }
 
     /// The start of an answer, at most `max` bytes of it, with every part of the URL that
-    /// may be a credential replaced by `…` (for the log), and whether it was cut. Masked
-    /// before the cut, over as much more as the longest part: a credential that starts
-    /// before the cut is hidden whole, not left in part.
+    /// may be a credential replaced by `…` (for the log), and whether it was cut. The whole
+    /// answer is masked before the cut (at most 1 MiB, and only of an order that did not
+    /// fill): masked over a window past the cut, a credential straddling the window's end
+    /// was not matched, and the masks before it moved its first bytes under the cut.
     pub fn excerpt(&self, answer: &[u8], max: usize) -> (String, bool) {
         let secrets = match self {
             Executor::Http(http) => http.secrets(),
             Executor::Paper(_) => &[],
         };
-        let longest = secrets.first().map_or(0, String::len);
-        let window = &answer[..answer.len().min(max + longest)];
         let masked = secrets.iter().fold(
-            String::from_utf8_lossy(window).into_owned(),
+            String::from_utf8_lossy(answer).into_owned(),
             |text, secret| text.replace(secret.as_str(), "…"),
         );
         let mut end = masked.len().min(max);
         while !masked.is_char_boundary(end) {
             end -= 1;
         }
-        let cut = end < masked.len() || window.len() < answer.len();
-        (masked[..end].to_string(), cut)
+        (masked[..end].to_string(), end < masked.len())
     }
 
     pub async fn execute(&self, order: &Order) -> Outcome {

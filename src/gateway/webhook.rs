@@ -1182,9 +1182,10 @@ mod tests {
     #[test]
     fn the_executors_credential_it_echoes_is_masked_in_the_log() {
         let http = crate::executor::HttpExecutor::new(crate::executor::HttpConfig {
-            url: "http://127.0.0.1:9/v1/orders/EXECTOKEN_sk_live_51H8?token=ab%2Bcd&x=1"
-                .parse()
-                .unwrap(),
+            url:
+                "http://127.0.0.1:9/v1/orders/EXECTOKEN_sk_live_51H8?token=s3cr3t%2Bvalue&mode=live"
+                    .parse()
+                    .unwrap(),
             timeout: std::time::Duration::from_secs(1),
             ca_file: None,
         })
@@ -1200,13 +1201,30 @@ mod tests {
             r#"; it said: "{\"path\":\"…\"}""#
         );
         assert_eq!(
-            said("Cannot POST /v1/orders/EXECTOKEN_sk_live_51H8?token=ab%2Bcd&x=1"),
+            said("Cannot POST /v1/orders/EXECTOKEN_sk_live_51H8?token=s3cr3t%2Bvalue&mode=live"),
             r#"; it said: "Cannot POST …""#
         );
         assert_eq!(
-            said("invalid token ab+cd, order EXECTOKEN_sk_live_51H8 refused: x=1"),
-            r#"; it said: "invalid token …, order … refused: x=1""#
+            said("invalid token s3cr3t+value, order EXECTOKEN_sk_live_51H8 refused: live"),
+            r#"; it said: "invalid token …, order … refused: live""#
         );
+        // Parts under 8 characters (`live`, `/v1`) are no credential, and are left in
+        // ordinary words.
+        assert_eq!(
+            said("delivered to /v1/orders, mode live"),
+            r#"; it said: "delivered to /v1/orders, mode live""#
+        );
+        // A Spring-shaped answer: the URL echoed, then the token again near the cut,
+        // where a window masked past the cut left its first bytes.
+        let url = "/v1/orders/EXECTOKEN_sk_live_51H8?token=s3cr3t%2Bvalue&mode=live";
+        for filler in 120..180 {
+            let body = format!(
+                r#"{{"path":"{url}","message":"{}EXECTOKEN_sk_live_51H8 refused"}}"#,
+                "y".repeat(filler)
+            );
+            let line = said(&body);
+            assert!(!line.contains("EXEC"), "{filler}: {line}");
+        }
         // Across the cut at 160 bytes: hidden whole, not its first bytes.
         let body = format!("{}EXECTOKEN_sk_live_51H8 refused", "y".repeat(145));
         let line = said(&body);
