@@ -199,10 +199,13 @@ fn key_at(text: &str, at: usize) -> Option<String> {
         return table_of(line);
     }
     let (name, value) = line.split_once('=')?;
+    // Nothing but `=` right after it is a base64 secret's padding (`onlysmallletters==`),
+    // not a key's value: a secret of small letters alone is shaped as a key. A key whose
+    // value is missing (`ttl = `) has a space before its `=`, and is named.
+    let padding =
+        !name.ends_with([' ', '\t']) && value.trim_end().trim_start_matches('=').is_empty();
     let name = name.trim();
-    // Nothing but `=` after it is a base64 secret's padding (`onlysmallletters==`), not a
-    // key's value: a secret of small letters alone is shaped as a key.
-    if !bare(name) || value.trim().trim_start_matches('=').is_empty() {
+    if !bare(name) || padding {
         return None;
     }
     let header = text[..start]
@@ -1760,6 +1763,8 @@ mod tests {
             // not a key, and is not said.
             ("s3cretBASE64pad==\n", "(syntax)", "line 1: ", ""),
             ("# hmac\nS3CRETpad=\n", "(syntax)", "line 2: ", ""),
+            // A key's value missing: named.
+            ("[store]\nttl = \n", "store.ttl", "line 2: ", ""),
             // Shaped as a key, small letters only: nothing but padding after its `=`.
             ("onlylowercasesecret==\n", "(syntax)", "line 1: ", ""),
             ("[auth]\nonly_lower.case=\n", "(syntax)", "line 2: ", ""),

@@ -6,7 +6,8 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hoox_edge::mutex::{
-    Clock, Decision, Guard, Key, Released, Snapshot, State, Unavailable, key::BUCKET_MS,
+    Clock, Decision, Guard, Key, MAX_RESPONSE, Released, Snapshot, State, Unavailable,
+    key::BUCKET_MS,
 };
 use mutex_support::*;
 
@@ -250,6 +251,44 @@ fn a_wall_clock_stepped_forward_frees_no_key() {
         time.advance_ms(60_000);
         granted(m.reserve(reserve(&k, 60_000, 1)).await);
     });
+    owner.stop();
+}
+
+/// A stored response larger than `MAX_RESPONSE` (one a version before 0.2.27 kept) is not
+/// given back for a replay: read from the batch's record, from the records since the
+/// checkpoint, or, after a restart, from the database. One that fits is.
+#[test]
+fn a_stored_response_over_the_bound_is_not_given_back() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let (clock, _time) = Clock::manual(T0);
+    let snap = |len: usize| Snapshot {
+        status: 200,
+        body: vec![b'x'; len],
+    };
+    let (fits, over) = (key("fits"), key("over"));
+    let responses = |m: &hoox_edge::mutex::Mutex| {
+        rt().block_on(async {
+            let fits = duplicate(m.reserve(reserve(&fits, 300_000, 1)).await).response;
+            let over = duplicate(m.reserve(reserve(&over, 300_000, 1)).await).response;
+            (fits, over)
+        })
+    };
+    let (m, owner) = start(&path, clock.clone());
+    rt().block_on(async {
+        let g = granted(m.reserve(reserve(&fits, 300_000, 1)).await);
+        m.commit(g, Some(snap(MAX_RESPONSE))).unwrap();
+        let g = granted(m.reserve(reserve(&over, 300_000, 1)).await);
+        m.commit(g, Some(snap(MAX_RESPONSE + 1))).unwrap();
+    });
+    assert_eq!(responses(&m), (Some(snap(MAX_RESPONSE)), None));
+    owner.stop();
+    let (m, owner) = start(&path, clock.clone());
+    assert_eq!(
+        responses(&m),
+        (Some(snap(MAX_RESPONSE)), None),
+        "after a restart"
+    );
     owner.stop();
 }
 

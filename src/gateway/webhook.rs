@@ -31,12 +31,6 @@ use crate::mutex::{Decision, Grant, Guard, Key, Mutex, Reserve, Snapshot, Unavai
 
 /// The largest webhook body (SPEC §3).
 pub const MAX_BODY: usize = 64 * 1024;
-/// The largest executor answer kept for `duplicate_response = "replay"`, as large as a
-/// webhook: a larger one is not kept, and its duplicates get the 409. Each duplicate
-/// answered holds a copy of it, and a connection may have 16 in flight: an answer of 1 MiB
-/// (what the executor client reads) made an HTTP/2 duplicate storm cost 16 MiB a
-/// connection, a gigabyte from one sender, and wrote a checkpoint at every commit.
-pub const MAX_REPLAY: usize = MAX_BODY;
 /// How much of a body that is refused is read and dropped before the answer, so that the
 /// answer reaches its sender (see `pipeline`): as much as an HTTP/2 connection's window
 /// lets a sender have in flight (docs/DESIGN.md); over HTTP/1.1 the sender's socket and
@@ -828,7 +822,9 @@ async fn execute_and_settle(gw: &Gateway, grant: Grant, order: &Order, _out: Out
     match outcome {
         Outcome::Success { status, body } => {
             let replay = gw.duplicate_response == DuplicateResponse::Replay;
-            let kept = body.len() <= MAX_REPLAY;
+            // A larger one is not kept (`mutex::MAX_RESPONSE`): it also wrote a checkpoint at
+            // every commit.
+            let kept = body.len() <= crate::mutex::MAX_RESPONSE;
             let snapshot = (replay && kept).then(|| Snapshot {
                 status,
                 body: body.to_vec(),
@@ -836,9 +832,10 @@ async fn execute_and_settle(gw: &Gateway, grant: Grant, order: &Order, _out: Out
             let unkept = (replay && !kept).then(|| Note {
                 level: log::Level::Warn,
                 text: format!(
-                    "the executor's answer is {} bytes, over the {MAX_REPLAY} kept for \
-                     replay: its duplicates get 409",
-                    body.len()
+                    "the executor's answer is {} bytes, over the {} kept for replay: its \
+                     duplicates get 409",
+                    body.len(),
+                    crate::mutex::MAX_RESPONSE
                 ),
             });
             let (settled, note) = match gw.mutex.commit(grant, snapshot) {

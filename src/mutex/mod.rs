@@ -447,6 +447,13 @@ pub struct Shared {
     pub stats: Stats,
 }
 
+/// The largest response a duplicate is answered with (`Duplicate::response`), as large as a
+/// webhook. Each duplicate answered holds a copy until it is written, and an HTTP/2
+/// connection may have 16 at once: at 1 MiB (what the executor client reads) a duplicate
+/// storm cost 16 MiB a connection. The gateway keeps no larger one (its duplicates get the
+/// 409); one a version before 0.2.27 kept is read as none.
+pub const MAX_RESPONSE: usize = 64 * 1024;
+
 /// The owner thread. Dropping it without [`Owner::stop`] leaves the thread to finish on
 /// its own when every handle is gone.
 pub struct Owner {

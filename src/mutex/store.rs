@@ -940,17 +940,23 @@ impl Batch {
                 None => {
                     let txn = store.db.begin_read().ok()?;
                     let got = txn.open_table(ENTRIES).ok()?.get(seq).ok()??;
-                    return decode_entry(got.value()).ok()?.response;
+                    return bounded(decode_entry(got.value()).ok()?.response);
                 }
             },
         };
-        decode_entry(bytes).ok()?.response
+        bounded(decode_entry(bytes).ok()?.response)
     }
 
     /// The journal record's payload: every operation, in order. Empty if nothing changed.
     pub fn record(&self) -> &[u8] {
         &self.record
     }
+}
+
+/// A stored response, if no larger than [`super::MAX_RESPONSE`]: one a version before
+/// 0.2.27 kept may be, and is not replayed.
+fn bounded(response: Option<Snapshot>) -> Option<Snapshot> {
+    response.filter(|s| s.body.len() <= super::MAX_RESPONSE)
 }
 
 #[cfg(test)]
