@@ -838,9 +838,20 @@ async fn reload_on_hangup(
                 served(&new_tls, &next, &gw.metrics);
                 tls.replace(new_tls);
                 let gone = names_gone(&gw.auth.current(), &authenticator);
+                let renamed = gw.auth.current().renamed(&authenticator);
                 gw.auth.replace(Arc::new(authenticator));
                 config = next;
                 log::info!("reloaded the TLS certificate and the secrets");
+                if !renamed.is_empty() {
+                    let moved: Vec<_> = renamed.iter().map(|(a, b)| format!("{a} → {b}")).collect();
+                    log::warn!(
+                        "{}: a secret names another client after this reload ({}): the keys \
+                         its sender's trades took stay under the old name, so a retry of one \
+                         of them, sent now, is a new trade and will be sent",
+                        config_file(&config),
+                        moved.join(", "),
+                    );
+                }
                 if let Some(gone) = gone {
                     log::warn!(
                         "{}: no sender is named {gone} after this reload: the keys taken \

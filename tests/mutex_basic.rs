@@ -994,12 +994,12 @@ fn a_guard_holds_a_signature_beside_its_trade() {
     let guarded = |k: &Key, sig: u8| {
         let mut r = reserve(k, 300_000, 1);
         r.guard = Some(Guard {
-            key: Key::signature("psk", &[sig; 32]),
+            key: Key::signature(&[sig; 32]),
             ttl: Duration::from_secs(600),
         });
         r
     };
-    let sig = |n: u8| Key::signature("psk", &[n; 32]);
+    let sig = |n: u8| Key::signature(&[n; 32]);
     rt().block_on(async {
         let (minute_1, minute_3) = (key("minute-1"), key("minute-3"));
         let g = granted(m.reserve(guarded(&minute_1, 1)).await);

@@ -56,7 +56,7 @@ const GUARDS: usize = 2;
 fn keys() -> Vec<Key> {
     (0..KEYS)
         .map(|i| Key::from_stored(&format!("trade:x:S:LONG:1:live:{i}")).unwrap())
-        .chain((0..GUARDS).map(|g| Key::signature("psk", &[g as u8; 32])))
+        .chain((0..GUARDS).map(|g| Key::signature(&[g as u8; 32])))
         .collect()
 }
 

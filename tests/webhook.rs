@@ -2405,6 +2405,46 @@ async fn a_signed_request_replayed_under_another_certificate_is_refused() {
     assert_eq!(exec.calls(), 2);
 }
 
+/// A reload that names a secret's client otherwise (`@desk-b`, where it had no name) moves
+/// the trade's key to another namespace; a signed request captured before it and replayed
+/// byte for byte after it meets its guard, keyed by the signature alone. Keyed by the
+/// secret's name too, it was a new guard, and a second order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_signed_request_replayed_after_its_secret_is_renamed_is_refused() {
+    let (exec, setup, gw) = with_mock().await;
+    let mut t = trade("BTCUSDT");
+    t.as_object_mut().unwrap().remove("apiKey");
+    t["idempotencyKey"] = json!("renamed-1");
+    let body = t.to_string();
+    let ts = unix_now_s();
+    let r = post_signed(&gw, &body, ts, &[]).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    assert_eq!(
+        r.header("idempotency-key"),
+        Some("client:psk:live:renamed-1")
+    );
+    let hmac = setup.dir.path().join("secrets/hmac");
+    support::gateway::write_secret(&hmac, &format!("@desk-b {SECRET}\n"));
+    unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
+    gw.wait_logged("reloaded the TLS certificate and the secrets");
+    // Said, though `psk` is still a name (the API keys' secret gives it): its sender's
+    // retries, signed anew, are new trades now.
+    gw.wait_logged("a secret names another client after this reload (psk → psk.desk-b)");
+    // The client is desk-b now: a new trade of its own is placed in its namespace.
+    let fresh = t.to_string().replace("renamed-1", "renamed-2");
+    let r = post_signed(&gw, &fresh, ts, &[]).await;
+    assert_eq!(
+        r.header("idempotency-key"),
+        Some("client:psk.desk-b:live:renamed-2")
+    );
+    // The captured one is not.
+    let r = post_signed(&gw, &body, ts, &[]).await;
+    let v = r.json();
+    assert_eq!(r.status, 409, "the replay after the rename ran: {v}");
+    assert!(v["key"].as_str().unwrap().starts_with("sig:"), "{v}");
+    assert_eq!(exec.calls(), 2);
+}
+
 #[test]
 fn config_errors_exit_78_naming_key_and_file() {
     let mut setup = Setup::new(None);

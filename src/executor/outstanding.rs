@@ -304,7 +304,7 @@ mod tests {
             ..Config::default()
         };
         let (m, owner) = crate::mutex::start(config, Clock::system());
-        let (k, g) = (key("k"), Key::signature("psk", &[1; 32]));
+        let (k, g) = (key("k"), Key::signature(&[1; 32]));
         let set = Arc::new(Outstanding::for_deadline(crate::mutex::DEADLINE));
         let out = set.begin(&k, Some(&g));
         assert_eq!(set.count(), 0, "not granted yet");

@@ -102,10 +102,6 @@ pub struct Authenticated {
 pub struct Signature {
     pub timestamp: i64,
     pub mac: [u8; 32],
-    /// The client its secret names (`psk` or `psk.{name}`), which namespaces its guard,
-    /// whatever certificate the request came with: a signed request replayed under
-    /// another client certificate is the same signed request, and must meet its guard.
-    pub signer: Identity,
 }
 
 impl Signature {
@@ -231,6 +227,36 @@ impl Authenticator {
             .collect()
     }
 
+    /// The secrets `after` keeps but names another client (`psk` → `psk.desk-b`): the
+    /// old namespace and the new, once each. Under mTLS the certificate names the client,
+    /// not the secret: none. A reload says them: a sender's retries move to the new
+    /// namespace, where the keys its trades took before are not.
+    pub fn renamed(&self, after: &Authenticator) -> Vec<(String, String)> {
+        if self.mtls || after.mtls {
+            return Vec::new();
+        }
+        let pairs = [
+            (&self.api_keys, &after.api_keys),
+            (&self.hmac, &after.hmac),
+            (&self.bearer, &after.bearer),
+        ];
+        let mut moved: Vec<(String, String)> = pairs
+            .into_iter()
+            .flat_map(|(old, new)| {
+                old.iter()
+                    .flat_map(move |o| new.iter().map(move |n| (o, n)))
+            })
+            .filter(|(o, n)| o.expose() == n.expose() && o.client() != n.client())
+            .map(|(o, n)| {
+                let name = |s: &Secret| Identity::psk_of(s.client()).as_str().to_owned();
+                (name(o), name(n))
+            })
+            .collect();
+        moved.sort();
+        moved.dedup();
+        moved
+    }
+
     pub fn configured(&self, m: Method) -> bool {
         match m {
             Method::ApiKey => !self.api_keys.is_empty(),
@@ -334,7 +360,6 @@ impl Authenticator {
             signature: Some(Signature {
                 timestamp: ts,
                 mac: sig,
-                signer: Identity::psk_of(s.client()),
             }),
             ..Verified::shared(s)
         })
@@ -574,6 +599,40 @@ mod tests {
         assert_eq!(r.run(&a), Err(AuthError::Invalid));
     }
 
+    /// A secret kept by a reload under another name is said once, old name and new; one
+    /// that keeps its name, one taken out and one added are not.
+    #[test]
+    fn a_secret_kept_under_another_name_is_renamed() {
+        let named = |lines: &[&str]| {
+            lines
+                .iter()
+                .map(|l| Secret::parse_line(l.as_bytes()).unwrap())
+                .collect::<Vec<_>>()
+        };
+        let before = Authenticator::new(
+            named(&["key-a", "@desk-b key-b"]),
+            named(&["@desk-c hmac-c", "hmac-gone"]),
+            vec![],
+            false,
+            vec![],
+        )
+        .unwrap();
+        let after = Authenticator::new(
+            named(&["@desk-a key-a", "@desk-b key-b"]),
+            named(&["@desk-c2 hmac-c", "@desk-d hmac-new"]),
+            vec![],
+            false,
+            vec![],
+        )
+        .unwrap();
+        let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
+        assert_eq!(
+            before.renamed(&after),
+            [pair("psk", "psk.desk-a"), pair("psk.desk-c", "psk.desk-c2")]
+        );
+        assert_eq!(after.renamed(&after), []);
+    }
+
     /// A verified signature is reported, whichever method was enough; an unverified one,
     /// or one a `require` list does not check, is not.
     #[test]
@@ -581,7 +640,6 @@ mod tests {
         let genuine = Some(Signature {
             timestamp: NOW,
             mac: parse_signature_header(&sign(b"s1", NOW, BODY)).unwrap(),
-            signer: Identity::psk(),
         });
         let signature = |a: &Authenticator, r: Req| r.authenticated(a).map(|ok| ok.signature);
         let any = auth(&[], &["s1"], &["tok"], false, &[]);
@@ -816,14 +874,13 @@ mod tests {
         assert_eq!(id(&r), Err(AuthError::Invalid));
         let r = Req::new().signed("hmac-b", NOW);
         assert_eq!(id(&r).as_deref(), Ok("psk.desk-b"));
-        // A signature is its secret's: its signer (which keys its guard) is the secret's
-        // client, whatever certificate the request came with.
+        // A signature is reported (its guard keyed by it alone) whatever certificate the
+        // request came with.
         let mut r = Req::new().signed("hmac-b", NOW);
         r.cn = Some("engine");
         let ok = r.authenticated(&a).unwrap();
         assert_eq!(ok.identity.as_str(), "cert.engine");
-        let signer = ok.signature.map(|s| s.signer.to_string());
-        assert_eq!(signer.as_deref(), Some("psk.desk-b"));
+        assert!(ok.signature.is_some());
         let r = Req::new().header("authorization", "Bearer tok-b");
         assert_eq!(id(&r).as_deref(), Ok("psk.desk-b"));
         // One client on two methods is that client; two clients are refused.

@@ -1098,7 +1098,7 @@ fn guard(sig: &Signature, now_ms: u64, deadline: Duration) -> Guard {
         .unwrap_or(0)
         .saturating_mul(1000);
     Guard {
-        key: Key::signature(sig.signer.as_str(), &sig.mac),
+        key: Key::signature(&sig.mac),
         ttl: Duration::from_millis(until_ms.saturating_sub(now_ms)) + deadline,
     }
 }
@@ -1364,12 +1364,11 @@ mod tests {
         let sig = Signature {
             timestamp: 1_800_000_000,
             mac: [3; 32],
-            signer: crate::gateway::auth::Identity::psk(),
         };
         let deadline = Duration::from_secs(2);
         let ts_ms = 1_800_000_000_000;
         let g = guard(&sig, ts_ms + 250, deadline);
-        assert_eq!(g.key, Key::signature("psk", &[3; 32]));
+        assert_eq!(g.key, Key::signature(&[3; 32]));
         assert_eq!(g.ttl, Duration::from_millis(301_000 - 250) + deadline);
         // Signed 300 s ahead of us: it authenticates until 600 s from now.
         let g = guard(&sig, ts_ms - 300_000, deadline);

@@ -13,8 +13,8 @@
 //!   two trades share a fingerprint through a `:` of their own.
 //!
 //! And one kind that guards them: `sig:{32 hex digits}`, the first half of a SHA-256 of a
-//! request's HMAC signature and its signer (the client its secret names), held beside the
-//! trade's key while the signature could be replayed (`mutex::Guard`).
+//! request's HMAC signature, held beside the trade's key while the signature could be
+//! replayed (`mutex::Guard`).
 
 use std::fmt;
 
@@ -157,17 +157,15 @@ impl Key {
         ])
     }
 
-    /// The replay guard of a request that `identity` signed with `mac` (the signature's
-    /// 32 bytes). `identity` is the signer, the client its secret names (`psk` or
-    /// `psk.NAME`), not the connection's identity: the same signed request replayed under
-    /// another client certificate is the same guard, on purpose (docs/DESIGN.md).
-    pub fn signature(identity: &str, mac: &[u8; 32]) -> Self {
+    /// The replay guard of a request signed with `mac` (the signature's 32 bytes): of the
+    /// signature alone, whoever sends it. The same signed request replayed under another
+    /// client certificate is the same guard, on purpose (docs/DESIGN.md); and so it is
+    /// after a reload that names its secret's client otherwise, which moves the trade's
+    /// key to another namespace (until 0.2.27 the name was in the guard too, and such a
+    /// replay was placed again). Two secrets make the same signature by chance only.
+    pub fn signature(mac: &[u8; 32]) -> Self {
         use sha2::Digest;
-        let digest = sha2::Sha256::new()
-            .chain_update(identity.as_bytes())
-            .chain_update([0])
-            .chain_update(mac)
-            .finalize();
+        let digest = sha2::Sha256::digest(mac);
         let mut buf = heapless::String::new();
         // The prefix and 32 hex digits fit MAX_KEY many times over.
         let _ = buf.push_str(GUARD_PREFIX);
@@ -266,7 +264,7 @@ mod tests {
         );
         let client = Key::client("psk", Mode::Live, &ClientKey::parse("a:b").unwrap()).unwrap();
         assert_eq!(family(client.as_str()), None);
-        assert_eq!(family(Key::signature("psk", &[1; 32]).as_str()), None);
+        assert_eq!(family(Key::signature(&[1; 32]).as_str()), None);
     }
 
     #[test]
@@ -296,11 +294,10 @@ mod tests {
 
     #[test]
     fn a_signature_guard_is_its_own_namespace() {
-        let g = Key::signature("psk", &[7; 32]);
+        let g = Key::signature(&[7; 32]);
         assert!(g.is_guard() && g.as_str().starts_with("sig:"));
         assert_eq!(g.as_str().len(), 4 + 32);
-        assert_ne!(g, Key::signature("psk", &[8; 32]));
-        assert_ne!(g, Key::signature("cert.desk-a", &[7; 32]));
+        assert_ne!(g, Key::signature(&[8; 32]));
         assert!(
             !Key::from_stored("trade:x:S:LONG:1:live:1")
                 .unwrap()

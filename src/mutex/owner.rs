@@ -1898,7 +1898,7 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let mut o = owner(dir.path());
         let key = Key::from_stored("trade:x:BTC:LONG:1:live:1").unwrap();
-        let guard = Key::signature("psk", &[1; 32]);
+        let guard = Key::signature(&[1; 32]);
         let (tx, gone) = oneshot::channel();
         let req = Reserve {
             key: key.clone(),
@@ -1928,7 +1928,7 @@ mod tests {
             ttl: Duration::from_secs(300),
             payload_hash: [payload; 32],
             guard: Some(super::super::Guard {
-                key: Key::signature("psk", &[sig; 32]),
+                key: Key::signature(&[sig; 32]),
                 ttl: Duration::from_secs(600),
             }),
         })
@@ -1951,7 +1951,7 @@ mod tests {
 
     /// The operator's release of signature `sig`'s guard, which was live.
     fn release_guard(o: &mut Owner, sig: u8) {
-        let key = Box::new(Key::signature("psk", &[sig; 32]));
+        let key = Box::new(Key::signature(&[sig; 32]));
         assert_eq!(
             ask(o, |tx| Command::ForceRelease(key, None, tx)),
             Ok(Released::Yes)
@@ -1982,7 +1982,7 @@ mod tests {
             Decision::Duplicate(d) => assert_eq!(d.key, k, "the trade's own 409"),
             d => panic!("{d:?}"),
         }
-        let sig = Key::signature("psk", &[2; 32]);
+        let sig = Key::signature(&[2; 32]);
         assert_eq!(state_of(&o, &sig), Some(State::Committed));
         assert_eq!(syncs(&o), before + 1, "the guard is synced before the 409");
         match ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 1), tx, NOW)) {
@@ -2020,7 +2020,7 @@ mod tests {
             let dir = tempfile::tempdir().unwrap();
             let mut o = owner(dir.path());
             let k = trade_key("BTC");
-            let sig = Key::signature("psk", &[2; 32]);
+            let sig = Key::signature(&[2; 32]);
             let (tx, gone) = oneshot::channel();
             let (retry, mut retry_rx) = oneshot::channel();
             let batch = vec![
@@ -2122,7 +2122,7 @@ mod tests {
             ask(&mut o, |tx| Command::Reserve(signed(&k, 2, 9), tx, NOW)),
             Decision::Mismatch
         );
-        assert_eq!(state_of(&o, &Key::signature("psk", &[2; 32])), None);
+        assert_eq!(state_of(&o, &Key::signature(&[2; 32])), None);
         assert_eq!(syncs(&o), before, "a 422 writes nothing");
         o.turn(&mut vec![Command::Release(Box::new(grant))]);
         granted(&mut o, signed(&k, 2, 9));
