@@ -245,6 +245,7 @@ pub async fn start(config: Config) -> Result<Started, RunError> {
         executor,
         auth: Reloadable::new(Arc::new(authenticator)),
         limiter: config.rate_per_s.map(|r| RateLimiter::new(r, config.burst)),
+        guard_limiter: config.rate_per_s.map(|r| RateLimiter::new(r, config.burst)),
         allowlist,
         metrics: metrics.clone(),
         ttl: config.ttl,

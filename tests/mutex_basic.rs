@@ -996,6 +996,7 @@ fn a_guard_holds_a_signature_beside_its_trade() {
         r.guard = Some(Guard {
             key: Key::signature(&[sig; 32]),
             ttl: Duration::from_secs(600),
+            when_turned_away: true,
         });
         r
     };

@@ -233,6 +233,7 @@ fn run(ops: Vec<Op>) -> Result<(), TestCaseError> {
                 r.guard = guard.map(|(g, ttl_s)| Guard {
                     key: keys[KEYS + g].clone(),
                     ttl: std::time::Duration::from_secs(ttl_s),
+                    when_turned_away: true,
                 });
                 let got = rt.block_on(m.reserve(r));
                 match (got, model.reserve(&keys, k, ttl * 1_000, h, guard)) {

@@ -2445,6 +2445,37 @@ async fn a_signed_request_replayed_after_its_secret_is_renamed_is_refused() {
     assert_eq!(exec.calls(), 2);
 }
 
+/// A duplicate costs no quota (SPEC §3), but a signed one turned away writes its
+/// signature's guard: synced, and a place of `limits.capacity`. Re-signed variants of a
+/// taken trade (a space more each) wrote one each, as fast as their sender signed, until
+/// capacity refused every client's new trades. Now a client writes such guards at its
+/// rate limit's pace (burst 2 here); the rest of its 409s go out unguarded, as at
+/// capacity.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn re_signed_duplicates_write_guards_at_the_rate_limits_pace() {
+    let (exec, _setup, gw) = with_mock_configured(|setup| {
+        setup
+            .set("limits", "rate_per_s", 0.01)
+            .set("limits", "burst", 2);
+    })
+    .await;
+    let mut t = trade("BTCUSDT");
+    t.as_object_mut().unwrap().remove("apiKey");
+    t["idempotencyKey"] = json!("flooded");
+    let body = t.to_string();
+    let ts = unix_now_s();
+    assert_eq!(post_signed(&gw, &body, ts, &[]).await.status, 200);
+    for spaces in 1..=10 {
+        let variant = format!("{body}{}", " ".repeat(spaces));
+        let r = post_signed(&gw, &variant, ts, &[]).await;
+        assert_eq!(r.status, 409, "{spaces}: {:?}", r.json());
+    }
+    // The trade, its guard, and the one variant's guard the burst had left room for.
+    let (_, status) = gw.admin("GET", "/status").await;
+    assert_eq!(status["live_keys"], 3, "{status}");
+    assert_eq!(exec.calls(), 1);
+}
+
 #[test]
 fn config_errors_exit_78_naming_key_and_file() {
     let mut setup = Setup::new(None);

@@ -315,6 +315,7 @@ mod tests {
             guard: Some(Guard {
                 key: g.clone(),
                 ttl: Duration::from_secs(60),
+                when_turned_away: true,
             }),
         };
         let grant = match m.reserve(req).await {

@@ -44,6 +44,13 @@ pub struct Gateway {
     /// Swapped whole on SIGHUP; a request takes the one current when it starts.
     pub auth: Reloadable<Authenticator>,
     pub limiter: Option<RateLimiter>,
+    /// At the same rate, per client: the signature guards its signed requests may write
+    /// when turned away as duplicates (`mutex::Guard::when_turned_away`). A 409 costs no
+    /// quota (SPEC §3), so without it each re-signed variant of a taken trade (a space
+    /// more, a member the fingerprint ignores) wrote a guard, synced, and took a place
+    /// of `limits.capacity`, as fast as its sender could sign: every other client's new
+    /// trades were then refused at capacity.
+    pub guard_limiter: Option<RateLimiter>,
     pub allowlist: Allowlist,
     pub metrics: Arc<Metrics>,
     pub ttl: Duration,
@@ -384,9 +391,14 @@ async fn pipeline(
     };
     // A signed request stays replayable until its timestamp leaves the window, which
     // can outlast the trade's key (a fingerprint matches for a minute).
-    reserve.guard = authenticated
-        .signature
-        .map(|sig| guard(&sig, now, gw.mutex.deadline()));
+    reserve.guard = authenticated.signature.map(|sig| {
+        let mut g = guard(&sig, now, gw.mutex.deadline());
+        g.when_turned_away = gw
+            .guard_limiter
+            .as_ref()
+            .is_none_or(|l| l.check(&client, Instant::now()).is_ok());
+        g
+    });
     let key = reserve.key.clone();
     let keyed = |p: Problem, settled: Option<Settled>| {
         let mut a = fail(p);
@@ -1100,6 +1112,7 @@ fn guard(sig: &Signature, now_ms: u64, deadline: Duration) -> Guard {
     Guard {
         key: Key::signature(&sig.mac),
         ttl: Duration::from_millis(until_ms.saturating_sub(now_ms)) + deadline,
+        when_turned_away: true,
     }
 }
 

@@ -104,6 +104,11 @@ pub struct Reserve {
 pub struct Guard {
     pub key: Key,
     pub ttl: Duration,
+    /// Written too when the trade's key turns the request away (409), as the owner's
+    /// `turned_away` says why. False when its sender may write no more such guards now
+    /// (`webhook::Gateway::guard_limiter`): that 409 goes out unguarded, as at capacity. A
+    /// request that proceeds writes its guard whatever this says.
+    pub when_turned_away: bool,
 }
 
 #[derive(Debug, Clone, Copy, PartialEq, Eq, serde::Serialize, serde::Deserialize)]

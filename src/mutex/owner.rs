@@ -882,7 +882,8 @@ impl Owner {
         let Some(g) = &req.guard else {
             return Ok(d);
         };
-        if self.live(&g.key, now).is_some() {
+        // Found (a resend of this very request), or not to be written now.
+        if self.live(&g.key, now).is_some() || !g.when_turned_away {
             return Ok(d);
         }
         // The guard needs a place. Without one the 409 still goes out, unguarded: a 503
@@ -1907,6 +1908,7 @@ mod tests {
             guard: Some(super::super::Guard {
                 key: guard.clone(),
                 ttl: Duration::from_secs(600),
+                when_turned_away: true,
             }),
         };
         turn_giving_up(
@@ -1930,6 +1932,7 @@ mod tests {
             guard: Some(super::super::Guard {
                 key: Key::signature(&[sig; 32]),
                 ttl: Duration::from_secs(600),
+                when_turned_away: true,
             }),
         })
     }
