@@ -147,9 +147,10 @@ impl Terminate {
                     name = user(&mut s.user) => name,
                 };
                 log::warn!(
-                    "{name} while stopping: not acted on; the drain ends within {:?} \
-                     (SIGKILL ends it now: orders in flight then stay held, their outcome \
-                     unknown)",
+                    "{name} while stopping: not acted on; the stop drains in-flight requests \
+                     (within {:?}) and then closes the database (SIGKILL ends it now: orders \
+                     in flight then stay held, their outcome unknown, and the next start \
+                     replays the journal)",
                     gateway::DRAIN
                 );
             }
