@@ -847,9 +847,9 @@ async fn reload_on_hangup(
                 if !renamed.is_empty() {
                     let moved: Vec<_> = renamed.iter().map(|(a, b)| format!("{a} → {b}")).collect();
                     log::warn!(
-                        "{}: a secret names another client after this reload ({}): the keys \
-                         its sender's trades took stay under the old name, so a retry of one \
-                         of them, sent now, is a new trade and will be sent",
+                        "{}: a secret names another client after this reload ({}): the client \
+                         keys its sender's trades took stay under the old name, so a retry of \
+                         one of them, sent now with its key, is a new trade and will be sent",
                         config_file(&config),
                         moved.join(", "),
                     );

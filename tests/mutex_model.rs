@@ -111,6 +111,7 @@ impl Model {
             // answer returns); set from the answer before the two are compared.
             seq: 0,
             follows: e.follows.map(|(_, t)| (keys[t].clone(), 0)),
+            guarded: false,
         })
     }
 
@@ -163,10 +164,10 @@ impl Model {
 
     /// A signed request turned away as a duplicate (`d`) of a trade's entry (`by`: its
     /// state, grant and key) still takes its guard, unless the guard is live: following a
-    /// pending trade's grant, or committed at once.
+    /// pending trade's grant, or committed at once; the answer says it was written.
     fn turned_away(
         &mut self,
-        d: Decision,
+        mut d: Decision,
         by: (State, u64, usize),
         guard: Option<(usize, u64)>,
     ) -> Expect {
@@ -192,6 +193,10 @@ impl Model {
                 follows,
             };
             self.map.insert(KEYS + g, e);
+            // Said, so that the gateway charges its guard pace for it.
+            if let Decision::Duplicate(dup) = &mut d {
+                dup.guarded = true;
+            }
         }
         Expect::Answer(d)
     }

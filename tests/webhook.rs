@@ -2470,10 +2470,49 @@ async fn re_signed_duplicates_write_guards_at_the_rate_limits_pace() {
         let r = post_signed(&gw, &variant, ts, &[]).await;
         assert_eq!(r.status, 409, "{spaces}: {:?}", r.json());
     }
-    // The trade, its guard, and the one variant's guard the burst had left room for.
+    // The trade, its guard, and the two variants' guards the burst let through.
     let (_, status) = gw.admin("GET", "/status").await;
-    assert_eq!(status["live_keys"], 3, "{status}");
+    assert_eq!(status["live_keys"], 4, "{status}");
     assert_eq!(exec.calls(), 1);
+}
+
+/// The guard pace is charged only for a guard written on a 409: not by the trade's own
+/// request, nor by a resend that finds its guard. Charged by every signed request, a
+/// replay by anyone who captured one (here the trade's) spent it, or the trade itself did
+/// (burst 1), and the sender's re-signed retry was turned away unguarded: replayed once
+/// the trade's key was gone, it was a second order.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn the_guard_pace_is_spent_only_by_guards_written() {
+    for (rate, burst, replayed) in [(0.01, 2, true), (1.0, 1, false)] {
+        let (exec, _setup, gw) = with_mock_configured(|setup| {
+            setup
+                .set("store", "ttl", "4s")
+                .set("limits", "rate_per_s", rate)
+                .set("limits", "burst", burst);
+        })
+        .await;
+        let (_, body) = without_api_key("ADAUSDT");
+        let signed_at = unix_now_s();
+        assert_eq!(post_signed(&gw, &body, signed_at, KEYED).await.status, 200);
+        if replayed {
+            // A captured copy, sent again byte for byte: caught, and it spends nothing.
+            assert_eq!(post_signed(&gw, &body, signed_at, KEYED).await.status, 409);
+        }
+        // The sender's own retry, signed anew: turned away, its guard written.
+        let r = post_signed(&gw, &body, signed_at + 1, KEYED).await;
+        assert_eq!(r.status, 409);
+        let trade_key = r.json()["key"].as_str().unwrap().to_string();
+        wait_gone(&gw, &trade_key).await;
+        // That retry replayed once the trade's key is gone: its guard holds it.
+        let r = post_signed(&gw, &body, signed_at + 1, KEYED).await;
+        assert_eq!(
+            r.status,
+            409,
+            "{rate}/{burst}: the retry ran: {:?}",
+            r.json()
+        );
+        assert_eq!(exec.calls(), 1, "{rate}/{burst}");
+    }
 }
 
 #[test]

@@ -84,6 +84,15 @@ impl RateLimiter {
         }
     }
 
+    /// Whether `identity` has a token now, taking none: [`Self::check`] takes it once what
+    /// it pays for is known to be done.
+    pub fn has_token(&self, identity: &str, now: Instant) -> bool {
+        let buckets = self.buckets.lock().unwrap_or_else(|e| e.into_inner());
+        buckets
+            .get(identity)
+            .is_none_or(|b| self.refilled(b, now) >= 1.0)
+    }
+
     fn refilled(&self, b: &Bucket, now: Instant) -> f64 {
         let elapsed = now.saturating_duration_since(b.at).as_secs_f64();
         (b.tokens + elapsed * self.rate).min(self.burst)

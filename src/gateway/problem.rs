@@ -593,6 +593,7 @@ mod tests {
             response: None,
             seq: 3,
             follows: None,
+            guarded: false,
         };
         assert_eq!(
             Problem::duplicate(&d, order_state(d.state, false)),

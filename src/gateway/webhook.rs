@@ -393,10 +393,15 @@ async fn pipeline(
     // can outlast the trade's key (a fingerprint matches for a minute).
     reserve.guard = authenticated.signature.map(|sig| {
         let mut g = guard(&sig, now, gw.mutex.deadline());
+        // Looked at, not taken: a token pays only for a guard written on a 409 (below).
+        // Taken here, the trade's own request, a resend finding its guard, or a replay
+        // by anyone who captured one signed request, spent it, and the sender's own
+        // re-signed retry then went unguarded: replayed once the trade's key was gone,
+        // it was placed again.
         g.when_turned_away = gw
             .guard_limiter
             .as_ref()
-            .is_none_or(|l| l.check(&client, Instant::now()).is_ok());
+            .is_none_or(|l| l.has_token(&client, Instant::now()));
         g
     });
     let key = reserve.key.clone();
@@ -456,6 +461,13 @@ async fn pipeline(
             // This request's own mark: it places nothing.
             drop(out);
             gw.metrics.duplicate();
+            if d.guarded
+                && let Some(l) = &gw.guard_limiter
+            {
+                // Its guard was written: the pace is charged. Two at once may both have
+                // seen the last token, one guard then unpaid: bounded by what is in flight.
+                let _ = l.check(&client, Instant::now());
+            }
             if gw.duplicate_response == DuplicateResponse::Replay
                 && let Some(snap) = d.response
             {

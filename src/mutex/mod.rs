@@ -106,8 +106,9 @@ pub struct Guard {
     pub ttl: Duration,
     /// Written too when the trade's key turns the request away (409), as the owner's
     /// `turned_away` says why. False when its sender may write no more such guards now
-    /// (`webhook::Gateway::guard_limiter`): that 409 goes out unguarded, as at capacity. A
-    /// request that proceeds writes its guard whatever this says.
+    /// (`webhook::Gateway::guard_limiter` has no token for it): that 409 goes out
+    /// unguarded, as at capacity. A request that proceeds writes its guard whatever this
+    /// says, and one that finds its guard (a resend) writes nothing.
     pub when_turned_away: bool,
 }
 
@@ -204,6 +205,9 @@ pub struct Duplicate {
     pub seq: u64,
     /// As [`EntryInfo::follows`], for a duplicate a follower guard caught.
     pub follows: Option<(Key, u64)>,
+    /// This request's own signature guard was written now (`Guard::when_turned_away`):
+    /// what its sender's guard pace is charged for, and nothing else.
+    pub guarded: bool,
 }
 
 /// Why the mutex refused. Every variant means: do not forward the trade.

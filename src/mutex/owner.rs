@@ -873,7 +873,7 @@ impl Owner {
     fn turned_away(
         &mut self,
         req: &Reserve,
-        d: Decision,
+        mut d: Decision,
         (holder_key, holder, state): (Key, u64, State),
         w: &mut Batch,
         now: (u64, u64),
@@ -905,6 +905,9 @@ impl Owner {
                 .push(guard);
         } else {
             self.commit(&guard, None, w, now)?;
+        }
+        if let Decision::Duplicate(dup) = &mut d {
+            dup.guarded = true;
         }
         Ok(d)
     }
@@ -1669,6 +1672,7 @@ fn duplicate(key: &Key, l: &Live, now: (u64, u64)) -> Duplicate {
         response: None,
         seq: l.seq,
         follows: None,
+        guarded: false,
     }
 }
 
