@@ -578,8 +578,7 @@ async fn a_disk_gone_mid_run_is_not_replaced_by_an_empty_database() {
     let exec = MockExecutor::start().await;
     let setup = Setup::new(Some(&exec.url()));
     let state = setup.dir.path().join("state");
-    let backing = tempfile::tempdir().unwrap();
-    let disk = EioMount::new(&state, backing.path());
+    let (backing, disk) = failing_state(&setup);
     let gw = setup.start();
     gw.wait_ready().await;
     assert_eq!(gw.post(&keyed("gone"), &[]).await.status, 200);
@@ -604,12 +603,10 @@ async fn a_disk_gone_mid_run_is_not_replaced_by_an_empty_database() {
 /// A clean stop after it exits 0.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_stop_that_cannot_close_the_database_says_so_and_exits_74() {
-    use eiofs::{EioMount, Fault};
+    use eiofs::Fault;
     let exec = MockExecutor::start().await;
     let setup = Setup::new(Some(&exec.url()));
-    let state = setup.dir.path().join("state");
-    let backing = tempfile::tempdir().unwrap();
-    let disk = EioMount::new(&state, backing.path());
+    let (_backing, disk) = failing_state(&setup);
     for (key, why) in [
         ("at-the-stop", "(final checkpoint: "),
         ("failing", "(failing closed: "),
@@ -772,11 +769,10 @@ async fn wait_logged(gw: &Gateway, needle: &str, times: usize) {
 /// gateway: the kernel refuses it with EBUSY while files are open for writing.)
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn disk_io_errors_mid_run() {
-    use eiofs::{EioMount, Fault};
+    use eiofs::Fault;
     let exec = MockExecutor::start().await;
     let setup = Setup::new(Some(&exec.url()));
-    let backing = tempfile::tempdir().unwrap();
-    let disk = EioMount::new(&setup.dir.path().join("state"), backing.path());
+    let (_backing, disk) = failing_state(&setup);
     let gw = setup.start();
     gw.wait_ready().await;
     assert_eq!(gw.post(&keyed("eio-0"), &[]).await.status, 200);
@@ -975,6 +971,14 @@ async fn a_power_cut_loses_no_key_that_got_a_2xx() {
 
 /// The folder a volatile disk keeps its synced writes in, and the disk, which takes O_DIRECT
 /// or not, mounted on `setup`'s state folder. Dropped in the other order: the disk first.
+/// The setup's state folder on a disk that fails on command (`eiofs`), its files kept in
+/// the returned folder.
+fn failing_state(setup: &Setup) -> (tempfile::TempDir, eiofs::EioMount) {
+    let backing = tempfile::tempdir().unwrap();
+    let disk = eiofs::EioMount::new(&setup.dir.path().join("state"), backing.path());
+    (backing, disk)
+}
+
 fn volatile_state(setup: &Setup, direct_io: bool) -> (tempfile::TempDir, eiofs::EioMount) {
     let backing = tempfile::tempdir().unwrap();
     let disk = eiofs::EioMount::new_volatile(&setup.dir.path().join("state"), backing.path());

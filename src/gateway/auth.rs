@@ -463,8 +463,11 @@ mod tests {
     const NOW: i64 = 1_800_000_000;
     const BODY: &[u8] = br#"{"exchange":"binance","quantity":1}"#;
 
+    /// Secrets as a secrets file's lines give them: `@NAME SECRET` names its client.
     fn secrets(s: &[&str]) -> Vec<Secret> {
-        s.iter().map(|s| Secret::new(s.as_bytes())).collect()
+        s.iter()
+            .map(|l| Secret::parse_line(l.as_bytes()).unwrap())
+            .collect()
     }
 
     fn auth(
@@ -603,28 +606,20 @@ mod tests {
     /// that keeps its name, one taken out and one added are not.
     #[test]
     fn a_secret_kept_under_another_name_is_renamed() {
-        let named = |lines: &[&str]| {
-            lines
-                .iter()
-                .map(|l| Secret::parse_line(l.as_bytes()).unwrap())
-                .collect::<Vec<_>>()
-        };
-        let before = Authenticator::new(
-            named(&["key-a", "@desk-b key-b"]),
-            named(&["@desk-c hmac-c", "hmac-gone"]),
-            vec![],
+        let before = auth(
+            &["key-a", "@desk-b key-b"],
+            &["@desk-c hmac-c", "hmac-gone"],
+            &[],
             false,
-            vec![],
-        )
-        .unwrap();
-        let after = Authenticator::new(
-            named(&["@desk-a key-a", "@desk-b key-b"]),
-            named(&["@desk-c2 hmac-c", "@desk-d hmac-new"]),
-            vec![],
+            &[],
+        );
+        let after = auth(
+            &["@desk-a key-a", "@desk-b key-b"],
+            &["@desk-c2 hmac-c", "@desk-d hmac-new"],
+            &[],
             false,
-            vec![],
-        )
-        .unwrap();
+            &[],
+        );
         let pair = |a: &str, b: &str| (a.to_string(), b.to_string());
         assert_eq!(
             before.renamed(&after),
@@ -852,17 +847,13 @@ mod tests {
     /// whichever method carried it; two clients' credentials on one request are refused.
     #[test]
     fn a_secret_that_names_its_client_gives_it_its_own_namespace() {
-        let line = |l: &str| Secret::parse_line(l.as_bytes());
-        let labeled =
-            |v: Vec<&str>| -> Vec<Secret> { v.into_iter().map(|l| line(l).unwrap()).collect() };
-        let a = Authenticator::new(
-            labeled(vec!["@desk-a key-a", "key-shared"]),
-            labeled(vec!["@desk-a hmac-a", "@desk-b hmac-b"]),
-            labeled(vec!["@desk-b\ttok-b", "@desk-a tok-a"]),
+        let a = auth(
+            &["@desk-a key-a", "key-shared"],
+            &["@desk-a hmac-a", "@desk-b hmac-b"],
+            &["@desk-b\ttok-b", "@desk-a tok-a"],
             false,
-            vec![],
-        )
-        .unwrap();
+            &[],
+        );
         let id = |r: &Req| r.run(&a).map(|i| i.as_str().to_owned());
         let mut r = Req::new();
         r.api_key = Some("key-a");
@@ -894,6 +885,7 @@ mod tests {
         r.api_key = Some("key-shared");
         assert_eq!(id(&r), Err(AuthError::Invalid));
 
+        let line = |l: &str| Secret::parse_line(l.as_bytes());
         for bad in ["@", "@desk-a", "@desk-a   ", "@desk:a s", "@ s", "@dé s"] {
             assert!(line(bad).is_err(), "{bad:?}");
         }
