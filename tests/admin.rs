@@ -397,6 +397,18 @@ async fn a_command_past_the_connection_bound_is_refused_and_never_applied() {
     owner.stop();
 }
 
+/// What the face answers `request`, sent as written on a connection of its own.
+async fn raw_answer(listen: &impl std::fmt::Display, request: &str) -> String {
+    use tokio::io::{AsyncReadExt, AsyncWriteExt};
+    let mut tcp = tokio::net::TcpStream::connect(listen.to_string())
+        .await
+        .unwrap();
+    tcp.write_all(request.as_bytes()).await.unwrap();
+    let mut answer = String::new();
+    tcp.read_to_string(&mut answer).await.unwrap();
+    answer
+}
+
 #[tokio::test]
 async fn halt_is_persisted_and_readiness_follows_it() {
     let dir = tempfile::tempdir().unwrap();
@@ -415,20 +427,41 @@ async fn halt_is_persisted_and_readiness_follows_it() {
     assert_eq!(v["fail_closed"], Value::Null);
 
     // A browser's POST (it always carries Origin) is refused, and changes nothing.
-    let mut tcp = tokio::net::TcpStream::connect(a.listen.to_string())
-        .await
-        .unwrap();
-    use tokio::io::{AsyncReadExt, AsyncWriteExt};
-    tcp.write_all(
-        b"POST /halt HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://example.com\r\n\
-          Content-Length: 0\r\nConnection: close\r\n\r\n",
+    let answer = raw_answer(
+        &a.listen,
+        "POST /halt HTTP/1.1\r\nHost: 127.0.0.1\r\nOrigin: http://example.com\r\n\
+         Content-Length: 0\r\nConnection: close\r\n\r\n",
     )
-    .await
-    .unwrap();
-    let mut answer = String::new();
-    tcp.read_to_string(&mut answer).await.unwrap();
+    .await;
     assert!(answer.starts_with("HTTP/1.1 403"), "{answer}");
     assert!(!m.is_halted());
+    // Nor is what a web page's GETs ask, which it cannot read but which still cost the
+    // owner a turn each: a script's fetch (Origin), an image or a link's (Sec-Fetch-Site,
+    // from another site or this one's other port). An address typed into the browser, or
+    // a tool that sends neither, is the operator's.
+    for (headers, want) in [
+        ("Origin: http://evil.example\r\n", "403"),
+        (
+            "Sec-Fetch-Site: cross-site\r\nSec-Fetch-Mode: no-cors\r\n",
+            "403",
+        ),
+        ("Sec-Fetch-Site: same-site\r\n", "403"),
+        (
+            "Sec-Fetch-Site: none\r\nSec-Fetch-Mode: navigate\r\n",
+            "200",
+        ),
+        ("Sec-Fetch-Site: same-origin\r\n", "200"),
+        ("", "200"),
+    ] {
+        let request = format!(
+            "GET /keys?limit=10000 HTTP/1.1\r\nHost: 127.0.0.1\r\n{headers}Connection: close\r\n\r\n"
+        );
+        let answer = raw_answer(&a.listen, &request).await;
+        assert!(
+            answer.starts_with(&format!("HTTP/1.1 {want}")),
+            "{headers}: {answer}"
+        );
+    }
     // A page whose name was rebound to 127.0.0.1 reads nothing either: its Host is its
     // own name. An address or localhost, with or without a port, is an operator's.
     for (host, want) in [
@@ -440,13 +473,8 @@ async fn halt_is_persisted_and_readiness_follows_it() {
         ("[::1]:9980", "200"),
         ("::1", "200"),
     ] {
-        let mut tcp = tokio::net::TcpStream::connect(a.listen.to_string())
-            .await
-            .unwrap();
         let request = format!("GET /keys HTTP/1.1\r\nHost: {host}\r\nConnection: close\r\n\r\n");
-        tcp.write_all(request.as_bytes()).await.unwrap();
-        let mut answer = String::new();
-        tcp.read_to_string(&mut answer).await.unwrap();
+        let answer = raw_answer(&a.listen, &request).await;
         assert!(
             answer.starts_with(&format!("HTTP/1.1 {want}")),
             "{host}: {answer}"

@@ -12,7 +12,7 @@
 //! | `GET /status`              | `{live_keys, halted, serving, fail_closed, detail, ready, orders_in_flight, restart_pending, version}`|
 //! | `GET /keys?limit=N`        | `{keys: [entry], truncated}`, by wall clock expiry, oldest first |
 //! | `GET /keys/{key}`          | one entry, 404 if no live entry                             |
-//! | `POST /keys/{key}/release?entry=TAG` | operator release of the entry `keys show` gave (TAG), as it was seen; 400 without one; 404 no live entry; 409 `ORDER_IN_FLIGHT` (`&force=1` overrides) or `KEY_CHANGED` (settled, taken again, or reloaded, meanwhile) |
+//! | `POST /keys/{key}/release?entry=TAG` | `{key, released, in_flight}`: operator release of the entry `keys show` gave (TAG), as it was seen; 400 without one; 404 no live entry; 409 `ORDER_IN_FLIGHT` (`&force=1` overrides) or `KEY_CHANGED` (settled, taken again, or reloaded, meanwhile) |
 //! | `POST /halt`, `/resume`    | the kill switch, persisted by the mutex                     |
 //!
 //! `{key}` is the stored key, percent-encoded as [`client::encode_key`] does.
@@ -440,13 +440,16 @@ async fn route(state: &State, req: Request<Incoming>) -> Answer {
             "the Host header must be localhost or an IP address",
         );
     }
-    // A browser on this host could otherwise POST here from any web page (halt, resume,
-    // release): browsers always send Origin with a POST, operator tools never do.
-    if allowed == Method::POST && req.headers().contains_key(hyper::header::ORIGIN) {
+    // A browser on this host could otherwise send here what any web page asks: a POST
+    // (halt, resume, release), or GETs it cannot read but that still cost the owner a
+    // turn each (`/keys?limit=10000`, in a loop). Browsers send Origin with every POST
+    // and with a script's fetch, and `Sec-Fetch-Site` with every request; operator tools
+    // send neither. An address typed into the browser (`none`) is the operator's own.
+    if from_a_web_page(req.headers()) {
         return problem(
             StatusCode::FORBIDDEN,
             "FORBIDDEN",
-            "requests from a browser are refused",
+            "requests from a web page are refused",
         );
     }
     match route {
@@ -460,6 +463,15 @@ async fn route(state: &State, req: Request<Incoming>) -> Answer {
         Route::Halt(on) => halt(state, on).await,
         Route::Stall => stall(state, req.uri().query().unwrap_or("")),
     }
+}
+
+/// Whether a browser sent the request for a web page: it carries `Origin`, or a
+/// `Sec-Fetch-Site` other than `none` (typed into the address bar) or `same-origin` (a
+/// page of this face's own, which serves none).
+fn from_a_web_page(headers: &hyper::HeaderMap) -> bool {
+    let site = headers.get("sec-fetch-site").map(|v| v.as_bytes());
+    headers.contains_key(hyper::header::ORIGIN)
+        || site.is_some_and(|s| s != b"none" && s != b"same-origin")
 }
 
 /// Whether `Host` names this machine as only it can be named: `localhost`, or an IP
@@ -687,8 +699,17 @@ async fn release(state: &State, raw: &str, query: &str) -> Answer {
         .await
     {
         Ok(Released::Yes) => {
-            log::warn!("operator released key {key}");
-            ok(json!({"key": key.as_str(), "released": true}))
+            // The one record of an operator letting a retry through beside an order that
+            // may fill: it says so, and names the entry they judged.
+            if out {
+                log::warn!(
+                    "operator released key {key} by force (entry {entry}) while its order \
+                     was at the executor: a retry may be placed beside it"
+                );
+            } else {
+                log::warn!("operator released key {key} (entry {entry})");
+            }
+            ok(json!({"key": key.as_str(), "released": true, "in_flight": out}))
         }
         Ok(Released::NotFound) => not_found(),
         Ok(Released::Changed) => key_changed(),
