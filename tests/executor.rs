@@ -395,6 +395,35 @@ async fn a_2xx_ended_by_a_close_that_is_not_json_is_unknown() {
             b"HTTP/1.1 200 OK\r\ncontent-length: 32\r\n\r\n{\"success\":false,\"success\":true}",
             Is::Unknown,
         ),
+        // Whole JSON, but the fill is named as Go's encoding/json and .NET write an
+        // untagged field; or Python's str(dict), no JSON at all.
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 32\r\n\r\n{\"Success\":true,\"OrderID\":\"m-1\"}",
+            Is::Unknown,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 33\r\n\r\n{'success': True, 'orderId': 'x'}",
+            Is::Unknown,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 32\r\n\r\n{\"success\":false,\"Success\":true}",
+            Is::SoftFail,
+        ),
+        // Neither a fill nor a refusal: a 101 (hyper hands it back as the answer; the
+        // gateway asked for no upgrade), a 303 (a POST processed, its result elsewhere).
+        // Any other redirect is a refusal: the order was not taken there.
+        (
+            b"HTTP/1.1 101 Switching Protocols\r\nconnection: upgrade\r\nupgrade: x\r\n\r\n{\"success\":true}",
+            Is::Unknown,
+        ),
+        (
+            b"HTTP/1.1 303 See Other\r\nlocation: /orders/1\r\ncontent-length: 0\r\n\r\n",
+            Is::Unknown,
+        ),
+        (
+            b"HTTP/1.1 307 Temporary Redirect\r\nlocation: /v2/orders\r\ncontent-length: 0\r\n\r\n",
+            Is::Failed,
+        ),
         // Cut in its byte order mark.
         (
             b"HTTP/1.1 200 OK\r\ncontent-length: 2\r\n\r\n\xef\xbb",

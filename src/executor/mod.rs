@@ -36,7 +36,7 @@ pub enum Outcome {
     /// the unparsable answers that may be a fill's, cut short or saying `"success": true`:
     /// `http::HttpExecutor::execute`.)
     SoftFail { status: u16, body: Bytes },
-    /// Non-2xx: release.
+    /// Non-2xx but 1xx and 303 (`classify`): release.
     Failed { status: u16, body: Bytes },
     /// Nothing was sent (connect, DNS, refused): release.
     NotSent(String),
@@ -70,6 +70,15 @@ impl Outcome {
 
 /// The outcome rule of SPEC §4 for an executor that answered, in one place for every executor.
 pub fn classify(status: u16, body: Bytes) -> Outcome {
+    // Two statuses say nothing of a refusal: an interim one given as the answer (a `101`,
+    // which only answers an `Upgrade` the gateway never sends), and `303 See Other`,
+    // what a server answers a POST it has processed (RFC 9110 §15.4.4: the result is
+    // elsewhere). Either order may have filled; released, its retry was placed again.
+    if (100..200).contains(&status) || status == 303 {
+        return Outcome::Unknown(format!(
+            "answer {status}, which neither fills nor refuses an order: it may have filled"
+        ));
+    }
     if !is_2xx(status) {
         return Outcome::Failed { status, body };
     }
@@ -138,28 +147,51 @@ pub fn is_cut_json(body: &[u8]) -> bool {
     text.iter().any(|b| !b.is_ascii_whitespace()) && (ends_early(text) || in_a_number())
 }
 
-/// Whether `body`, an answer serde cannot read whole, says `"success": true` anywhere: a
-/// fill's answer that a JSON parser refuses. Python's `json.dumps` writes `NaN` for a
-/// price pandas could not compute; JSON made by formatting strings has raw tabs, `\` in
-/// paths, trailing commas; a second document or NDJSON follows the first; a key comes
-/// twice (JavaScript and Python read the last). Read as unparsable, each was released and
-/// its retry placed again. A parser cannot see past its error, so the text is searched:
-/// `"success"`, a colon and `true`, blanks allowed between. An answer `classify` reads
-/// whole is left to SPEC's rule there, where only a top-level `true` is a fill.
+/// Whether `body`, a 2xx that SPEC's rule (`classify`) does not read as a fill, may be
+/// a fill's answer all the same:
+/// - read whole, it has no `success` but a member of that name in other letter case that
+///   is `true`: `{"Success":true}` is what Go's `encoding/json` and .NET write for a field
+///   without a JSON name (and read back, whatever the case);
+/// - serde cannot read it whole, and its text says `success`, a colon and `true`, in any
+///   letter case, the name in double or single quotes. Python's `json.dumps` writes `NaN`
+///   for a price pandas could not compute, `str(dict)` writes `{'success': True}`; JSON
+///   made by formatting strings has raw tabs, `\` in paths, trailing commas; a second
+///   document or NDJSON follows the first; a key comes twice (JavaScript and Python read
+///   the last). A parser cannot see past its error, so the text is searched.
+///
+/// Read as a soft-fail, each was released and its retry placed again.
 pub fn may_be_a_fill(body: &[u8]) -> bool {
-    const KEY: &[u8] = b"\"success\"";
     let text = json_text(body);
-    serde_json::from_slice::<Verdict>(text).is_err()
-        && text
-            .windows(KEY.len())
-            .enumerate()
-            .filter(|(_, w)| *w == KEY)
-            .any(|(at, _)| {
-                let after = text[at + KEY.len()..].trim_ascii_start();
-                after
-                    .strip_prefix(b":")
-                    .is_some_and(|v| v.trim_ascii_start().starts_with(b"true"))
-            })
+    match serde_json::from_slice::<Verdict>(text) {
+        Ok(v) if v.success.is_none() => serde_json::from_slice::<
+            serde_json::Map<String, serde_json::Value>,
+        >(text)
+        .is_ok_and(|members| {
+            members
+                .iter()
+                .any(|(name, value)| name.eq_ignore_ascii_case("success") && *value == true)
+        }),
+        Ok(_) => false,
+        Err(_) => says_success_true(text),
+    }
+}
+
+/// Whether `text` says `"success"` (or `'success'`, any letter case), a colon and `true`
+/// (any letter case), blanks allowed between.
+fn says_success_true(text: &[u8]) -> bool {
+    const NAME: &[u8] = b"success";
+    text.windows(NAME.len() + 2).enumerate().any(|(at, w)| {
+        let (open, close) = (w[0], w[w.len() - 1]);
+        let quoted = open == close && matches!(open, b'"' | b'\'');
+        if !quoted || !w[1..=NAME.len()].eq_ignore_ascii_case(NAME) {
+            return false;
+        }
+        text[at + w.len()..]
+            .trim_ascii_start()
+            .strip_prefix(b":")
+            .map(|v| v.trim_ascii_start())
+            .is_some_and(|v| v.len() >= 4 && v[..4].eq_ignore_ascii_case(b"true"))
+    })
 }
 
 fn is_2xx(status: u16) -> bool {
@@ -252,10 +284,11 @@ mod tests {
         }
     }
 
-    /// An answer a JSON parser refuses that says `"success": true` may be a fill's; one
-    /// that does not say it, or a whole JSON document (SPEC's rule), is not.
+    /// An answer a JSON parser refuses that says `"success": true` (in any letter case,
+    /// in single quotes too) may be a fill's, as may a whole one without `success` whose
+    /// `Success` is `true`; one that does not say it, or whose `success` says no, is not.
     #[test]
-    fn an_unparsable_answer_that_says_success_true_may_be_a_fill() {
+    fn an_answer_that_says_success_true_as_spec_does_not_read_it_may_be_a_fill() {
         for says in [
             "{\"success\":true} {\"",
             "{\"success\":true}\n{\"status\":\"filled\"}\n",
@@ -269,6 +302,11 @@ mod tests {
             "{/* filled */ \"success\":true}",
             "{\"success\":false,\"success\":true}",
             "{\"success\":true,\"success\":false}",
+            // Go's encoding/json and .NET, a field without a JSON name; Python's str(dict).
+            "{\"Success\":true,\"OrderID\":\"m-1\"}",
+            "{\"SUCCESS\": true}",
+            "{'success': True, 'orderId': 'x'}",
+            "{\"success\":TRUE,}",
         ] {
             assert!(may_be_a_fill(says.as_bytes()), "{says:?}");
         }
@@ -279,6 +317,13 @@ mod tests {
             "{\"success\":false} x",
             "{\"success\":\"true\"} x",
             "{\"ok\":true}\n{}",
+            // `success` itself says no; `Success` nested, or false; another name.
+            "{\"success\":false,\"Success\":true}",
+            "{\"data\":{\"Success\":true}}",
+            "{\"Success\":false}",
+            "{\"Success\":\"true\"}",
+            "{\"successful\":true} x",
+            "{'success': False} x",
             "hello",
             "",
         ] {
@@ -310,15 +355,20 @@ mod tests {
             (200, "\u{feff}{\"success\":false}", "soft_fail"),
             (200, "\u{feff}\u{feff}{\"success\":true}", "soft_fail"),
             (204, "", "soft_fail"),
-            (199, r#"{"success":true}"#, "failed"),
+            (199, r#"{"success":true}"#, "unknown"),
+            (101, "", "unknown"),
+            (303, "", "unknown"),
             (300, r#"{"success":true}"#, "failed"),
+            (302, "", "failed"),
+            (307, "", "failed"),
             (400, r#"{"success":false}"#, "failed"),
             (500, r#"{"success":true}"#, "failed"),
         ];
         for (status, body, want) in cases {
             let got = classify(*status, Bytes::from_static(body.as_bytes()));
             assert_eq!(kind(&got), *want, "{status} {body}");
-            assert_eq!(got.status(), Some(*status));
+            let status = (*want != "unknown").then_some(*status);
+            assert_eq!(got.status(), status);
         }
     }
 
