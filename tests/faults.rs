@@ -846,25 +846,7 @@ async fn disk_io_errors_mid_run() {
 async fn a_clock_set_by_ntp_between_a_crash_and_the_restart_frees_no_key() {
     let exec = MockExecutor::start().await;
     let setup = Setup::new(Some(&exec.url()));
-    let shim = setup.dir.path().join("libwallshift.so");
-    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/wallshift.c");
-    sh(
-        "cc",
-        &[
-            "-shared",
-            "-fPIC",
-            "-O2",
-            "-o",
-            shim.to_str().unwrap(),
-            source,
-            "-ldl",
-        ],
-    );
-
-    let mut cmd = setup.command();
-    cmd.env("LD_PRELOAD", &shim)
-        .env("WALLSHIFT_SECONDS", "-3600");
-    let mut gw = Gateway::spawn(cmd, &setup.pki.ca_cert);
+    let mut gw = shifted(&setup, -3600);
     gw.wait_ready().await;
     let r = gw.post(&keyed("before-ntp"), &[]).await;
     assert_eq!(r.status, 200, "{:?}", r.json());
@@ -901,6 +883,58 @@ async fn a_clock_set_by_ntp_between_a_crash_and_the_restart_frees_no_key() {
         behind.abs_diff(3_600_000 + age) < 5_000,
         "stored {behind} ms ago, age {age} ms"
     );
+}
+
+/// The gateway of `setup`, its wall clock shifted by `seconds` through a preloaded shim
+/// (`support/wallshift.c`, built here with `cc`); its boot clock is the real one.
+fn shifted(setup: &Setup, seconds: i64) -> Gateway {
+    let shim = setup.dir.path().join("libwallshift.so");
+    let source = concat!(env!("CARGO_MANIFEST_DIR"), "/tests/support/wallshift.c");
+    sh(
+        "cc",
+        &[
+            "-shared",
+            "-fPIC",
+            "-O2",
+            "-o",
+            shim.to_str().unwrap(),
+            source,
+            "-ldl",
+        ],
+    );
+    let mut cmd = setup.command();
+    cmd.env("LD_PRELOAD", &shim)
+        .env("WALLSHIFT_SECONDS", seconds.to_string());
+    Gateway::spawn(cmd, &setup.pki.ca_cert)
+}
+
+/// The other way: a clock a year ahead (a bad time server, a clock set by hand) when a
+/// trade is taken, set right before the restart. The key is held for its TTL by its
+/// deadline on the boot clock, not for the year the wall clock says is left: held so,
+/// each key taken in that hour kept its place under `limits.capacity` for a year.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_key_taken_under_a_clock_a_year_ahead_is_free_after_its_ttl() {
+    let exec = MockExecutor::start().await;
+    let mut setup = Setup::new(Some(&exec.url()));
+    setup.set("store", "ttl", "5s");
+    let mut gw = shifted(&setup, 365 * 24 * 3600);
+    gw.wait_ready().await;
+    let r = gw.post(&keyed("ahead"), &[]).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    assert!(gw.terminate().success());
+
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let r = gw.post(&keyed("ahead"), &[]).await;
+    let v = r.json();
+    assert_eq!(r.status, 409, "{v}");
+    assert_eq!(code(&v), "DUPLICATE");
+    let left = v["expires_in_ms"].as_u64().unwrap();
+    assert!(left <= 5_000, "held {left} ms more");
+    tokio::time::sleep(Duration::from_millis(left + 100)).await;
+    let r = gw.post(&keyed("ahead"), &[]).await;
+    assert_eq!(r.status, 200, "{:?}", r.json());
+    assert_eq!(exec.calls(), 2);
 }
 
 /// The volatile disk itself: until a power cut a reader sees every write, and after it

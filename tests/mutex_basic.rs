@@ -254,6 +254,61 @@ fn a_wall_clock_stepped_forward_frees_no_key() {
     owner.stop();
 }
 
+/// A key taken while the wall clock was ahead (a year: a bad NTP server, a clock set by
+/// hand) is free when its TTL has run once the clock is set right, not a year later: a
+/// wall clock behind the time a key was stored at says nothing of it, and the monotonic
+/// clock decides. Nor does a restart in the same boot hold it longer (its boot deadline),
+/// and one after its TTL purges it, so that it takes no place under the capacity.
+#[test]
+fn a_key_taken_while_the_wall_clock_was_ahead_is_held_its_ttl_once_the_clock_is_set() {
+    const YEAR: u64 = 365 * 24 * 3_600_000;
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let (clock, time) = Clock::manual(T0);
+    let (a, b) = (key("ahead-a"), key("ahead-b"));
+    time.step_wall_ms(YEAR);
+    let (m, owner) = start(&path, clock.clone());
+    rt().block_on(async {
+        granted(m.reserve(reserve(&a, 5_000, 1)).await);
+        granted(m.reserve(reserve(&b, 5_000, 1)).await);
+        time.step_wall_back_ms(YEAR);
+        time.advance_ms(1_000);
+        let d = duplicate(m.reserve(reserve(&a, 5_000, 1)).await);
+        assert_eq!(d.expires_in_ms, 4_000);
+        time.advance_ms(4_000);
+        granted(m.reserve(reserve(&a, 5_000, 2)).await);
+    });
+    owner.stop();
+    let (m, owner) = start(&path, clock.clone());
+    rt().block_on(async {
+        granted(m.reserve(reserve(&b, 5_000, 2)).await);
+        time.advance_ms(5_000);
+        m.ping().await.unwrap();
+        assert!(
+            m.list(10).await.unwrap().is_empty(),
+            "a key held past its TTL"
+        );
+    });
+    owner.stop();
+    // Taken ahead, then a restart within its TTL after the clock was set: held to its
+    // boot deadline, and free after it.
+    let c = key("ahead-c");
+    time.step_wall_ms(YEAR);
+    let (m, owner) = start(&path, clock.clone());
+    rt().block_on(async { granted(m.reserve(reserve(&c, 5_000, 1)).await) });
+    owner.stop();
+    time.step_wall_back_ms(YEAR);
+    time.advance_ms(2_000);
+    let (m, owner) = start(&path, clock.clone());
+    rt().block_on(async {
+        let d = duplicate(m.reserve(reserve(&c, 5_000, 1)).await);
+        assert_eq!(d.expires_in_ms, 3_000);
+        time.advance_ms(3_000);
+        granted(m.reserve(reserve(&c, 5_000, 2)).await);
+    });
+    owner.stop();
+}
+
 /// A stored response larger than `MAX_RESPONSE` (one a version before 0.2.27 kept) is not
 /// given back for a replay: read from the batch's record, from the records since the
 /// checkpoint, or, after a restart, from the database. One that fits is.
@@ -371,9 +426,10 @@ fn a_wall_clock_stepped_forward_frees_no_key_across_a_restart_in_the_same_boot()
 }
 
 /// After a reboot only the wall clock is left, and a box without a real-time clock may come
-/// back with it an hour behind (fake-hwclock's saved time): the wall clock then holds a
-/// key until it catches up, but the monotonic clock never more than its TTL, so once NTP
-/// sets the clock, the key is free when its TTL has run, not an hour later.
+/// back with it an hour behind (fake-hwclock's saved time): behind the time the key was
+/// stored at, it says nothing of the key, and the monotonic clock holds it its TTL from
+/// the start, never more; so it is free when that has run, whether NTP has set the clock
+/// by then or not, not an hour later.
 #[test]
 fn after_a_reboot_a_key_is_held_no_longer_than_its_ttl_by_the_monotonic_clock() {
     let dir = tempfile::tempdir().unwrap();
@@ -390,8 +446,10 @@ fn after_a_reboot_a_key_is_held_no_longer_than_its_ttl_by_the_monotonic_clock() 
     let (m, owner) = start(&path, clock);
     rt().block_on(async {
         let d = duplicate(m.reserve(reserve(&k, 300_000, 1)).await);
-        assert_eq!(d.expires_in_ms, 3_900_000, "by the wall");
+        assert_eq!(d.expires_in_ms, 300_000, "by the monotonic clock");
         time.step_wall_ms(3_600_000);
+        let d = duplicate(m.reserve(reserve(&k, 300_000, 1)).await);
+        assert_eq!(d.expires_in_ms, 300_000, "by both clocks");
         time.advance_ms(300_000);
         granted(m.reserve(reserve(&k, 300_000, 2)).await);
     });

@@ -106,13 +106,14 @@ struct Live {
 #[derive(Debug, Clone, Copy)]
 struct Due {
     mono: u64,
+    stored: u64,
     wall: u64,
 }
 
 impl Due {
     /// As `Live::live`: while either clock says so.
     fn live(&self, (now_wall, now_mono): (u64, u64)) -> bool {
-        self.wall > now_wall || self.mono > now_mono
+        store::wall_holds(self.stored, self.wall, now_wall) || self.mono > now_mono
     }
 }
 
@@ -130,14 +131,22 @@ impl Live {
 
     /// Live while either clock says so. Only the wall clock survives a reboot, so it is
     /// what the entry stores first; but a wall clock stepped forward (NTP, an operator, a
-    /// VM resumed) must not free a key early, and the monotonic clock is not stepped.
+    /// VM resumed) must not free a key early, and the monotonic clock is not stepped. A
+    /// wall clock behind the key's own `stored_at` says nothing of it (`store::wall_holds`).
     fn live(&self, (now_wall, now_mono): (u64, u64)) -> bool {
-        self.expires_at > now_wall || self.due_mono > now_mono
+        self.wall_holds(now_wall) || self.due_mono > now_mono
+    }
+
+    fn wall_holds(&self, now_wall: u64) -> bool {
+        store::wall_holds(self.stored_at, self.expires_at, now_wall)
     }
 
     /// How long until it is free: until both clocks say so (`live`).
     fn expires_in_ms(&self, (now_wall, now_mono): (u64, u64)) -> u64 {
-        let by_wall = self.expires_at.saturating_sub(now_wall);
+        let by_wall = match self.wall_holds(now_wall) {
+            true => self.expires_at - now_wall,
+            false => 0,
+        };
         by_wall.max(self.due_mono.saturating_sub(now_mono))
     }
 }
@@ -1163,10 +1172,13 @@ impl Owner {
                 // again with the same wall clock expiry (released, then reserved after a
                 // step back) must not delete the newer entry early.
                 Some(l) if l.expires_at == at && !l.live((now_wall, now_mono)) => expired.push(key),
-                // A clock says it lives: the wall clock is behind (stepped back), or the
-                // alarm is a stale one. Wait for both.
+                // A clock says it lives: the wall clock is behind (stepped back, not past
+                // the time the key was stored at), or the alarm is a stale one. Wait for both.
                 Some(l) if l.expires_at == at => {
-                    let wall_due = now_mono + at.saturating_sub(now_wall).min(BUCKET_MS);
+                    let wall_due = match l.wall_holds(now_wall) {
+                        true => now_mono + (at - now_wall).min(BUCKET_MS),
+                        false => now_mono,
+                    };
                     self.wheel.insert(wall_due.max(l.due_mono), (key, at));
                 }
                 _ => {}
@@ -1217,7 +1229,7 @@ impl Owner {
 
     /// Indexes an entry, due on the monotonic clock at `due`, or when the wall clock says
     /// if that is not known (an entry of another boot, or of an unknown one). Either way
-    /// the key stays live while its wall clock expiry is ahead (`Live::live`).
+    /// the key stays live while the wall clock holds it (`Live::live`).
     fn track(
         &mut self,
         seq: u64,
@@ -1457,6 +1469,7 @@ impl Owner {
             .extend(self.index.values().filter(|l| l.live(now)).map(|l| {
                 let due = Due {
                     mono: l.due_mono,
+                    stored: l.stored_at,
                     wall: l.expires_at,
                 };
                 (l.seq, due)
@@ -2262,7 +2275,8 @@ mod tests {
     }
 
     /// While failing closed the owner counts the keys it held when it failed, those the
-    /// wall clock alone still held (it was stepped back) included: read as none, they
+    /// wall clock alone still held (it was stepped back, not past the time the key was
+    /// stored at) included: read as none, they
     /// would invite the removal of the state files. And the kill switch it publishes is
     /// on if either the value applied or the one last written is: the failed batch's may
     /// or may not be on the disk.
@@ -2272,7 +2286,7 @@ mod tests {
         let (mut o, time) = owner_with_clock(dir.path());
         let k = trade_key("BTC");
         assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
-        time.step_wall_back_ms(3_600_000);
+        time.step_wall_back_ms(30_000);
         time.advance_ms(301_000);
         assert!(matches!(reserve(&mut o, &k), Decision::Duplicate(_)));
         assert_eq!(o.live_keys(), 1);
@@ -2345,12 +2359,22 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let (mut o, time, _) = failed_holding_a_key(dir.path(), true);
         assert_eq!(o.live_keys(), 1);
-        time.step_wall_back_ms(3_600_000);
+        time.step_wall_back_ms(30_000);
         time.advance_ms(301_000);
         o.fail(Unavailable::CommitFailed("the reopen failed".into()));
         assert_eq!(o.live_keys(), 1, "held by the wall clock alone");
-        time.advance_ms(3_600_000);
+        time.advance_ms(30_000);
         assert_eq!(o.live_keys(), 0, "expired by both clocks");
+        // Stepped back behind the time the key was stored at, the wall clock holds it no
+        // more: what it says of the key is off by the step.
+        let dir = tempfile::tempdir().unwrap();
+        let (mut o, time, _) = failed_holding_a_key(dir.path(), true);
+        time.advance_ms(299_000);
+        time.step_wall_back_ms(3_600_000);
+        assert_eq!(o.live_keys(), 1, "held by the monotonic clock");
+        o.fail(Unavailable::CommitFailed("the reopen failed".into()));
+        time.advance_ms(1_000);
+        assert_eq!(o.live_keys(), 0, "held by a wall clock behind its store");
     }
 
     /// A wall clock stepped forward while the owner fails closed frees no key at the
