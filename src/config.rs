@@ -895,8 +895,14 @@ impl Config {
             let token = String::from_utf8(first.expose().into()).ok()?;
             Some(format!("Authorization: Bearer {token}\n"))
         };
+        // Made again too when others may read it (a `chmod` by hand): the secret file
+        // itself is refused so, and this one holds the same secret.
+        let private = || {
+            use std::os::unix::fs::PermissionsExt;
+            std::fs::metadata(&header).is_ok_and(|m| m.permissions().mode() & 0o077 == 0)
+        };
         if let Some(bearer) = bearer()
-            && std::fs::read_to_string(&header).ok().as_ref() != Some(&bearer)
+            && (std::fs::read_to_string(&header).ok().as_ref() != Some(&bearer) || !private())
             && let Err(e) = write_private(&header, &bearer)
         {
             log::warn!("{}: {e}", header.display());
@@ -1893,6 +1899,13 @@ mod tests {
         Config::embedded(a.path()).unwrap();
         assert_eq!(std::fs::read_to_string(&header).unwrap(), bearer);
         assert_eq!(secret(a.path()), first);
+        // Left readable by others (a chmod by hand), it is made private again.
+        use std::os::unix::fs::PermissionsExt;
+        let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o777;
+        std::fs::set_permissions(&header, std::fs::Permissions::from_mode(0o644)).unwrap();
+        Config::embedded(a.path()).unwrap();
+        assert_eq!(mode(&header), 0o600);
+        assert_eq!(std::fs::read_to_string(&header).unwrap(), bearer);
         // A secret deleted for a new one: the header follows it.
         std::fs::remove_file(a.path().join("secrets/secret")).unwrap();
         Config::embedded(a.path()).unwrap();

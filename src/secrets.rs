@@ -132,17 +132,36 @@ pub fn load_secrets(path: &Path) -> Result<Vec<Secret>, SecretError> {
             path: path.to_owned(),
         });
     }
+    // An editor's encoding, read as bytes, made secrets anyone could send: a UTF-16 file
+    // (PowerShell 5's `>`) split into lines of a NUL each, a UTF-8 byte order mark became
+    // a secret of its own (a file "empty" but for it), or the start of one or of a
+    // comment. The mark is dropped; UTF-16, and a control character inside a line, are
+    // refused (a tab excepted: whitespace).
+    let text = text.strip_prefix("\u{feff}".as_bytes()).unwrap_or(&text);
+    let bad_at = |line, why| SecretError::Line {
+        path: path.to_owned(),
+        line,
+        why,
+    };
+    if text.starts_with(&[0xff, 0xfe]) || text.starts_with(&[0xfe, 0xff]) {
+        return Err(bad_at(
+            1,
+            "the file is saved as UTF-16 (its first bytes say so): save it as UTF-8",
+        ));
+    }
     let mut secrets: Vec<Secret> = Vec::new();
     for (n, line) in text.split(|&b| b == b'\n').enumerate() {
         let line = line.trim_ascii();
         if line.is_empty() || line.starts_with(b"#") {
             continue;
         }
-        let bad = |why| SecretError::Line {
-            path: path.to_owned(),
-            line: n + 1,
-            why,
-        };
+        let bad = |why| bad_at(n + 1, why);
+        if line.iter().any(|&b| b.is_ascii_control() && b != b'\t') {
+            return Err(bad(
+                "a control character (a NUL: a file saved as UTF-16? a CR alone: lines \
+                 ended as on a classic Mac?); secrets are text, one a line",
+            ));
+        }
         let secret = Secret::parse_line(line).map_err(bad)?;
         // One secret naming two clients: which namespace a request falls in would depend
         // on the order of the lines.
@@ -420,6 +439,65 @@ mod tests {
         let s = load_secrets(&p).unwrap();
         let got: Vec<&[u8]> = s.iter().map(Secret::expose).collect();
         assert_eq!(got, vec![&b"new-key"[..], b"old-key"]);
+    }
+
+    /// What an editor's encoding puts in a file is no secret: a UTF-8 byte order mark is
+    /// dropped (a file empty but for it holds none; one before a comment leaves it a
+    /// comment, before a secret leaves it that secret), and a UTF-16 file, or a control
+    /// character in a line, is refused, naming the line, never its text. Each was a
+    /// secret anyone could send: a NUL, the mark's three bytes, the comment's text.
+    #[test]
+    fn load_secrets_reads_text_as_an_editor_saved_it() {
+        let d = tempfile::tempdir().unwrap();
+        let at = |name: &str, bytes: &[u8]| {
+            let p = d.path().join(name);
+            std::fs::write(&p, bytes).unwrap();
+            std::fs::set_permissions(&p, std::fs::Permissions::from_mode(0o600)).unwrap();
+            load_secrets(&p)
+        };
+        let bom = "\u{feff}";
+        assert!(matches!(
+            at("bom-only", format!("{bom}\n").as_bytes()),
+            Err(SecretError::Empty { .. })
+        ));
+        assert!(matches!(
+            at("bom-comment", format!("{bom}# desk A\n").as_bytes()),
+            Err(SecretError::Empty { .. })
+        ));
+        let s = at("bom-secret", format!("{bom}real-secret\r\n").as_bytes()).unwrap();
+        assert_eq!(s[0].expose(), b"real-secret");
+        let s = at(
+            "bom-client",
+            format!("{bom}@desk-a real-secret\n").as_bytes(),
+        )
+        .unwrap();
+        assert_eq!(s[0].client(), Some("desk-a"));
+        // UTF-16 as PowerShell 5 and iconv write it, with its mark; and without one.
+        let utf16 = |mark: &[u8], text: &str| {
+            let mut b = mark.to_vec();
+            b.extend(text.encode_utf16().flat_map(u16::to_le_bytes));
+            b
+        };
+        for (name, bytes, line) in [
+            ("utf16", utf16(&[0xff, 0xfe], "my-real-secret\r\n"), 1),
+            ("utf16-bare", utf16(&[], "my-real-secret\r\n"), 1),
+            ("mac", b"mac-one\rmac-two\n".to_vec(), 1),
+            ("nul", b"# fine\nsec\0ret\n".to_vec(), 2),
+        ] {
+            let e = at(name, &bytes).unwrap_err();
+            assert!(
+                matches!(e, SecretError::Line { line: l, .. } if l == line),
+                "{name}: {e}"
+            );
+            let msg = e.to_string();
+            assert!(!msg.contains("real") && !msg.contains("mac-"), "{msg}");
+        }
+        // A tab is whitespace, inside a line too (`@NAME<TAB>SECRET`).
+        let s = at("tab", b"@desk-b\tsecret-b\n").unwrap();
+        assert_eq!(
+            (s[0].client(), s[0].expose()),
+            (Some("desk-b"), &b"secret-b"[..])
+        );
     }
 
     /// A bad client line is an error naming the file and the line, never the text; one

@@ -1338,6 +1338,34 @@ fn check_config(config: &std::path::Path) -> (Option<i32>, String) {
     )
 }
 
+/// A secrets file saved as UTF-16 (PowerShell 5's `>`) is a config error naming the key,
+/// the file and the encoding, from `check-config` and from `serve`: read as bytes it held
+/// one secret of a NUL, which any request could send, and not the one written in it.
+#[test]
+fn a_secrets_file_saved_as_utf16_is_refused() {
+    use std::os::unix::fs::PermissionsExt;
+    let setup = Setup::new(None);
+    let file = setup.dir.path().join("secrets/api-keys");
+    let mut utf16 = vec![0xff, 0xfe];
+    utf16.extend(
+        "my-real-secret\r\n"
+            .encode_utf16()
+            .flat_map(u16::to_le_bytes),
+    );
+    std::fs::write(&file, utf16).unwrap();
+    std::fs::set_permissions(&file, std::fs::Permissions::from_mode(0o600)).unwrap();
+    let config = setup.write_config();
+    let (code, err) = check_config(&config);
+    assert_eq!(code, Some(78), "{err}");
+    for said in ["auth.api_keys_file", "secrets/api-keys", "line 1", "UTF-16"] {
+        assert!(err.contains(said), "{said}: {err}");
+    }
+    let o = setup.command().output().unwrap();
+    let err = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(78), "{err}");
+    assert!(err.contains("UTF-16"), "{err}");
+}
+
 /// A `store.path` whose folder is not there passes (the gateway starts and fails closed
 /// until a late mount comes up), with a warning: a typo said ok refused every trade.
 #[test]
