@@ -143,7 +143,7 @@ impl Metrics {
         );
         registry.register(
             "connections_refused",
-            "Connections closed at once, over their address's share: server.max_connections_per_ip, or for an address outside limits.allow_ips one, and 16 for all such",
+            "Connections closed at once, over their address's share: server.max_connections_per_ip, or for an address outside limits.allow_ips one, and 16 for all such; and at server.max_connections, those closed in a TLS handshake that had taken over a second, to take one waiting",
             connections_refused.clone(),
         );
         // Families whose labels are known are created at zero, so that a rate() or an alert

@@ -1041,11 +1041,7 @@ async fn addresses_outside_the_allowlist_cannot_take_the_senders_places() {
     gw.wait_ready().await;
     let mut idle = Vec::new();
     for n in 2..22u8 {
-        let socket = tokio::net::TcpSocket::new_v4().unwrap();
-        socket
-            .bind(std::net::SocketAddr::from(([127, 0, 0, n], 0)))
-            .unwrap();
-        idle.push(socket.connect(gw.addr).await.unwrap());
+        idle.push(connect_from(n, gw.addr).await);
     }
     // 16 are held, in their handshakes; the other 4 are closed before theirs.
     gw.wait_logged("over 16 connections for the addresses outside limits.allow_ips");
@@ -1062,6 +1058,53 @@ async fn addresses_outside_the_allowlist_cannot_take_the_senders_places() {
         .await
         .expect("the allowed sender got no answer: its places were taken");
     assert_eq!(served.status, 200);
+}
+
+/// A TCP connection to `to` from 127.0.0.`n`: another address of this host, as a LAN
+/// host with many addresses has them.
+async fn connect_from(n: u8, to: std::net::SocketAddr) -> tokio::net::TcpStream {
+    let socket = tokio::net::TcpSocket::new_v4().unwrap();
+    socket
+        .bind(std::net::SocketAddr::from(([127, 0, 0, n], 0)))
+        .unwrap();
+    socket.connect(to).await.unwrap()
+}
+
+/// At `server.max_connections`, connections that take a place and say nothing (each from
+/// an address within its share, reconnecting as each is closed) give their places up to a
+/// connection waiting in the backlog, the oldest first, once stalled for a second: the
+/// sender's trade is answered. The gateway stopped accepting at the cap, and the sender's
+/// connection waited in the backlog for their `handshake_timeout`, or for ever while they
+/// went on.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn stalled_handshakes_give_their_places_to_a_waiting_sender() {
+    use tokio::io::AsyncReadExt;
+    let mut setup = Setup::new(None);
+    setup
+        .set("server", "max_connections", 4)
+        .set("server", "handshake_timeout", "60s");
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let mut idle = Vec::new();
+    for n in 2..6u8 {
+        idle.push(connect_from(n, gw.addr).await);
+        // Each older than the next, so that which goes first is known.
+        tokio::time::sleep(Duration::from_millis(50)).await;
+    }
+    let served = tokio::time::timeout(Duration::from_secs(20), gw.post(&trade("BTCUSDT"), &[]))
+        .await
+        .expect("the sender got no answer: its connection waited behind the stalled ones");
+    assert_eq!(served.status, 200);
+    gw.wait_logged("closed 1 connection(s) whose TLS handshake had taken over 1s");
+    // The oldest was closed for it, and only that one.
+    let mut closed = Vec::new();
+    for tcp in &mut idle {
+        let mut byte = [0u8; 1];
+        let read = tokio::time::timeout(Duration::from_millis(200), tcp.read(&mut byte)).await;
+        closed.push(matches!(read, Ok(Ok(0) | Err(_))));
+    }
+    assert_eq!(closed, [true, false, false, false]);
+    assert_eq!(connections_refused(&gw).await, 1);
 }
 
 /// A sender that names its key as other APIs do (`X-Idempotency-Key`, a body's

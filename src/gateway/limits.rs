@@ -1,12 +1,14 @@
-//! The cheap gates around the mutex: a per-identity rate limit, the IP allowlist, and a
-//! cap on the connections one address may hold.
+//! The cheap gates around the mutex: a per-identity rate limit, the IP allowlist, a cap
+//! on the connections one address may hold, and the stalled handshakes that give their
+//! places up at the connection cap.
 
-use std::collections::HashMap;
+use std::collections::{BTreeMap, HashMap};
 use std::net::IpAddr;
 use std::sync::{Arc, Mutex, PoisonError};
 use std::time::{Duration, Instant};
 
 use ipnet::IpNet;
+use tokio_util::sync::CancellationToken;
 
 /// Most identities tracked at once. Identities are authenticated (a shared secret or a
 /// certificate's name), so this is far beyond any real fleet; it only bounds memory.
@@ -212,6 +214,80 @@ impl Drop for IpSlot {
                 held.remove(&self.ip);
             }
         }
+    }
+}
+
+/// How long a TLS handshake may take before, at the connection cap, it gives its place to
+/// a connection waiting in the backlog: one on the LAN takes milliseconds, so one that
+/// has said nothing for a second is a scan, a client that went away, or a flood.
+pub const STALLED_HANDSHAKE: Duration = Duration::from_secs(1);
+
+/// The connections still in their TLS handshake, oldest first. At the connection cap the
+/// accept loop stops accepting; a connection that takes a place and says nothing held it
+/// for the whole `handshake_timeout`, so addresses that each keep within their share,
+/// reconnecting as each is closed, held every place and left the signal engine's
+/// connection in the backlog for as long as they went on. At the cap, the oldest stalled
+/// one is closed instead, one at a time, as the loop needs a place.
+#[derive(Debug, Default)]
+pub struct Handshakes {
+    open: Mutex<BTreeMap<u64, (Instant, CancellationToken)>>,
+}
+
+/// One connection's entry among the handshakes, taken out when dropped (its handshake
+/// ended, whichever way).
+#[derive(Debug)]
+pub struct InHandshake {
+    handshakes: Arc<Handshakes>,
+    id: u64,
+}
+
+/// What [`Handshakes::close_stalled`] did.
+#[derive(Debug, PartialEq, Eq)]
+pub enum Stalled {
+    /// Closed the oldest: its place comes back as its task ends.
+    Closed,
+    /// The oldest stalls in this long.
+    In(Duration),
+    /// No connection is in its handshake.
+    None,
+}
+
+impl Handshakes {
+    /// Enters connection `id` (the accept loop's count), begun now; cancelling the token
+    /// ends its handshake.
+    pub fn enter(self: &Arc<Self>, id: u64, stop: CancellationToken) -> InHandshake {
+        self.lock().insert(id, (Instant::now(), stop));
+        InHandshake {
+            handshakes: self.clone(),
+            id,
+        }
+    }
+
+    /// Closes the oldest handshake if it has taken [`STALLED_HANDSHAKE`] or longer.
+    pub fn close_stalled(&self) -> Stalled {
+        let mut open = self.lock();
+        let Some(entry) = open.first_entry() else {
+            return Stalled::None;
+        };
+        let (began, stop) = entry.get();
+        let left = STALLED_HANDSHAKE.saturating_sub(began.elapsed());
+        if !left.is_zero() {
+            return Stalled::In(left);
+        }
+        stop.cancel();
+        entry.remove();
+        Stalled::Closed
+    }
+
+    fn lock(&self) -> std::sync::MutexGuard<'_, BTreeMap<u64, (Instant, CancellationToken)>> {
+        // Each change is one insert or remove: a poisoned lock still guards a whole map.
+        self.open.lock().unwrap_or_else(PoisonError::into_inner)
+    }
+}
+
+impl Drop for InHandshake {
+    fn drop(&mut self) {
+        self.handshakes.lock().remove(&self.id);
     }
 }
 

@@ -26,7 +26,7 @@ use tokio_util::sync::CancellationToken;
 use tokio_util::task::TaskTracker;
 
 use crate::platform::log::Throttled;
-use limits::PerIp;
+use limits::{Handshakes, PerIp, Stalled};
 pub use webhook::{Gateway, Peer};
 
 /// Requests in flight on one HTTP/2 connection.
@@ -76,6 +76,9 @@ enum Flood {
     /// be told apart, so neither is served (the handshake succeeded, and only this says
     /// why every request then fails).
     Nameless,
+    /// A connection closed in a handshake that had stalled, to give its place at the
+    /// connection cap to one waiting (`limits::Handshakes`).
+    Stalled,
     /// A handshake the TLS layer refused: plain HTTP on the TLS port, a sender that does
     /// not trust the gateway's certificate, a client certificate `client_ca` did not issue.
     /// A client that closes before its hello (a TCP health check) is not one.
@@ -90,10 +93,11 @@ enum Flood {
 }
 
 impl Flood {
-    const ALL: [Flood; 5] = [
+    const ALL: [Flood; 6] = [
         Flood::Refused,
         Flood::AcceptFailed,
         Flood::Nameless,
+        Flood::Stalled,
         Flood::Handshake,
         Flood::Protocol,
     ];
@@ -117,6 +121,11 @@ impl Flood {
                 "{n} connection(s) with a client certificate that names no one (no common \
                  name, and no DNS name, URI, email or IP address in its subjectAltName), the \
                  latest from {latest}: their requests are refused"
+            ),
+            Flood::Stalled => log::warn!(
+                "at server.max_connections, closed {n} connection(s) whose TLS handshake \
+                 had taken over {:?}, to take one waiting, the latest from {latest}",
+                limits::STALLED_HANDSHAKE
             ),
             Flood::Handshake => log::warn!(
                 "{n} TLS handshake(s) failed (plain HTTP on this port, a client that does not \
@@ -339,6 +348,8 @@ pub async fn serve(
     let mut tick = tokio::time::interval(crate::platform::log::REPEATED_EVERY);
     tick.set_missed_tick_behavior(tokio::time::MissedTickBehavior::Delay);
     let per_ip = PerIp::new(limits.max_connections_per_ip);
+    let handshakes = Arc::new(Handshakes::default());
+    let mut accepted: u64 = 0;
     let mut builder = auto::Builder::new(TokioExecutor::new());
     // A client that never finishes its headers is dropped (slowloris).
     builder
@@ -368,14 +379,30 @@ pub async fn serve(
     let builders = Arc::new((builder.clone().http1_only(), builder.http2_only()));
     tokio::pin!(shutdown);
 
-    loop {
-        // At the connection cap, stop accepting: the kernel's backlog holds the rest.
-        let permit = tokio::select! {
-            p = slots.clone().acquire_owned() => match p {
-                Ok(p) => p,
-                Err(_) => break, // the semaphore is never closed
-            },
-            _ = &mut shutdown => break,
+    'accept: loop {
+        // At the connection cap, stop accepting: the kernel's backlog holds the rest. A
+        // place comes back when a connection ends, or, one at a time, from a handshake
+        // that stalled.
+        let permit = loop {
+            let wait = match slots.clone().try_acquire_owned() {
+                Ok(p) => break p,
+                Err(_) => match handshakes.close_stalled() {
+                    Stalled::Closed => {
+                        gw.metrics.connection_refused();
+                        None
+                    }
+                    Stalled::In(left) => Some(left),
+                    Stalled::None => None,
+                },
+            };
+            tokio::select! {
+                p = slots.clone().acquire_owned() => match p {
+                    Ok(p) => break p,
+                    Err(_) => break 'accept, // the semaphore is never closed
+                },
+                _ = tokio::time::sleep(wait.unwrap_or(Duration::MAX)), if wait.is_some() => {}
+                _ = &mut shutdown => break 'accept,
+            }
         };
         let (tcp, addr) = tokio::select! {
             r = listener.accept() => match r {
@@ -431,6 +458,11 @@ pub async fn serve(
             }
         };
         let _ = tcp.set_nodelay(true);
+        // Ended by the drain, or, stalled at the cap, to give its place up: of those
+        // places only (the addresses outside the allowlist share their own).
+        let stop = draining.child_token();
+        accepted += 1;
+        let in_handshake = allowed.then(|| handshakes.enter(accepted, stop.clone()));
         let accepted_under = tls.current();
         let acceptor = TlsAcceptor::from(accepted_under.config.clone());
         let tls = tls.clone();
@@ -445,7 +477,9 @@ pub async fn serve(
             // the path it accepted (`tls::valid_until`).
             let handshake_began = crate::mutex::clock::unix_s();
             let handshake = tokio::time::timeout(limits.handshake_timeout, acceptor.accept(tcp));
-            let stream = match draining.run_until_cancelled(handshake).await {
+            let done = stop.run_until_cancelled(handshake).await;
+            drop(in_handshake);
+            let stream = match done {
                 Some(Ok(Ok(s))) => s,
                 // Plaintext on the TLS port, a bad handshake, or a silent client.
                 Some(Ok(Err(e))) => {
@@ -456,6 +490,11 @@ pub async fn serve(
                     } else {
                         log::debug!("TLS handshake from {addr} failed: {e}");
                     }
+                    return;
+                }
+                // Stalled at the cap, and closed for one waiting; or the drain began.
+                None if !draining.is_cancelled() => {
+                    floods.happened(Flood::Stalled, ip.to_string());
                     return;
                 }
                 Some(Err(_)) | None => return,
