@@ -476,10 +476,23 @@ impl Config {
             return Err(err("admin.listen", why));
         }
 
-        let store_path = rel(raw
+        let store_path = raw
             .store
             .path
-            .ok_or_else(|| err("store.path", "required".into()))?);
+            .ok_or_else(|| err("store.path", "required".into()))?;
+        // `state/new/`: a folder, by its slash, though it is not there yet. Taken as the
+        // file `state/new`, which could not be made in a folder that is not there.
+        if store_path.as_os_str().as_encoded_bytes().ends_with(b"/") {
+            return Err(err(
+                "store.path",
+                format!(
+                    "{} names a folder (it ends in /): name the database file, such as {}",
+                    store_path.display(),
+                    store_path.join("mutex.redb").display()
+                ),
+            ));
+        }
+        let store_path = rel(store_path);
         // `""` (the config's own folder) or a folder: the database could never open, and
         // the gateway would fail closed for good rather than say why at start.
         // A folder beside a journal of its name is a database replaced (by a restore gone
@@ -554,6 +567,25 @@ impl Config {
             hmac_secrets: Vec::new(),
             bearer_tokens: Vec::new(),
         };
+        // The database in a file named for another use: a redb open fails on it at every
+        // try, and the gateway fails closed for good where `check-config` said ok.
+        let others = [
+            ("server.cert", Some(&tls.cert)),
+            ("server.key", Some(&tls.key)),
+            ("server.client_ca", tls.client_ca.as_ref()),
+            ("auth.api_keys_file", auth.api_keys_file.as_ref()),
+            ("auth.hmac_secrets_file", auth.hmac_secrets_file.as_ref()),
+            ("auth.bearer_tokens_file", auth.bearer_tokens_file.as_ref()),
+        ];
+        if let Some((key, _)) = others.iter().find(|(_, p)| *p == Some(&store_path)) {
+            return Err(err(
+                "store.path",
+                format!(
+                    "{} is also {key}: name a file of its own for the database",
+                    store_path.display()
+                ),
+            ));
+        }
         auth = auth.reload()?;
         // The authenticator's own rules, checked here so that `check-config` finds them.
         auth.authenticator().map_err(|e| match e {
@@ -1460,6 +1492,20 @@ mod tests {
                 e.message.contains("is a folder: name the database file"),
                 "{e}"
             );
+        }
+        // A folder by its slash, though it is not there yet; a file the config names for
+        // another use (it could never open as a database: failing closed for good).
+        let e = checked(|r| r.store.path = Some("new/".into())).expect_err("new/");
+        assert_eq!(e.key, "store.path", "{e}");
+        assert!(e.message.contains("names a folder (it ends in /)"), "{e}");
+        for (path, other) in [
+            ("tls/cert.pem", "server.cert"),
+            ("tls/key.pem", "server.key"),
+            ("secrets/secret", "auth.api_keys_file"),
+        ] {
+            let e = checked(|r| r.store.path = Some(path.into())).expect_err(path);
+            assert_eq!(e.key, "store.path", "{e}");
+            assert!(e.message.contains(&format!("is also {other}")), "{e}");
         }
         // A folder where the database was, its journal beside it: a file inside it would
         // be an empty database. Restore it, says the error.
