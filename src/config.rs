@@ -897,10 +897,25 @@ impl Config {
         let err = |key: &str, msg: String| ConfigError::new(&file, key, msg);
         let tls_dir = state_dir.join("tls");
         let secrets = state_dir.join("secrets");
+        // A folder another user made (a first run under sudo) is said to be one.
+        let state_err = |p: &Path, e: std::io::Error| {
+            let whose = match e.kind() {
+                std::io::ErrorKind::PermissionDenied => {
+                    ": is the state folder another user's (made by a run under sudo)? Give \
+                     it to this user, or choose another with --state-dir"
+                }
+                _ => "",
+            };
+            err("(state)", format!("{}: {e}{whose}", p.display()))
+        };
         for d in [state_dir, &tls_dir, &secrets] {
-            create_private_dir(d).map_err(|e| err("(state)", format!("{}: {e}", d.display())))?;
+            create_private_dir(d).map_err(|e| state_err(d, e))?;
         }
-        if !tls_dir.join("cert.pem").exists() {
+        // Looked at, not guessed: what could not be looked at read as missing, and was made
+        // again, failing as `server.cert`'s "Permission denied". Either half of the pair
+        // missing makes both.
+        let there = |p: &Path| p.try_exists().map_err(|e| state_err(p, e));
+        if !there(&tls_dir.join("cert.pem"))? || !there(&tls_dir.join("key.pem"))? {
             crate::gateway::tls::generate_self_signed(
                 &tls_dir,
                 &crate::gateway::tls::LOOPBACK_NAMES.map(String::from),
@@ -908,7 +923,7 @@ impl Config {
             .map_err(|e| err("server.cert", e.to_string()))?;
         }
         let secret = secrets.join("secret");
-        if !secret.exists() {
+        if !there(&secret)? {
             let token = random_token().map_err(|e| err("auth", e))?;
             write_private(&secret, &format!("{token}\n"))
                 .map_err(|e| err("auth", format!("{}: {e}", secret.display())))?;
@@ -1936,6 +1951,11 @@ mod tests {
         Config::embedded(a.path()).unwrap();
         assert_eq!(secret(a.path()), first);
         assert_eq!(std::fs::read(a.path().join("tls/cert.pem")).unwrap(), cert);
+        // Its key deleted, the pair is made again: the certificate alone is of no use.
+        std::fs::remove_file(a.path().join("tls/key.pem")).unwrap();
+        Config::embedded(a.path()).unwrap();
+        assert!(a.path().join("tls/key.pem").exists());
+        assert_ne!(std::fs::read(a.path().join("tls/cert.pem")).unwrap(), cert);
         // The header the first-run curl line sends carries that secret, and is made again
         // from it when it is gone (a start killed between the two writes, or deleted).
         let header = a.path().join("secrets/curl-auth.header");

@@ -306,6 +306,39 @@ fn an_embedded_defaults_error_names_no_file_that_is_not_there() {
     );
 }
 
+/// A state folder another user made (a first run under sudo), run by this one: the error
+/// says whose folder it may be and the way out, not `server.cert`'s "Permission denied"
+/// of a certificate made again over the one it could not look at.
+#[test]
+fn an_embedded_state_folder_of_another_user_is_named_as_such() {
+    use std::os::unix::fs::PermissionsExt;
+    use std::os::unix::process::CommandExt;
+    let dir = tempfile::tempdir().unwrap();
+    std::fs::set_permissions(dir.path(), std::fs::Permissions::from_mode(0o755)).unwrap();
+    let state = dir.path().join("state");
+    let run = |uid: u32| {
+        output_within({
+            let mut c = Command::new(BIN);
+            c.args(["serve", "--state-dir", state.to_str().unwrap()])
+                .args(["--listen", "192.0.2.1:8443", "--admin", "127.0.0.1:0"])
+                .uid(uid)
+                .gid(uid);
+            c
+        })
+    };
+    // Made by root (it then cannot bind an address of TEST-NET-1, after the files are made).
+    let o = run(0);
+    assert!(state.join("tls/cert.pem").exists(), "{o:?}");
+    let o = run(65534);
+    let said = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(78), "{said}");
+    assert!(
+        said.contains("(state)") && said.contains("another user's") && said.contains("--state-dir"),
+        "{said}"
+    );
+    assert!(!said.contains("server.cert"), "{said}");
+}
+
 /// An admin face given by `--admin` (or moved onto it by `--listen`) meets the rules one in
 /// the file does: a socket in a folder anyone may write (anyone could rename it away and
 /// answer the operator's `halt` themselves), and the webhooks' own port. It was taken as
