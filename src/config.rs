@@ -379,9 +379,15 @@ impl Config {
         };
 
         let listen = raw.server.listen.as_deref().unwrap_or("0.0.0.0:8443");
-        let listen: SocketAddr = listen
-            .parse()
-            .map_err(|e| err("server.listen", format!("{listen:?}: {e}")))?;
+        let listen: SocketAddr = listen.parse().map_err(|_| {
+            err(
+                "server.listen",
+                format!(
+                    "{listen:?} is not an IP address and a port (1 to 65535) such as \
+                         \"0.0.0.0:8443\" or \"[::1]:8443\": a host name is not looked up"
+                ),
+            )
+        })?;
         let cert = rel(raw
             .server
             .cert
@@ -1507,6 +1513,12 @@ mod tests {
                 e.message.contains("is a folder: name the database file"),
                 "{e}"
             );
+        }
+        // A host name, or a port past 65535: what a listen address is, said.
+        for listen in ["localhost:8443", "127.0.0.1:70000", "127.0.0.1"] {
+            let e = checked(|r| r.server.listen = Some(listen.into())).expect_err(listen);
+            assert_eq!(e.key, "server.listen", "{e}");
+            assert!(e.message.contains("a host name is not looked up"), "{e}");
         }
         // A folder by its slash, though it is not there yet; a file the config names for
         // another use (it could never open as a database: failing closed for good).
