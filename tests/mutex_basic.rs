@@ -309,6 +309,43 @@ fn a_key_taken_while_the_wall_clock_was_ahead_is_held_its_ttl_once_the_clock_is_
     owner.stop();
 }
 
+/// A key taken while the wall clock was ahead, and the box rebooted within its TTL with the
+/// clock further ahead: that start's deadline for it, from the wall clock, is short by the
+/// extra. NTP then sets the clock right, behind the time the key was stored at: the wall
+/// clock still holds it (as before 0.2.28), up to its TTL from that start, so it is not
+/// freed before its TTL has truly run. (r95 found a first take on 0.2.28 freeing it at
+/// the short deadline.)
+#[test]
+fn a_reboot_further_ahead_then_set_right_frees_no_key_early() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let (clock, time) = Clock::manual(T0);
+    let k = key("ahead");
+    time.step_wall_ms(600_000);
+    let (m, owner) = start(&path, clock.clone());
+    rt().block_on(async {
+        granted(m.reserve(reserve(&k, 300_000, 1)).await);
+    });
+    owner.stop();
+    // 60 s after the reserve, a reboot, and the clock a minute further ahead.
+    time.advance_ms(60_000);
+    time.reboot();
+    time.step_wall_ms(60_000);
+    let (m, owner) = start(&path, clock);
+    rt().block_on(async {
+        let d = duplicate(m.reserve(reserve(&k, 300_000, 1)).await);
+        assert_eq!(d.expires_in_ms, 180_000, "short by the extra minute");
+        time.step_wall_back_ms(660_000);
+        // 240 s after the reserve: 60 s of its TTL left in truth.
+        time.advance_ms(180_000);
+        let d = duplicate(m.reserve(reserve(&k, 300_000, 1)).await);
+        assert_eq!(d.expires_in_ms, 120_000, "to its TTL from the start");
+        time.advance_ms(120_000);
+        granted(m.reserve(reserve(&k, 300_000, 2)).await);
+    });
+    owner.stop();
+}
+
 /// A stored response larger than `MAX_RESPONSE` (one a version before 0.2.27 kept) is not
 /// given back for a replay: read from the batch's record, from the records since the
 /// checkpoint, or, after a restart, from the database. One that fits is.

@@ -100,20 +100,25 @@ struct Live {
     has_response: bool,
     /// When the monotonic clock says it expires: the wheel's alarm.
     due_mono: u64,
+    /// Until when, on the monotonic clock, the wall clock may hold it past `due_mono`:
+    /// `due_mono` itself where that is exact (reserved in this boot), else its TTL from
+    /// when this process took it from the disk, which no key read there has left
+    /// (`Live::live`).
+    hold: u64,
 }
 
 /// An entry's deadlines, kept through a failure (`Owner::dues`).
 #[derive(Debug, Clone, Copy)]
 struct Due {
     mono: u64,
-    stored: u64,
     wall: u64,
+    hold: u64,
 }
 
 impl Due {
-    /// As `Live::live`: while either clock says so.
+    /// As `Live::live`.
     fn live(&self, (now_wall, now_mono): (u64, u64)) -> bool {
-        store::wall_holds(self.stored, self.wall, now_wall) || self.mono > now_mono
+        self.mono > now_mono || (self.wall > now_wall && self.hold > now_mono)
     }
 }
 
@@ -129,22 +134,26 @@ impl Live {
         now_mono.saturating_sub(self.due_mono.saturating_sub(ttl))
     }
 
-    /// Live while either clock says so. Only the wall clock survives a reboot, so it is
-    /// what the entry stores first; but a wall clock stepped forward (NTP, an operator, a
-    /// VM resumed) must not free a key early, and the monotonic clock is not stepped. A
-    /// wall clock behind the key's own `stored_at` says nothing of it (`store::wall_holds`).
+    /// Live until its monotonic deadline, and after it while the wall clock says so, up
+    /// to `hold`. A wall clock stepped forward (NTP, an operator, a VM resumed) must not
+    /// free a key early, and the monotonic clock is not stepped. Where that deadline is a
+    /// guess (a key read from the disk in another boot, or one unknown: from the wall
+    /// clock of that moment, which may have been ahead), only the wall clock survives the
+    /// reboot to say more; but never past `hold`, a TTL from when the key was read, by
+    /// which it has expired whatever the clocks said. Uncapped, a clock a year ahead when
+    /// a key was taken, set right, held it for the year.
     fn live(&self, (now_wall, now_mono): (u64, u64)) -> bool {
-        self.wall_holds(now_wall) || self.due_mono > now_mono
+        self.due_mono > now_mono || self.wall_holds((now_wall, now_mono))
     }
 
-    fn wall_holds(&self, now_wall: u64) -> bool {
-        store::wall_holds(self.stored_at, self.expires_at, now_wall)
+    fn wall_holds(&self, (now_wall, now_mono): (u64, u64)) -> bool {
+        self.expires_at > now_wall && self.hold > now_mono
     }
 
-    /// How long until it is free: until both clocks say so (`live`).
-    fn expires_in_ms(&self, (now_wall, now_mono): (u64, u64)) -> u64 {
-        let by_wall = match self.wall_holds(now_wall) {
-            true => self.expires_at - now_wall,
+    /// How long until it is free (`live`).
+    fn expires_in_ms(&self, now @ (now_wall, now_mono): (u64, u64)) -> u64 {
+        let by_wall = match self.wall_holds(now) {
+            true => (self.expires_at - now_wall).min(self.hold - now_mono),
             false => 0,
         };
         by_wall.max(self.due_mono.saturating_sub(now_mono))
@@ -956,6 +965,7 @@ impl Owner {
             &entry,
             (now_wall, now_mono),
             Some(due),
+            Some(due),
         );
         Ok(seq)
     }
@@ -1172,11 +1182,11 @@ impl Owner {
                 // again with the same wall clock expiry (released, then reserved after a
                 // step back) must not delete the newer entry early.
                 Some(l) if l.expires_at == at && !l.live((now_wall, now_mono)) => expired.push(key),
-                // A clock says it lives: the wall clock is behind (stepped back, not past
-                // the time the key was stored at), or the alarm is a stale one. Wait for both.
+                // A clock says it lives: the wall clock is behind (stepped back), or the
+                // alarm is a stale one. Wait for both.
                 Some(l) if l.expires_at == at => {
-                    let wall_due = match l.wall_holds(now_wall) {
-                        true => now_mono + (at - now_wall).min(BUCKET_MS),
+                    let wall_due = match l.wall_holds((now_wall, now_mono)) {
+                        true => now_mono + (at - now_wall).min(l.hold - now_mono).min(BUCKET_MS),
                         false => now_mono,
                     };
                     self.wheel.insert(wall_due.max(l.due_mono), (key, at));
@@ -1228,8 +1238,9 @@ impl Owner {
     }
 
     /// Indexes an entry, due on the monotonic clock at `due`, or when the wall clock says
-    /// if that is not known (an entry of another boot, or of an unknown one). Either way
-    /// the key stays live while the wall clock holds it (`Live::live`).
+    /// if that is not known (an entry of another boot, or of an unknown one). The wall
+    /// clock may hold it after that until `hold`, or for its TTL from now if that is not
+    /// known (`Live::live`).
     fn track(
         &mut self,
         seq: u64,
@@ -1237,6 +1248,7 @@ impl Owner {
         e: &Entry,
         (now_wall, now_mono): (u64, u64),
         due: Option<u64>,
+        hold: Option<u64>,
     ) {
         // Saturating: `expires_at` may come from the disk. Never more than the TTL from now,
         // which no key has left: not a wall clock that is behind after a reboot, a damaged
@@ -1245,6 +1257,9 @@ impl Owner {
         let ttl = e.expires_at.saturating_sub(e.stored_at);
         let due = due
             .unwrap_or_else(|| now_mono.saturating_add(e.expires_at.saturating_sub(now_wall)))
+            .min(now_mono.saturating_add(ttl));
+        let hold = hold
+            .unwrap_or(now_mono.saturating_add(ttl))
             .min(now_mono.saturating_add(ttl));
         self.wheel.insert(due, (key.clone(), e.expires_at));
         if key::family(&key).is_some() {
@@ -1261,6 +1276,7 @@ impl Owner {
                 payload_hash: e.payload_hash,
                 has_response: e.response.is_some(),
                 due_mono: due,
+                hold,
             },
         );
     }
@@ -1346,14 +1362,15 @@ impl Owner {
                     }
                     // The later of the deadline kept through a failure and the entry's own
                     // on this boot's clock, if either is known.
-                    let kept = self
-                        .dues
-                        .get(&seq)
-                        .map(|d| d.mono)
-                        .filter(|&m| m > now_mono);
+                    let kept = self.dues.get(&seq);
                     let on_boot = store::due_in_boot(&e, self.boot, boot_open);
-                    let due = kept.max(on_boot);
-                    self.track(seq, Rc::from(e.key.as_str()), &e, (now_wall, now_mono), due);
+                    let due = kept.map(|d| d.mono).filter(|&m| m > now_mono).max(on_boot);
+                    // The wall clock holds it no longer than its exact deadline (its own,
+                    // of this boot), or than what was kept; else its TTL from now.
+                    let exact = e.boot_due.and_then(|d| d.ms_in(self.boot));
+                    let hold = exact.max(kept.map(|d| d.hold));
+                    let now = (now_wall, now_mono);
+                    self.track(seq, Rc::from(e.key.as_str()), &e, now, due, hold);
                 }
                 self.dues.clear();
                 // Never backwards: a grant from before the failure may still be settled,
@@ -1469,8 +1486,8 @@ impl Owner {
             .extend(self.index.values().filter(|l| l.live(now)).map(|l| {
                 let due = Due {
                     mono: l.due_mono,
-                    stored: l.stored_at,
                     wall: l.expires_at,
+                    hold: l.hold,
                 };
                 (l.seq, due)
             }));
@@ -2275,19 +2292,18 @@ mod tests {
     }
 
     /// While failing closed the owner counts the keys it held when it failed, those the
-    /// wall clock alone still held (it was stepped back, not past the time the key was
-    /// stored at) included: read as none, they
+    /// wall clock alone still held (a key read back, its deadline a guess, the wall clock
+    /// set back since) included: read as none, they
     /// would invite the removal of the state files. And the kill switch it publishes is
     /// on if either the value applied or the one last written is: the failed batch's may
     /// or may not be on the disk.
     #[test]
     fn failing_closed_counts_wall_held_keys_and_publishes_the_switch_written() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut o, time) = owner_with_clock(dir.path());
         let k = trade_key("BTC");
-        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+        let (mut o, time) = read_back_ahead(dir.path(), &k, 30_000);
         time.step_wall_back_ms(30_000);
-        time.advance_ms(301_000);
+        time.advance_ms(271_000);
         assert!(matches!(reserve(&mut o, &k), Decision::Duplicate(_)));
         assert_eq!(o.live_keys(), 1);
         assert_eq!(ask(&mut o, |tx| Command::SetHalted(true, tx)), Ok(()));
@@ -2351,22 +2367,24 @@ mod tests {
         assert!(matches!(reserve(&mut o, &c), Decision::Proceed(_)));
     }
 
-    /// Failing closed across a long outage, the count follows both clocks: a key whose
-    /// monotonic deadline passes while the wall clock (stepped back) still holds it is
-    /// counted through a second failure (a reopen that failed), and none once both pass.
+    /// Failing closed across a long outage, the count follows both clocks: a key read
+    /// back whose guessed deadline passes while the wall clock (set back) still holds it
+    /// is counted through a second failure (a reopen that failed), and none once both
+    /// pass. A key reserved here is counted to its exact deadline, whatever the wall clock.
     #[test]
     fn failing_closed_counts_keys_while_either_clock_holds_them() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut o, time, _) = failed_holding_a_key(dir.path(), true);
+        let k = trade_key("BTC");
+        let (mut o, time) = read_back_ahead(dir.path(), &k, 30_000);
+        o.fail(Unavailable::CommitFailed("a fault".into()));
         assert_eq!(o.live_keys(), 1);
         time.step_wall_back_ms(30_000);
-        time.advance_ms(301_000);
+        time.advance_ms(271_000);
         o.fail(Unavailable::CommitFailed("the reopen failed".into()));
         assert_eq!(o.live_keys(), 1, "held by the wall clock alone");
-        time.advance_ms(30_000);
+        time.advance_ms(29_000);
         assert_eq!(o.live_keys(), 0, "expired by both clocks");
-        // Stepped back behind the time the key was stored at, the wall clock holds it no
-        // more: what it says of the key is off by the step.
+
         let dir = tempfile::tempdir().unwrap();
         let (mut o, time, _) = failed_holding_a_key(dir.path(), true);
         time.advance_ms(299_000);
@@ -2374,7 +2392,7 @@ mod tests {
         assert_eq!(o.live_keys(), 1, "held by the monotonic clock");
         o.fail(Unavailable::CommitFailed("the reopen failed".into()));
         time.advance_ms(1_000);
-        assert_eq!(o.live_keys(), 0, "held by a wall clock behind its store");
+        assert_eq!(o.live_keys(), 0, "held by a wall clock stepped back");
     }
 
     /// A wall clock stepped forward while the owner fails closed frees no key at the
@@ -2517,17 +2535,17 @@ mod tests {
         assert!(o.index.contains_key(k.as_str()));
     }
 
-    /// An alarm that finds its key held by the wall clock alone (stepped back) is set
-    /// again for when the wall clock will have passed the expiry (at most a bucket on),
-    /// not for a time already due, which would fire it again at every tick.
+    /// An alarm that finds its key held by the wall clock alone (a key read back, its
+    /// deadline a guess, the wall clock set back since) is set again for when the wall
+    /// clock will have passed the expiry (at most a bucket on), not for a time already
+    /// due, which would fire it again at every tick.
     #[test]
     fn an_alarm_held_by_the_wall_clock_waits_for_it() {
         let dir = tempfile::tempdir().unwrap();
-        let (mut o, time) = owner_with_clock(dir.path());
         let k = trade_key("BTC");
-        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+        let (mut o, time) = read_back_ahead(dir.path(), &k, 30_000);
         time.step_wall_back_ms(30_000);
-        time.advance_ms(300_000);
+        time.advance_ms(270_000);
         let now = (o.clock.wall_ms(), o.clock.mono_ms());
         assert!(o.due_expiries(now.0, now.1).is_empty(), "freed early");
         assert_eq!(o.wheel.len(), 1);
@@ -2545,34 +2563,27 @@ mod tests {
         assert_eq!(fired.len(), 1);
     }
 
-    /// A key lives while either clock says so. With the wall clock stepped back, the
-    /// monotonic one runs out first: the key stays held, its alarm waits for the wall
-    /// clock, and it is free the moment both have passed, not only once that alarm fires.
+    /// A key reserved here is held its TTL by the monotonic clock, exact, whatever the wall
+    /// clock says: stepped back, it does not hold the key longer (a clock a year ahead
+    /// when a key was taken, set right, held it a year), stepped forward, it frees none
+    /// early.
     #[test]
-    fn a_key_is_held_until_both_clocks_have_passed_its_ttl() {
+    fn a_key_reserved_here_lives_its_ttl_by_the_monotonic_clock() {
         let dir = tempfile::tempdir().unwrap();
         let (mut o, time) = owner_with_clock(dir.path());
         let (k, idle) = (trade_key("BTC"), trade_key("SOL"));
         for key in [&k, &idle] {
             assert!(matches!(reserve(&mut o, key), Decision::Proceed(_)));
         }
-        time.step_wall_back_ms(30_000);
-        // The monotonic clock runs the TTL (300 s): the alarms fire and, the wall clock
-        // being 30 s short, are set again for when it will not be.
-        time.advance_ms(300_000);
-        let _ = ask(&mut o, Command::Ping);
-        assert!(
-            matches!(reserve(&mut o, &k), Decision::Duplicate(_)),
-            "freed while the wall clock still held it"
-        );
-        // Both clocks now exactly at the expiry, before the alarm.
-        time.step_wall_ms(30_000);
+        time.step_wall_back_ms(3_600_000);
+        time.advance_ms(299_999);
+        assert!(matches!(reserve(&mut o, &k), Decision::Duplicate(_)));
+        time.advance_ms(1);
         assert!(
             matches!(reserve(&mut o, &k), Decision::Proceed(_)),
-            "held after both clocks passed its TTL"
+            "held by a wall clock stepped back"
         );
-        // The other key, asked for by nobody, is deleted when its alarm comes round again.
-        time.advance_ms(30_000);
+        // The other key, asked for by nobody, is deleted when its alarm fires.
         let _ = ask(&mut o, Command::Ping);
         assert!(!o.index.contains_key(idle.as_str()), "an expired key kept");
 
@@ -2583,6 +2594,72 @@ mod tests {
         time.step_wall_ms(3_600_000);
         time.advance_ms(299_999);
         assert!(matches!(reserve(&mut o, &k), Decision::Duplicate(_)));
+    }
+
+    /// An owner in a boot whose id is unknown, opened on a key a first one took, with the
+    /// wall clock `ahead` of where it was then: the key's monotonic deadline is a guess
+    /// from the wall clock, `ahead` short of the TTL.
+    fn read_back_ahead(
+        dir: &std::path::Path,
+        k: &Key,
+        ahead: u64,
+    ) -> (Owner, Arc<super::super::clock::ManualClock>) {
+        let (mut first, _) = owner_in_boot(dir, false);
+        assert!(matches!(reserve(&mut first, k), Decision::Proceed(_)));
+        first.close();
+        drop(first);
+        let config = Config {
+            path: dir.join("m.redb"),
+            journal_bytes: 64 * 1024,
+            ..Config::default()
+        };
+        let (clock, time) = Clock::manual(1_800_000_000_000);
+        time.forget_boot();
+        time.step_wall_ms(ahead);
+        let mut o = Owner::new(config, clock, Arc::default(), false);
+        o.reopen();
+        assert!(o.store.is_some(), "{:?}", o.failure);
+        (o, time)
+    }
+
+    /// A key read from the disk whose monotonic deadline is a guess (the boot unknown, the
+    /// wall clock a minute ahead at the open, so a minute short): the wall clock, set back
+    /// since, holds it past that deadline, its alarm waiting for the wall clock, and it is
+    /// free the moment both have passed; but never past its TTL from the open, whatever
+    /// the wall clock says.
+    #[test]
+    fn a_key_read_back_is_held_by_the_wall_clock_up_to_its_ttl_from_the_open() {
+        let dir = tempfile::tempdir().unwrap();
+        let k = trade_key("BTC");
+        let (mut o, time) = read_back_ahead(dir.path(), &k, 60_000);
+        let d = |o: &mut Owner| match reserve(o, &k) {
+            Decision::Duplicate(d) => d.expires_in_ms,
+            other => panic!("{other:?}"),
+        };
+        assert_eq!(d(&mut o), 240_000, "by the guess");
+        // Set right: the wall clock gives it the minute back.
+        time.step_wall_back_ms(60_000);
+        assert_eq!(d(&mut o), 300_000);
+        // The guessed deadline passes: the alarm fires and waits for the wall clock.
+        time.advance_ms(240_000);
+        let _ = ask(&mut o, Command::Ping);
+        assert_eq!(d(&mut o), 60_000, "freed by the guess alone");
+        time.advance_ms(60_000);
+        assert!(matches!(reserve(&mut o, &k), Decision::Proceed(_)));
+
+        // Set back an hour, the wall clock holds such a key no longer than its TTL from
+        // the open.
+        let dir = tempfile::tempdir().unwrap();
+        let (mut o, time) = read_back_ahead(dir.path(), &k, 60_000);
+        time.step_wall_back_ms(3_600_000);
+        assert_eq!(d(&mut o), 300_000);
+        time.advance_ms(299_999);
+        assert!(matches!(reserve(&mut o, &k), Decision::Duplicate(_)));
+        time.advance_ms(1);
+        assert!(
+            matches!(reserve(&mut o, &k), Decision::Proceed(_)),
+            "held past its TTL from the open"
+        );
     }
 
     /// Each failure in a row doubles the pause before the next reopen, from 50 ms up to

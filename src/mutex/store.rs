@@ -118,18 +118,6 @@ impl BootOpen {
     }
 }
 
-/// Whether the wall clock, reading `now_wall`, holds a key stored at `stored_at` and
-/// expiring at `expires_at`: while it is past neither, and only while it is not behind the
-/// time the key was stored at. A clock behind that was stepped back since, or was ahead
-/// when the key was taken, and what it says of the key is off by the step: a clock a year
-/// ahead, set right, held a 5 s key for a year (and its place under `limits.capacity`).
-/// The key's monotonic deadline, never more than its TTL from when it was set (`track`),
-/// holds it then; only where there is none (an open in a boot whose id is unknown) does
-/// the wall clock decide alone, whatever it reads.
-pub(super) fn wall_holds(stored_at: u64, expires_at: u64, now_wall: u64) -> bool {
-    stored_at <= now_wall && now_wall < expires_at
-}
-
 /// When `e` expires on the clock of `boot`: its own deadline if it was written in that
 /// boot, else the one that boot's first open (`first`) gave it: the wall clock's time
 /// left then, never more than its TTL. None if neither is known. The one rule for the
@@ -239,8 +227,7 @@ const IDLE_CHECKPOINT_RECORDS: usize = 128;
 
 impl Store {
     /// Whether both files are still the ones opened. One removed or replaced while open
-    /// (`rm`, a copy moved over it; not one written into it, `cp`, which keeps its inode:
-    /// docs/DESIGN.md) takes with it all that is written from then on:
+    /// (`rm`, a copy restored over it) takes with it all that is written from then on:
     /// the process writes on, to a file no restart will find. A path that cannot be looked
     /// at now counts as moved: the owner fails closed on it, and its reopen says why.
     pub fn files_in_place(&self) -> Result<(), String> {
@@ -610,11 +597,7 @@ pub(super) fn open(
             let seq = k.value();
             next_seq = seq.checked_add(1).ok_or(WriteError::SeqExhausted)?;
             let entry = decode_entry(v.value()).map_err(|err| LoadError::Entry { seq, err })?;
-            let wall_live = match now_boot {
-                Some(_) => wall_holds(entry.stored_at, entry.expires_at, now_wall),
-                None => entry.expires_at > now_wall,
-            };
-            if !wall_live && !held(seq) && !boot_live(&entry) {
+            if entry.expires_at <= now_wall && !held(seq) && !boot_live(&entry) {
                 expired.push(seq);
             } else {
                 live.push((seq, entry));
