@@ -135,8 +135,9 @@ pub fn load_secrets(path: &Path) -> Result<Vec<Secret>, SecretError> {
     // An editor's encoding, read as bytes, made secrets anyone could send: a UTF-16 file
     // (PowerShell 5's `>`) split into lines of a NUL each, a UTF-8 byte order mark became
     // a secret of its own (a file "empty" but for it), or the start of one or of a
-    // comment. The mark is dropped; UTF-16, and a control character inside a line, are
-    // refused (a tab excepted: whitespace).
+    // comment. The mark is dropped; UTF-16 (its mark, or a NUL in a line), and a CR inside
+    // a line (lines ended as on a classic Mac: the file read as one secret) are refused.
+    // Other control bytes stay part of a secret, as before 0.2.28 (a key of raw bytes).
     let text = text.strip_prefix("\u{feff}".as_bytes()).unwrap_or(&text);
     let bad_at = |line, why| SecretError::Line {
         path: path.to_owned(),
@@ -156,10 +157,15 @@ pub fn load_secrets(path: &Path) -> Result<Vec<Secret>, SecretError> {
             continue;
         }
         let bad = |why| bad_at(n + 1, why);
-        if line.iter().any(|&b| b.is_ascii_control() && b != b'\t') {
+        if line.contains(&0) {
             return Err(bad(
-                "a control character (a NUL: a file saved as UTF-16? a CR alone: lines \
-                 ended as on a classic Mac?); secrets are text, one a line",
+                "a NUL byte: is the file saved as UTF-16? Save it as UTF-8",
+            ));
+        }
+        if line.contains(&b'\r') {
+            return Err(bad(
+                "a CR inside a line: are its lines ended as on a classic Mac? End each \
+                 with a line feed",
             ));
         }
         let secret = Secret::parse_line(line).map_err(bad)?;
@@ -492,6 +498,10 @@ mod tests {
             let msg = e.to_string();
             assert!(!msg.contains("real") && !msg.contains("mac-"), "{msg}");
         }
+        // Other control bytes are part of a secret, as before (a key of raw bytes: a
+        // secrets file that started the gateway must start the next version).
+        let s = at("raw", b"raw\x1b\x7f\x01key\n").unwrap();
+        assert_eq!(s[0].expose(), b"raw\x1b\x7f\x01key");
         // A tab is whitespace, inside a line too (`@NAME<TAB>SECRET`).
         let s = at("tab", b"@desk-b\tsecret-b\n").unwrap();
         assert_eq!(

@@ -282,15 +282,18 @@ where
 }
 
 /// An answer whose body cannot be read (cut short, or stalled past the timeout; over the
-/// 1 MiB read: `an_answer_is_read_up_to_one_mib_and_no_further`): a 2xx may have been a fill, so its outcome is unknown and the key is held;
-/// anything else is a failure whatever its body said, and the key is released.
+/// 1 MiB read: `an_answer_is_read_up_to_one_mib_and_no_further`): a 2xx may have been a
+/// fill, and a 303 says the order was processed, so their outcome is unknown and the key
+/// is held; anything else is a failure whatever its body said, and the key is released.
 #[tokio::test]
-async fn an_unreadable_answer_is_unknown_only_when_it_is_2xx() {
+async fn an_unreadable_answer_is_unknown_only_when_it_is_2xx_or_a_303() {
     // Each answer, and whether its outcome is unknown (else a 500 failure).
     let cut_short: &[(&'static [u8], bool)] = &[
         (b"HTTP/1.1 200 OK\r\ncontent-type: application/json\r\ncontent-length: 100\r\n\r\n{\"success\":true", true),
         (b"HTTP/1.1 500 Internal Server Error\r\ncontent-length: 100\r\n\r\n{\"error\"", false),
         (b"HTTP/1.1 200 OK\r\ncontent-length: 2000000\r\n\r\n{\"success\":true", true),
+        // A 303 says the order was processed, however its body ends (r95).
+        (b"HTTP/1.1 303 See Other\r\nlocation: /orders/1\r\ncontent-length: 100\r\n\r\n{\"order\"", true),
     ];
     for hold in [false, true] {
         for (i, &(answer, unknown)) in cut_short.iter().enumerate() {

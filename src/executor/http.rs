@@ -31,7 +31,7 @@ use hyper_util::client::legacy::connect::{HttpConnector, capture_connection};
 use hyper_util::rt::{TokioExecutor, TokioTimer};
 use rustls::ClientConfig;
 
-use super::{Order, Outcome, classify, is_2xx, is_cut_json, is_json, may_be_a_fill};
+use super::{Order, Outcome, classify, is_2xx, is_cut_json, is_json, may_be_a_fill, refuses};
 
 /// An executor's answer is a small JSON document; a bigger one is not read into memory.
 const MAX_ANSWER: usize = 1 << 20;
@@ -296,9 +296,9 @@ impl HttpExecutor {
                 }
                 outcome => outcome,
             },
-            // A non-2xx is a failure whatever its body says, or however long it takes:
-            // the executor has said no.
-            Ok(Err(_)) | Err(_) if !is_2xx(status) => Outcome::Failed {
+            // A refusal is one whatever its body says, or however long it takes: the
+            // executor has said no.
+            Ok(Err(_)) | Err(_) if refuses(status) => Outcome::Failed {
                 status,
                 body: read.freeze(),
             },

@@ -70,11 +70,7 @@ impl Outcome {
 
 /// The outcome rule of SPEC §4 for an executor that answered, in one place for every executor.
 pub fn classify(status: u16, body: Bytes) -> Outcome {
-    // Two statuses say nothing of a refusal: an interim one given as the answer (a `101`,
-    // which only answers an `Upgrade` the gateway never sends), and `303 See Other`,
-    // what a server answers a POST it has processed (RFC 9110 §15.4.4: the result is
-    // elsewhere). Either order may have filled; released, its retry was placed again.
-    if (100..200).contains(&status) || status == 303 {
+    if says_nothing(status) {
         return Outcome::Unknown(format!(
             "answer {status}, which neither fills nor refuses an order: it may have filled"
         ));
@@ -196,6 +192,21 @@ fn says_success_true(text: &[u8]) -> bool {
 
 fn is_2xx(status: u16) -> bool {
     (200..300).contains(&status)
+}
+
+/// Whether `status` neither fills nor refuses an order: an interim status given as the
+/// answer (a `101`, which only answers an `Upgrade` the gateway never sends), or `303 See
+/// Other`, what a server answers a POST it has processed (RFC 9110 §15.4.4: the result is
+/// elsewhere). Either order may have filled, whatever the body says or however it ends;
+/// released, its retry was placed again.
+fn says_nothing(status: u16) -> bool {
+    (100..200).contains(&status) || status == 303
+}
+
+/// Whether `status` refuses the order, whatever its body: a non-2xx that is not one of
+/// [`says_nothing`]'s.
+fn refuses(status: u16) -> bool {
+    !is_2xx(status) && !says_nothing(status)
 }
 
 /// The configured executor. An enum rather than a trait object: there are two kinds, and this
