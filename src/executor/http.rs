@@ -119,7 +119,9 @@ impl HttpConfig {
 /// the path or the query), as an executor may echo them back in an answer that did not fill
 /// (`Cannot POST /orders/KEY`, `{"path": …}`, `invalid token …`), which the log quotes: the
 /// path and query together and apart, each path segment and each query value; each as
-/// written, percent-decoded, and with `/` escaped as JSON may (`\/`). Only those of 8
+/// written, with its percent escapes in either case (a framework that writes the URL
+/// again, `%2B` for `%2b`), percent-decoded, decoded as a form is (`+` a space: Starlette's
+/// `"input"`), and with `/` escaped as JSON may (`\/`). Only those of 8
 /// characters or more, masked wherever they occur: no credential is shorter, and a shorter
 /// part (`/o`, `live`) would mask ordinary words (`/orders`, `delivered`). Longest first,
 /// so that a part is hidden before a shorter one inside it.
@@ -138,8 +140,19 @@ fn url_secrets(url: &Uri) -> Vec<String> {
         .chain(path.split('/'))
         .chain(values)
     {
-        let decoded = percent_encoding::percent_decode_str(raw).decode_utf8_lossy();
-        for part in [raw.to_string(), decoded.into_owned()] {
+        let decoded = |text: &str| {
+            percent_encoding::percent_decode_str(text)
+                .decode_utf8_lossy()
+                .into_owned()
+        };
+        let forms = [
+            raw.to_string(),
+            escapes_cased(raw, u8::to_ascii_uppercase),
+            escapes_cased(raw, u8::to_ascii_lowercase),
+            decoded(raw),
+            decoded(&raw.replace('+', " ")),
+        ];
+        for part in forms {
             if part.contains('/') {
                 parts.push(part.replace('/', "\\/"));
             }
@@ -150,6 +163,24 @@ fn url_secrets(url: &Uri) -> Vec<String> {
     parts.sort_by(|a, b| b.len().cmp(&a.len()).then_with(|| a.cmp(b)));
     parts.dedup();
     parts
+}
+
+/// `text` with the hex digits of each percent escape in the case `case` makes.
+fn escapes_cased(text: &str, case: fn(&u8) -> u8) -> String {
+    let mut bytes = text.as_bytes().to_vec();
+    let mut i = 0;
+    while i + 2 < bytes.len() {
+        if bytes[i] == b'%' && bytes[i + 1].is_ascii_hexdigit() && bytes[i + 2].is_ascii_hexdigit()
+        {
+            bytes[i + 1] = case(&bytes[i + 1]);
+            bytes[i + 2] = case(&bytes[i + 2]);
+            i += 3;
+        } else {
+            i += 1;
+        }
+    }
+    // Only ASCII hex digits changed, to ASCII hex digits: still the UTF-8 it was.
+    String::from_utf8(bytes).unwrap_or_else(|_| text.to_string())
 }
 
 pub struct HttpExecutor {

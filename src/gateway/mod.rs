@@ -294,7 +294,7 @@ impl ClientCheck {
             if last.1 && !trusted {
                 match &verified.client_name {
                     Some(name) => log::warn!(
-                        "client certificate {name} from {} no longer verifies {}: its \
+                        "client certificate {name:?} from {} no longer verifies {}: its \
                          connection's requests are refused",
                         verified.ip,
                         if reloaded {

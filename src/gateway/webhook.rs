@@ -1230,6 +1230,24 @@ mod tests {
             said("invalid token s3cr3t+value, order EXECTOKEN_sk_live_51H8 refused: live"),
             r#"; it said: "invalid token …, order … refused: live""#
         );
+        // Written again with its escapes in upper case, or read as a form (`+` a space),
+        // as frameworks echo it (r96).
+        assert_eq!(
+            said(r#"{"url":"/x?token=s3cr3t%2Bvalue","q":"s3cr3t%2bvalue"}"#),
+            r#"; it said: "{\"url\":\"/x?token=…\",\"q\":\"…\"}""#
+        );
+        let form = crate::executor::HttpExecutor::new(crate::executor::HttpConfig {
+            url: "http://127.0.0.1:9/hook?other=Zz+Yy+Xx-123456"
+                .parse()
+                .unwrap(),
+            timeout: std::time::Duration::from_secs(1),
+            ca_file: None,
+        })
+        .unwrap();
+        assert_eq!(
+            super::said(br#"{"input":"Zz Yy Xx-123456"}"#, &Executor::Http(form)),
+            r#"; it said: "{\"input\":\"…\"}""#
+        );
         // Parts under 8 characters (`live`, `/v1`) are no credential, and are left in
         // ordinary words.
         assert_eq!(
