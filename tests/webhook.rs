@@ -1107,6 +1107,43 @@ async fn stalled_handshakes_give_their_places_to_a_waiting_sender() {
     assert_eq!(connections_refused(&gw).await, 1);
 }
 
+/// An authenticated sender's refusals that moved no order (here 1,200 duplicates of one
+/// trade: a broken sender's loop, a leaked secret) are logged a line each up to a pace (a
+/// burst of 500, then 50 a second), and past it counted in a summary at most once a
+/// minute; the order that went out is logged. A line each (25k a second) pushed every
+/// other line, other senders' trades and 504s among them, out of journald's rate limit.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_flood_of_refusals_from_a_sender_is_paced_in_the_log() {
+    let (exec, _setup, gw) = with_mock().await;
+    let mut t = trade("BTCUSDT");
+    t["idempotencyKey"] = json!("flood-1");
+    assert_eq!(gw.post(&t, &[]).await.status, 200);
+    let mut conn = gw.client.connect(&gw.url()).await.unwrap();
+    let started = std::time::Instant::now();
+    for _ in 0..1200 {
+        let r = conn.post(&gw.url(), &[], t.to_string()).await.unwrap();
+        assert_eq!(r.status, 409);
+    }
+    let took = started.elapsed().as_secs_f64();
+    let log = gw.wait_logged("request(s) of authenticated senders past 50 lines a second");
+    let lines = log
+        .lines()
+        .filter(|l| l.contains(" status=409 code=DUPLICATE "))
+        .count();
+    // The burst, and what the pace refilled while the flood went on.
+    let most = 500 + (50.0 * took).ceil() as usize + 1;
+    assert!(
+        (500..=most.min(699)).contains(&lines),
+        "{lines} of 700 in {took} s"
+    );
+    assert_eq!(
+        log.lines().filter(|l| l.contains(" status=200 ")).count(),
+        1,
+        "{log}"
+    );
+    assert_eq!(exec.calls(), 1);
+}
+
 /// A sender that names its key as other APIs do (`X-Idempotency-Key`, a body's
 /// `idempotency_key`) is served by the trade's fingerprint, which holds a retry for a
 /// minute, not for the TTL: said in a warning, naming the name and the client, so the

@@ -233,9 +233,19 @@ pub async fn handle(
     // anyone's to send, as fast as they like: a line each at info would let a flood push
     // the audit trail out of journald's rate limit. Those lines are at debug, and a summary
     // at most once a minute says that they happen.
+    // An authenticated sender's refusals that moved no order (a broken sender's loop, a
+    // leaked secret's flood of duplicates) likewise, past a pace: a line each pushed
+    // other senders' trades, and the 504s, out of journald's rate limit in a second and a
+    // half. Every line of an order that went out is said.
+    let now_ms = monotonic_ms();
+    let reason = answer.reason.as_deref();
     let level = if answer.client.is_none() {
-        let reason = answer.reason.as_deref();
-        if let Some(summary) = UNAUTHENTICATED.refused(status, peer.ip, monotonic_ms(), reason) {
+        if let Some(summary) = UNAUTHENTICATED.refused(status, peer.ip, now_ms, reason) {
+            log::warn!("{summary}");
+        }
+        log::Level::Debug
+    } else if PAST_PACE.counts_apart(status) && !REFUSAL_LINES.take(now_ms) {
+        if let Some(summary) = PAST_PACE.refused(status, peer.ip, now_ms, reason) {
             log::warn!("{summary}");
         }
         log::Level::Debug
@@ -679,15 +689,62 @@ impl Origin {
 
 /// The refusals before authentication of this process, summarised (`handle`). One for the
 /// process rather than a field of [`Gateway`]: a summary says what the listener saw.
-static UNAUTHENTICATED: Refusals = Refusals::new();
+static UNAUTHENTICATED: Refusals = Refusals::new(
+    &[400, 401, 403, 404, 405, 413, 415],
+    "unauthenticated request(s)",
+);
+
+/// The refusals of authenticated senders that moved no order (no order sent: a bad trade,
+/// a duplicate, a mismatch, the rate limit, failing closed or halted), past the pace of
+/// [`REFUSAL_LINES`], summarised as [`UNAUTHENTICATED`]'s are.
+static PAST_PACE: Refusals = Refusals::new(
+    &[400, 409, 422, 429, 503],
+    "request(s) of authenticated senders past 50 lines a second",
+);
+
+/// The lines [`PAST_PACE`]'s refusals may have at info: 50 a second, in bursts of 500.
+static REFUSAL_LINES: Pace = Pace::new(50, 500);
+
+/// A token bucket on [`monotonic_ms`], for log lines.
+struct Pace {
+    per_s: u64,
+    burst: u64,
+    /// Tokens, in thousandths, and when last refilled.
+    bucket: std::sync::Mutex<(u64, u64)>,
+}
+
+impl Pace {
+    const fn new(per_s: u64, burst: u64) -> Pace {
+        Pace {
+            per_s,
+            burst,
+            bucket: std::sync::Mutex::new((burst * 1000, 0)),
+        }
+    }
+
+    /// Takes a token at `now_ms`, if there is one.
+    fn take(&self, now_ms: u64) -> bool {
+        // A poisoned lock holds two numbers only: still usable.
+        let mut b = self.bucket.lock().unwrap_or_else(|p| p.into_inner());
+        let (tokens, at) = *b;
+        let refilled = tokens
+            .saturating_add(now_ms.saturating_sub(at).saturating_mul(self.per_s))
+            .min(self.burst * 1000);
+        let left = refilled.checked_sub(1000);
+        *b = (left.unwrap_or(refilled), now_ms.max(at));
+        left.is_some()
+    }
+}
 
 /// Says the refusals counted since the last summary, if a summary is due, or whatever the
 /// time when `stopping`. A summary is otherwise said only by a refusal that finds one due:
 /// the tail of a flood that ended within the minute would wait for the next refusal, a
 /// day later, or forever. The supervisor calls it every few seconds, and once at the stop.
 pub fn summarise_refusals(stopping: bool) {
-    if let Some(summary) = UNAUTHENTICATED.flush(monotonic_ms(), stopping) {
-        log::warn!("{summary}");
+    for refusals in [&UNAUTHENTICATED, &PAST_PACE] {
+        if let Some(summary) = refusals.flush(monotonic_ms(), stopping) {
+            log::warn!("{summary}");
+        }
     }
 }
 
@@ -699,12 +756,17 @@ fn monotonic_ms() -> u64 {
     u64::try_from(base.elapsed().as_millis()).unwrap_or(u64::MAX)
 }
 
-/// Counts requests refused before authentication, by status, and says so at most once a
-/// [`Refusals::EVERY_MS`]. Lock-free: an increment per refusal, and a compare-and-swap
-/// of the time of the next summary when one may be due, which one refusal wins.
+/// Counts refusals not logged at info (before authentication; past a pace), by status,
+/// and says so at most once a [`Refusals::EVERY_MS`]. Lock-free: an increment per refusal,
+/// and a compare-and-swap of the time of the next summary when one may be due, which one
+/// refusal wins.
 struct Refusals {
-    /// One counter per status of [`Refusals::STATUSES`], and a last one for any other.
-    counts: [AtomicU64; Refusals::STATUSES.len() + 1],
+    /// The statuses counted apart, at most [`Refusals::MOST`].
+    statuses: &'static [u16],
+    /// What it counts, for the summary.
+    what: &'static str,
+    /// One counter per status of `statuses`, and the one after them for any other.
+    counts: [AtomicU64; Refusals::MOST + 1],
     /// When the next summary is due (`monotonic_ms`); 0 until the first, which is due at
     /// once, so that a flood is said when it starts and not a minute later.
     next_ms: AtomicU64,
@@ -718,6 +780,7 @@ struct Refusals {
 /// and the address of the latest (the one that brought the summary).
 #[derive(Debug, PartialEq, Eq)]
 struct Summary {
+    what: &'static str,
     counts: Vec<(Option<u16>, u64)>,
     /// Since the last summary; none for the first, which counts from the start.
     since_ms: Option<u64>,
@@ -728,17 +791,25 @@ struct Summary {
 }
 
 impl Refusals {
-    /// The statuses of the refusals before authentication (`pipeline`).
-    const STATUSES: [u16; 7] = [400, 401, 403, 404, 405, 413, 415];
+    /// The most statuses counted apart.
+    const MOST: usize = 7;
     /// A summary at most this often.
     const EVERY_MS: u64 = 60_000;
 
-    const fn new() -> Refusals {
+    const fn new(statuses: &'static [u16], what: &'static str) -> Refusals {
+        assert!(statuses.len() <= Refusals::MOST);
         Refusals {
-            counts: [const { AtomicU64::new(0) }; Refusals::STATUSES.len() + 1],
+            statuses,
+            what,
+            counts: [const { AtomicU64::new(0) }; Refusals::MOST + 1],
             next_ms: AtomicU64::new(0),
             reason: std::sync::Mutex::new(None),
         }
+    }
+
+    /// Whether `status` is one it counts apart.
+    fn counts_apart(&self, status: u16) -> bool {
+        self.statuses.contains(&status)
     }
 
     /// The longest reason kept: anyone may send what it quotes (a member's name).
@@ -753,10 +824,11 @@ impl Refusals {
         now_ms: u64,
         reason: Option<&str>,
     ) -> Option<Summary> {
-        let slot = Self::STATUSES
+        let slot = self
+            .statuses
             .iter()
             .position(|&s| s == status)
-            .unwrap_or(Self::STATUSES.len());
+            .unwrap_or(Self::MOST);
         if let (400, Some(r)) = (status, reason) {
             // A poisoned lock holds a string only: still usable.
             let mut kept = self.reason.lock().unwrap_or_else(|p| p.into_inner());
@@ -795,12 +867,13 @@ impl Refusals {
             .counts
             .iter()
             .enumerate()
-            .map(|(i, c)| (Self::STATUSES.get(i).copied(), c.swap(0, Ordering::Relaxed)))
+            .map(|(i, c)| (self.statuses.get(i).copied(), c.swap(0, Ordering::Relaxed)))
             .filter(|&(_, n)| n > 0)
             .collect();
         let reason = self.reason.lock().unwrap_or_else(|p| p.into_inner()).take();
         // The last summary was at `due - EVERY_MS`, if there was one.
         Some(Summary {
+            what: self.what,
             counts,
             since_ms: (due > 0).then(|| now_ms.saturating_sub(due - Self::EVERY_MS)),
             latest,
@@ -812,7 +885,7 @@ impl Refusals {
 impl std::fmt::Display for Summary {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let total: u64 = self.counts.iter().map(|&(_, n)| n).sum();
-        write!(f, "refused {total} unauthenticated request(s)")?;
+        write!(f, "refused {total} {}", self.what)?;
         match self.since_ms {
             // Whole seconds, rounded up: never a shorter time than the summary covers.
             Some(ms) => write!(f, " in the last {} s:", ms.div_ceil(1000))?,
@@ -1444,12 +1517,35 @@ mod tests {
         assert_eq!(r.key, Key::fingerprint(&fp, 7).unwrap());
     }
 
+    /// A counter of refusals as the listener's own, [`UNAUTHENTICATED`], fresh.
+    fn unauthenticated() -> Refusals {
+        Refusals::new(UNAUTHENTICATED.statuses, UNAUTHENTICATED.what)
+    }
+
+    /// The pace of refusal lines: a burst, then one each 1000 / `per_s` ms, never more
+    /// than the burst saved up however long the quiet; a clock read out of order (two
+    /// threads) takes nothing back.
+    #[test]
+    fn refusal_lines_keep_their_pace() {
+        let pace = Pace::new(50, 500);
+        let t0 = 1_000;
+        assert_eq!((0..600).filter(|_| pace.take(t0)).count(), 500);
+        assert!(!pace.take(t0 + 19));
+        assert!(pace.take(t0 + 20));
+        assert!(!pace.take(t0 + 20));
+        assert!(!pace.take(t0 + 5), "an earlier reading refilled");
+        assert_eq!(
+            (0..2_000).filter(|_| pace.take(t0 + 3_600_000)).count(),
+            500
+        );
+    }
+
     /// A flood of refusals before authentication makes one summary a minute: the first
     /// refusal's at once, then nothing until a minute later, when the next refusal's
     /// summary counts every refusal since the first's, by status.
     #[test]
     fn refusals_are_summarised_once_a_minute() {
-        let r = Refusals::new();
+        let r = unauthenticated();
         let ip: IpAddr = "192.0.2.7".parse().unwrap();
         let other: IpAddr = "198.51.100.1".parse().unwrap();
         let t0 = 5_000;
@@ -1477,6 +1573,7 @@ mod tests {
         assert_eq!(
             next,
             Summary {
+                what: "unauthenticated request(s)",
                 counts: vec![(Some(401), 900), (Some(404), 100), (None, 1)],
                 since_ms: Some(Refusals::EVERY_MS),
                 latest: Some(ip),
@@ -1504,7 +1601,7 @@ mod tests {
     /// whatever the time.
     #[test]
     fn the_tail_of_a_flood_is_said_without_another_refusal() {
-        let r = Refusals::new();
+        let r = unauthenticated();
         let ip: IpAddr = "192.0.2.7".parse().unwrap();
         assert!(r.flush(0, false).is_none(), "nothing counted, nothing said");
         assert!(r.refused(401, ip, 1_000, None).is_some());
@@ -1540,7 +1637,7 @@ mod tests {
     /// every refusal is counted in some summary, none twice.
     #[test]
     fn concurrent_refusals_are_each_counted_once() {
-        let r = Refusals::new();
+        let r = unauthenticated();
         let ip: IpAddr = "192.0.2.7".parse().unwrap();
         let summaries = std::sync::Mutex::new(Vec::new());
         std::thread::scope(|s| {
