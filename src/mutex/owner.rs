@@ -128,10 +128,13 @@ impl Live {
     /// The monotonic time it was stored at follows from its monotonic deadline less its
     /// TTL: later than it was, if a reopen kept a later deadline (younger, which is safe);
     /// after a restart, from the entry's boot deadline if it was written in this boot, else
-    /// from the wall clock, the only one that survives a reboot.
+    /// from when the process read it (its `hold` less its TTL): no older than that can be
+    /// known. From its deadline guessed by the wall clock of the open, a clock stepped
+    /// forward since the reserve aged it by the step, and a retry that crossed the minute
+    /// (another fingerprint) was taken for a new trade, a second after it.
     fn age_ms(&self, now_mono: u64) -> u64 {
         let ttl = self.expires_at.saturating_sub(self.stored_at);
-        now_mono.saturating_sub(self.due_mono.saturating_sub(ttl))
+        now_mono.saturating_sub(self.due_mono.max(self.hold).saturating_sub(ttl))
     }
 
     /// Live until its monotonic deadline, and after it while the wall clock says so, up
@@ -2596,15 +2599,17 @@ mod tests {
         assert!(matches!(reserve(&mut o, &k), Decision::Duplicate(_)));
     }
 
-    /// An owner in a boot whose id is unknown, opened on a key a first one took, with the
-    /// wall clock `ahead` of where it was then: the key's monotonic deadline is a guess
-    /// from the wall clock, `ahead` short of the TTL.
-    fn read_back_ahead(
+    /// An owner opened on a key a first one took (both in a boot whose id is unknown, or
+    /// each in a boot of its own: `known`), an hour into its boot, with the wall clock
+    /// `ahead` of where it was then: the key's monotonic deadline is a guess from the wall
+    /// clock, `ahead` short of the TTL.
+    fn read_back(
         dir: &std::path::Path,
         k: &Key,
         ahead: u64,
+        known: bool,
     ) -> (Owner, Arc<super::super::clock::ManualClock>) {
-        let (mut first, _) = owner_in_boot(dir, false);
+        let (mut first, _) = owner_in_boot(dir, known);
         assert!(matches!(reserve(&mut first, k), Decision::Proceed(_)));
         first.close();
         drop(first);
@@ -2614,12 +2619,42 @@ mod tests {
             ..Config::default()
         };
         let (clock, time) = Clock::manual(1_800_000_000_000);
-        time.forget_boot();
+        if !known {
+            time.forget_boot();
+        }
+        time.advance_ms(3_600_000);
+        time.step_wall_back_ms(3_600_000);
         time.step_wall_ms(ahead);
         let mut o = Owner::new(config, clock, Arc::default(), false);
         o.reopen();
         assert!(o.store.is_some(), "{:?}", o.failure);
         (o, time)
+    }
+
+    fn read_back_ahead(
+        dir: &std::path::Path,
+        k: &Key,
+        ahead: u64,
+    ) -> (Owner, Arc<super::super::clock::ManualClock>) {
+        read_back(dir, k, ahead, false)
+    }
+
+    /// A fingerprint read back whose deadline is a guess short by a step forward of the
+    /// wall clock (a minute, here) is no older than the time since it was read: a retry
+    /// of its trade that crossed into the next minute, at once, is refused as its
+    /// duplicate (it was taken for a new trade, the minute's age counted from the guess).
+    #[test]
+    fn a_fingerprint_read_back_is_not_aged_by_a_clock_stepped_forward() {
+        for known in [true, false] {
+            let dir = tempfile::tempdir().unwrap();
+            let k = Key::from_stored("trade:x:BTC:LONG:1:live:1").unwrap();
+            let next = Key::from_stored("trade:x:BTC:LONG:1:live:2").unwrap();
+            let (mut o, _time) = read_back(dir.path(), &k, 60_000, known);
+            assert!(
+                matches!(reserve(&mut o, &next), Decision::Duplicate(_)),
+                "boot known {known}: a retry across the minute, at once, granted"
+            );
+        }
     }
 
     /// A key read from the disk whose monotonic deadline is a guess (the boot unknown, the
