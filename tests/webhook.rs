@@ -1091,19 +1091,34 @@ async fn stalled_handshakes_give_their_places_to_a_waiting_sender() {
         // Each older than the next, so that which goes first is known.
         tokio::time::sleep(Duration::from_millis(50)).await;
     }
+    let closed = |idle: &mut Vec<tokio::net::TcpStream>| {
+        let idle = std::mem::take(idle);
+        async move {
+            let mut closed = Vec::new();
+            let mut kept = Vec::new();
+            for mut tcp in idle {
+                let mut byte = [0u8; 1];
+                let read =
+                    tokio::time::timeout(Duration::from_millis(200), tcp.read(&mut byte)).await;
+                closed.push(matches!(read, Ok(Ok(0) | Err(_))));
+                kept.push(tcp);
+            }
+            (closed, kept)
+        }
+    };
+    // Stalled past a second, with nobody waiting: none is closed (r97).
+    tokio::time::sleep(Duration::from_millis(1500)).await;
+    let (none, kept) = closed(&mut idle).await;
+    assert_eq!(none, [false; 4], "closed with nobody waiting");
+    idle = kept;
     let served = tokio::time::timeout(Duration::from_secs(20), gw.post(&trade("BTCUSDT"), &[]))
         .await
         .expect("the sender got no answer: its connection waited behind the stalled ones");
     assert_eq!(served.status, 200);
     gw.wait_logged("closed 1 connection(s) whose TLS handshake had taken over 1s");
     // The oldest was closed for it, and only that one.
-    let mut closed = Vec::new();
-    for tcp in &mut idle {
-        let mut byte = [0u8; 1];
-        let read = tokio::time::timeout(Duration::from_millis(200), tcp.read(&mut byte)).await;
-        closed.push(matches!(read, Ok(Ok(0) | Err(_))));
-    }
-    assert_eq!(closed, [true, false, false, false]);
+    let (one, _) = closed(&mut idle).await;
+    assert_eq!(one, [true, false, false, false]);
     assert_eq!(connections_refused(&gw).await, 1);
 }
 

@@ -380,30 +380,6 @@ pub async fn serve(
     tokio::pin!(shutdown);
 
     'accept: loop {
-        // At the connection cap, stop accepting: the kernel's backlog holds the rest. A
-        // place comes back when a connection ends, or, one at a time, from a handshake
-        // that stalled.
-        let permit = loop {
-            let wait = match slots.clone().try_acquire_owned() {
-                Ok(p) => break p,
-                Err(_) => match handshakes.close_stalled() {
-                    Stalled::Closed => {
-                        gw.metrics.connection_refused();
-                        None
-                    }
-                    Stalled::In(left) => Some(left),
-                    Stalled::None => None,
-                },
-            };
-            tokio::select! {
-                p = slots.clone().acquire_owned() => match p {
-                    Ok(p) => break p,
-                    Err(_) => break 'accept, // the semaphore is never closed
-                },
-                _ = tokio::time::sleep(wait.unwrap_or(Duration::MAX)), if wait.is_some() => {}
-                _ = &mut shutdown => break 'accept,
-            }
-        };
         let (tcp, addr) = tokio::select! {
             r = listener.accept() => match r {
                 Ok(c) => c,
@@ -420,12 +396,36 @@ pub async fn serve(
             }
             _ = &mut shutdown => break,
         };
-        // Over its share: closed before the handshake, and its permit goes back.
         let ip = addr.ip().to_canonical();
         let allowed = gw.allowlist.allows(ip);
         let refused = |over: String| {
             gw.metrics.connection_refused();
             floods.happened(Flood::Refused, format!("{ip} (over {over})"));
+        };
+        // At the connection cap, an address the list names waits for a place, and the
+        // kernel's backlog holds the rest. A place comes back when a connection ends, or,
+        // for this one waiting, from the oldest handshake that has stalled
+        // (`limits::Handshakes`). Its share is looked at once it has one, as before.
+        let place = if allowed {
+            Some(loop {
+                let wait = match slots.clone().try_acquire_owned() {
+                    Ok(p) => break p,
+                    Err(_) => match handshakes.close_stalled() {
+                        Stalled::In(left) => Some(left),
+                        Stalled::Closed | Stalled::None => None,
+                    },
+                };
+                tokio::select! {
+                    p = slots.clone().acquire_owned() => match p {
+                        Ok(p) => break p,
+                        Err(_) => break 'accept, // the semaphore is never closed
+                    },
+                    _ = tokio::time::sleep(wait.unwrap_or(Duration::MAX)), if wait.is_some() => {}
+                    _ = &mut shutdown => break 'accept,
+                }
+            })
+        } else {
+            None
         };
         let Some(ip_slot) = per_ip.acquire(ip, allowed) else {
             // The limit it met: an address limits.allow_ips leaves out is held to one
@@ -438,15 +438,13 @@ pub async fn serve(
             });
             continue;
         };
-        // An address the list leaves out is answered 403 whatever it sends. It gives its
-        // place among `server.max_connections` back, and takes one of the few that such
-        // addresses share: one a place, a host with many addresses (an IPv6 /64) held
-        // every place, and the sender the list names got no answer.
-        let permit = if allowed {
-            permit
-        } else {
-            drop(permit);
-            match outside.clone().try_acquire_owned() {
+        // An address the list leaves out is answered 403 whatever it sends: it takes one
+        // of the few places that such addresses share, apart from the cap (one of the
+        // cap's each, a host with many addresses, an IPv6 /64, held every place, and the
+        // sender the list names got no answer).
+        let permit = match place {
+            Some(p) => p,
+            None => match outside.clone().try_acquire_owned() {
                 Ok(p) => p,
                 Err(_) => {
                     refused(format!(
@@ -455,7 +453,7 @@ pub async fn serve(
                     ));
                     continue;
                 }
-            }
+            },
         };
         let _ = tcp.set_nodelay(true);
         // Ended by the drain, or, stalled at the cap, to give its place up: of those
@@ -494,6 +492,7 @@ pub async fn serve(
                 }
                 // Stalled at the cap, and closed for one waiting; or the drain began.
                 None if !draining.is_cancelled() => {
+                    gw.metrics.connection_refused();
                     floods.happened(Flood::Stalled, ip.to_string());
                     return;
                 }
