@@ -1125,11 +1125,16 @@ async fn stalled_handshakes_give_their_places_to_a_waiting_sender() {
 /// An authenticated sender's refusals that moved no order (here 1,200 duplicates of one
 /// trade: a broken sender's loop, a leaked secret) are logged a line each up to a pace (a
 /// burst of 500, then 50 a second), and past it counted in a summary at most once a
-/// minute; the order that went out is logged. A line each (25k a second) pushed every
-/// other line, other senders' trades and 504s among them, out of journald's rate limit.
+/// minute; the order that went out is logged, and so are another sender's refusals, on a
+/// pace of its own. A line each (25k a second) pushed every other line, other senders'
+/// trades and 504s among them, out of journald's rate limit.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn a_flood_of_refusals_from_a_sender_is_paced_in_the_log() {
-    let (exec, _setup, gw) = with_mock().await;
+    let (exec, _setup, gw) = with_mock_configured(|s| {
+        let bearer = s.dir.path().join("secrets/bearer");
+        support::gateway::write_secret(&bearer, "@desk-b tok-b\n");
+    })
+    .await;
     let mut t = trade("BTCUSDT");
     t["idempotencyKey"] = json!("flood-1");
     assert_eq!(gw.post(&t, &[]).await.status, 200);
@@ -1140,23 +1145,33 @@ async fn a_flood_of_refusals_from_a_sender_is_paced_in_the_log() {
         assert_eq!(r.status, 409);
     }
     let took = started.elapsed().as_secs_f64();
-    let log = gw.wait_logged("request(s) of authenticated senders past 50 lines a second");
+    let log = gw.wait_logged("request(s) of authenticated senders past 50 lines a second each");
     let lines = log
         .lines()
-        .filter(|l| l.contains(" status=409 code=DUPLICATE "))
+        .filter(|l| l.contains(" status=409 code=DUPLICATE ") && l.contains(" client=psk "))
         .count();
     // The burst, and what the pace refilled while the flood went on.
     let most = 500 + (50.0 * took).ceil() as usize + 1;
     assert!(
-        (500..=most.min(699)).contains(&lines),
-        "{lines} of 700 in {took} s"
+        (500..=most.min(1199)).contains(&lines),
+        "{lines} of 1200 in {took} s"
     );
     assert_eq!(
         log.lines().filter(|l| l.contains(" status=200 ")).count(),
         1,
         "{log}"
     );
-    assert_eq!(exec.calls(), 1);
+    // Another sender's refusal, its key its own and duplicated, is said.
+    let mut b = trade("ETHUSDT");
+    b.as_object_mut().unwrap().remove("apiKey");
+    b["idempotencyKey"] = json!("desk-b-1");
+    let auth = [("authorization", "Bearer tok-b")];
+    assert_eq!(gw.post(&b, &auth).await.status, 200);
+    assert_eq!(gw.post(&b, &auth).await.status, 409);
+    gw.wait_logged("client=psk.desk-b");
+    let log = gw.wait_logged(" status=409 code=DUPLICATE key=client:psk.desk-b:live:desk-b-1 ");
+    assert!(log.contains("client=psk.desk-b"), "{log}");
+    assert_eq!(exec.calls(), 2);
 }
 
 /// A sender that names its key as other APIs do (`X-Idempotency-Key`, a body's
