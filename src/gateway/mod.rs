@@ -405,14 +405,19 @@ pub async fn serve(
         // At the connection cap, an address the list names waits for a place, and the
         // kernel's backlog holds the rest. A place comes back when a connection ends, or,
         // for this one waiting, from the oldest handshake that has stalled
-        // (`limits::Handshakes`). Its share is looked at once it has one, as before.
+        // (`limits::Handshakes`), unless its address is over its share, which it is
+        // refused for once it has a place, as before (it waits: a connection of its own
+        // that ends gives it room). After a close, it looks again shortly: the handshake
+        // closed may have ended just before, and be served, its place kept.
         let place = if allowed {
             Some(loop {
                 let wait = match slots.clone().try_acquire_owned() {
                     Ok(p) => break p,
+                    Err(_) if !per_ip.has_room(ip, allowed) => None,
                     Err(_) => match handshakes.close_stalled() {
                         Stalled::In(left) => Some(left),
-                        Stalled::Closed | Stalled::None => None,
+                        Stalled::Closed => Some(Duration::from_millis(100)),
+                        Stalled::None => None,
                     },
                 };
                 tokio::select! {

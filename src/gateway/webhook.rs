@@ -246,7 +246,7 @@ pub async fn handle(
         log::Level::Debug
     } else if PAST_PACE.counts_apart(status)
         && let Some(client) = answer.client.as_deref()
-        && REFUSAL_LINES.check(client, Instant::now()).is_err()
+        && !REFUSAL_LINES.say(&format!("{client} {}", peer.ip), Instant::now())
     {
         if let Some(summary) = PAST_PACE.refused(status, peer.ip, now_ms, reason) {
             log::warn!("{summary}");
@@ -702,14 +702,43 @@ static UNAUTHENTICATED: Refusals = Refusals::new(
 /// [`REFUSAL_LINES`], summarised as [`UNAUTHENTICATED`]'s are.
 static PAST_PACE: Refusals = Refusals::new(
     &[400, 409, 422, 429, 503],
-    "request(s) of authenticated senders past 50 lines a second each",
+    "request(s) of authenticated senders past their pace of log lines",
 );
 
-/// The lines [`PAST_PACE`]'s refusals may have at info: 50 a second for each sender, in
-/// bursts of 500. Each its own: a leaked secret's flood must not take the signal engine's
-/// 503s (failing closed, halted) down to debug with its own.
-static REFUSAL_LINES: std::sync::LazyLock<RateLimiter> =
-    std::sync::LazyLock::new(|| RateLimiter::new(50.0, 500));
+/// The lines [`PAST_PACE`]'s refusals may have at info.
+static REFUSAL_LINES: std::sync::LazyLock<RefusalLines> =
+    std::sync::LazyLock::new(RefusalLines::new);
+
+/// The pace of refusals' lines, for each sender (a client at an address: a thief with the
+/// signal engine's secret is another sender) and for all of them together: a line is said
+/// on a token of its sender's floor (5 a second, in bursts of 50), or else on one of its
+/// own (50 a second, bursts of 500) and one of all senders' (150 a second, bursts of
+/// 1,500). So many senders together stay within journald's default of 10,000 lines in
+/// 30 s but for their floors, and one sender's flood takes neither another's lines nor
+/// those of the orders that went out (not paced).
+struct RefusalLines {
+    floor: RateLimiter,
+    each: RateLimiter,
+    all: RateLimiter,
+}
+
+impl RefusalLines {
+    fn new() -> RefusalLines {
+        RefusalLines {
+            floor: RateLimiter::new(5.0, 50),
+            each: RateLimiter::new(50.0, 500),
+            all: RateLimiter::new(150.0, 1500),
+        }
+    }
+
+    /// Whether `sender`'s refusal is said now, taking the tokens that pay for it.
+    fn say(&self, sender: &str, now: Instant) -> bool {
+        self.floor.check(sender, now).is_ok()
+            || (self.each.has_token(sender, now)
+                && self.all.check("", now).is_ok()
+                && self.each.check(sender, now).is_ok())
+    }
+}
 
 /// Says the refusals counted since the last summary, if a summary is due, or whatever the
 /// time when `stopping`. A summary is otherwise said only by a refusal that finds one due:
@@ -1495,6 +1524,28 @@ mod tests {
     /// A counter of refusals as the listener's own, [`UNAUTHENTICATED`], fresh.
     fn unauthenticated() -> Refusals {
         Refusals::new(UNAUTHENTICATED.statuses, UNAUTHENTICATED.what)
+    }
+
+    /// A sender's refusal lines: its floor's burst (50) and its own (500) at once, then
+    /// its floor's and its own pace; all senders' together held to theirs (1,500 at once),
+    /// but for each one's floor, so that a sender flooding after others leaves each of
+    /// them its floor.
+    #[test]
+    fn refusal_lines_keep_their_pace_for_each_sender_and_all() {
+        let lines = RefusalLines::new();
+        let t0 = Instant::now();
+        let said =
+            |sender: &str, n: usize, at: Instant| (0..n).filter(|_| lines.say(sender, at)).count();
+        assert_eq!(said("a 192.0.2.1", 1000, t0), 550);
+        // A second on: 5 of the floor, 50 of its own.
+        assert_eq!(said("a 192.0.2.1", 1000, t0 + Duration::from_secs(1)), 55);
+        // Others take what is left of all senders' (1,500 and 150 refilled, less a's 500
+        // and 50), then only their floors.
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(said("b 192.0.2.2", 1000, later), 550);
+        assert_eq!(said("c 192.0.2.3", 1000, later), 550);
+        assert_eq!(said("d 192.0.2.4", 1000, later), 150);
+        assert_eq!(said("e 192.0.2.5", 1000, later), 50);
     }
 
     /// A flood of refusals before authentication makes one summary a minute: the first
