@@ -1108,18 +1108,25 @@ async fn stalled_at_a_cap_of_four(
     (setup, gw, idle)
 }
 
-/// At the cap, a connection from an address over its share closes no stalled handshake
-/// for a place it would be refused (r98): it waits, as any connection at the cap.
+/// At the cap, a connection from an address over its share is closed at once, as below
+/// it: it closes no stalled handshake for a place it would be refused (r98), nor holds
+/// the accept loop, the sender's connection behind it, waiting for one (r99).
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn a_connection_over_its_share_closes_no_handshake() {
+async fn a_connection_over_its_share_at_the_cap_is_closed_at_once() {
     let (_setup, gw, idle) = stalled_at_a_cap_of_four(Some(1)).await;
     tokio::time::sleep(Duration::from_millis(1500)).await;
-    let again = connect_from(2, gw.addr).await;
-    tokio::time::sleep(Duration::from_millis(1500)).await;
-    let (closed, _idle) = which_closed(idle).await;
+    let mut again = vec![connect_from(2, gw.addr).await];
+    let (closed, _) = which_closed(std::mem::take(&mut again)).await;
+    assert_eq!(closed, [true], "a connection over its share kept");
+    let (closed, idle) = which_closed(idle).await;
     assert_eq!(closed, [false; 4], "closed for a connection over its share");
-    assert_eq!(connections_refused(&gw).await, 0);
-    drop(again);
+    assert_eq!(connections_refused(&gw).await, 1);
+    // The sender's trade, behind it, takes the oldest stalled place.
+    let served = tokio::time::timeout(Duration::from_secs(20), gw.post(&trade("BTCUSDT"), &[]))
+        .await
+        .expect("the sender got no answer");
+    assert_eq!(served.status, 200);
+    drop(idle);
 }
 
 /// At `server.max_connections`, connections that take a place and say nothing (each from
@@ -3774,9 +3781,10 @@ async fn connection_cap_holds_new_connections_until_one_closes() {
     let (_setup, gw, c) = capped_at_two("max_connections").await;
     let first = c.connect(&gw.url()).await.unwrap();
     let mut second = c.connect(&gw.url()).await.unwrap();
-    // Both slots are taken: a third connection waits in the backlog, unserved.
+    // Both slots are taken: a third connection (from another address: this one is at its
+    // share, and one more from it is closed at once) waits in the backlog, unserved.
     let url = gw.url();
-    let third = c.connect(&url);
+    let third = c.connect_from(&url, Some([127, 0, 0, 2].into()));
     tokio::pin!(third);
     let early = tokio::time::timeout(Duration::from_millis(1500), &mut third).await;
     assert!(

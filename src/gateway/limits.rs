@@ -191,12 +191,6 @@ impl PerIp {
         })
     }
 
-    /// Whether [`PerIp::acquire`] would give `ip` a place now, taking none.
-    pub fn has_room(&self, ip: IpAddr, allowed: bool) -> bool {
-        let held = self.held.lock().unwrap_or_else(PoisonError::into_inner);
-        held.get(&ip).copied().unwrap_or(0) < if allowed { self.max } else { 1 }
-    }
-
     /// Addresses holding at least one connection.
     #[cfg(test)]
     pub fn tracked(&self) -> usize {

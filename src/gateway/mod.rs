@@ -402,36 +402,8 @@ pub async fn serve(
             gw.metrics.connection_refused();
             floods.happened(Flood::Refused, format!("{ip} (over {over})"));
         };
-        // At the connection cap, an address the list names waits for a place, and the
-        // kernel's backlog holds the rest. A place comes back when a connection ends, or,
-        // for this one waiting, from the oldest handshake that has stalled
-        // (`limits::Handshakes`), unless its address is over its share, which it is
-        // refused for once it has a place, as before (it waits: a connection of its own
-        // that ends gives it room). After a close, it looks again shortly: the handshake
-        // closed may have ended just before, and be served, its place kept.
-        let place = if allowed {
-            Some(loop {
-                let wait = match slots.clone().try_acquire_owned() {
-                    Ok(p) => break p,
-                    Err(_) if !per_ip.has_room(ip, allowed) => None,
-                    Err(_) => match handshakes.close_stalled() {
-                        Stalled::In(left) => Some(left),
-                        Stalled::Closed => Some(Duration::from_millis(100)),
-                        Stalled::None => None,
-                    },
-                };
-                tokio::select! {
-                    p = slots.clone().acquire_owned() => match p {
-                        Ok(p) => break p,
-                        Err(_) => break 'accept, // the semaphore is never closed
-                    },
-                    _ = tokio::time::sleep(wait.unwrap_or(Duration::MAX)), if wait.is_some() => {}
-                    _ = &mut shutdown => break 'accept,
-                }
-            })
-        } else {
-            None
-        };
+        // Over its share: closed at once, before the handshake, whether or not places are
+        // left (at the cap it blocked the loop, the signal engine's connection behind it).
         let Some(ip_slot) = per_ip.acquire(ip, allowed) else {
             // The limit it met: an address limits.allow_ips leaves out is held to one
             // connection, whatever max_connections_per_ip says.
@@ -443,13 +415,36 @@ pub async fn serve(
             });
             continue;
         };
+        // At the connection cap, an address the list names waits for a place, and the
+        // kernel's backlog holds the rest. A place comes back when a connection ends, or,
+        // for this one waiting, from the oldest handshake that has stalled
+        // (`limits::Handshakes`). After a close, it looks again shortly: the handshake
+        // closed may have ended just before, and be served, its place kept.
         // An address the list leaves out is answered 403 whatever it sends: it takes one
         // of the few places that such addresses share, apart from the cap (one of the
         // cap's each, a host with many addresses, an IPv6 /64, held every place, and the
         // sender the list names got no answer).
-        let permit = match place {
-            Some(p) => p,
-            None => match outside.clone().try_acquire_owned() {
+        let permit = if allowed {
+            loop {
+                let wait = match slots.clone().try_acquire_owned() {
+                    Ok(p) => break p,
+                    Err(_) => match handshakes.close_stalled() {
+                        Stalled::In(left) => Some(left),
+                        Stalled::Closed => Some(Duration::from_millis(500)),
+                        Stalled::None => None,
+                    },
+                };
+                tokio::select! {
+                    p = slots.clone().acquire_owned() => match p {
+                        Ok(p) => break p,
+                        Err(_) => break 'accept, // the semaphore is never closed
+                    },
+                    _ = tokio::time::sleep(wait.unwrap_or(Duration::MAX)), if wait.is_some() => {}
+                    _ = &mut shutdown => break 'accept,
+                }
+            }
+        } else {
+            match outside.clone().try_acquire_owned() {
                 Ok(p) => p,
                 Err(_) => {
                     refused(format!(
@@ -458,7 +453,7 @@ pub async fn serve(
                     ));
                     continue;
                 }
-            },
+            }
         };
         let _ = tcp.set_nodelay(true);
         // Ended by the drain, or, stalled at the cap, to give its place up: of those

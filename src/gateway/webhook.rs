@@ -246,7 +246,7 @@ pub async fn handle(
         log::Level::Debug
     } else if PAST_PACE.counts_apart(status)
         && let Some(client) = answer.client.as_deref()
-        && !REFUSAL_LINES.say(&format!("{client} {}", peer.ip), Instant::now())
+        && !REFUSAL_LINES.say(client, peer.ip, Instant::now())
     {
         if let Some(summary) = PAST_PACE.refused(status, peer.ip, now_ms, reason) {
             log::warn!("{summary}");
@@ -709,13 +709,14 @@ static PAST_PACE: Refusals = Refusals::new(
 static REFUSAL_LINES: std::sync::LazyLock<RefusalLines> =
     std::sync::LazyLock::new(RefusalLines::new);
 
-/// The pace of refusals' lines, for each sender (a client at an address: a thief with the
-/// signal engine's secret is another sender) and for all of them together: a line is said
-/// on a token of its sender's floor (5 a second, in bursts of 50), or else on one of its
-/// own (50 a second, bursts of 500) and one of all senders' (150 a second, bursts of
-/// 1,500). So many senders together stay within journald's default of 10,000 lines in
-/// 30 s but for their floors, and one sender's flood takes neither another's lines nor
-/// those of the orders that went out (not paced).
+/// The pace of refusals' lines: a line is said on a token of its client's floor (5 a
+/// second, in bursts of 50), or else on one of its sender's own (a client at an address:
+/// 50 a second, bursts of 500) and one of all senders' (150 a second, bursts of 1,500).
+/// All senders together stay under 6,000 lines in 30 s, and 200 more for each client (a
+/// secret's name, a certificate's: as many as the operator configured), within journald's
+/// default 10,000 but for many clients; no sender's flood takes another client's floor,
+/// nor the lines of the orders that went out (not paced). A floor for each address would
+/// have made the total a thief's with many addresses to choose.
 struct RefusalLines {
     floor: RateLimiter,
     each: RateLimiter,
@@ -731,12 +732,14 @@ impl RefusalLines {
         }
     }
 
-    /// Whether `sender`'s refusal is said now, taking the tokens that pay for it.
-    fn say(&self, sender: &str, now: Instant) -> bool {
-        self.floor.check(sender, now).is_ok()
-            || (self.each.has_token(sender, now)
+    /// Whether a refusal of `client`'s, from `ip`, is said now, taking the tokens that pay
+    /// for it.
+    fn say(&self, client: &str, ip: IpAddr, now: Instant) -> bool {
+        let sender = format!("{client} {ip}");
+        self.floor.check(client, now).is_ok()
+            || (self.each.has_token(&sender, now)
                 && self.all.check("", now).is_ok()
-                && self.each.check(sender, now).is_ok())
+                && self.each.check(&sender, now).is_ok())
     }
 }
 
@@ -1526,26 +1529,32 @@ mod tests {
         Refusals::new(UNAUTHENTICATED.statuses, UNAUTHENTICATED.what)
     }
 
-    /// A sender's refusal lines: its floor's burst (50) and its own (500) at once, then
-    /// its floor's and its own pace; all senders' together held to theirs (1,500 at once),
-    /// but for each one's floor, so that a sender flooding after others leaves each of
-    /// them its floor.
+    /// A sender's refusal lines: its client's floor's burst (50) and its own (500) at
+    /// once, then their pace; all senders' together held to theirs (1,500 at once), but
+    /// for each client's floor, so that a sender flooding after others leaves each client
+    /// its floor. A client's other addresses share its floor.
     #[test]
     fn refusal_lines_keep_their_pace_for_each_sender_and_all() {
         let lines = RefusalLines::new();
         let t0 = Instant::now();
-        let said =
-            |sender: &str, n: usize, at: Instant| (0..n).filter(|_| lines.say(sender, at)).count();
-        assert_eq!(said("a 192.0.2.1", 1000, t0), 550);
+        let said = |client: &str, ip: [u8; 4], n: usize, at: Instant| {
+            (0..n).filter(|_| lines.say(client, ip.into(), at)).count()
+        };
+        assert_eq!(said("a", [192, 0, 2, 1], 1000, t0), 550);
         // A second on: 5 of the floor, 50 of its own.
-        assert_eq!(said("a 192.0.2.1", 1000, t0 + Duration::from_secs(1)), 55);
+        let later = t0 + Duration::from_secs(1);
+        assert_eq!(said("a", [192, 0, 2, 1], 1000, later), 55);
         // Others take what is left of all senders' (1,500 and 150 refilled, less a's 500
         // and 50), then only their floors.
-        let later = t0 + Duration::from_secs(1);
-        assert_eq!(said("b 192.0.2.2", 1000, later), 550);
-        assert_eq!(said("c 192.0.2.3", 1000, later), 550);
-        assert_eq!(said("d 192.0.2.4", 1000, later), 150);
-        assert_eq!(said("e 192.0.2.5", 1000, later), 50);
+        assert_eq!(said("b", [192, 0, 2, 2], 1000, later), 550);
+        assert_eq!(said("c", [192, 0, 2, 3], 1000, later), 550);
+        assert_eq!(said("d", [192, 0, 2, 4], 1000, later), 150);
+        assert_eq!(said("e", [192, 0, 2, 5], 1000, later), 50);
+        // Client a from many addresses: its floor is spent, and all senders' too.
+        let many: usize = (0..=255)
+            .map(|n| said("a", [198, 51, 100, n], 10, later))
+            .sum();
+        assert_eq!(many, 0);
     }
 
     /// A flood of refusals before authentication makes one summary a minute: the first
