@@ -150,7 +150,8 @@ impl Allowlist {
 
 /// How many connections each address holds, so that one host on the LAN cannot take every
 /// slot of `server.max_connections` from the signal engine. An address is tracked only while
-/// it holds a connection, so the map never outgrows the connection cap.
+/// it holds a connection, so the map never outgrows the connections held (the cap, the
+/// few places of the addresses outside the allowlist, and the one waiting for a place).
 #[derive(Debug)]
 pub struct PerIp {
     max: usize,

@@ -712,11 +712,13 @@ static REFUSAL_LINES: std::sync::LazyLock<RefusalLines> =
 /// The pace of refusals' lines: a line is said on a token of its client's floor (5 a
 /// second, in bursts of 50), or else on one of its sender's own (a client at an address:
 /// 50 a second, bursts of 500) and one of all senders' (150 a second, bursts of 1,500).
-/// All senders together stay under 6,000 lines in 30 s, and 200 more for each client (a
-/// secret's name, a certificate's: as many as the operator configured), within journald's
-/// default 10,000 but for many clients; no sender's flood takes another client's floor,
-/// nor the lines of the orders that went out (not paced). A floor for each address would
-/// have made the total a thief's with many addresses to choose.
+/// All senders together write at most 6,000 lines in 30 s, and 200 more for each client
+/// flooding (a secret's name; a certificate's, one for each name a `client_ca` CA issues),
+/// within journald's default 10,000, room left for the orders' lines, for up to about 15
+/// such clients. No flood takes another client's floor, nor the lines of the orders that
+/// went out (not paced); one with a client's own secret shares that client's floor, and
+/// can take its refusals' lines (still counted in the summary). A floor for each address
+/// would have made the total a thief's with many addresses to choose.
 struct RefusalLines {
     floor: RateLimiter,
     each: RateLimiter,
