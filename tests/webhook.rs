@@ -1373,14 +1373,20 @@ async fn an_http1_request_needs_exactly_one_host() {
     assert_eq!(exec.calls(), 0);
 }
 
-#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
-async fn rate_limit_spares_duplicates_and_leaves_no_reservation() {
-    let (exec, _setup, gw) = with_mock_configured(|setup| {
+/// A gateway on a mock executor whose rate limit allows a burst of 2 and then next to
+/// nothing (one a 100 s).
+async fn rate_limited_to_a_burst_of_two() -> (MockExecutor, Setup, support::gateway::Gateway) {
+    with_mock_configured(|setup| {
         setup
             .set("limits", "rate_per_s", 0.01)
             .set("limits", "burst", 2);
     })
-    .await;
+    .await
+}
+
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn rate_limit_spares_duplicates_and_leaves_no_reservation() {
+    let (exec, _setup, gw) = rate_limited_to_a_burst_of_two().await;
     let with_key = |k: &str| {
         let mut t = trade("BTCUSDT");
         t["idempotencyKey"] = json!(k);
@@ -2600,12 +2606,7 @@ async fn a_signed_request_replayed_after_its_secret_is_renamed_is_refused() {
 /// capacity.
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn re_signed_duplicates_write_guards_at_the_rate_limits_pace() {
-    let (exec, _setup, gw) = with_mock_configured(|setup| {
-        setup
-            .set("limits", "rate_per_s", 0.01)
-            .set("limits", "burst", 2);
-    })
-    .await;
+    let (exec, _setup, gw) = rate_limited_to_a_burst_of_two().await;
     let mut t = trade("BTCUSDT");
     t.as_object_mut().unwrap().remove("apiKey");
     t["idempotencyKey"] = json!("flooded");

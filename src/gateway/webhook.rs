@@ -237,23 +237,25 @@ pub async fn handle(
     // leaked secret's flood of duplicates) likewise, past a pace: a line each pushed
     // other senders' trades, and the 504s, out of journald's rate limit in a second and a
     // half. Every line of an order that went out is said.
-    let now_ms = monotonic_ms();
-    let reason = answer.reason.as_deref();
-    let level = if answer.client.is_none() {
-        if let Some(summary) = UNAUTHENTICATED.refused(status, peer.ip, now_ms, reason) {
-            log::warn!("{summary}");
+    let counted = match answer.client.as_deref() {
+        None => Some(&UNAUTHENTICATED),
+        Some(client)
+            if PAST_PACE.counts_apart(status)
+                && !REFUSAL_LINES.say(client, peer.ip, Instant::now()) =>
+        {
+            Some(&PAST_PACE)
         }
-        log::Level::Debug
-    } else if PAST_PACE.counts_apart(status)
-        && let Some(client) = answer.client.as_deref()
-        && !REFUSAL_LINES.say(client, peer.ip, Instant::now())
-    {
-        if let Some(summary) = PAST_PACE.refused(status, peer.ip, now_ms, reason) {
-            log::warn!("{summary}");
+        Some(_) => None,
+    };
+    let level = match counted {
+        Some(refusals) => {
+            let reason = answer.reason.as_deref();
+            if let Some(summary) = refusals.refused(status, peer.ip, monotonic_ms(), reason) {
+                log::warn!("{summary}");
+            }
+            log::Level::Debug
         }
-        log::Level::Debug
-    } else {
-        Note::level(answer.note.as_ref(), log::Level::Info)
+        None => Note::level(answer.note.as_ref(), log::Level::Info),
     };
     // Structured: under journald each field is its own journal field (KEY=, OUTCOME=, ...).
     log::log!(
@@ -737,11 +739,13 @@ impl RefusalLines {
     /// Whether a refusal of `client`'s, from `ip`, is said now, taking the tokens that pay
     /// for it.
     fn say(&self, client: &str, ip: IpAddr, now: Instant) -> bool {
+        if self.floor.check(client, now).is_ok() {
+            return true;
+        }
         let sender = format!("{client} {ip}");
-        self.floor.check(client, now).is_ok()
-            || (self.each.has_token(&sender, now)
-                && self.all.check("", now).is_ok()
-                && self.each.check(&sender, now).is_ok())
+        self.each.has_token(&sender, now)
+            && self.all.check("", now).is_ok()
+            && self.each.check(&sender, now).is_ok()
     }
 }
 

@@ -1765,6 +1765,15 @@ mod tests {
         dir: &std::path::Path,
         known: bool,
     ) -> (Owner, Arc<super::super::clock::ManualClock>) {
+        owner_at(dir, known, |_| {})
+    }
+
+    /// As [`owner_in_boot`], its clock set by `set` before the open.
+    fn owner_at(
+        dir: &std::path::Path,
+        known: bool,
+        set: impl FnOnce(&super::super::clock::ManualClock),
+    ) -> (Owner, Arc<super::super::clock::ManualClock>) {
         let config = Config {
             path: dir.join("m.redb"),
             journal_bytes: 64 * 1024,
@@ -1774,6 +1783,7 @@ mod tests {
         if !known {
             time.forget_boot();
         }
+        set(&time);
         let mut o = Owner::new(config, clock, Arc::default(), false);
         o.reopen();
         assert!(o.store.is_some(), "{:?}", o.failure);
@@ -2624,22 +2634,11 @@ mod tests {
         assert!(matches!(reserve(&mut first, k), Decision::Proceed(_)));
         first.close();
         drop(first);
-        let config = Config {
-            path: dir.join("m.redb"),
-            journal_bytes: 64 * 1024,
-            ..Config::default()
-        };
-        let (clock, time) = Clock::manual(1_800_000_000_000);
-        if !known {
-            time.forget_boot();
-        }
-        time.advance_ms(3_600_000);
-        time.step_wall_back_ms(3_600_000);
-        time.step_wall_ms(ahead);
-        let mut o = Owner::new(config, clock, Arc::default(), false);
-        o.reopen();
-        assert!(o.store.is_some(), "{:?}", o.failure);
-        (o, time)
+        owner_at(dir, known, |time| {
+            time.advance_ms(3_600_000);
+            time.step_wall_back_ms(3_600_000);
+            time.step_wall_ms(ahead);
+        })
     }
 
     fn read_back_ahead(
