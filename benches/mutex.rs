@@ -2,15 +2,19 @@
 //!
 //! `cargo bench --bench mutex` prints, in one run and on one filesystem (the system temp
 //! directory unless `HOOX_BENCH_DIR` names another):
-//! - the raw fdatasync latency of a bare write + fdatasync loop (4 KiB overwrites in a file
-//!   of the journal's size), the floor for anything durable;
+//! - the reference: the raw latency of a 4 KiB overwrite (in a file of the journal's size)
+//!   synced the way the journal syncs a record, one `O_DIRECT | O_DSYNC` write through
+//!   `journal::open_direct` where the file system takes it, else write + fdatasync (the
+//!   output says which): the floor for anything durable; and, where the reference is the
+//!   direct write, the same overwrite made with write + fdatasync beside it;
 //! - single-caller reserve latency (every reserve waits for its own fsync), and the round
 //!   trip to the owner thread without the disk;
 //! - durable reserves per second at 1, 16, 64 and 256 concurrent callers (group commit
 //!   shares one fsync among all reserves queued behind it);
 //!
-//! Each figure is printed next to its ratio against the fdatasync baseline.
-//! Targets: single reserve p50 ≤ 1.5× fdatasync p50; ≥ 100k reserves/s at 256 callers.
+//! Each figure is printed next to its ratio against the reference (and against write +
+//! fdatasync where that is not the reference).
+//! Targets: single reserve p50 ≤ 1.5× the reference p50; ≥ 100k reserves/s at 256 callers.
 
 use std::io::Write;
 use std::os::unix::fs::FileExt;
@@ -19,7 +23,7 @@ use std::sync::atomic::{AtomicBool, AtomicU64, Ordering};
 use std::time::{Duration, Instant};
 
 use hdrhistogram::Histogram;
-use hoox_edge::mutex::{self, ClientKey, Clock, Config, Decision, Key, Mode, Reserve};
+use hoox_edge::mutex::{self, ClientKey, Clock, Config, Decision, Key, Mode, Reserve, journal};
 
 const SAMPLES: usize = 1000;
 const BLOCK: usize = 10;
@@ -34,18 +38,24 @@ fn main() {
 
     // The disk here is shared and its latency swings by two orders of magnitude from one
     // minute to the next, so every figure is paired with a baseline taken at the same
-    // moment: latency samples alternate blocks of raw fdatasync and of reserves; each throughput run is
-    // preceded by its own short fdatasync sample.
+    // moment: latency samples alternate blocks of raw syncs and of reserves; each throughput
+    // run is preceded by its own short sample of raw syncs.
     let mut raw = Raw::open(&dir.path().join("raw"));
     let rt = tokio::runtime::Builder::new_multi_thread()
         .enable_all()
         .build()
         .expect("tokio runtime");
-    let (sync, single, write_mean) =
+    let (sync, fdatasync, single, write_mean) =
         rt.block_on(latencies(&mut raw, &dir.path().join("single.redb")));
     let sync_p50 = sync.value_at_quantile(0.5) as f64;
-    report("fdatasync (4 KiB write + fdatasync)", &sync, sync_p50);
-    report("reserve, one caller", &single, sync_p50);
+    let mut bases = vec![("reference", sync_p50)];
+    report(&format!("reference ({})", raw.kind()), &sync, &bases);
+    if let Some(fdatasync) = &fdatasync {
+        let p50 = fdatasync.value_at_quantile(0.5) as f64;
+        report("write + fdatasync (4 KiB)", fdatasync, &bases);
+        bases.push(("write + fdatasync", p50));
+    }
+    report("reserve, one caller", &single, &bases);
     println!(
         "  of which the journal write + sync: mean {write_mean:.0} µs; the rest is the \
          round trip through the owner thread and the batch's bookkeeping"
@@ -57,29 +67,55 @@ fn main() {
         asleep.value_at_quantile(0.99)
     );
 
-    println!("durable reserves/s (ratio to the reserves/s one fdatasync each would allow):");
+    println!(
+        "durable reserves/s (ratio to the reserves/s one reference sync each would allow{}):",
+        if raw.direct.is_some() {
+            "; and one write + fdatasync each"
+        } else {
+            ""
+        }
+    );
     for callers in [1, 16, 64, 256] {
-        let mut h = hist();
+        let (mut h, mut f) = (hist(), hist());
         for _ in 0..100 {
             h.record(raw.sync()).ok();
+        }
+        if raw.direct.is_some() {
+            for _ in 0..100 {
+                f.record(raw.fdatasync()).ok();
+            }
         }
         let floor = 1e6 / h.value_at_quantile(0.5) as f64;
         let path = dir.path().join(format!("c{callers}.redb"));
         let (rate, batch) = rt.block_on(throughput(&path, callers));
+        let also = if f.is_empty() {
+            String::new()
+        } else {
+            let floor = 1e6 / f.value_at_quantile(0.5) as f64;
+            format!(", ×{:.1} of {floor:.0}/s (write + fdatasync)", rate / floor)
+        };
         println!(
-            "  {callers:>3} callers: {rate:>9.0}/s  ×{:.1} of {floor:.0}/s  (mean batch {batch:.1})",
+            "  {callers:>3} callers: {rate:>9.0}/s  ×{:.1} of {floor:.0}/s (reference){also}  (mean batch {batch:.1})",
             rate / floor
         );
     }
 }
 
-fn report(what: &str, h: &Histogram<u64>, base_p50: f64) {
+/// One line: p50 and p99, each with its ratio to every base's p50.
+fn report(what: &str, h: &Histogram<u64>, bases: &[(&str, f64)]) {
     let p50 = h.value_at_quantile(0.5);
     let p99 = h.value_at_quantile(0.99);
+    let ratios = |v: u64| {
+        let all: Vec<String> = bases
+            .iter()
+            .map(|(name, base)| format!("×{:.2} {name}", v as f64 / base))
+            .collect();
+        all.join(", ")
+    };
     println!(
-        "{what}: p50 {p50} µs (×{:.2}), p99 {p99} µs (×{:.2}), n={}",
-        p50 as f64 / base_p50,
-        p99 as f64 / base_p50,
+        "{what}: p50 {p50} µs ({}), p99 {p99} µs ({}), n={}",
+        ratios(p50),
+        ratios(p99),
         h.len()
     );
 }
@@ -89,14 +125,26 @@ fn hist() -> Histogram<u64> {
     Histogram::new_with_bounds(1, 10_000_000, 3).expect("histogram bounds")
 }
 
-/// A bare file for the baseline, the size of the journal and written in full first, as
+/// A bare file for the baselines, the size of the journal and written in full first, as
 /// the journal is (on ext4 an fdatasync costs more the larger the file: docs/DESIGN.md):
-/// a 4 KiB write at the next of its 4 KiB offsets, then fdatasync.
+/// a 4 KiB write at the next of its 4 KiB offsets, synced as the journal syncs a record
+/// (one `O_DIRECT | O_DSYNC` write, through the journal's own `open_direct`, where the file
+/// system takes it), or with write + fdatasync.
 struct Raw {
     file: std::fs::File,
+    /// The file opened as the journal opens it for synced records; `None` where the file
+    /// system refused (then the reference is write + fdatasync, as the journal's is).
+    direct: Option<std::fs::File>,
+    /// Why there is no direct handle, if there is none.
+    refused: Option<String>,
+    /// One 4 KiB block, at `at` in it, aligned for direct I/O as the journal's records are.
+    spare: Vec<u8>,
+    at: usize,
     slots: u64,
     i: u64,
 }
+
+const BLOCK_BYTES: usize = 4096;
 
 impl Raw {
     fn open(path: &std::path::Path) -> Raw {
@@ -104,21 +152,72 @@ impl Raw {
         let mut file = std::fs::File::create(path).expect("raw file");
         file.write_all(&vec![0x5a; bytes]).expect("write");
         file.sync_all().expect("sync");
+        let (direct, refused) = match journal::open_direct(path) {
+            Ok(d) => (Some(d), None),
+            Err(e) => (None, Some(e.to_string())),
+        };
+        let spare = vec![0xa5; 2 * BLOCK_BYTES];
+        let at = spare.as_ptr().align_offset(BLOCK_BYTES).min(BLOCK_BYTES);
         Raw {
             file,
-            slots: (bytes / 4096).max(1) as u64,
+            direct,
+            refused,
+            spare,
+            at,
+            slots: (bytes / BLOCK_BYTES).max(1) as u64,
             i: 0,
         }
     }
 
-    /// One write + fdatasync; its duration in µs.
-    fn sync(&mut self) -> u64 {
-        let t = Instant::now();
-        self.file
-            .write_all_at(&[0xa5; 4096], self.i % self.slots * 4096)
-            .expect("write");
-        self.file.sync_data().expect("fdatasync");
+    /// What the reference is here.
+    fn kind(&self) -> String {
+        match (&self.direct, &self.refused) {
+            (Some(_), _) => "O_DIRECT | O_DSYNC write of 4 KiB, as the journal syncs".into(),
+            (None, Some(why)) => format!("write + fdatasync of 4 KiB, direct I/O refused: {why}"),
+            (None, None) => "write + fdatasync of 4 KiB".into(),
+        }
+    }
+
+    fn offset(&mut self) -> u64 {
         self.i += 1;
+        self.i % self.slots * BLOCK_BYTES as u64
+    }
+
+    /// One write synced as the journal syncs a record; its duration in µs. A direct write
+    /// the kernel refuses (EINVAL: some file systems open `O_DIRECT` and then refuse it) is
+    /// redone with fdatasync, and so is every later one, as the journal does.
+    fn sync(&mut self) -> u64 {
+        let offset = self.offset();
+        let Some(direct) = &self.direct else {
+            return self.fdatasync_at(offset);
+        };
+        let block = &self.spare[self.at..self.at + BLOCK_BYTES];
+        let t = Instant::now();
+        match direct.write_all_at(block, offset) {
+            Ok(()) => t.elapsed().as_micros() as u64,
+            Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                println!(
+                    "  direct write refused ({e}): the reference is write + fdatasync from here"
+                );
+                self.direct = None;
+                self.refused = Some(e.to_string());
+                self.fdatasync_at(offset)
+            }
+            Err(e) => panic!("direct write: {e}"),
+        }
+    }
+
+    /// One write + fdatasync; its duration in µs.
+    fn fdatasync(&mut self) -> u64 {
+        let offset = self.offset();
+        self.fdatasync_at(offset)
+    }
+
+    fn fdatasync_at(&self, offset: u64) -> u64 {
+        let block = &self.spare[self.at..self.at + BLOCK_BYTES];
+        let t = Instant::now();
+        self.file.write_all_at(block, offset).expect("write");
+        self.file.sync_data().expect("fdatasync");
         t.elapsed().as_micros() as u64
     }
 }
@@ -141,21 +240,30 @@ fn req(caller: usize, n: u64) -> Reserve {
     }
 }
 
-/// Samples of a bare fdatasync and of a single caller's reserve, in alternating blocks of
-/// `BLOCK` (the baseline follows the disk's drift; within a block the caller sends each
-/// reserve as soon as the last is answered, as one connection with a burst of orders
-/// does), and the mean time the owner spent writing and syncing the journal for them.
-async fn latencies(raw: &mut Raw, path: &std::path::Path) -> (Histogram<u64>, Histogram<u64>, f64) {
+/// Samples of the reference sync, of write + fdatasync (where that is not the reference)
+/// and of a single caller's reserve, in alternating blocks of `BLOCK` (the baselines follow
+/// the disk's drift; within a block the caller sends each reserve as soon as the last is
+/// answered, as one connection with a burst of orders does), and the mean time the owner
+/// spent writing and syncing the journal for them.
+async fn latencies(
+    raw: &mut Raw,
+    path: &std::path::Path,
+) -> (Histogram<u64>, Option<Histogram<u64>>, Histogram<u64>, f64) {
     let (m, owner) = mutex::start(config(path), Clock::system());
     // Warm up: the file's first pages are allocated here, not in the measurement.
     for n in 0..50 {
         m.reserve(req(0, n)).await;
     }
     let (_, s0, n0) = m.shared().stats.fsync_seconds.snapshot();
-    let (mut sync, mut single) = (hist(), hist());
+    let (mut sync, mut fdatasync, mut single) = (hist(), hist(), hist());
     for block in 0..(SAMPLES / BLOCK) as u64 {
         for _ in 0..BLOCK {
             sync.record(raw.sync()).ok();
+        }
+        if raw.direct.is_some() {
+            for _ in 0..BLOCK {
+                fdatasync.record(raw.fdatasync()).ok();
+            }
         }
         for i in 0..BLOCK as u64 {
             let t = Instant::now();
@@ -166,7 +274,13 @@ async fn latencies(raw: &mut Raw, path: &std::path::Path) -> (Histogram<u64>, Hi
     }
     let (_, s1, n1) = m.shared().stats.fsync_seconds.snapshot();
     owner.stop();
-    (sync, single, (s1 - s0) * 1e6 / (n1 - n0).max(1) as f64)
+    let fdatasync = (!fdatasync.is_empty()).then_some(fdatasync);
+    (
+        sync,
+        fdatasync,
+        single,
+        (s1 - s0) * 1e6 / (n1 - n0).max(1) as f64,
+    )
 }
 
 /// The round trip to the owner and back with no disk in it (a ping), the owner asleep
