@@ -25,7 +25,9 @@
 #      (chroot): user, directories and modes, generated secrets, conffile, unit enabled; then
 #      reinstall keeps the secret; a config the new binary refuses fails the install
 #      (half-configured) until fixed, and so does a key.pem only root may read (the check
-#      runs as the service's user), and so does a deleted config.toml; a login account
+#      runs as the service's user), and so does a deleted config.toml, and so does the
+#      package's paper config.toml put in place of an http one by an upgrade (--force-confnew;
+#      --force-confold keeps it, without a terminal); a login account
 #      named hoox-edge is not taken over; an upgrade restarts the service only if it runs
 #      and a first install starts it (a stub systemctl); remove keeps config; purge removes
 #      config, secrets, certificates, state and user, empties a store folder that is a mount
@@ -378,6 +380,7 @@ install_test() {
     echo "ok: reinstall keeps the secret"
 
     upgrade_check_test
+    paper_upgrade_test
     service_start_test
 
     mkdir -p "$CHROOT/var/lib/hoox-edge" && touch "$CHROOT/var/lib/hoox-edge/mutex.redb"
@@ -493,6 +496,94 @@ upgrade_check_test() {
     ((rc == 0)) || fail "HOOX_EDGE_SKIP_CONFIG_CHECK=1 did not let the install go on:"$'\n'"$out"
     grep -qF "REFUSES its configuration" <<<"$out" || fail "HOOX_EDGE_SKIP_CONFIG_CHECK=1 hid the refusal:"$'\n'"$out"
     echo "ok: HOOX_EDGE_SKIP_CONFIG_CHECK=1 installs despite the refusal, and still says it"
+}
+
+# An upgrade whose packaged config.toml changed asks about it; answered with the package's
+# (--force-confnew), the operator's http executor is replaced by the package's paper one,
+# saved as config.toml.dpkg-old, and the restart would have put a live gateway on paper
+# (200 "simulated", no order placed). The postinst refuses that as it refuses a config
+# (half-configured, said), until the operator's config is moved back or
+# HOOX_EDGE_ALLOW_PAPER=1. --force-confold keeps the operator's, without a question (the
+# README's non-interactive upgrade); with no answer at all, an upgrade without a terminal
+# fails at the question. The upgrades are this .deb repacked: a higher version, and a line
+# more in its config.toml.
+paper_upgrade_test() {
+    local conf=$CHROOT/etc/hoox-edge/config.toml x n out rc=0 said
+    x=$(mktemp -d)
+    for n in 1 2; do
+        dpkg-deb -R "$CHROOT/tmp/hoox-edge.deb" "$x/up$n"
+        sed -i "s/^Version: .*/&+up$n/" "$x/up$n/DEBIAN/control"
+        echo "# upgrade $n" >>"$x/up$n/etc/hoox-edge/config.toml"
+        if [[ -e $x/up$n/DEBIAN/md5sums ]]; then
+            sed -i "s|^[0-9a-f]*  etc/hoox-edge/config.toml\$|$(cd "$x/up$n" && md5sum etc/hoox-edge/config.toml)|" \
+                "$x/up$n/DEBIAN/md5sums"
+        fi
+        dpkg-deb -b --root-owner-group "$x/up$n" "$CHROOT/tmp/hoox-edge-up$n.deb" >/dev/null
+    done
+    rm -rf "$x"
+    rm -f "$conf.dpkg-old" "$conf.dpkg-dist"
+    # The operator's: real orders, to an address nothing listens on (check-config passes).
+    sed -i 's|^kind = "paper"$|kind = "http"\nurl = "http://127.0.0.1:9/orders"|' "$conf"
+    in_root /usr/bin/hoox-edge check-config --config /etc/hoox-edge/config.toml 2>&1 |
+        grep -qF "ok (executor: http" || fail "the http config does not pass check-config"
+    local http
+    http=$(cat "$conf")
+
+    out=$(in_root dpkg -i --force-confnew /tmp/hoox-edge-up1.deb 2>&1 </dev/null) || rc=$?
+    ((rc != 0)) || fail "an upgrade that put the package's paper config in place of an http one succeeded:"$'\n'"$out"
+    for said in "config.toml REPLACED YOURS" "PAPER executor" \
+        "Yours (executor http: orders go to http://127.0.0.1:9" "is now /etc/hoox-edge/config.toml.dpkg-old" \
+        "has NOT been restarted" \
+        "mv /etc/hoox-edge/config.toml.dpkg-old /etc/hoox-edge/config.toml && dpkg --configure -a" \
+        "HOOX_EDGE_ALLOW_PAPER=1 dpkg --configure -a"; do
+        grep -qF "$said" <<<"$out" || fail "the refused upgrade did not say '$said':"$'\n'"$out"
+    done
+    [[ $(pkg_status) == "install ok half-configured" ]] ||
+        fail "after the paper config replaced an http one the package is '$(pkg_status)', want half-configured"
+    [[ $(cat "$conf.dpkg-old" 2>/dev/null) == "$http" ]] || fail "the http config is not config.toml.dpkg-old"
+    grep -qx 'kind = "paper"' "$conf" || fail "the package's config.toml is not the paper one"
+    printf '%s\n' "$out" | grep -F 'hoox-edge: ' | sed 's/^/    | /'
+    # Still so when asked again, as long as that config.toml.dpkg-old is there.
+    rc=0
+    out=$(in_root dpkg --configure -a 2>&1) || rc=$?
+    ((rc != 0)) && grep -qF "config.toml REPLACED YOURS" <<<"$out" ||
+        fail "dpkg --configure -a, the http config still config.toml.dpkg-old, went on:"$'\n'"$out"
+    # What it says to do: moved back, the upgrade ends, on the operator's config.
+    in_root mv /etc/hoox-edge/config.toml.dpkg-old /etc/hoox-edge/config.toml
+    out=$(in_root dpkg --configure -a 2>&1) || fail "dpkg --configure -a failed once the http config was moved back:"$'\n'"$out"
+    grep -qF "config.toml: ok (executor: http" <<<"$out" || fail "the finished upgrade did not say its http executor:"$'\n'"$out"
+    [[ $(pkg_status) == "install ok installed" ]] || fail "after the move back the package is '$(pkg_status)'"
+    echo "ok: the package's paper config in place of an http one (--force-confnew) fails the upgrade (half-configured, said); moved back, dpkg --configure -a ends it"
+
+    # Without a terminal nor an answer, the question fails the upgrade; --force-confold
+    # answers it: the operator's config stays, the package's beside it as .dpkg-dist.
+    rc=0
+    out=$(in_root dpkg -i /tmp/hoox-edge-up2.deb 2>&1 </dev/null) || rc=$?
+    ((rc != 0)) && grep -qF "conffile prompt" <<<"$out" ||
+        fail "an upgrade without a terminal did not fail at the conffile question:"$'\n'"$out"
+    out=$(in_root dpkg -i --force-confold /tmp/hoox-edge-up2.deb 2>&1 </dev/null) ||
+        fail "dpkg -i --force-confold failed:"$'\n'"$out"
+    [[ $(cat "$conf") == "$http" ]] || fail "--force-confold did not keep the http config"
+    [[ -e $conf.dpkg-dist && ! -e $conf.dpkg-old ]] || fail "--force-confold: no config.toml.dpkg-dist, or a .dpkg-old"
+    grep -qF "config.toml: ok (executor: http" <<<"$out" || fail "--force-confold: no ok for the http executor:"$'\n'"$out"
+    [[ $(pkg_status) == "install ok installed" ]] || fail "after --force-confold the package is '$(pkg_status)'"
+    echo "ok: without a terminal the conffile question fails an upgrade; --force-confold keeps the http config and ends it"
+
+    # On paper on purpose (here a downgrade to the package tested, which is asked about
+    # the same way).
+    rc=0
+    out=$(in_root env HOOX_EDGE_ALLOW_PAPER=1 dpkg -i --force-confnew /tmp/hoox-edge.deb 2>&1 </dev/null) || rc=$?
+    ((rc == 0)) || fail "HOOX_EDGE_ALLOW_PAPER=1 did not let the paper config in:"$'\n'"$out"
+    grep -qF "config.toml REPLACED YOURS" <<<"$out" && grep -qF "HOOX_EDGE_ALLOW_PAPER=1: going on" <<<"$out" ||
+        fail "HOOX_EDGE_ALLOW_PAPER=1 did not say what it let through:"$'\n'"$out"
+    grep -qx 'kind = "paper"' "$conf" || fail "HOOX_EDGE_ALLOW_PAPER=1: the config is not the paper one"
+    [[ $(pkg_status) == "install ok installed" ]] || fail "after HOOX_EDGE_ALLOW_PAPER=1 the package is '$(pkg_status)'"
+    # That config.toml.dpkg-old, left there, is an earlier upgrade's for the next one.
+    sleep 1
+    out=$(in_root dpkg -i /tmp/hoox-edge.deb 2>&1 </dev/null) ||
+        fail "a reinstall failed on the config.toml.dpkg-old of an earlier upgrade:"$'\n'"$out"
+    rm -f "$conf.dpkg-old" "$conf.dpkg-dist" "$CHROOT/tmp/hoox-edge-up1.deb" "$CHROOT/tmp/hoox-edge-up2.deb"
+    echo "ok: HOOX_EDGE_ALLOW_PAPER=1 takes the paper config, saying so; a config.toml.dpkg-old of an earlier upgrade is not taken for this one's"
 }
 
 # The check runs with the unit's TOKIO_WORKER_THREADS, as `systemctl show` gives it under a

@@ -338,6 +338,7 @@ impl Started {
 
         let stopping = Arc::new(AtomicBool::new(false));
         let restart_pending = Arc::<std::sync::Mutex<Vec<String>>>::default();
+        let reload_refused = Arc::<std::sync::Mutex<Option<String>>>::default();
         let admin_task = admin.map(|b| {
             let state = admin::State {
                 mutex: mutex.clone(),
@@ -347,6 +348,8 @@ impl Started {
                 stall_hook: stall_hook(),
                 outstanding: gw.outstanding.clone(),
                 restart_pending: restart_pending.clone(),
+                reload_refused: reload_refused.clone(),
+                executor: config.executor.kind(),
             };
             tokio::spawn(admin::serve(b, state, stopped()))
         });
@@ -355,8 +358,16 @@ impl Started {
             stopping,
             told: Arc::default(),
             restart_pending,
+            reload_refused,
         };
         let supervisor = tokio::spawn(supervise(mutex.clone(), announce.clone(), stopped()));
+        tokio::spawn(say_stranded(
+            mutex.clone(),
+            ready.clone(),
+            gw.auth.current(),
+            config_file(&config),
+            stopped(),
+        ));
         let reloader = tokio::spawn(reload_on_hangup(
             hangup,
             announce.clone(),
@@ -367,8 +378,14 @@ impl Started {
         ));
 
         log::info!("listening on https://{gateway_addr}");
-        // Without it, nothing in the journal tells simulated fills from real orders.
-        log::info!("executor: {}", config.executor.describe());
+        // Without it, nothing in the journal tells simulated fills from real orders. A
+        // warning for paper: senders get 200s for orders no venue sees, which a gateway
+        // meant to trade (its config replaced by the package's at an upgrade) must not hide.
+        let level = match config.executor {
+            ExecutorKind::Paper => log::Level::Warn,
+            ExecutorKind::Http(_) => log::Level::Info,
+        };
+        log::log!(level, "executor: {}", config.executor.describe());
         let limits = ConnLimits {
             max_connections: config.max_connections,
             max_connections_per_ip: config.max_connections_per_ip,
@@ -460,7 +477,10 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
                 if watchdog.is_some() {
                     notify::watchdog();
                 }
-                let state = serving_line(&s);
+                let mut state = serving_line(&s);
+                if lock(&announce.reload_refused).is_some() {
+                    state += "; last reload refused (see the log)";
+                }
                 match lock(&announce.restart_pending).join(", ").as_str() {
                     "" => state,
                     keys => format!("{state}; restart pending: {keys}"),
@@ -550,6 +570,10 @@ struct Announce {
     /// the last reload found them (empty: none): said in STATUS=, which `systemctl status`
     /// shows, and by the admin face's `/status`, not only in one log line.
     restart_pending: Arc<std::sync::Mutex<Vec<String>>>,
+    /// Why the last reload was refused (`None`: it applied, or none came): said in STATUS=
+    /// and `/status` too. A refusal said only in the log, between a RELOADING=1 and a
+    /// READY=1 just like a reload's that applied, looked like one to whoever sent SIGHUP.
+    reload_refused: Arc<std::sync::Mutex<Option<String>>>,
 }
 
 impl Announce {
@@ -636,6 +660,46 @@ async fn ping(mutex: &Mutex) -> Result<mutex::Status, (Unavailable, bool)> {
         let moved = matches!(u, Unavailable::Busy | Unavailable::Timeout) && turns() != before;
         (u, moved)
     })
+}
+
+/// Live client keys under identities no sender of this config is in (a secret's `@NAME`
+/// given, changed or taken out, or `server.client_ca` turned on or off, while the gateway
+/// was stopped): a retry of a trade they hold, sent now under the sender's new name,
+/// meets none of them and is sent again. Said once the database has opened, as a reload
+/// says such a change (`names_gone`), since a restart is the other way one lands.
+async fn say_stranded(
+    mutex: Mutex,
+    ready: Arc<AtomicBool>,
+    auth: Arc<Authenticator>,
+    file: String,
+    stopped: impl Future<Output = ()>,
+) {
+    let opened = async {
+        while !ready.load(Ordering::Relaxed) {
+            tokio::time::sleep(Duration::from_millis(100)).await;
+        }
+    };
+    tokio::select! {
+        () = opened => {}
+        () = stopped => return,
+    }
+    let Ok(held) = mutex.clients().await else {
+        return;
+    };
+    let stranded: Vec<String> = held
+        .into_iter()
+        .filter(|(id, _)| !auth.gives(id))
+        .map(|(id, n)| format!("{id} ({n})"))
+        .collect();
+    if !stranded.is_empty() {
+        log::warn!(
+            "{file}: live client keys are held under {}, which no sender of this config is \
+             named: a trade they hold, sent again under another name, is a new trade and \
+             will be sent (until they expire, within store.ttl). Was a secret named \
+             (@NAME), renamed or taken out, or server.client_ca changed, while stopped?",
+            stranded.join(", ")
+        );
+    }
 }
 
 /// The client namespaces (`psk.NAME`, `cert.*`) `before` gave and `after` does not: a
@@ -878,6 +942,7 @@ async fn reload_on_hangup(
                     );
                 }
                 lock(&announce.restart_pending).clone_from(&pending);
+                *lock(&announce.reload_refused) = None;
                 if !pending.is_empty() {
                     log::warn!(
                         "{}: {}: changed since the start, which only a restart applies \
@@ -896,7 +961,10 @@ async fn reload_on_hangup(
                     );
                 }
             }
-            Err(e) => log::error!("{e}; keeping the current certificate and secrets"),
+            Err(e) => {
+                log::error!("{e}; keeping the current certificate and secrets");
+                *lock(&announce.reload_refused) = Some(e.to_string());
+            }
         }
         // A SIGTERM that came during the reload: READY=1 must not follow its STOPPING=1.
         if announced {
@@ -1032,6 +1100,7 @@ mod tests {
             stopping: Arc::default(),
             told: Arc::default(),
             restart_pending: Arc::default(),
+            reload_refused: Arc::default(),
         };
         assert_eq!(
             announce.reloading(),

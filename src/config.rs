@@ -65,6 +65,15 @@ pub enum ExecutorKind {
 }
 
 impl ExecutorKind {
+    /// `paper` or `http`, as `/status` says it: a monitor can tell a gateway that places
+    /// no orders (a packaged config put back by an upgrade) from one that does.
+    pub fn kind(&self) -> &'static str {
+        match self {
+            ExecutorKind::Paper => "paper",
+            ExecutorKind::Http(_) => "http",
+        }
+    }
+
     /// The executor in a phrase, for the log at start: an operator reading the journal must
     /// be able to tell that fills are simulated. Of an HTTP executor, only where orders go.
     pub fn describe(&self) -> String {
@@ -700,6 +709,17 @@ impl Config {
                     ("executor.ca_file", raw.executor.ca_file.is_some()),
                     ("executor.timeout", raw.executor.timeout.is_some()),
                 ];
+                // Nor is paper a default: a file that names no executor (a section lost in
+                // an edit, a config written for another version) placed no order while
+                // its senders got 200s. The embedded defaults say `paper`.
+                if kind.is_none() && !stray.iter().any(|(_, set)| *set) {
+                    return Err(err(
+                        "executor.kind",
+                        "required: \"http\" sends orders to executor.url, \"paper\" only \
+                         simulates fills (no order leaves this host)"
+                            .into(),
+                    ));
+                }
                 if let Some((key, _)) = stray.iter().find(|(_, set)| *set) {
                     return Err(match kind {
                         None => err(
@@ -1665,6 +1685,19 @@ mod tests {
         .unwrap();
         let said = http.executor.describe();
         assert_eq!(said, "http: orders go to https://exec.example:9443/…");
+    }
+
+    /// A file names its executor: one with no `[executor]`, or none of its keys, ran the
+    /// paper executor, its senders answered 200 for orders no venue saw.
+    #[test]
+    fn a_config_file_names_its_executor() {
+        let e = checked(|r| r.executor = Default::default()).expect_err("accepted");
+        assert_eq!(e.key, "executor.kind", "{e}");
+        assert!(e.message.contains("\"paper\" only simulates"), "{e}");
+        assert!(e.file.ends_with("config.toml"), "{e}");
+        // Named, paper is what it says.
+        let paper = checked(|r| r.executor.kind = Some("paper".into())).unwrap();
+        assert_eq!(paper.executor.kind(), "paper");
     }
 
     /// What a config that leaves a key out gets (SPEC §1, §7): pinned, since every test

@@ -68,6 +68,8 @@ fn state(mutex: &mutex::Mutex, ready: bool) -> State {
         stall_hook: false,
         outstanding: Arc::new(Outstanding::for_deadline(mutex.deadline())),
         restart_pending: Default::default(),
+        reload_refused: Default::default(),
+        executor: "paper",
     }
 }
 

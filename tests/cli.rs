@@ -1475,8 +1475,8 @@ fn check_config_warns_of_a_port_the_os_picks() {
 
 /// A config without `[admin]` passes (an operator may want no admin face), and is warned
 /// of, as `serve` warns: before a deploy finds no /readyz, key release or kill switch.
-/// Its "ok" names the executor, as `serve` does at start: a config without `[executor]`
-/// passes too, and fills nothing.
+/// Its "ok" names the executor, as `serve` does at start. A config without `[executor]`
+/// is refused, naming `executor.kind` (it ran paper: 200s, and no order placed).
 #[test]
 fn check_config_warns_of_a_config_without_admin() {
     let mut setup = Setup::new(None);
@@ -1500,6 +1500,10 @@ fn check_config_warns_of_a_config_without_admin() {
         "{out}"
     );
     setup.config.remove("executor");
+    let (code, err) = check_config(&setup.write_config());
+    assert_eq!(code, Some(78), "{err}");
+    assert!(err.contains("executor.kind: required"), "{err}");
+    setup.set("executor", "kind", "paper");
     setup.write_config();
     let out = said(&setup);
     assert!(

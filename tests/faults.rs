@@ -177,7 +177,8 @@ async fn locked_by_another_process() {
     let holder = holder_setup.start();
     holder.wait_ready().await;
     let gw = setup.start();
-    assert_stays_closed(&gw, &exec, "already open", "locked").await;
+    // Said as what it is, and what to look for: redb's own words only said "already open".
+    assert_stays_closed(&gw, &exec, "another process has it open", "locked").await;
     // The holder goes away: recovery without a restart.
     drop(holder);
     assert_recovers_on(&gw, &exec, &state, "locked").await;

@@ -6,7 +6,7 @@ use std::sync::atomic::Ordering;
 use std::time::Duration;
 
 use hoox_edge::mutex::{
-    Clock, Decision, Guard, Key, MAX_RESPONSE, Released, Snapshot, State, Unavailable,
+    Clock, Decision, Grant, Guard, Key, MAX_RESPONSE, Released, Snapshot, State, Unavailable,
     key::BUCKET_MS,
 };
 use mutex_support::*;
@@ -125,7 +125,7 @@ fn expired_keys_are_absent_before_and_after_the_wheel() {
 }
 
 /// SPEC §2: "an identical fingerprint reserved less than 60 s ago is a duplicate whatever
-/// its bucket".
+/// its bucket". Of a trade placed (committed); one still pending is held longer (below).
 #[test]
 fn a_fingerprint_younger_than_a_minute_is_a_duplicate_whatever_its_bucket() {
     let dir = tempfile::tempdir().unwrap();
@@ -135,16 +135,18 @@ fn a_fingerprint_younger_than_a_minute_is_a_duplicate_whatever_its_bucket() {
     let stored = |s: &str| Key::from_stored(s).unwrap();
     let duplicate_of = |d: Decision, of: &Key| assert_eq!(&duplicate(d).key, of);
     let ask = |k: &str| m.reserve(reserve(&stored(k), 300_000, 1));
+    // The order filled: only a pending trade holds its family past its minute.
+    let placed = |g: Grant| m.commit(g, None).unwrap();
     rt().block_on(async {
         // The next minute, 59.999 s later: a retry across the boundary.
         let old = stored("trade:x:BTC:LONG:1:live:100");
         let new = stored("trade:x:BTC:LONG:1:live:101");
-        granted(m.reserve(reserve(&old, 300_000, 1)).await);
+        placed(granted(m.reserve(reserve(&old, 300_000, 1)).await));
         time.advance_ms(BUCKET_MS - 1);
         duplicate_of(m.reserve(reserve(&new, 300_000, 1)).await, &old);
         // A minute on, the same trade again is a new trade.
         time.advance_ms(1);
-        granted(m.reserve(reserve(&new, 300_000, 1)).await);
+        placed(granted(m.reserve(reserve(&new, 300_000, 1)).await));
         // ... and the latest of its family: a minute before that, the first was.
         time.advance_ms(BUCKET_MS - 1);
         duplicate_of(ask("trade:x:BTC:LONG:1:live:102").await, &new);
@@ -152,13 +154,13 @@ fn a_fingerprint_younger_than_a_minute_is_a_duplicate_whatever_its_bucket() {
         // The minute before: a copy that read the clock just before the boundary but
         // reached the owner after one that read it just after.
         let after = stored("trade:x:ETH:LONG:1:live:201");
-        granted(m.reserve(reserve(&after, 300_000, 1)).await);
+        placed(granted(m.reserve(reserve(&after, 300_000, 1)).await));
         duplicate_of(ask("trade:x:ETH:LONG:1:live:200").await, &after);
 
         // Minutes away, as a wall clock stepped between the two puts it: back two
         // minutes, then forward twelve. The monotonic clock says seconds.
         let first = stored("trade:x:SOL:LONG:1:live:300");
-        granted(m.reserve(reserve(&first, 300_000, 1)).await);
+        placed(granted(m.reserve(reserve(&first, 300_000, 1)).await));
         time.advance_ms(5_000);
         time.step_wall_back_ms(2 * BUCKET_MS);
         duplicate_of(ask("trade:x:SOL:LONG:1:live:298").await, &first);
@@ -167,7 +169,7 @@ fn a_fingerprint_younger_than_a_minute_is_a_duplicate_whatever_its_bucket() {
         // A wall clock stepped back ten minutes keeps a key live longer, but does not keep
         // it young: two minutes on, the same trade again is a new trade (SPEC §2: "not
         // after, so deliberate same-size trades later are not blocked").
-        granted(ask("trade:x:XRP:LONG:1:live:720").await);
+        placed(granted(ask("trade:x:XRP:LONG:1:live:720").await));
         time.advance_ms(30_000);
         time.step_wall_back_ms(10 * BUCKET_MS);
         time.advance_ms(90_000);
@@ -176,7 +178,7 @@ fn a_fingerprint_younger_than_a_minute_is_a_duplicate_whatever_its_bucket() {
         // same key is still the same trade's while it lives, however old (refused, the
         // safe side), and free once both clocks have passed its TTL.
         let same = "trade:x:DOT:LONG:1:live:800";
-        granted(ask(same).await);
+        placed(granted(ask(same).await));
         time.advance_ms(2 * BUCKET_MS);
         time.step_wall_back_ms(2 * BUCKET_MS);
         duplicate_of(ask(same).await, &stored(same));
@@ -188,7 +190,7 @@ fn a_fingerprint_younger_than_a_minute_is_a_duplicate_whatever_its_bucket() {
         // Released, the latest no longer holds its family: the order was never sent.
         let g = granted(ask("trade:x:ADA:LONG:1:live:400").await);
         m.release(g).unwrap();
-        granted(ask("trade:x:ADA:LONG:1:live:401").await);
+        placed(granted(ask("trade:x:ADA:LONG:1:live:401").await));
     });
     owner.stop();
 
@@ -200,6 +202,16 @@ fn a_fingerprint_younger_than_a_minute_is_a_duplicate_whatever_its_bucket() {
             ask("trade:x:ADA:LONG:1:live:399").await,
             &stored("trade:x:ADA:LONG:1:live:401"),
         );
+        // Pending (its outcome unknown: a 504 held, a crash), a trade holds its family
+        // minutes on, until its TTL: a retry sent after the 504 may double a fill.
+        let out = stored("trade:x:LTC:LONG:1:live:500");
+        granted(m.reserve(reserve(&out, 300_000, 1)).await);
+        time.advance_ms(3 * BUCKET_MS);
+        duplicate_of(ask("trade:x:LTC:LONG:1:live:503").await, &out);
+        time.advance_ms(2 * BUCKET_MS - 1);
+        duplicate_of(ask("trade:x:LTC:LONG:1:live:504").await, &out);
+        time.advance_ms(1);
+        granted(ask("trade:x:LTC:LONG:1:live:505").await);
     });
     owner.stop();
 }
@@ -216,7 +228,9 @@ fn a_fingerprint_retry_is_aged_from_when_it_was_asked() {
     rt().block_on(async {
         let old = Key::from_stored("trade:x:BTC:LONG:1:live:100").unwrap();
         let new = Key::from_stored("trade:x:BTC:LONG:1:live:101").unwrap();
-        granted(m.reserve(reserve(&old, 300_000, 1)).await);
+        // Placed: a pending trade holds its family whatever its age.
+        let g = granted(m.reserve(reserve(&old, 300_000, 1)).await);
+        m.commit(g, None).unwrap();
         time.advance_ms(BUCKET_MS - 1_000);
         m.stall(Duration::from_millis(2_000)).await.unwrap();
         let mut retry = Box::pin(m.reserve(reserve(&new, 300_000, 1)));
@@ -411,7 +425,9 @@ fn a_wall_clock_stepped_forward_frees_no_key_across_a_restart_in_the_same_boot()
         granted(m.reserve(reserve(&pending, 300_000, 1)).await);
         let g = granted(m.reserve(reserve(&committed, 300_000, 1)).await);
         m.commit(g, Some(snap.clone())).unwrap();
-        granted(m.reserve(reserve(&trade, 300_000, 1)).await);
+        // Placed: a pending trade holds its family whatever its age.
+        let g = granted(m.reserve(reserve(&trade, 300_000, 1)).await);
+        m.commit(g, None).unwrap();
     });
     owner.stop();
     time.step_wall_ms(3_600_000);
@@ -430,7 +446,8 @@ fn a_wall_clock_stepped_forward_frees_no_key_across_a_restart_in_the_same_boot()
         assert_eq!(d.key, trade);
         time.advance_ms(290_000);
         granted(m.reserve(reserve(&pending, 300_000, 1)).await);
-        granted(m.reserve(reserve(&now_trade(), 300_000, 1)).await);
+        let g = granted(m.reserve(reserve(&now_trade(), 300_000, 1)).await);
+        m.commit(g, None).unwrap();
     });
     owner.stop();
 

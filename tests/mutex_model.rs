@@ -130,11 +130,11 @@ impl Model {
             let by = (e.state, e.grant, k);
             return self.turned_away(self.dup(keys, k, e), by, guard);
         }
-        // The trade keys are one trade's minutes: another reserved less than a minute ago
-        // holds them all.
+        // The trade keys are one trade's minutes: another reserved less than a minute ago,
+        // or still pending however old, holds them all.
         if let Some((s, e)) = (0..KEYS)
             .filter_map(|s| self.live(s).map(|e| (s, e)))
-            .find(|(_, e)| self.now - e.stored_at < BUCKET_MS)
+            .find(|(_, e)| e.state == State::Pending || self.now - e.stored_at < BUCKET_MS)
         {
             let by = (e.state, e.grant, s);
             return self.turned_away(self.dup(keys, s, e), by, guard);

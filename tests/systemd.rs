@@ -642,6 +642,19 @@ async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
     );
     let log = gw.wait_logged("config reload failed");
     assert!(log.contains("auth.bearer_tokens_file"), "{log}");
+    // Not in the log alone: its RELOADING=1 and READY=1 are those of a reload that applied.
+    let refused = |l: &str| l.starts_with("STATUS=") && l.contains("; last reload refused");
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(20), refused).is_some(),
+        "{seen:?}"
+    );
+    let (_, status) = gw.admin("GET", "/status").await;
+    assert!(
+        status["reload_refused"]
+            .as_str()
+            .is_some_and(|r| r.contains("auth.bearer_tokens_file")),
+        "{status}"
+    );
     assert_eq!(post("hup-4", bearer("leaked-token")).await, 401);
     assert!(
         !gw.stderr().contains("leaked-token"),
@@ -666,6 +679,32 @@ async fn sighup_reloads_secrets_and_keeps_the_old_on_error() {
     let log = gw.wait_logged("server.key: ");
     let line = log.lines().find(|l| l.contains("server.key: ")).unwrap();
     assert!(line.contains("readable by everyone"), "{line}");
+
+    // Both files fixed, a reload applies, and the refusal is no longer said.
+    for f in [&path, &setup.pki.server.key] {
+        std::fs::set_permissions(f, std::os::unix::fs::PermissionsExt::from_mode(0o600)).unwrap();
+    }
+    reload(&gw, &sock, &mut seen);
+    let r = support::client::TlsClient::new(&third.ca_cert)
+        .request(
+            hyper::Method::POST,
+            &gw.url(),
+            &[("authorization", bearer("leaked-token").as_str())],
+            body("hup-8").to_string(),
+        )
+        .await;
+    assert_eq!(r.status, 200, "the third certificate, and the file's token");
+    let (_, status) = gw.admin("GET", "/status").await;
+    assert_eq!(
+        status["reload_refused"],
+        serde_json::Value::Null,
+        "{status}"
+    );
+    let applied = |l: &str| l.starts_with("STATUS=serving") && !l.contains("reload refused");
+    assert!(
+        wait_for(&sock, &mut seen, Duration::from_secs(20), applied).is_some(),
+        "{seen:?}"
+    );
 }
 
 /// A reload applies the config file as it now is, as the unit's `ExecReload=check-config`
@@ -697,6 +736,7 @@ async fn sighup_applies_the_config_files_auth_and_names_what_takes_a_restart() {
     // A reload that changed only what it applies leaves no restart pending.
     let (_, status) = gw.admin("GET", "/status").await;
     assert_eq!(status["restart_pending"], serde_json::json!([]), "{status}");
+    assert_eq!(status["executor"], "paper", "{status}");
     assert_eq!(
         gw.post(&trade("ETHUSDT"), &[]).await.status,
         200,
@@ -829,6 +869,45 @@ async fn what_a_restart_or_a_renamed_client_leaves_behind_is_said() {
     // capacity.
     assert_eq!(gw.admin("GET", "/readyz").await.0, 200);
     assert_eq!(gw.post(&trade("BTCUSDT"), &[]).await.status, 200);
+}
+
+/// A restart whose secrets no longer put any sender under the client its live keys are
+/// under (the one secret named `@desk` while stopped) says so once the database is open,
+/// as a reload does: the retry of a keyed trade, now `psk.desk`'s, is sent again. A start
+/// whose senders hold their keys' clients says nothing.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_start_says_live_keys_under_a_client_no_sender_is_named() {
+    let setup = Setup::new(None);
+    let secrets = setup.dir.path().join("secrets");
+    let secret = support::gateway::SECRET;
+    for f in ["api-keys", "hmac", "bearer"] {
+        support::gateway::write_secret(&secrets.join(f), &format!("{secret}\n"));
+    }
+    let mut t = trade("BTCUSDT");
+    t["idempotencyKey"] = serde_json::json!("rs-1");
+    let said = "which no sender of this config is named";
+    let mut gw = setup.start();
+    gw.wait_ready().await;
+    assert_eq!(gw.post(&t, &[]).await.status, 200);
+    assert!(gw.terminate().success());
+    let mut gw = setup.start();
+    gw.wait_ready().await;
+    assert_eq!(gw.post(&t, &[]).await.status, 409, "the same client");
+    gw.wait_logged("ready: database open");
+    assert!(!gw.stderr().contains(said), "{}", gw.stderr());
+    assert!(gw.terminate().success());
+
+    for f in ["api-keys", "hmac", "bearer"] {
+        support::gateway::write_secret(&secrets.join(f), &format!("@desk {secret}\n"));
+    }
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let log = gw.wait_logged(said);
+    let line = log.lines().find(|l| l.contains(said)).unwrap();
+    assert!(line.contains("held under psk (1), which"), "{line}");
+    assert!(line.contains("config.toml"), "{line}");
+    // What it warns of: the retry, now psk.desk's, is a new trade.
+    assert_eq!(gw.post(&t, &[]).await.status, 200);
 }
 
 /// The unit file the package installs runs the gateway the way the code above expects: it
@@ -1023,11 +1102,18 @@ async fn under_journald_records_go_to_the_journal_with_their_fields() {
     assert_eq!(field("CLIENT"), Some("psk"), "{webhook:?}");
     assert!(field("LATENCY_US").is_some_and(|v| v.parse::<u64>().is_ok()));
     // The start-up lines went there too, the executor's among them, and nothing to stderr.
-    assert!(
-        records.iter().any(|r| r
-            .get("MESSAGE")
-            .is_some_and(|m| m.starts_with("executor: paper"))),
-        "{records:?}"
+    // Paper's is a warning: fills are simulated, which a gateway meant to trade must show.
+    let executor = records
+        .iter()
+        .find(|r| {
+            r.get("MESSAGE")
+                .is_some_and(|m| m.starts_with("executor: paper"))
+        })
+        .unwrap_or_else(|| panic!("no executor line: {records:?}"));
+    assert_eq!(
+        executor.get("PRIORITY").map(String::as_str),
+        Some("4"),
+        "{executor:?}"
     );
     assert!(!gw.stderr().contains("webhook"), "{}", gw.stderr());
 }

@@ -9,7 +9,7 @@
 //! | `GET /healthz`             | 200 while the process runs                                  |
 //! | `GET /readyz`              | 200: database open, owner answering, serving, not full, not halted |
 //! | `GET /metrics`             | Prometheus text                                             |
-//! | `GET /status`              | `{live_keys, halted, serving, fail_closed, detail, ready, orders_in_flight, restart_pending, version}`|
+//! | `GET /status`              | `{live_keys, halted, serving, fail_closed, detail, ready, orders_in_flight, restart_pending, reload_refused, executor, version}`|
 //! | `GET /keys?limit=N`        | `{keys: [entry], truncated}`, by wall clock expiry, oldest first |
 //! | `GET /keys/{key}`          | one entry, 404 if no live entry                             |
 //! | `POST /keys/{key}/release?entry=TAG` | `{key, released, in_flight}`: operator release of the entry `keys show` gave (TAG), as it was seen; 400 without one; 404 no live entry; 409 `ORDER_IN_FLIGHT` (`&force=1` overrides) or `KEY_CHANGED` (settled, taken again, or reloaded, meanwhile) |
@@ -152,6 +152,10 @@ pub struct State {
     /// The config keys changed since the start that only a restart applies, as the last
     /// reload found them (`app`): `/status` lists them for a gateway not run by systemd.
     pub restart_pending: Arc<std::sync::Mutex<Vec<String>>>,
+    /// Why the last reload was refused, `None` once one applies (`app`).
+    pub reload_refused: Arc<std::sync::Mutex<Option<String>>>,
+    /// The executor's kind, `paper` or `http` (`ExecutorKind::kind`): `/status` says it.
+    pub executor: &'static str,
 }
 
 /// A bound admin listener, not yet serving. Binding first lets `run` report a busy port
@@ -584,8 +588,15 @@ async fn status(state: &State) -> Answer {
             && fail_closed.is_none()
             && !halted,
         "orders_in_flight": state.outstanding.count(),
+        // A restart applies a change of executor: this is the one serving.
+        "executor": state.executor,
         "restart_pending": state
             .restart_pending
+            .lock()
+            .unwrap_or_else(std::sync::PoisonError::into_inner)
+            .clone(),
+        "reload_refused": state
+            .reload_refused
             .lock()
             .unwrap_or_else(std::sync::PoisonError::into_inner)
             .clone(),

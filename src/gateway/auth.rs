@@ -227,6 +227,15 @@ impl Authenticator {
             .collect()
     }
 
+    /// Whether a sender can be in `identity` (a namespace of [`Authenticator::namespaces`];
+    /// with client certificates, any certificate's).
+    pub fn gives(&self, identity: &str) -> bool {
+        if self.mtls {
+            return identity.starts_with("cert.") || identity.starts_with("certhash.");
+        }
+        self.namespaces().contains(identity)
+    }
+
     /// The secrets `after` keeps but names another client (`psk` → `psk.desk-b`): the
     /// old namespace and the new, once each. Under mTLS the certificate names the client,
     /// not the secret: none. A reload says them: a sender's retries move to the new

@@ -120,18 +120,31 @@ pub fn resolve(
 }
 
 /// A key a request carries under a name other APIs read, which is not read here: an
-/// `X-Idempotency-Key` (or `Idempotency_Key`) header with a value, or the body's member
-/// `body_alias` (`idempotency_key`, [`super::trade::Trade::key_alias`]). Asked of a trade
-/// with no key read: its sender believes it keyed for the TTL, and it is told apart by its
-/// fingerprint, for a minute. Said in the log, or, under `require_client_key`, in the 400.
-pub fn other_name(headers: &HeaderMap, body_alias: Option<&str>) -> Option<String> {
+/// `X-Idempotency-Key` (or `Idempotency_Key`) header with a value, a URL parameter so
+/// named (`?idempotencyKey=…`, from the request's `query`: a sender that cannot set
+/// headers), or the body's member `body_alias` (`idempotency_key`,
+/// [`super::trade::Trade::key_alias`]). Asked of a trade with no key read: its sender
+/// believes it keyed for the TTL, and it is told apart by its fingerprint, for a minute.
+/// Said in the log, or, under `require_client_key`, in the 400.
+pub fn other_name(
+    headers: &HeaderMap,
+    query: Option<&str>,
+    body_alias: Option<&str>,
+) -> Option<String> {
     let header = headers.iter().find(|(n, v)| {
         super::trade::is_key_name(n.as_str()) && !v.as_bytes().trim_ascii().is_empty()
     });
-    match (header, body_alias) {
-        (Some((name, _)), _) => Some(format!("the {name} header")),
-        (None, Some(member)) => Some(format!("the body's {member:?}")),
-        (None, None) => None,
+    let parameter = query.into_iter().flat_map(|q| q.split('&')).find_map(|p| {
+        let (name, value) = p.split_once('=')?;
+        (super::trade::is_key_name(name) && !value.trim().is_empty()).then_some(name)
+    });
+    if let Some((name, _)) = header {
+        Some(format!("the {name} header"))
+    } else if let Some(name) = parameter {
+        // Shown as sent: matched, it holds only the name's letters, `-` and `_`.
+        Some(format!("the URL's {name:?} parameter"))
+    } else {
+        body_alias.map(|member| format!("the body's {member:?}"))
     }
 }
 
@@ -240,19 +253,46 @@ mod tests {
             let mut h = HeaderMap::new();
             h.insert(name, HeaderValue::from_static("k1"));
             assert_eq!(resolve(&h, None, None), Ok(None), "{name}");
-            assert_eq!(other_name(&h, None), Some(format!("the {name} header")));
+            assert_eq!(
+                other_name(&h, None, None),
+                Some(format!("the {name} header"))
+            );
             h.insert(name, HeaderValue::from_static(" "));
-            assert_eq!(other_name(&h, None), None, "{name} empty");
+            assert_eq!(other_name(&h, None, None), None, "{name} empty");
         }
         for name in ["x-idempotency", "idempotency-keys", "x-request-id"] {
             let mut h = HeaderMap::new();
             h.insert(name, HeaderValue::from_static("k1"));
-            assert_eq!(other_name(&h, None), None, "{name}");
+            assert_eq!(other_name(&h, None, None), None, "{name}");
         }
         assert_eq!(
-            other_name(&headers(&[]), Some("idempotency_key")),
+            other_name(&headers(&[]), None, Some("idempotency_key")),
             Some("the body's \"idempotency_key\"".into())
         );
+        // A sender that cannot set headers may put its key in the URL, which is not read.
+        for query in [
+            "idempotencyKey=q1",
+            "a=1&Idempotency-Key=q1",
+            "x_idempotency_key=q1&b",
+        ] {
+            assert!(
+                other_name(&headers(&[]), Some(query), None)
+                    .is_some_and(|n| n.starts_with("the URL's ") && n.ends_with(" parameter")),
+                "{query}"
+            );
+        }
+        for query in [
+            "idempotencyKey=",
+            "idempotencyKey",
+            "key=q1",
+            "a=idempotencyKey",
+        ] {
+            assert_eq!(
+                other_name(&headers(&[]), Some(query), None),
+                None,
+                "{query}"
+            );
+        }
     }
 
     #[test]
@@ -291,7 +331,7 @@ mod tests {
 
     proptest::proptest! {
         #[test]
-        fn any_client_key_round_trips_as_an_sf_string(k in "[ -~]{0,254}[!-~]") {
+        fn any_client_key_round_trips_as_an_sf_string(k in "[!-~]([ -~]{0,253}[!-~])?") {
             let quoted = format!("\"{}\"", k.replace('\\', "\\\\").replace('"', "\\\""));
             proptest::prop_assert_eq!(ok(quoted.as_bytes()), k);
         }

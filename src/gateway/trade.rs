@@ -82,7 +82,9 @@ impl std::fmt::Debug for Received {
 }
 
 /// Parses the body as one JSON object. A member given twice, at any depth, is refused:
-/// which of the two counts would otherwise depend on the parser, here and downstream.
+/// which of the two counts would otherwise depend on the parser, here and downstream. So
+/// is a member whose name holds a control character (`"quantity\u0000"`): a parser of
+/// C strings reads it as the name before the NUL, another field than the one checked here.
 pub fn parse_object(body: Bytes) -> Result<Object, TradeError> {
     match serde_json::from_slice::<Strict>(&body) {
         Ok(Strict(Value::Object(members))) => Ok(Object {
@@ -156,6 +158,12 @@ impl<'de> Visitor<'de> for StrictValue {
 fn members<'de, A: MapAccess<'de>>(mut a: A) -> Result<Map<String, Value>, A::Error> {
     let mut map = Map::new();
     while let Some((k, Strict(v))) = a.next_entry::<String, Strict>()? {
+        if k.chars().any(char::is_control) {
+            let shown: String = k.chars().take(40).collect();
+            return Err(serde::de::Error::custom(format_args!(
+                "field name {shown:?} holds a control character"
+            )));
+        }
         if map.contains_key(&k) {
             let shown: String = k.chars().take(40).collect();
             return Err(serde::de::Error::custom(format_args!(
@@ -235,8 +243,9 @@ impl Trade {
         if let Some(known) = obj.keys().find_map(|name| case_variant(name)) {
             return Err(field(
                 known,
-                "must be spelled exactly so: another spelling in other letter case \
-                 is refused, since an executor may read it as this field",
+                "must be spelled exactly so: another spelling (in other letter case, \
+                 or `api_key` for `apiKey`) is refused, since an executor may read it \
+                 as this field",
             ));
         }
         let key_alias = obj
@@ -466,25 +475,30 @@ const KNOWN: &[&str] = &[
 /// such a member, passed through unchecked here, could be the field there: `"Test": true`
 /// keyed live and placed as a test order, or a `Quantity` placed instead of the
 /// `quantity` keyed, once per spelling, since each spelling is another trade here.
+///
+/// `apiKey` also spelled with `_` or `-` (`api_key`, as SPEC §3 names the method): not read
+/// as the credential, such a member would reach the executor holding a valid secret when
+/// another credential authenticated the request.
 fn case_variant(name: &str) -> Option<&'static str> {
     let fold = |c: char| match c {
         '\u{212A}' => 'k',
         '\u{17F}' => 's',
         c => c.to_ascii_lowercase(),
     };
+    let folded = || name.chars().map(fold);
     KNOWN.iter().copied().find(|known| {
+        let lower = || known.chars().map(|c| c.to_ascii_lowercase());
         *known != name
-            && name
-                .chars()
-                .map(fold)
-                .eq(known.chars().map(|c| c.to_ascii_lowercase()))
+            && (folded().eq(lower())
+                || (*known == "apiKey" && folded().filter(|c| !matches!(c, '_' | '-')).eq(lower())))
     })
 }
 
 /// Whether `name` spells the idempotency key in a way other APIs read it
 /// (`idempotency_key`, `Idempotency-Key`, `X-Idempotency-Key`, in any letter case): one of
 /// those, passed over, would leave a trade its sender keyed told apart by its fingerprint
-/// only. The header's name and the body's member both ask this (`idem::other_name`).
+/// only. A header's name, a URL parameter's and the body's member ask this
+/// (`idem::other_name`).
 pub fn is_key_name(name: &str) -> bool {
     // Asked of every header of a request without a key: compared in place, not copied.
     let folded = || {
@@ -619,6 +633,26 @@ mod tests {
             };
             assert!(e.to_string().contains("duplicate field `x`"), "{e}");
         }
+    }
+
+    /// A NUL, a tab or a C1 control in a member's name, at any depth, is refused: the
+    /// executor gets these bytes, and a C-string parser reads `quantity\u0000` as `quantity`.
+    #[test]
+    fn parse_object_refuses_a_control_character_in_a_name() {
+        for body in [
+            &br#"{"quantity\u0000": 100, "quantity": 1}"#[..],
+            br#"{"quantity\t": 100}"#,
+            br#"{"a": [{"x\u001f": 1}]}"#,
+            br#"{"x\u0085": 1}"#,
+            br#"{"x\u007f": 1}"#,
+        ] {
+            let Err(e) = parse(body) else {
+                panic!("{} was taken", String::from_utf8_lossy(body))
+            };
+            assert!(e.to_string().contains("holds a control character"), "{e}");
+        }
+        // In a value, and non-ASCII that is not a control, it is the sender's business.
+        assert!(parse(br#"{"note": "a\u0000b", "caf\u00e9": 1, "x y": 2}"#).is_ok());
     }
 
     #[test]
@@ -833,6 +867,9 @@ mod tests {
             ("IdempotencyKey", "idempotencyKey"),
             ("APIKEY", "apiKey"),
             ("Price", "price"),
+            ("api_key", "apiKey"),
+            ("API-KEY", "apiKey"),
+            ("Api_Key", "apiKey"),
         ] {
             // Beside the exact spelling, and alone.
             assert_eq!(err_field(with(name, json!(5))), known, "{name}");
@@ -843,7 +880,15 @@ mod tests {
             assert_eq!(err_field(Trade::from_object(obj(b))), known, "{name} alone");
         }
         // Names that merely resemble a field pass through, as any other extra field.
-        for name in ["quantity2", "qty", "tests", "\u{212A}", "strategy"] {
+        for name in [
+            "quantity2",
+            "qty",
+            "tests",
+            "\u{212A}",
+            "strategy",
+            "api_keys",
+            "sym_bol",
+        ] {
             assert!(with(name, json!(5)).is_ok(), "{name}");
         }
     }

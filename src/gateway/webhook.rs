@@ -307,9 +307,15 @@ async fn pipeline(
         !req.headers().contains_key(EXPECT) && announced.is_none_or(|n| n <= DRAIN_MAX as u64);
     // RFC 9112 §3.2: an HTTP/1.1 request without one Host, or with two, is refused (400).
     let hosts = req.headers().get_all(hyper::header::HOST).iter().count();
+    // Two types would have the first looked at here, and maybe the other downstream.
+    let types = req.headers().get_all(CONTENT_TYPE).iter().count();
     let refused = if req.version() == hyper::Version::HTTP_11 && hosts != 1 {
         Some(Problem::InvalidRequest(format!(
             "an HTTP/1.1 request carries exactly one Host header, not {hosts}"
+        )))
+    } else if types > 1 {
+        Some(Problem::InvalidRequest(format!(
+            "a request carries at most one Content-Type header, not {types}"
         )))
     } else if path != "/webhook" && path != "/" {
         Some(Problem::NotFound)
@@ -387,7 +393,7 @@ async fn pipeline(
         None => {
             // A key under a name not read here: the sender believes the trade held for the
             // TTL; its fingerprint holds it a minute.
-            let other = idem::other_name(&parts.headers, trade.key_alias());
+            let other = idem::other_name(&parts.headers, parts.uri.query(), trade.key_alias());
             if gw.require_client_key {
                 return Err(fail(match other {
                     Some(name) => Problem::InvalidIdempotencyKey(format!(
@@ -1148,16 +1154,24 @@ async fn read_body(
 
 /// Signal engines send JSON as `application/json`, and some (TradingView among them) as
 /// `text/plain`; an absent type is accepted too. Forms and the like are not webhooks.
+///
+/// The body is read as UTF-8 and forwarded as `application/json`: a `charset` other than
+/// UTF-8 (or its subset US-ASCII) says the sender meant other characters than those the
+/// executor would get, so it is refused too.
 fn json_media_type(v: Option<&HeaderValue>) -> bool {
     let Some(v) = v else { return true };
     let Ok(v) = v.to_str() else { return false };
-    let essence = v
-        .split(';')
-        .next()
-        .unwrap_or("")
-        .trim()
-        .to_ascii_lowercase();
-    essence == "application/json" || essence == "text/plain" || essence.ends_with("+json")
+    let mut parts = v.split(';');
+    let essence = parts.next().unwrap_or("").trim().to_ascii_lowercase();
+    let charset_ok = parts.all(|p| match p.split_once('=') {
+        Some((name, value)) if name.trim().eq_ignore_ascii_case("charset") => {
+            let value = value.trim().trim_matches('"');
+            value.eq_ignore_ascii_case("utf-8") || value.eq_ignore_ascii_case("us-ascii")
+        }
+        _ => true,
+    });
+    charset_ok
+        && (essence == "application/json" || essence == "text/plain" || essence.ends_with("+json"))
 }
 
 /// The sender's `X-Request-Id` if it is short and printable, else a fresh one.
@@ -1696,6 +1710,14 @@ mod tests {
         assert!(ok("application/vnd.hoox+json"));
         assert!(!ok("application/x-www-form-urlencoded"));
         assert!(!ok("multipart/form-data; boundary=x"));
+        // The body is read as UTF-8 and forwarded as `application/json`: a sender that says
+        // another charset means other characters than those the executor would get.
+        assert!(ok("text/plain; charset=UTF-8"));
+        assert!(ok("application/json;charset=\"utf-8\""));
+        assert!(ok("application/json; charset=us-ascii"));
+        assert!(!ok("application/json; charset=utf-16"));
+        assert!(!ok("text/plain; charset=iso-8859-1"));
+        assert!(!ok("text/plain; format=flowed; charset=latin1"));
     }
 
     /// The first outputs of SplitMix64 from seed 0, as the algorithm's reference gives them:

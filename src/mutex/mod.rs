@@ -362,6 +362,8 @@ pub(crate) enum Command {
         oneshot::Sender<Result<Option<EntryInfo>, Unavailable>>,
     ),
     List(usize, oneshot::Sender<Result<Vec<EntryInfo>, Unavailable>>),
+    /// How many live client keys each client identity holds (`Mutex::clients`).
+    Clients(oneshot::Sender<Result<Vec<(String, usize)>, Unavailable>>),
     /// Operator release: like `Release`, but durable before it answers, and says whether
     /// a live entry was removed.
     /// Given the entry as seen, only while the key still holds that entry in that state.
@@ -627,6 +629,13 @@ impl Mutex {
     /// Up to `limit` live entries, oldest expiry first.
     pub async fn list(&self, limit: usize) -> Result<Vec<EntryInfo>, Unavailable> {
         self.call(|tx| Command::List(limit, tx)).await?
+    }
+
+    /// The client identities (`psk`, `psk.NAME`, `cert.NAME`) that live client keys are
+    /// under, with how many each, in the identities' order: at a start, which of them no
+    /// sender of the config is named any more (`app`).
+    pub async fn clients(&self) -> Result<Vec<(String, usize)>, Unavailable> {
+        self.call(Command::Clients).await?
     }
 
     /// Operator release of a held key. Given `only`, the entry as the operator looked at

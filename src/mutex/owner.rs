@@ -219,6 +219,10 @@ enum Reply {
         oneshot::Sender<Result<Vec<EntryInfo>, Unavailable>>,
         Vec<EntryInfo>,
     ),
+    Clients(
+        oneshot::Sender<Result<Vec<(String, usize)>, Unavailable>>,
+        Vec<(String, usize)>,
+    ),
     Released(
         oneshot::Sender<Result<Released, Unavailable>>,
         Released,
@@ -255,6 +259,7 @@ impl Reply {
             }),
             Reply::Entry(tx, e) => tx.send(Ok(e)).map_err(drop),
             Reply::List(tx, l) => tx.send(Ok(l)).map_err(drop),
+            Reply::Clients(tx, c) => tx.send(Ok(c)).map_err(drop),
             Reply::Released(tx, r, key) => tx.send(Ok(r)).map_err(drop).inspect_err(|()| {
                 if r == Released::Yes {
                     log::warn!(
@@ -279,6 +284,7 @@ impl Reply {
             Reply::Halted(tx, _) => tx.send(Err(u.clone())).map_err(drop),
             Reply::Entry(tx, _) => tx.send(Err(u.clone())).map_err(drop),
             Reply::List(tx, _) => tx.send(Err(u.clone())).map_err(drop),
+            Reply::Clients(tx, _) => tx.send(Err(u.clone())).map_err(drop),
             Reply::Released(tx, ..) => tx.send(Err(u.clone())).map_err(drop),
             Reply::Status(tx, mut s) => {
                 s.fail_closed = Some(u.clone());
@@ -841,10 +847,15 @@ impl Owner {
         // family's latest key can be that young: a later one is granted only once the one
         // before it is a minute old. "Ago" is from when the caller asked, not when the
         // owner got to it: a retry 59 s after its trade, behind a slow sync, is still one.
+        // One still pending, however old, holds its family while it lives (SPEC §4: an
+        // outcome unknown is held until the TTL): its order may have filled (a 504, a
+        // crash) or still be out, and the retry its sender sends minutes later, after the
+        // 504, was placed beside it. Nor is a later key granted while it is pending, so the
+        // latest is the one to look at here too.
         if let Some(latest) = key::family(req.key.as_str()).and_then(|f| self.latest.get(f))
             && let Some(live) = self.index.get(&latest.0)
             && live.live(now)
-            && live.age_at_least_ms(asked.min(now.1)) < BUCKET_MS
+            && (live.state == State::Pending || live.age_at_least_ms(asked.min(now.1)) < BUCKET_MS)
         {
             // Every key in the index parses: `Key::from_stored` at load, a `Key` since.
             // Were one not to, the answer names the request's own key, still a duplicate.
@@ -1132,6 +1143,17 @@ impl Owner {
                     .collect();
                 Some(Reply::List(tx, list))
             }
+            Command::Clients(tx) => {
+                let mut held = std::collections::BTreeMap::<&str, usize>::new();
+                for (k, _) in self.index.iter().filter(|(_, l)| l.live(now)) {
+                    // `client:{identity}:{mode}:{key}`; no identity holds a `:`.
+                    if let Some(id) = k.strip_prefix("client:").and_then(|r| r.split(':').next()) {
+                        *held.entry(id).or_default() += 1;
+                    }
+                }
+                let held = held.into_iter().map(|(id, n)| (id.to_owned(), n)).collect();
+                Some(Reply::Clients(tx, held))
+            }
             Command::Ping(tx) => Some(Reply::Status(tx, self.status())),
             Command::Stall(d, taken) => {
                 self.stall(d, taken);
@@ -1169,6 +1191,7 @@ impl Owner {
             Command::SetHalted(_, tx) => tx.send(Err(u.clone())).map_err(drop),
             Command::Get(_, tx) => tx.send(Err(u.clone())).map_err(drop),
             Command::List(_, tx) => tx.send(Err(u.clone())).map_err(drop),
+            Command::Clients(tx) => tx.send(Err(u.clone())).map_err(drop),
             Command::ForceRelease(_, _, tx) => tx.send(Err(u.clone())).map_err(drop),
             Command::Ping(tx) => {
                 let mut s = self.status();
@@ -1698,7 +1721,9 @@ impl Holds {
                     h.writes = true;
                 }
                 Command::Commit(..) | Command::Release(..) => h.writes = true,
-                Command::Get(..) | Command::List(..) | Command::Ping(..) => h.reads = true,
+                Command::Get(..) | Command::List(..) | Command::Clients(..) | Command::Ping(..) => {
+                    h.reads = true
+                }
                 Command::Stall(..) | Command::Wake => {}
                 Command::Shutdown => h.stop = true,
             }
@@ -2631,7 +2656,11 @@ mod tests {
         known: bool,
     ) -> (Owner, Arc<super::super::clock::ManualClock>) {
         let (mut first, _) = owner_in_boot(dir, known);
-        assert!(matches!(reserve(&mut first, k), Decision::Proceed(_)));
+        let Decision::Proceed(g) = reserve(&mut first, k) else {
+            panic!("a fresh key is granted")
+        };
+        // Placed: a pending fingerprint holds its family whatever its age.
+        first.turn(&mut vec![Command::Commit(Box::new(g), None)]);
         first.close();
         drop(first);
         owner_at(dir, known, |time| {

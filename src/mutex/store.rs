@@ -316,6 +316,13 @@ pub(super) enum LoadError {
         value.iter().take(16).map(|b| format!("{b:02x}")).collect::<String>()
     )]
     Meta { key: &'static str, value: Vec<u8> },
+    /// redb's lock on the file is taken: another process has it open, most likely another
+    /// gateway started on the same state folder (or `store.path`).
+    #[error(
+        "another process has it open (another hoox-edge on the same store.path? `fuser -v` \
+         on the file names it)"
+    )]
+    Locked,
 }
 
 impl LoadError {
@@ -373,8 +380,16 @@ macro_rules! via_redb_error {
         }
     )*};
 }
+impl From<redb::DatabaseError> for LoadError {
+    fn from(e: redb::DatabaseError) -> Self {
+        match e {
+            redb::DatabaseError::DatabaseAlreadyOpen => LoadError::Locked,
+            e => LoadError::Db(e.into()),
+        }
+    }
+}
+
 via_redb_error!(
-    redb::DatabaseError,
     redb::TransactionError,
     redb::TableError,
     redb::StorageError,
@@ -1581,7 +1596,7 @@ mod tests {
             }
             assert_eq!(stores.len(), 1, "trial {trial}: {refusals:?}");
             for refused in refusals.keys() {
-                let lock = refused.contains("Cannot acquire lock");
+                let lock = refused.contains("another process has it open");
                 let removed = refused.contains("was removed by another start on this folder");
                 assert!(
                     lock || removed,
