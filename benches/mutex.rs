@@ -80,6 +80,13 @@ fn main() {
         for _ in 0..100 {
             h.record(raw.sync()).ok();
         }
+        if raw.take_fallback() {
+            // Some of the 100 were direct writes: sample the new reference alone.
+            h.reset();
+            for _ in 0..100 {
+                h.record(raw.sync()).ok();
+            }
+        }
         if raw.direct.is_some() {
             for _ in 0..100 {
                 f.record(raw.fdatasync()).ok();
@@ -142,6 +149,8 @@ struct Raw {
     at: usize,
     slots: u64,
     i: u64,
+    /// Set when a direct write was refused after the probe (see `take_fallback`).
+    fell_back: bool,
 }
 
 const BLOCK_BYTES: usize = 4096;
@@ -152,12 +161,21 @@ impl Raw {
         let mut file = std::fs::File::create(path).expect("raw file");
         file.write_all(&vec![0x5a; bytes]).expect("write");
         file.sync_all().expect("sync");
-        let (direct, refused) = match journal::open_direct(path) {
-            Ok(d) => (Some(d), None),
-            Err(e) => (None, Some(e.to_string())),
-        };
         let spare = vec![0xa5; 2 * BLOCK_BYTES];
         let at = spare.as_ptr().align_offset(BLOCK_BYTES).min(BLOCK_BYTES);
+        // Some file systems open `O_DIRECT` and then refuse the write (EINVAL). One aligned
+        // block written at offset 0 settles which sync the reference is before any sample
+        // is taken, so that the reference never changes kind within a measurement.
+        let (direct, refused) = match journal::open_direct(path) {
+            Ok(d) => match d.write_all_at(&spare[at..at + BLOCK_BYTES], 0) {
+                Ok(()) => (Some(d), None),
+                Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
+                    (None, Some(format!("the probe write: {e}")))
+                }
+                Err(e) => panic!("direct write (probe): {e}"),
+            },
+            Err(e) => (None, Some(e.to_string())),
+        };
         Raw {
             file,
             direct,
@@ -166,7 +184,15 @@ impl Raw {
             at,
             slots: (bytes / BLOCK_BYTES).max(1) as u64,
             i: 0,
+            fell_back: false,
         }
+    }
+
+    /// Whether the direct write was refused after the probe since the last call, the
+    /// reference now write + fdatasync: the samples taken before are of the other kind, and
+    /// the caller discards them.
+    fn take_fallback(&mut self) -> bool {
+        std::mem::take(&mut self.fell_back)
     }
 
     /// What the reference is here.
@@ -184,8 +210,9 @@ impl Raw {
     }
 
     /// One write synced as the journal syncs a record; its duration in µs. A direct write
-    /// the kernel refuses (EINVAL: some file systems open `O_DIRECT` and then refuse it) is
-    /// redone with fdatasync, and so is every later one, as the journal does.
+    /// the kernel refuses (EINVAL) although the probe in `open` passed is redone with
+    /// fdatasync, and so is every later one, as the journal does; `take_fallback` then says
+    /// so, for the caller to discard the samples of the other kind.
     fn sync(&mut self) -> u64 {
         let offset = self.offset();
         let Some(direct) = &self.direct else {
@@ -197,10 +224,12 @@ impl Raw {
             Ok(()) => t.elapsed().as_micros() as u64,
             Err(e) if e.raw_os_error() == Some(libc::EINVAL) => {
                 println!(
-                    "  direct write refused ({e}): the reference is write + fdatasync from here"
+                    "  direct write refused ({e}) after the probe passed: the reference is \
+                     write + fdatasync, its samples so far discarded"
                 );
                 self.direct = None;
                 self.refused = Some(e.to_string());
+                self.fell_back = true;
                 self.fdatasync_at(offset)
             }
             Err(e) => panic!("direct write: {e}"),
@@ -243,8 +272,10 @@ fn req(caller: usize, n: u64) -> Reserve {
 /// Samples of the reference sync, of write + fdatasync (where that is not the reference)
 /// and of a single caller's reserve, in alternating blocks of `BLOCK` (the baselines follow
 /// the disk's drift; within a block the caller sends each reserve as soon as the last is
-/// answered, as one connection with a burst of orders does), and the mean time the owner
-/// spent writing and syncing the journal for them.
+/// answered, as one connection with a burst of orders does; the three kinds take turns at
+/// going first, so that none always follows the same one), and the mean time the owner
+/// spent writing and syncing the journal for them. Were the direct write refused midway,
+/// both baselines' samples so far are discarded: a reference of one kind only.
 async fn latencies(
     raw: &mut Raw,
     path: &std::path::Path,
@@ -257,19 +288,37 @@ async fn latencies(
     let (_, s0, n0) = m.shared().stats.fsync_seconds.snapshot();
     let (mut sync, mut fdatasync, mut single) = (hist(), hist(), hist());
     for block in 0..(SAMPLES / BLOCK) as u64 {
-        for _ in 0..BLOCK {
-            sync.record(raw.sync()).ok();
-        }
-        if raw.direct.is_some() {
-            for _ in 0..BLOCK {
-                fdatasync.record(raw.fdatasync()).ok();
+        for kind in 0..3 {
+            match (block + kind) % 3 {
+                0 => {
+                    for _ in 0..BLOCK {
+                        sync.record(raw.sync()).ok();
+                    }
+                    if raw.take_fallback() {
+                        // This block mixed the two kinds: it is taken again, of the new one.
+                        sync.reset();
+                        fdatasync.reset();
+                        for _ in 0..BLOCK {
+                            sync.record(raw.sync()).ok();
+                        }
+                    }
+                }
+                1 => {
+                    if raw.direct.is_some() {
+                        for _ in 0..BLOCK {
+                            fdatasync.record(raw.fdatasync()).ok();
+                        }
+                    }
+                }
+                _ => {
+                    for i in 0..BLOCK as u64 {
+                        let t = Instant::now();
+                        let d = m.reserve(req(1, block * BLOCK as u64 + i)).await;
+                        single.record(t.elapsed().as_micros() as u64).ok();
+                        assert!(matches!(d, Decision::Proceed(_)), "{d:?}");
+                    }
+                }
             }
-        }
-        for i in 0..BLOCK as u64 {
-            let t = Instant::now();
-            let d = m.reserve(req(1, block * BLOCK as u64 + i)).await;
-            single.record(t.elapsed().as_micros() as u64).ok();
-            assert!(matches!(d, Decision::Proceed(_)), "{d:?}");
         }
     }
     let (_, s1, n1) = m.shared().stats.fsync_seconds.snapshot();

@@ -16,9 +16,9 @@
 #   LATE_MAX_US=1000 (the open loop subtracts the lowest bare p50/p99 of all the rounds from each
 #     round's gateway's; a round is dropped from the verdict when its gateway p99 is under that
 #     bare p99, or its gateway run's pacer was late p99 over this without real-time priority;
-#     a round whose gateway run exited nonzero is invalid; the verdict over all valid rounds,
-#     none dropped, is printed beside; a MET from a lowest bare run whose generator was late
-#     over this is INCONCLUSIVE)
+#     a round whose gateway run exited nonzero is invalid, and then no verdict is MET; the
+#     verdict over all valid rounds, none dropped, is printed beside; a MET from a lowest bare
+#     run whose generator was late over this is INCONCLUSIVE)
 #   BENCH_DIR (state; default a fresh folder in $TMPDIR or /var/tmp)  KEEP=1 (keep it)
 #   SKIP_BUILD=1  MUTEX_BENCH=0 (skip cargo bench --bench mutex)
 #   TARGET=x86_64-unknown-linux-musl: measure the static build that ships (needs the rustup
@@ -66,6 +66,25 @@ CHAOS_DUP=${CHAOS_DUP:-0.3}
 CHAOS_REPLAY=${CHAOS_REPLAY:-50000}
 STORM_TRIALS=${STORM_TRIALS:-100}
 CHAOS_CYCLES=${CHAOS_CYCLES:-60}
+# The counts are compared and computed with in bash: `[ x -gt N ]` on a knob that is not a
+# plain integer is an error that reads as false (so LATE_MAX_US=1e3 would drop nothing), and
+# `$((...))` takes a word for a variable's name and a leading 0 for octal. Said now, not
+# minutes into a run.
+for knob in DURATION_S ROUNDS RATE RATE_CONNECTIONS FSYNC_COUNT LATE_MAX_US PORT_BASE \
+    STORM_CONNECTIONS STORM_KEYS STORM_S CHAOS_ROUNDS CHAOS_CONNECTIONS CHAOS_REPLAY \
+    STORM_TRIALS CHAOS_CYCLES; do
+    [[ ${!knob} =~ ^(0|[1-9][0-9]{0,8})$ ]] || {
+        echo "bench.sh: $knob=${!knob}: not a plain integer (digits only, no leading 0)" >&2
+        exit 64
+    }
+done
+read -ra conns <<<"$CONNECTIONS"
+for c in ${conns[@]+"${conns[@]}"}; do
+    [[ $c =~ ^[1-9][0-9]{0,8}$ ]] || {
+        echo "bench.sh: CONNECTIONS=\"$CONNECTIONS\": $c is not a plain integer over 0" >&2
+        exit 64
+    }
+done
 
 GW_PORT=$PORT_BASE
 BARE_PORT=$((PORT_BASE + 1))
@@ -382,10 +401,11 @@ if [ "$MAIN" = 1 ]; then
     stop "$BARE_PID"
 fi
 
-# median: the median of the numbers on stdin, one per line (0 if none).
+# median: the median of the numbers on stdin, one per line (0 if none). Empty lines are
+# skipped: `printf '%s\n'` of an empty list is one empty line, not a 0.
 median() {
-    sort -g | awk '{ v[NR] = $1 } END { if (NR == 0) print 0; else if (NR % 2) print v[(NR + 1) / 2];
-        else print (v[NR / 2] + v[NR / 2 + 1]) / 2 }'
+    sort -g | awk 'NF { v[++n] = $1 } END { if (n == 0) print 0; else if (n % 2) print v[(n + 1) / 2];
+        else print (v[n / 2] + v[n / 2 + 1]) / 2 }'
 }
 
 # field_median FIELD FILES...: the median of one field over several hoox-load results.
@@ -430,7 +450,7 @@ if [ "$MAIN" = 1 ] && [ "$GATEWAY" = 1 ]; then
     # column, why below the table), and a row with no round left says FAIL, not a ratio.
     echo "| connections | bare req/s | gateway req/s | gateway/bare | per round | closed-loop added p50 at saturation (us) | closed-loop added p99 at saturation (us) |"
     echo "|---|---|---|---|---|---|---|"
-    closed_fails=()
+    closed_fails=() cpu16_bare=() cpu16_gw=()
     for c in $CONNECTIONS; do
         bs=() gs=() rs=() per=() nfail=0
         for r in $(seq "$ROUNDS"); do
@@ -442,6 +462,9 @@ if [ "$MAIN" = 1 ] && [ "$GATEWAY" = 1 ]; then
                 continue
             fi
             bs+=("$WORK/bare-c$c-r$r.json") gs+=("$WORK/gateway-c$c-r$r.json")
+            if [ "$c" = 16 ]; then
+                cpu16_bare+=("$WORK/bare-c$c-r$r.cpu") cpu16_gw+=("$WORK/gateway-c$c-r$r.cpu")
+            fi
             # Served answers per second (throughput_rps), never answers that only say the
             # gateway refused or failed.
             ratio=$(awk -v b="$(jget "$WORK/bare-c$c-r$r.json" throughput_rps)" \
@@ -480,14 +503,17 @@ if [ "$MAIN" = 1 ] && [ "$GATEWAY" = 1 ]; then
     # (each round's own bare p99 is printed beside, for reference). Were that lowest bare run
     # itself late in its generator (pacer or send p99 over LATE_MAX_US: then every bare run
     # was slowed), a verdict that would be MET is INCONCLUSIVE instead.
-    # A round whose gateway run exited nonzero is INVALID: not counted at all. A valid round
+    # A round whose gateway run exited nonzero is INVALID: not counted at all, and then no
+    # verdict is MET (NOT MET, how many failed): the gateway failed a request or refused one
+    # at this rate, whatever the other rounds' figures. A valid round
     # is DROPPED from the verdict when it cannot measure the gateway: its p99 under the lowest
     # bare's, or its pacer late by more than LATE_MAX_US at p99 while it ran without
     # real-time priority (it waited behind the servers for a core: the lateness is the
     # machine's; with real-time priority the pacer is first in line, and whatever delays it
     # counts against the gateway). The verdict over every valid round, none dropped, is
     # printed beside. The p99 less the disk's paced p99 in the same round: the part of the
-    # tail that is not the disk's.
+    # tail that is not the disk's, its verdict under the same rules (failed gateway runs,
+    # a late bare floor).
     if [ -n "$DIRECT_P50" ]; then
         ALLOW_P50=$DIRECT_P50 ALLOW_NAME="direct write, as the journal syncs"
     else
@@ -517,13 +543,20 @@ if [ "$MAIN" = 1 ] && [ "$GATEWAY" = 1 ]; then
     if [ -n "$bare_min_r" ]; then
         bare_late=$(late_in "$WORK/bare-rate-r$bare_min_r.json")
     fi
-    added=() added50=() over_disk=() g50s=() g99s=() d99s=() all=() per=()
+    added=() added50=() over_disk=() g50s=() g99s=() d99s=() all=() per=() gw_invalid=0
     for r in $(seq "$ROUNDS"); do
         bj="$WORK/bare-rate-r$r.json" gj="$WORK/gateway-rate-r$r.json"
         b=$(jget "$bj" p99) d=$(jget "$WORK/fsync-paced-r$r.json" p99_us)
         blate=$(late_in "$bj")
-        own="its own bare p99 ${b:-?} us${blate:+ (generator late p99: $blate)}"
+        bnote=()
+        [ -z "$(failed_run "bare-rate-r$r" bare)" ] || bnote+=("run failed")
+        [ -z "$blate" ] || bnote+=("generator late p99: $blate")
+        own="its own bare p99 ${b:-?} us"
+        if [ ${#bnote[@]} -gt 0 ]; then own+=" ($(printf '%s; ' "${bnote[@]}" | sed 's/; $//'))"; fi
         why=$(failed_run "gateway-rate-r$r" gateway)
+        # Only the gateway's own failure counts against the verdict; a round invalid for want
+        # of a bare floor or of the disk's paced figure is merely not measured.
+        [ -z "$why" ] || gw_invalid=$((gw_invalid + 1))
         [ -n "$bare_min99" ] || why="${why:+$why; }no bare run exited 0 with a result"
         [ -n "$d" ] || why="${why:+$why; }no paced fsync result"
         if [ -n "$why" ]; then
@@ -534,7 +567,7 @@ if [ "$MAIN" = 1 ] && [ "$GATEWAY" = 1 ]; then
         g=$(jget "$gj" p99) g5=$(jget "$gj" p50)
         a=$(awk -v g="$g" -v b="$bare_min99" 'BEGIN { printf "%d", g - b }')
         a5=$(awk -v g="$g5" -v b="$bare_min50" 'BEGIN { printf "%d", g - b }')
-        all+=("$a") per+=("$a")
+        all+=("$a")
         drop=()
         [ "$a" -ge 0 ] || drop+=("its p99 $g us under the lowest bare p99 $bare_min99 us")
         gl=$(jget "$gj" pacer_late_p99_us)
@@ -545,13 +578,16 @@ if [ "$MAIN" = 1 ] && [ "$GATEWAY" = 1 ]; then
         line="open loop round $r: gateway p50 $g5 us, p99 $g us; added p50 $a5 us, p99 $a us; $own"
         if [ ${#drop[@]} -gt 0 ]; then
             echo "$line; DROPPED: $(printf '%s, ' "${drop[@]}" | sed 's/, $//')"
+            per+=("$a (dropped)")
             continue
         fi
+        per+=("$a")
         echo "$line"
         added+=("$a") added50+=("$a5") over_disk+=("$(awk -v a="$a" -v d="$d" 'BEGIN { printf "%d", a - d }')")
         g50s+=("$g5") g99s+=("$g") d99s+=("$d")
     done
-    awk -v rate="$RATE" -v n="${#added[@]}" -v n_all="${#all[@]}" -v rounds="$ROUNDS" -v per="${per[*]:-}" \
+    awk -v rate="$RATE" -v n="${#added[@]}" -v n_all="${#all[@]}" -v rounds="$ROUNDS" \
+        -v per="$(printf '%s, ' ${per[@]+"${per[@]}"} | sed 's/, $//')" -v gw_invalid="$gw_invalid" \
         -v disk_per="${d99s[*]:-}" \
         -v over="$(printf '%s\n' ${over_disk[@]+"${over_disk[@]}"} | median)" \
         -v g50="$(printf '%s\n' ${g50s[@]+"${g50s[@]}"} | median)" \
@@ -563,14 +599,18 @@ if [ "$MAIN" = 1 ] && [ "$GATEWAY" = 1 ]; then
         -v added50="$(printf '%s\n' ${added50[@]+"${added50[@]}"} | median)" \
         -v f="$ALLOW_P50" -v fname="$ALLOW_NAME" -v fdata="${DIRECT_P50:+$FSYNC_P50}" \
         -v fr99="$(printf '%s\n' ${d99s[@]+"${d99s[@]}"} | median)" '
-        # The verdict on a median added p99: over the allowance is MISSED whatever bare did;
-        # under it is MET only if bare'"'"'s floor came from a punctual run.
-        function verdict(a) {
-            if (a > 1000 + f) return "MISSED"
+        # The verdict on a median figure against its limit: over it is MISSED whatever bare
+        # did; under it is NOT MET if a gateway run failed (its round left out), else MET only
+        # if bare'"'"'s floor came from a punctual run.
+        function failed() { return sprintf("NOT MET (%d gateway run(s) failed)", gw_invalid) }
+        function verdict_at(a, limit) {
+            if (a > limit) return "MISSED"
+            if (gw_invalid > 0) return failed()
             if (bare_late != "") return "INCONCLUSIVE (the lowest bare p99 is round " bare_r \
                 "'"'"'s, whose generator ran late: " bare_late ")"
             return "MET"
         }
+        function verdict(a) { return verdict_at(a, 1000 + f) }
         BEGIN {
             allow = sprintf("added p99 <= 1 ms + one fsync p50 (%s: %d us%s) = %d us", fname, f,
                 (fdata == "" ? "" : sprintf("; write + fdatasync: %d us", fdata)), 1000 + f)
@@ -579,7 +619,8 @@ if [ "$MAIN" = 1 ] && [ "$GATEWAY" = 1 ]; then
             if (n == 0) {
                 printf "open loop %s req/s: no round counted of %d (added p99 per round: %s)\n",
                     rate, rounds, (per == "" ? "none" : per)
-                printf "target: %s: INCONCLUSIVE [over all rounds: %s]\n", allow, all_rounds
+                printf "target: %s: %s [over all rounds: %s]\n", allow,
+                    (gw_invalid > 0 ? failed() : "INCONCLUSIVE"), all_rounds
                 exit
             }
             printf "open loop %s req/s: gateway p50 %d us, p99 %d us; bare (lowest of %d run(s)) p50 %d us, p99 %d us" \
@@ -590,23 +631,24 @@ if [ "$MAIN" = 1 ] && [ "$GATEWAY" = 1 ]; then
             printf "target: %s: %s [over all rounds: %s]\n", allow, verdict(added), all_rounds
             printf "        (against 1 ms + the disk'"'"'s own p99 at %s/s, paced fsync in the same round:\n", rate
             printf "        %s us, median %d us; added p99 less the disk'"'"'s, median %d us: %s)\n",
-                disk_per, fr99, over, (over <= 1000 ? "MET" : "MISSED") }'
+                disk_per, fr99, over, verdict_at(over, 1000) }'
     echo "target: gateway >= 0.50 x bare req/s at 16 connections: ${C16:-n/a (16 not among CONNECTIONS)}"
     echo "        (each reserve's hand-off to the owner and back, between bare threads: p50 $HANDOFF_P50 us;" \
         "one fsync: write + fdatasync p50 $FSYNC_P50 us, direct write p50 ${DIRECT_P50:-n/a} us)"
     # CPU, not time: what one durable write costs its writer (nearly all in the kernel; on
     # a VM, likely exits to the hypervisor), next to what a whole bare response costs. The
     # gateway pays the write once per batch of reserves.
-    # Runs that exited 0 only: a failed run's served answers are not all it answered.
+    # The rounds counted in the 16-connection row only (both runs exited 0), as its ratio:
+    # a failed run's served answers are not all it answered.
+    # cpu16 FILES...: the median of the .cpu files that exist, "N us", or n/a.
     cpu16() {
-        local r v
-        v=$(for r in $(seq "$ROUNDS"); do
-            [ "$(run_rc "$1-c16-r$r")" != 0 ] || cat "$WORK/$1-c16-r$r.cpu" 2>/dev/null || true
-        done)
-        if [ -n "$v" ]; then median <<<"$v"; else echo n/a; fi
+        local v=
+        [ $# -eq 0 ] || v=$(cat "$@" 2>/dev/null || true)
+        if [ -n "$v" ]; then echo "$(median <<<"$v") us"; else echo n/a; fi
     }
     if [ -n "${C16:-}" ]; then
-        echo "        (CPU per response at 16 connections: bare $(cpu16 bare) us, gateway $(cpu16 gateway) us;" \
+        echo "        (CPU per response at 16 connections, the rounds counted above: bare" \
+            "$(cpu16 ${cpu16_bare[@]+"${cpu16_bare[@]}"}), gateway $(cpu16 ${cpu16_gw[@]+"${cpu16_gw[@]}"});" \
             "one durable write: ${SYNC_CPU:-?} us of its writer's CPU)"
     fi
 fi
@@ -631,11 +673,15 @@ ledger_total() {
         grep -o '"total":[0-9]*' | cut -d: -f2 || true
 }
 
-# namespace_doubles NAME: sets NS_KEYS (how many client keys the ledger has taken) and NS_WHY
-# (why they fail, or nothing). check-ledger counts doubles of the key as the gateway
-# forwards it, `client:{identity}:{mode}:{key}`: the same client key forwarded again under
-# another identity or mode is two keys to it. With that namespace stripped, each client key
-# must appear once. The ledger's keys are kept in $WORK/ledger-keys-NAME.
+# namespace_doubles NAME PREFIX: sets NS_KEYS (how many of the run's client keys, those
+# hoox-load made with --key-prefix PREFIX, the ledger has taken) and NS_WHY (why they fail,
+# or nothing). check-ledger counts doubles of the key as the gateway forwards it,
+# `client:{identity}:{mode}:{key}`: the same client key forwarded again under another
+# identity or mode is two keys to it. The harness sends one identity, live mode only, so
+# with that namespace stripped each of the run's keys must appear once. Only the run's own
+# keys count: another run's (the storm's, in the chaos check), or the same key sent under
+# another identity or mode by anyone else, is legitimately another order. The ledger's keys
+# are kept in $WORK/ledger-keys-NAME.
 namespace_doubles() {
     local keys="$WORK/ledger-keys-$1" n
     NS_KEYS='?' NS_WHY=''
@@ -645,7 +691,8 @@ namespace_doubles() {
         NS_WHY="the ledger did not list its keys"
         return 0
     fi
-    sed -n 's/^client:[^:]*:[^:]*://p' "$keys" | sort >"$keys.stripped"
+    awk -v p="$2-" 'sub(/^client:[^:]*:[^:]*:/, "") && index($0, p) == 1' "$keys" |
+        sort >"$keys.stripped"
     NS_KEYS=$(wc -l <"$keys.stripped")
     uniq -d "$keys.stripped" >"$keys.doubles"
     n=$(wc -l <"$keys.doubles")
@@ -671,8 +718,9 @@ if [ "$STORM" = 1 ]; then
     gateway_config "$WORK/state/storm" http
     start_gateway "$WORK/state/storm"
     before=$(ledger_total)
+    storm_prefix="storm-$$"
     load storm "$GW_PORT" --connections "$STORM_CONNECTIONS" --duration "${STORM_S}s" \
-        --keys "$STORM_KEYS" --key-prefix "storm-$$"
+        --keys "$STORM_KEYS" --key-prefix "$storm_prefix"
     stop "$GW_PID"
     after=$(ledger_total)
     # Every key is drawn in the run's first moments, so each must be forwarded exactly once:
@@ -688,10 +736,10 @@ if [ "$STORM" = 1 ]; then
     [ "$LOAD_RC" = 0 ] || reasons+=("hoox-load exited $LOAD_RC")
     "$BIN/hoox-load" check-ledger --ledger "$LEDGER" >"$WORK/storm-ledger.txt" 2>&1 ||
         reasons+=("$(grep -h FAIL "$WORK/storm-ledger.txt" | paste -sd ' ' || true)")
-    namespace_doubles storm
+    namespace_doubles storm "$storm_prefix"
     [ -z "$NS_WHY" ] || reasons+=("$NS_WHY")
     echo "  storm: $forwarded orders forwarded for $STORM_KEYS keys; ledger, namespace stripped:" \
-        "$NS_KEYS client keys${NS_WHY:+: $NS_WHY}"
+        "$NS_KEYS of the storm's client keys${NS_WHY:+: $NS_WHY}"
     verdict storm ${reasons[@]+"${reasons[@]}"}
 fi
 
@@ -790,9 +838,9 @@ if [ "$CHAOS" = 1 ]; then
     # the timeout (124) exits nonzero.
     [ "$chaos_rc" = 0 ] || reasons+=("the chaos load exited $chaos_rc")
     "$BIN/hoox-load" check-ledger --ledger "$LEDGER" || reasons+=("ledger check failed")
-    namespace_doubles chaos
+    namespace_doubles chaos "$prefix"
     [ -z "$NS_WHY" ] || reasons+=("$NS_WHY")
-    echo "  ledger, namespace stripped (the client's own key): $NS_KEYS client keys," \
+    echo "  ledger, namespace stripped (the client's own key): $NS_KEYS of the chaos run's client keys," \
         "${NS_WHY:-each forwarded once}"
     verdict chaos ${reasons[@]+"${reasons[@]}"}
 fi

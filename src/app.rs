@@ -364,7 +364,7 @@ impl Started {
         tokio::spawn(say_stranded(
             mutex.clone(),
             ready.clone(),
-            gw.auth.current(),
+            gw.clone(),
             config_file(&config),
             stopped(),
         ));
@@ -477,10 +477,7 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
                 if watchdog.is_some() {
                     notify::watchdog();
                 }
-                let mut state = serving_line(&s);
-                if lock(&announce.reload_refused).is_some() {
-                    state += "; last reload refused (see the log)";
-                }
+                let state = serving_line(&s);
                 match lock(&announce.restart_pending).join(", ").as_str() {
                     "" => state,
                     keys => format!("{state}; restart pending: {keys}"),
@@ -494,6 +491,11 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
                 let opening = !was_ready && started.elapsed() < OPENING;
                 unanswered(&u, behind, opening)
             }
+        };
+        // Failing closed too: the reload's refusal is no less true for it.
+        let status = match lock(&announce.reload_refused).is_some() {
+            true => format!("{status}; last reload refused (see the log)"),
+            false => status,
         };
         if let Some(said) = announce.status(status, &last_status) {
             // The count alone moving goes to systemd (STATUS=), not to the log: a line a
@@ -537,12 +539,15 @@ fn serving_line(s: &mutex::Status) -> String {
     }
 }
 
-/// A status line without its count of live keys: what changed, when it changed.
-fn state_of(status: &str) -> &str {
-    status
-        .rsplit_once("; ")
-        .filter(|(_, count)| count.ends_with(" live keys"))
-        .map_or(status, |(state, _)| state)
+/// A status line without its count of live keys, wherever it stands: what changed, when it
+/// changed. (Taken off the end only, a line with `restart pending` after the count was
+/// logged at every count that moved: a line a second while trades came.)
+fn state_of(status: &str) -> String {
+    let parts: Vec<&str> = status
+        .split("; ")
+        .filter(|p| !p.ends_with(" live keys"))
+        .collect();
+    parts.join("; ")
 }
 
 /// What the supervisor says of a ping the owner did not answer: `behind` (it took turns
@@ -670,28 +675,40 @@ async fn ping(mutex: &Mutex) -> Result<mutex::Status, (Unavailable, bool)> {
 async fn say_stranded(
     mutex: Mutex,
     ready: Arc<AtomicBool>,
-    auth: Arc<Authenticator>,
+    gw: Arc<Gateway>,
     file: String,
     stopped: impl Future<Output = ()>,
 ) {
-    let opened = async {
-        while !ready.load(Ordering::Relaxed) {
+    // Asked again while the owner fails closed: the first open may be followed by a
+    // failure at once, and the counts are the open's, not the failure's.
+    let held = async {
+        loop {
+            if ready.load(Ordering::Relaxed)
+                && let Ok(held) = mutex.clients().await
+            {
+                return held;
+            }
             tokio::time::sleep(Duration::from_millis(100)).await;
         }
     };
-    tokio::select! {
-        () = opened => {}
+    let held = tokio::select! {
+        held = held => held,
         () = stopped => return,
-    }
-    let Ok(held) = mutex.clients().await else {
-        return;
     };
+    // The secrets as they are now: a reload during a slow first open may have changed them.
+    let auth = gw.auth.current();
     let stranded: Vec<String> = held
-        .into_iter()
+        .iter()
         .filter(|(id, _)| !auth.gives(id))
         .map(|(id, n)| format!("{id} ({n})"))
         .collect();
-    if !stranded.is_empty() {
+    if stranded.is_empty() {
+        log::debug!(
+            "the live client keys are under {} client(s), each one a sender of this config \
+             is named",
+            held.len()
+        );
+    } else {
         log::warn!(
             "{file}: live client keys are held under {}, which no sender of this config is \
              named: a trade they hold, sent again under another name, is a new trade and \
@@ -990,6 +1007,15 @@ mod tests {
             "fail-closed: disk gone; halted"
         );
         assert_eq!(state_of("behind: timeout"), "behind: timeout");
+        // The count anywhere in the line: a restart pending, a reload refused after it.
+        assert_eq!(
+            state_of("serving; 13 live keys; restart pending: store.ttl"),
+            "serving; restart pending: store.ttl"
+        );
+        assert_eq!(
+            state_of("serving; 13 live keys; last reload refused (see the log)"),
+            state_of("serving; 14 live keys; last reload refused (see the log)"),
+        );
         assert_eq!(state_of(""), "");
         assert_ne!(
             state_of("halted; 3 live keys"),

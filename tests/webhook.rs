@@ -557,21 +557,33 @@ async fn bad_requests_are_refused_before_the_executor() {
         (r.status.as_u16(), code(&r.json())),
         (415, "UNSUPPORTED_MEDIA_TYPE")
     );
-    // JSON in another charset than the UTF-8 it is read and forwarded in; two types, of
-    // which only one would be looked at.
+    // JSON in another charset than the UTF-8 it is read and forwarded in: one that
+    // agrees with UTF-8 on nothing, or another with bytes outside ASCII, is a 415 naming
+    // it; with an ASCII body, another charset is read (here, to the 401 of a body without
+    // a credential). Two types that differ, of which only one would be looked at: a 400.
     let calls = exec.calls();
-    let body = r#"{"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1}"#;
-    for (types, want) in [
-        (&["application/json; charset=utf-16"][..], 415),
-        (&["text/plain; charset=iso-8859-1"], 415),
+    let ascii = r#"{"exchange":"binance","symbol":"BTCUSDT","action":"LONG","quantity":1}"#;
+    let accented = "{\"exchange\":\"binance\",\"symbol\":\"BTCUSDT\",\"action\":\"LONG\",\
+                    \"quantity\":1,\"note\":\"caf\u{e9}\"}";
+    for (body, types, want) in [
+        (ascii, &["application/json; charset=utf-16"][..], 415),
+        (accented, &["text/plain; charset=iso-8859-1"], 415),
+        (ascii, &["text/plain; charset=iso-8859-1"], 401),
+        (accented, &["application/json; charset=UTF8"], 401),
         (
+            ascii,
             &["application/json", "application/x-www-form-urlencoded"],
             400,
         ),
+        (ascii, &["application/json", "application/json"], 401),
     ] {
         let headers = types.iter().map(|t| ("content-type", *t)).collect();
         let r = raw(body, headers).await;
         assert_eq!(r.status.as_u16(), want, "{types:?}: {:?}", r.json());
+        if want == 415 {
+            let detail = r.json()["detail"].as_str().unwrap().to_owned();
+            assert!(detail.contains("charset"), "{detail}");
+        }
     }
     assert_eq!(exec.calls(), calls);
     // A body in a coding the gateway does not decode: a 415 that names it, not a 400

@@ -47,6 +47,9 @@ pub enum Problem {
     /// A body in a content or transfer coding the gateway does not decode (gzip): its
     /// JSON cannot be read, and a 400 "not JSON" would send its sender looking elsewhere.
     UnsupportedCoding(String),
+    /// A body said to be in a charset the gateway does not read it in (it reads UTF-8):
+    /// UTF-16 and the like, or another charset with bytes outside ASCII.
+    UnsupportedCharset(String),
     Duplicate {
         /// The stored key as text, not a `Key`: that holds 384 bytes inline, which every
         /// `Result<_, Problem>` would then carry.
@@ -121,7 +124,9 @@ impl Problem {
             NotFound => StatusCode::NOT_FOUND,
             MethodNotAllowed => StatusCode::METHOD_NOT_ALLOWED,
             PayloadTooLarge => StatusCode::PAYLOAD_TOO_LARGE,
-            UnsupportedMediaType | UnsupportedCoding(_) => StatusCode::UNSUPPORTED_MEDIA_TYPE,
+            UnsupportedMediaType | UnsupportedCoding(_) | UnsupportedCharset(_) => {
+                StatusCode::UNSUPPORTED_MEDIA_TYPE
+            }
             Duplicate { .. } => StatusCode::CONFLICT,
             KeyReused => StatusCode::UNPROCESSABLE_ENTITY,
             RateLimited { .. } => StatusCode::TOO_MANY_REQUESTS,
@@ -144,7 +149,9 @@ impl Problem {
             NotFound => "NOT_FOUND",
             MethodNotAllowed => "METHOD_NOT_ALLOWED",
             PayloadTooLarge => "PAYLOAD_TOO_LARGE",
-            UnsupportedMediaType | UnsupportedCoding(_) => "UNSUPPORTED_MEDIA_TYPE",
+            UnsupportedMediaType | UnsupportedCoding(_) | UnsupportedCharset(_) => {
+                "UNSUPPORTED_MEDIA_TYPE"
+            }
             Duplicate { .. } => "DUPLICATE",
             KeyReused => "IDEMPOTENCY_KEY_REUSED",
             RateLimited { .. } => "RATE_LIMITED",
@@ -200,6 +207,11 @@ impl Problem {
                 // A header of any length: its start is enough to name it.
                 c.chars().take(40).collect::<String>()
             ),
+            UnsupportedCharset(c) => format!(
+                "body said to be in charset {:?}, and not ASCII: the gateway reads it, and \
+                 the executor gets it, as UTF-8: send it as UTF-8 (charset=utf-8, or none)",
+                c.chars().take(40).collect::<String>()
+            ),
             Duplicate {
                 key, state, order, ..
             } => {
@@ -219,6 +231,15 @@ impl Problem {
                     "in_flight" => {
                         "its order may still be at the executor: send it again in a few \
                          seconds for its outcome"
+                    }
+                    // Without a key of its own, resending it as a new trade meets this
+                    // one until its key expires or an operator releases it.
+                    "unknown" if key.starts_with("trade:") => {
+                        "its order's outcome is unknown (the executor did not answer, or \
+                         the gateway stopped before writing it): check the exchange; the \
+                         same trade without a key (idempotencyKey) is held as this one's \
+                         duplicate until the key expires (expires_in_ms) or an operator \
+                         releases it (hoox-edge keys release)"
                     }
                     "unknown" => {
                         "its order's outcome is unknown (the executor did not answer, or \
@@ -568,6 +589,24 @@ mod tests {
                 && !detail.contains("signature"),
             "{detail}"
         );
+        // A keyless trade held after a 504: resending it as a new trade meets this one.
+        let held = |key: &str| Problem::Duplicate {
+            key: key.into(),
+            state: "pending",
+            order: "unknown",
+            age_ms: 90_000,
+            expires_in_ms: 210_000,
+        };
+        let (_, v) = body_of(&held("trade:binance:BTCUSDT:LONG:1:live:29943528")).await;
+        let detail = v["detail"].as_str().unwrap();
+        assert!(
+            detail.contains("without a key (idempotencyKey) is held as this one's duplicate")
+                && detail.contains("hoox-edge keys release"),
+            "{detail}"
+        );
+        let (_, v) = body_of(&held("client:psk:live:order-1")).await;
+        let detail = v["detail"].as_str().unwrap();
+        assert!(detail.ends_with("check the exchange before sending it as a new trade"));
     }
 
     #[tokio::test]

@@ -307,15 +307,10 @@ async fn pipeline(
         !req.headers().contains_key(EXPECT) && announced.is_none_or(|n| n <= DRAIN_MAX as u64);
     // RFC 9112 §3.2: an HTTP/1.1 request without one Host, or with two, is refused (400).
     let hosts = req.headers().get_all(hyper::header::HOST).iter().count();
-    // Two types would have the first looked at here, and maybe the other downstream.
-    let types = req.headers().get_all(CONTENT_TYPE).iter().count();
+    let media = media_type(req.headers());
     let refused = if req.version() == hyper::Version::HTTP_11 && hosts != 1 {
         Some(Problem::InvalidRequest(format!(
             "an HTTP/1.1 request carries exactly one Host header, not {hosts}"
-        )))
-    } else if types > 1 {
-        Some(Problem::InvalidRequest(format!(
-            "a request carries at most one Content-Type header, not {types}"
         )))
     } else if path != "/webhook" && path != "/" {
         Some(Problem::NotFound)
@@ -325,8 +320,8 @@ async fn pipeline(
         Some(Problem::IpForbidden)
     } else if oversize {
         Some(Problem::PayloadTooLarge)
-    } else if !json_media_type(req.headers().get(CONTENT_TYPE)) {
-        Some(Problem::UnsupportedMediaType)
+    } else if let Err(p) = &media {
+        Some(p.clone())
     } else {
         crate::executor::http::coding(req.headers()).map(Problem::UnsupportedCoding)
     };
@@ -338,6 +333,12 @@ async fn pipeline(
     }
     let (parts, body) = req.into_parts();
     let (raw, trailers) = read_body(gw, peer, body, MAX_BODY).await?;
+    // Said in a charset other than UTF-8, a body is read as UTF-8 only where the two agree.
+    if let Ok(Some(charset)) = media
+        && !raw.is_ascii()
+    {
+        return Err(Problem::UnsupportedCharset(charset).into());
+    }
     // JSON: anything but an object is refused before any credential is looked at.
     let object = trade::parse_object(raw.clone()).map_err(Problem::from)?;
     // Authentication.
@@ -1153,25 +1154,67 @@ async fn read_body(
 }
 
 /// Signal engines send JSON as `application/json`, and some (TradingView among them) as
-/// `text/plain`; an absent type is accepted too. Forms and the like are not webhooks.
+/// `text/plain`; an absent type is accepted too. Forms and the like are not webhooks: 415.
 ///
-/// The body is read as UTF-8 and forwarded as `application/json`: a `charset` other than
-/// UTF-8 (or its subset US-ASCII) says the sender meant other characters than those the
-/// executor would get, so it is refused too.
-fn json_media_type(v: Option<&HeaderValue>) -> bool {
-    let Some(v) = v else { return true };
-    let Ok(v) = v.to_str() else { return false };
+/// The body is read as UTF-8 and forwarded as `application/json`. `Ok(None)`: no charset,
+/// or UTF-8's (`utf-8`, `utf8`, …). `Ok(Some(charset))`: another one, which an
+/// ASCII-compatible charset agrees with UTF-8 on for an ASCII body (Apache HttpClient
+/// sends `text/plain; charset=ISO-8859-1` by default): the body must then be ASCII
+/// (`pipeline`, once it is read), else the sender meant other characters than those the
+/// executor would get. UTF-16, UTF-32, UCS and UTF-7 agree on none: 415 at once. Two
+/// `Content-Type` headers that differ are a 400: the first would be looked at here, maybe
+/// the other downstream.
+fn media_type(headers: &hyper::HeaderMap) -> Result<Option<String>, Problem> {
+    let mut types = headers.get_all(CONTENT_TYPE).iter();
+    let Some(v) = types.next() else {
+        return Ok(None);
+    };
+    if types.any(|other| other != v) {
+        return Err(Problem::InvalidRequest(
+            "a request carries one Content-Type, not two that differ".into(),
+        ));
+    }
+    let Ok(v) = v.to_str() else {
+        return Err(Problem::UnsupportedMediaType);
+    };
     let mut parts = v.split(';');
     let essence = parts.next().unwrap_or("").trim().to_ascii_lowercase();
-    let charset_ok = parts.all(|p| match p.split_once('=') {
-        Some((name, value)) if name.trim().eq_ignore_ascii_case("charset") => {
-            let value = value.trim().trim_matches('"');
-            value.eq_ignore_ascii_case("utf-8") || value.eq_ignore_ascii_case("us-ascii")
-        }
-        _ => true,
-    });
-    charset_ok
-        && (essence == "application/json" || essence == "text/plain" || essence.ends_with("+json"))
+    if !(essence == "application/json" || essence == "text/plain" || essence.ends_with("+json")) {
+        return Err(Problem::UnsupportedMediaType);
+    }
+    let Some(charset) = parts.find_map(|p| {
+        let (name, value) = p.split_once('=')?;
+        name.trim()
+            .eq_ignore_ascii_case("charset")
+            .then(|| value.trim().trim_matches('"').to_ascii_lowercase())
+    }) else {
+        return Ok(None);
+    };
+    const UTF8: [&str; 6] = [
+        "utf-8",
+        "utf8",
+        "unicode-1-1-utf-8",
+        "unicode11utf8",
+        "unicode20utf8",
+        "x-unicode20utf8",
+    ];
+    const NOT_ASCII: [&str; 8] = [
+        "utf-16",
+        "utf16",
+        "utf-32",
+        "utf32",
+        "ucs",
+        "iso-10646",
+        "utf-7",
+        "utf7",
+    ];
+    if UTF8.contains(&charset.as_str()) {
+        Ok(None)
+    } else if NOT_ASCII.iter().any(|n| charset.starts_with(n)) {
+        Err(Problem::UnsupportedCharset(charset))
+    } else {
+        Ok(Some(charset))
+    }
 }
 
 /// The sender's `X-Request-Id` if it is short and printable, else a fresh one.
@@ -1702,22 +1745,58 @@ mod tests {
 
     #[test]
     fn media_types() {
-        assert!(json_media_type(None));
-        let ok = |s: &'static str| json_media_type(Some(&HeaderValue::from_static(s)));
+        let of = |types: &[&'static str]| {
+            let mut h = hyper::HeaderMap::new();
+            for t in types {
+                h.append(CONTENT_TYPE, HeaderValue::from_static(t));
+            }
+            media_type(&h)
+        };
+        let ok = |t: &'static str| of(&[t]) == Ok(None);
+        assert_eq!(of(&[]), Ok(None));
         assert!(ok("application/json"));
         assert!(ok("application/json; charset=utf-8"));
         assert!(ok("text/plain"));
         assert!(ok("application/vnd.hoox+json"));
-        assert!(!ok("application/x-www-form-urlencoded"));
-        assert!(!ok("multipart/form-data; boundary=x"));
-        // The body is read as UTF-8 and forwarded as `application/json`: a sender that says
-        // another charset means other characters than those the executor would get.
-        assert!(ok("text/plain; charset=UTF-8"));
-        assert!(ok("application/json;charset=\"utf-8\""));
-        assert!(ok("application/json; charset=us-ascii"));
-        assert!(!ok("application/json; charset=utf-16"));
-        assert!(!ok("text/plain; charset=iso-8859-1"));
-        assert!(!ok("text/plain; format=flowed; charset=latin1"));
+        assert_eq!(
+            of(&["application/x-www-form-urlencoded"]),
+            Err(Problem::UnsupportedMediaType)
+        );
+        assert_eq!(
+            of(&["multipart/form-data; boundary=x"]),
+            Err(Problem::UnsupportedMediaType)
+        );
+        // UTF-8 under its names, however written.
+        for t in [
+            "text/plain; charset=UTF-8",
+            "application/json;charset=\"utf-8\"",
+            "application/json; Charset=UTF8",
+            "application/json; charset=utf8;",
+        ] {
+            assert!(ok(t), "{t}");
+        }
+        // An ASCII-compatible charset: read, if the body is ASCII (the pipeline looks).
+        for (t, cs) in [
+            ("text/plain; charset=ISO-8859-1", "iso-8859-1"),
+            ("application/json; charset=us-ascii", "us-ascii"),
+            ("application/json; charset=windows-1252", "windows-1252"),
+        ] {
+            assert_eq!(of(&[t]), Ok(Some(cs.into())), "{t}");
+        }
+        // None that agrees with UTF-8 on ASCII: refused at once.
+        for (t, cs) in [
+            ("application/json; charset=utf-16", "utf-16"),
+            ("application/json; charset=UTF-32LE", "utf-32le"),
+            ("application/json; charset=utf-7", "utf-7"),
+        ] {
+            assert_eq!(of(&[t]), Err(Problem::UnsupportedCharset(cs.into())), "{t}");
+        }
+        // Two that differ: which one counts would depend on who reads; the same twice, one.
+        assert!(matches!(
+            of(&["application/json", "application/x-www-form-urlencoded"]),
+            Err(Problem::InvalidRequest(_))
+        ));
+        assert_eq!(of(&["application/json", "application/json"]), Ok(None));
     }
 
     /// The first outputs of SplitMix64 from seed 0, as the algorithm's reference gives them:

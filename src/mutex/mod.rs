@@ -631,9 +631,9 @@ impl Mutex {
         self.call(|tx| Command::List(limit, tx)).await?
     }
 
-    /// The client identities (`psk`, `psk.NAME`, `cert.NAME`) that live client keys are
-    /// under, with how many each, in the identities' order: at a start, which of them no
-    /// sender of the config is named any more (`app`).
+    /// The client identities (`psk`, `psk.NAME`, `cert.NAME`) that client keys were under
+    /// at the last open, with how many each, in the identities' order: at a start, which
+    /// of them no sender of the config is named any more (`app`).
     pub async fn clients(&self) -> Result<Vec<(String, usize)>, Unavailable> {
         self.call(Command::Clients).await?
     }
