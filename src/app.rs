@@ -683,12 +683,14 @@ async fn say_stranded(
     // failure at once, and the counts are the open's, not the failure's.
     let held = async {
         loop {
-            if ready.load(Ordering::Relaxed)
-                && let Ok(held) = mutex.clients().await
-            {
+            let opened = ready.load(Ordering::Relaxed);
+            if opened && let Ok(held) = mutex.clients().await {
                 return held;
             }
-            tokio::time::sleep(Duration::from_millis(100)).await;
+            // Until the open, as the supervisor looks; then once a second while failing
+            // closed (refused at once, it wakes nothing else).
+            let pause = if opened { 1_000 } else { 100 };
+            tokio::time::sleep(Duration::from_millis(pause)).await;
         }
     };
     let held = tokio::select! {
@@ -702,7 +704,9 @@ async fn say_stranded(
         .filter(|(id, _)| !auth.gives(id))
         .map(|(id, n)| format!("{id} ({n})"))
         .collect();
-    if stranded.is_empty() {
+    if held.is_empty() {
+        log::debug!("no live client keys: none is under a client no sender is named");
+    } else if stranded.is_empty() {
         log::debug!(
             "the live client keys are under {} client(s), each one a sender of this config \
              is named",

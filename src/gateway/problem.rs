@@ -48,7 +48,7 @@ pub enum Problem {
     /// JSON cannot be read, and a 400 "not JSON" would send its sender looking elsewhere.
     UnsupportedCoding(String),
     /// A body said to be in a charset the gateway does not read it in (it reads UTF-8):
-    /// UTF-16 and the like, or another charset with bytes outside ASCII.
+    /// its detail, made by [`Problem::charset_unread`] or [`Problem::charset_not_ascii`].
     UnsupportedCharset(String),
     Duplicate {
         /// The stored key as text, not a `Key`: that holds 384 bytes inline, which every
@@ -178,9 +178,30 @@ impl Problem {
     /// little, and retries nothing). Other codes say it all.
     pub fn reason(&self) -> Option<&str> {
         match self {
-            Problem::InvalidRequest(d) | Problem::InvalidIdempotencyKey(d) => Some(d),
+            Problem::InvalidRequest(d)
+            | Problem::InvalidIdempotencyKey(d)
+            | Problem::UnsupportedCharset(d) => Some(d),
             _ => None,
         }
+    }
+
+    /// A charset that is not one the gateway reads a body in (UTF-8, or one that agrees
+    /// with it on ASCII): refused whatever the body.
+    pub fn charset_unread(charset: &str) -> Problem {
+        Problem::UnsupportedCharset(format!(
+            "body said to be in charset {:?}, which the gateway does not read: it reads, and \
+             the executor gets, UTF-8: send it as UTF-8 (charset=utf-8, or none)",
+            charset.chars().take(40).collect::<String>()
+        ))
+    }
+
+    /// A charset that agrees with UTF-8 on ASCII, for a body with bytes outside it.
+    pub fn charset_not_ascii(charset: &str) -> Problem {
+        Problem::UnsupportedCharset(format!(
+            "body said to be in charset {:?}, and not ASCII: the gateway reads it, and the \
+             executor gets it, as UTF-8: send it as UTF-8 (charset=utf-8, or none)",
+            charset.chars().take(40).collect::<String>()
+        ))
     }
 
     pub fn detail(&self) -> String {
@@ -207,11 +228,7 @@ impl Problem {
                 // A header of any length: its start is enough to name it.
                 c.chars().take(40).collect::<String>()
             ),
-            UnsupportedCharset(c) => format!(
-                "body said to be in charset {:?}, and not ASCII: the gateway reads it, and \
-                 the executor gets it, as UTF-8: send it as UTF-8 (charset=utf-8, or none)",
-                c.chars().take(40).collect::<String>()
-            ),
+            UnsupportedCharset(d) => d.clone(),
             Duplicate {
                 key, state, order, ..
             } => {
@@ -236,10 +253,11 @@ impl Problem {
                     // one until its key expires or an operator releases it.
                     "unknown" if key.starts_with("trade:") => {
                         "its order's outcome is unknown (the executor did not answer, or \
-                         the gateway stopped before writing it): check the exchange; the \
-                         same trade without a key (idempotencyKey) is held as this one's \
-                         duplicate until the key expires (expires_in_ms) or an operator \
-                         releases it (hoox-edge keys release)"
+                         the gateway stopped before writing it): check the exchange before \
+                         sending it again with a key of its own (idempotencyKey); without \
+                         one, the same trade is held as this one's duplicate until the key \
+                         expires (expires_in_ms) or an operator releases it (hoox-edge keys \
+                         release)"
                     }
                     "unknown" => {
                         "its order's outcome is unknown (the executor did not answer, or \
@@ -600,7 +618,7 @@ mod tests {
         let (_, v) = body_of(&held("trade:binance:BTCUSDT:LONG:1:live:29943528")).await;
         let detail = v["detail"].as_str().unwrap();
         assert!(
-            detail.contains("without a key (idempotencyKey) is held as this one's duplicate")
+            detail.contains("the same trade is held as this one's duplicate")
                 && detail.contains("hoox-edge keys release"),
             "{detail}"
         );

@@ -337,7 +337,7 @@ async fn pipeline(
     if let Ok(Some(charset)) = media
         && !raw.is_ascii()
     {
-        return Err(Problem::UnsupportedCharset(charset).into());
+        return Err(Problem::charset_not_ascii(&charset).into());
     }
     // JSON: anything but an object is refused before any credential is looked at.
     let object = trade::parse_object(raw.clone()).map_err(Problem::from)?;
@@ -849,7 +849,7 @@ impl Refusals {
             .iter()
             .position(|&s| s == status)
             .unwrap_or(Self::MOST);
-        if let (400, Some(r)) = (status, reason) {
+        if let (400 | 415, Some(r)) = (status, reason) {
             // A poisoned lock holds a string only: still usable.
             let mut kept = self.reason.lock().unwrap_or_else(|p| p.into_inner());
             *kept = Some(r.chars().take(Self::REASON_CHARS).collect());
@@ -923,7 +923,7 @@ impl std::fmt::Display for Summary {
         }
         // Quoted: it may hold what anyone sent.
         if let Some(r) = &self.reason {
-            write!(f, "; the latest 400: {r:?}")?;
+            write!(f, "; the latest 400 or 415: {r:?}")?;
         }
         write!(f, " (each is logged at debug)")
     }
@@ -1157,13 +1157,14 @@ async fn read_body(
 /// `text/plain`; an absent type is accepted too. Forms and the like are not webhooks: 415.
 ///
 /// The body is read as UTF-8 and forwarded as `application/json`. `Ok(None)`: no charset,
-/// or UTF-8's (`utf-8`, `utf8`, …). `Ok(Some(charset))`: another one, which an
-/// ASCII-compatible charset agrees with UTF-8 on for an ASCII body (Apache HttpClient
-/// sends `text/plain; charset=ISO-8859-1` by default): the body must then be ASCII
-/// (`pipeline`, once it is read), else the sender meant other characters than those the
-/// executor would get. UTF-16, UTF-32, UCS and UTF-7 agree on none: 415 at once. Two
-/// `Content-Type` headers that differ are a 400: the first would be looked at here, maybe
-/// the other downstream.
+/// or UTF-8's (`utf-8`, `utf8`, …). `Ok(Some(charset))`: one of the charsets that agree
+/// with UTF-8 on ASCII (US-ASCII, ISO-8859-*, Windows-125x; Apache HttpClient sends
+/// `text/plain; charset=ISO-8859-1` by default): the body must then be ASCII (`pipeline`,
+/// once it is read), else the sender meant other characters than those the executor would
+/// get. Any other (UTF-16 and UTF-7 under any of their names, EBCDIC, one unknown): 415 at
+/// once; a list of those to refuse would miss an alias. Two `Content-Type` headers that
+/// differ, or two charsets in one, are a 400: the first would be looked at here, maybe the
+/// other downstream.
 fn media_type(headers: &hyper::HeaderMap) -> Result<Option<String>, Problem> {
     let mut types = headers.get_all(CONTENT_TYPE).iter();
     let Some(v) = types.next() else {
@@ -1182,14 +1183,20 @@ fn media_type(headers: &hyper::HeaderMap) -> Result<Option<String>, Problem> {
     if !(essence == "application/json" || essence == "text/plain" || essence.ends_with("+json")) {
         return Err(Problem::UnsupportedMediaType);
     }
-    let Some(charset) = parts.find_map(|p| {
+    let mut charsets = parts.filter_map(|p| {
         let (name, value) = p.split_once('=')?;
         name.trim()
             .eq_ignore_ascii_case("charset")
             .then(|| value.trim().trim_matches('"').to_ascii_lowercase())
-    }) else {
+    });
+    let Some(charset) = charsets.next() else {
         return Ok(None);
     };
+    if charsets.next().is_some() {
+        return Err(Problem::InvalidRequest(
+            "a Content-Type carries one charset, not two".into(),
+        ));
+    }
     const UTF8: [&str; 6] = [
         "utf-8",
         "utf8",
@@ -1198,22 +1205,25 @@ fn media_type(headers: &hyper::HeaderMap) -> Result<Option<String>, Problem> {
         "unicode20utf8",
         "x-unicode20utf8",
     ];
-    const NOT_ASCII: [&str; 8] = [
-        "utf-16",
-        "utf16",
-        "utf-32",
-        "utf32",
-        "ucs",
-        "iso-10646",
-        "utf-7",
-        "utf7",
-    ];
+    const ASCII: [&str; 5] = ["us-ascii", "ascii", "ansi_x3.4-1968", "iso646-us", "us"];
+    // ISO-8859-N (latin1 …), Windows-125N (cp125N): their lower half is ASCII.
+    let ascii_compatible = ASCII.contains(&charset.as_str())
+        || [
+            "iso-8859-",
+            "iso8859-",
+            "iso_8859-",
+            "latin",
+            "windows-125",
+            "cp125",
+        ]
+        .iter()
+        .any(|p| charset.starts_with(p));
     if UTF8.contains(&charset.as_str()) {
         Ok(None)
-    } else if NOT_ASCII.iter().any(|n| charset.starts_with(n)) {
-        Err(Problem::UnsupportedCharset(charset))
-    } else {
+    } else if ascii_compatible {
         Ok(Some(charset))
+    } else {
+        Err(Problem::charset_unread(&charset))
     }
 }
 
@@ -1707,7 +1717,7 @@ mod tests {
         assert_eq!(last.counts, [(Some(400), 1), (Some(404), 1)]);
         assert!(
             last.to_string()
-                .contains(&format!("; the latest 400: {why:?} (each")),
+                .contains(&format!("; the latest 400 or 415: {why:?} (each")),
             "{last}"
         );
         assert!(r.refused(400, ip, 200_000, None).unwrap().reason.is_none());
@@ -1780,17 +1790,33 @@ mod tests {
             ("text/plain; charset=ISO-8859-1", "iso-8859-1"),
             ("application/json; charset=us-ascii", "us-ascii"),
             ("application/json; charset=windows-1252", "windows-1252"),
+            ("application/json; charset=latin1", "latin1"),
+            ("application/json; charset=ascii", "ascii"),
         ] {
             assert_eq!(of(&[t]), Ok(Some(cs.into())), "{t}");
         }
-        // None that agrees with UTF-8 on ASCII: refused at once.
+        // Any other: refused at once, under whatever name (a list of names to refuse
+        // missed UNICODE-1-1-UTF-7, csUTF7 and `unicode`, UTF-16's).
         for (t, cs) in [
             ("application/json; charset=utf-16", "utf-16"),
             ("application/json; charset=UTF-32LE", "utf-32le"),
             ("application/json; charset=utf-7", "utf-7"),
+            (
+                "application/json; charset=UNICODE-1-1-UTF-7",
+                "unicode-1-1-utf-7",
+            ),
+            ("application/json; charset=csUTF7", "csutf7"),
+            ("application/json; charset=unicode", "unicode"),
+            ("application/json; charset=ibm037", "ibm037"),
+            ("application/json; charset=", ""),
         ] {
-            assert_eq!(of(&[t]), Err(Problem::UnsupportedCharset(cs.into())), "{t}");
+            assert_eq!(of(&[t]), Err(Problem::charset_unread(cs)), "{t}");
         }
+        // Two charsets in one type: which one counts would depend on who reads.
+        assert!(matches!(
+            of(&["application/json; charset=\"utf-8\"; charset=latin1"]),
+            Err(Problem::InvalidRequest(_))
+        ));
         // Two that differ: which one counts would depend on who reads; the same twice, one.
         assert!(matches!(
             of(&["application/json", "application/x-www-form-urlencoded"]),
