@@ -180,7 +180,8 @@ impl Problem {
         match self {
             Problem::InvalidRequest(d)
             | Problem::InvalidIdempotencyKey(d)
-            | Problem::UnsupportedCharset(d) => Some(d),
+            | Problem::UnsupportedCharset(d)
+            | Problem::UnsupportedCoding(d) => Some(d),
             _ => None,
         }
     }

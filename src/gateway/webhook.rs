@@ -849,10 +849,11 @@ impl Refusals {
             .iter()
             .position(|&s| s == status)
             .unwrap_or(Self::MOST);
-        if let (400 | 415, Some(r)) = (status, reason) {
-            // A poisoned lock holds a string only: still usable.
+        if matches!(status, 400 | 415) {
+            // A poisoned lock holds a string only: still usable. One without a reason
+            // takes the place of the last one's: "the latest" is the latest.
             let mut kept = self.reason.lock().unwrap_or_else(|p| p.into_inner());
-            *kept = Some(r.chars().take(Self::REASON_CHARS).collect());
+            *kept = reason.map(|r| r.chars().take(Self::REASON_CHARS).collect());
         }
         self.counts[slot].fetch_add(1, Ordering::Relaxed);
         self.summary(now_ms, Some(ip), false)
@@ -1183,20 +1184,47 @@ fn media_type(headers: &hyper::HeaderMap) -> Result<Option<String>, Problem> {
     if !(essence == "application/json" || essence == "text/plain" || essence.ends_with("+json")) {
         return Err(Problem::UnsupportedMediaType);
     }
-    let mut charsets = parts.filter_map(|p| {
-        let (name, value) = p.split_once('=')?;
-        name.trim()
-            .eq_ignore_ascii_case("charset")
-            .then(|| value.trim().trim_matches('"').to_ascii_lowercase())
-    });
+    // Lower case, unquoted, `_` as `-` (Java's `ISO8859_1`, Python's `utf_8`); an empty
+    // one is none. The same charset twice (some proxies repeat it) is one.
+    let mut charsets = parts
+        .filter_map(|p| {
+            let (name, value) = p.split_once('=')?;
+            name.trim().eq_ignore_ascii_case("charset").then(|| {
+                value
+                    .trim()
+                    .trim_matches(|c| c == '"' || c == '\'')
+                    .to_ascii_lowercase()
+                    .replace('_', "-")
+            })
+        })
+        .filter(|c| !c.is_empty());
     let Some(charset) = charsets.next() else {
         return Ok(None);
     };
-    if charsets.next().is_some() {
+    if charsets.any(|other| other != charset) {
         return Err(Problem::InvalidRequest(
-            "a Content-Type carries one charset, not two".into(),
+            "a Content-Type carries one charset, not two that differ".into(),
         ));
     }
+    match charset_kind(&charset) {
+        Charset::Utf8 => Ok(None),
+        Charset::AsciiCompatible => Ok(Some(charset)),
+        Charset::Other => Err(Problem::charset_unread(&charset)),
+    }
+}
+
+enum Charset {
+    Utf8,
+    /// Agrees with UTF-8 on ASCII bytes: an ASCII body reads the same in both.
+    AsciiCompatible,
+    /// UTF-16 and UTF-7 under any name, EBCDIC, ISO-2022, HZ (whose bodies are ASCII bytes
+    /// meaning other characters), or one unknown.
+    Other,
+}
+
+/// A charset's label (lower case, `_` as `-`), by exact names: a prefix let `latin-greek`
+/// through, a list of names to refuse missed UTF-7's aliases.
+fn charset_kind(label: &str) -> Charset {
     const UTF8: [&str; 6] = [
         "utf-8",
         "utf8",
@@ -1205,25 +1233,69 @@ fn media_type(headers: &hyper::HeaderMap) -> Result<Option<String>, Problem> {
         "unicode20utf8",
         "x-unicode20utf8",
     ];
-    const ASCII: [&str; 5] = ["us-ascii", "ascii", "ansi_x3.4-1968", "iso646-us", "us"];
-    // ISO-8859-N (latin1 …), Windows-125N (cp125N): their lower half is ASCII.
-    let ascii_compatible = ASCII.contains(&charset.as_str())
-        || [
-            "iso-8859-",
-            "iso8859-",
-            "iso_8859-",
-            "latin",
-            "windows-125",
-            "cp125",
-        ]
-        .iter()
-        .any(|p| charset.starts_with(p));
-    if UTF8.contains(&charset.as_str()) {
-        Ok(None)
-    } else if ascii_compatible {
-        Ok(Some(charset))
+    // US-ASCII, Latin-1 and their aliases; the CJK and Cyrillic ones whose lower half is
+    // ASCII (a bot on a Windows box in its locale's default sends GBK or Shift_JIS).
+    const NAMED: [&str; 32] = [
+        "us-ascii",
+        "ascii",
+        "ansi-x3.4-1968",
+        "iso646-us",
+        "us",
+        "csascii",
+        "ascii-8bit",
+        "iso-ir-6",
+        "ibm367",
+        "cp367",
+        "cp819",
+        "ibm819",
+        "iso-ir-100",
+        "csisolatin1",
+        "8859-1",
+        "latin-1",
+        "gbk",
+        "gb2312",
+        "gb18030",
+        "big5",
+        "euc-kr",
+        "euc-jp",
+        "shift-jis",
+        "sjis",
+        "windows-31j",
+        "koi8-r",
+        "koi8-u",
+        "windows-874",
+        "tis-620",
+        "cp936",
+        "cp949",
+        "x-cp1252",
+    ];
+    // A name, then digits from `numbers` (`iso-8859-15`, `latin1`, `cp1252`), and for
+    // ISO-8859 an optional `:year` (`iso-8859-1:1987`).
+    let numbered = |prefix: &str, numbers: std::ops::RangeInclusive<u32>| {
+        label.strip_prefix(prefix).is_some_and(|rest| {
+            let number = rest.split(':').next().unwrap_or("");
+            !number.is_empty()
+                && number.bytes().all(|b| b.is_ascii_digit())
+                && number.parse().is_ok_and(|n| numbers.contains(&n))
+                && (prefix.starts_with("iso") || !rest.contains(':'))
+        })
+    };
+    if UTF8.contains(&label) {
+        Charset::Utf8
+    } else if NAMED.contains(&label)
+        || ["iso-8859-", "iso8859-", "iso8859"]
+            .iter()
+            .any(|p| numbered(p, 1..=16))
+        || ["latin", "latin-", "l", "csisolatin"]
+            .iter()
+            .any(|p| numbered(p, 1..=10))
+        || ["windows-125", "cp125", "x-cp125"]
+            .iter()
+            .any(|p| numbered(p, 0..=8))
+    {
+        Charset::AsciiCompatible
     } else {
-        Err(Problem::charset_unread(&charset))
+        Charset::Other
     }
 }
 
@@ -1795,9 +1867,47 @@ mod tests {
         ] {
             assert_eq!(of(&[t]), Ok(Some(cs.into())), "{t}");
         }
+        // The charsets that agree with UTF-8 on ASCII, under the names senders use.
+        for cs in [
+            "ISO8859_1",
+            "8859_1",
+            "iso-8859-15",
+            "iso_8859-1:1987",
+            "l1",
+            "latin-1",
+            "cp819",
+            "x-cp1252",
+            "cp1250",
+            "csASCII",
+            "ASCII-8BIT",
+            "GBK",
+            "GB18030",
+            "Shift_JIS",
+            "EUC-KR",
+            "KOI8-R",
+            "'us-ascii'",
+        ] {
+            let t = format!("application/json; charset={cs}");
+            let v = HeaderValue::from_str(&t).unwrap();
+            let mut h = hyper::HeaderMap::new();
+            h.insert(CONTENT_TYPE, v);
+            assert!(matches!(media_type(&h), Ok(Some(_))), "{t}");
+        }
+        for t in [
+            "application/json; charset=utf_8",
+            "application/json; charset=",
+        ] {
+            assert!(ok(t), "{t}");
+        }
         // Any other: refused at once, under whatever name (a list of names to refuse
-        // missed UNICODE-1-1-UTF-7, csUTF7 and `unicode`, UTF-16's).
+        // missed UNICODE-1-1-UTF-7, csUTF7 and `unicode`, UTF-16's; a prefix let
+        // `latin-greek` through).
         for (t, cs) in [
+            ("application/json; charset=latin-greek", "latin-greek"),
+            ("application/json; charset=windows-1259", "windows-1259"),
+            ("application/json; charset=iso-8859-", "iso-8859-"),
+            ("application/json; charset=hz-gb-2312", "hz-gb-2312"),
+            ("application/json; charset=iso-2022-jp", "iso-2022-jp"),
             ("application/json; charset=utf-16", "utf-16"),
             ("application/json; charset=UTF-32LE", "utf-32le"),
             ("application/json; charset=utf-7", "utf-7"),
@@ -1808,15 +1918,16 @@ mod tests {
             ("application/json; charset=csUTF7", "csutf7"),
             ("application/json; charset=unicode", "unicode"),
             ("application/json; charset=ibm037", "ibm037"),
-            ("application/json; charset=", ""),
         ] {
             assert_eq!(of(&[t]), Err(Problem::charset_unread(cs)), "{t}");
         }
-        // Two charsets in one type: which one counts would depend on who reads.
+        // Two charsets that differ in one type: which one counts would depend on who
+        // reads. The same twice (a proxy's repeat) is one.
         assert!(matches!(
             of(&["application/json; charset=\"utf-8\"; charset=latin1"]),
             Err(Problem::InvalidRequest(_))
         ));
+        assert!(ok("application/json; charset=utf-8; charset=\"UTF-8\""));
         // Two that differ: which one counts would depend on who reads; the same twice, one.
         assert!(matches!(
             of(&["application/json", "application/x-www-form-urlencoded"]),
