@@ -176,12 +176,12 @@ impl Problem {
     /// What the log line adds to its code: the detail of a request refused for its
     /// content, which only the sender saw (a TradingView alert's sender shows its user
     /// little, and retries nothing). Other codes say it all.
-    pub fn reason(&self) -> Option<&str> {
+    pub fn reason(&self) -> Option<String> {
         match self {
-            Problem::InvalidRequest(d)
-            | Problem::InvalidIdempotencyKey(d)
-            | Problem::UnsupportedCharset(d)
-            | Problem::UnsupportedCoding(d) => Some(d),
+            Problem::InvalidRequest(_)
+            | Problem::InvalidIdempotencyKey(_)
+            | Problem::UnsupportedCharset(_)
+            | Problem::UnsupportedCoding(_) => Some(self.detail()),
             _ => None,
         }
     }

@@ -184,7 +184,7 @@ impl From<Problem> for Answer {
     fn from(p: Problem) -> Self {
         Answer {
             code: Some(p.code()),
-            reason: p.reason().map(str::to_owned),
+            reason: p.reason(),
             response: p.response(),
             key: None,
             settled: None,
@@ -790,7 +790,7 @@ struct Refusals {
     /// When the next summary is due (`monotonic_ms`); 0 until the first, which is due at
     /// once, so that a flood is said when it starts and not a minute later.
     next_ms: AtomicU64,
-    /// The reason of the latest 400 since the last summary: a body that is not JSON is
+    /// The reason of the latest 400 or 415 since the last summary: a body that is not JSON is
     /// refused before its credential is read, and a sender that shows its user little (a
     /// TradingView alert with a placeholder left unfilled) left the operator only a count.
     reason: std::sync::Mutex<Option<String>>,
@@ -806,7 +806,7 @@ struct Summary {
     since_ms: Option<u64>,
     /// The address of the refusal that brought it; none for one the supervisor said.
     latest: Option<IpAddr>,
-    /// The latest 400's reason (`Refusals::reason`).
+    /// The latest 400's or 415's reason (`Refusals::reason`).
     reason: Option<String>,
 }
 
@@ -1159,13 +1159,13 @@ async fn read_body(
 ///
 /// The body is read as UTF-8 and forwarded as `application/json`. `Ok(None)`: no charset,
 /// or UTF-8's (`utf-8`, `utf8`, …). `Ok(Some(charset))`: one of the charsets that agree
-/// with UTF-8 on ASCII (US-ASCII, ISO-8859-*, Windows-125x; Apache HttpClient sends
-/// `text/plain; charset=ISO-8859-1` by default): the body must then be ASCII (`pipeline`,
-/// once it is read), else the sender meant other characters than those the executor would
-/// get. Any other (UTF-16 and UTF-7 under any of their names, EBCDIC, one unknown): 415 at
-/// once; a list of those to refuse would miss an alias. Two `Content-Type` headers that
-/// differ, or two charsets in one, are a 400: the first would be looked at here, maybe the
-/// other downstream.
+/// with UTF-8 on ASCII ([`charset_kind`]; Apache HttpClient sends `text/plain;
+/// charset=ISO-8859-1` by default): the body must then be ASCII (`pipeline`, once it is
+/// read), else the sender meant other characters than those the executor would get. Any
+/// other (UTF-16 and UTF-7 under any of their names, EBCDIC, one unknown): 415 at once; a
+/// list of those to refuse would miss an alias. Two `Content-Type` headers that differ, or
+/// two charsets that differ in one, are a 400: the first would be looked at here, maybe
+/// the other downstream.
 fn media_type(headers: &hyper::HeaderMap) -> Result<Option<String>, Problem> {
     let mut types = headers.get_all(CONTENT_TYPE).iter();
     let Some(v) = types.next() else {
@@ -1269,29 +1269,36 @@ fn charset_kind(label: &str) -> Charset {
         "cp949",
         "x-cp1252",
     ];
-    // A name, then digits from `numbers` (`iso-8859-15`, `latin1`, `cp1252`), and for
-    // ISO-8859 an optional `:year` (`iso-8859-1:1987`).
-    let numbered = |prefix: &str, numbers: std::ops::RangeInclusive<u32>| {
+    // A name, then a number `named` names, written without leading zeros (`iso-8859-15`,
+    // `latin1`, `cp1252`), and for ISO-8859 an optional four-digit `:year`
+    // (`iso-8859-1:1987`).
+    let numbered = |prefix: &str, named: fn(u32) -> bool| {
+        let digits = |s: &str| !s.is_empty() && s.bytes().all(|b| b.is_ascii_digit());
         label.strip_prefix(prefix).is_some_and(|rest| {
-            let number = rest.split(':').next().unwrap_or("");
-            !number.is_empty()
-                && number.bytes().all(|b| b.is_ascii_digit())
-                && number.parse().is_ok_and(|n| numbers.contains(&n))
-                && (prefix.starts_with("iso") || !rest.contains(':'))
+            let (number, year) = match rest.split_once(':') {
+                Some((n, y)) => (n, Some(y)),
+                None => (rest, None),
+            };
+            digits(number)
+                && (number.len() == 1 || !number.starts_with('0'))
+                && number.parse().is_ok_and(named)
+                && year.is_none_or(|y| prefix.starts_with("iso") && y.len() == 4 && digits(y))
         })
     };
     if UTF8.contains(&label) {
         Charset::Utf8
     } else if NAMED.contains(&label)
+        // ISO-8859-12 was never published; IANA's csISOLatin names stop at 6.
         || ["iso-8859-", "iso8859-", "iso8859"]
             .iter()
-            .any(|p| numbered(p, 1..=16))
-        || ["latin", "latin-", "l", "csisolatin"]
+            .any(|p| numbered(p, |n| matches!(n, 1..=11 | 13..=16)))
+        || ["latin", "latin-", "l"]
             .iter()
-            .any(|p| numbered(p, 1..=10))
-        || ["windows-125", "cp125", "x-cp125"]
+            .any(|p| numbered(p, |n| (1..=10).contains(&n)))
+        || numbered("csisolatin", |n| (1..=6).contains(&n))
+        || ["windows-125", "cp125"]
             .iter()
-            .any(|p| numbered(p, 0..=8))
+            .any(|p| numbered(p, |n| n <= 8))
     {
         Charset::AsciiCompatible
     } else {
@@ -1793,6 +1800,16 @@ mod tests {
             "{last}"
         );
         assert!(r.refused(400, ip, 200_000, None).unwrap().reason.is_none());
+        // The latest is the latest: a 415 without a reason after a 400 with one says none.
+        assert!(r.refused(400, ip, 200_100, Some(why)).is_none());
+        assert!(r.refused(415, ip, 200_200, None).is_none());
+        assert!(r.flush(200_300, true).unwrap().reason.is_none());
+        // A coding's 415 has its reason, said as its detail is.
+        let coding = Problem::UnsupportedCoding("gzip".into()).reason().unwrap();
+        assert!(
+            coding.contains("\"gzip\", which the gateway does not decode"),
+            "{coding}"
+        );
     }
 
     /// Refusals from many threads at once: one of them wins the summary that is due, and
@@ -1908,6 +1925,17 @@ mod tests {
             ("application/json; charset=iso-8859-", "iso-8859-"),
             ("application/json; charset=hz-gb-2312", "hz-gb-2312"),
             ("application/json; charset=iso-2022-jp", "iso-2022-jp"),
+            // Numbers no charset has, however written.
+            ("application/json; charset=windows-12500", "windows-12500"),
+            ("application/json; charset=iso-8859-01", "iso-8859-01"),
+            ("application/json; charset=latin01", "latin01"),
+            ("application/json; charset=iso-8859-12", "iso-8859-12"),
+            ("application/json; charset=csisolatin7", "csisolatin7"),
+            (
+                "application/json; charset=iso-8859-1:junk",
+                "iso-8859-1:junk",
+            ),
+            ("application/json; charset=iso-8859-1:", "iso-8859-1:"),
             ("application/json; charset=utf-16", "utf-16"),
             ("application/json; charset=UTF-32LE", "utf-32le"),
             ("application/json; charset=utf-7", "utf-7"),
