@@ -1945,6 +1945,98 @@ async fn an_expired_certificate_is_said_and_its_end_is_a_metric() {
     );
 }
 
+/// A server certificate issued for clients only (extendedKeyUsage clientAuth, as the CA
+/// behind `client_ca` issues them) is served, and every verifying client refuses it: the
+/// handshake's alert ("unsupported certificate") names no cause, and the gateway said
+/// nothing of it. `check-config` and the start now say what is wrong with it.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_certificate_issued_for_clients_is_said_to_be_one() {
+    let mut setup = Setup::new(None);
+    let for_clients = setup.pki.client_san_only("localhost");
+    setup
+        .set("server", "cert", for_clients.cert.display().to_string())
+        .set("server", "key", for_clients.key.display().to_string());
+    let said = "extendedKeyUsage leaves out serverAuth";
+    let (code, err) = check_config(&setup.write_config());
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains(said), "{err}");
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let refused = setup.client().connect(&gw.url()).await.err();
+    assert!(
+        format!("{refused:?}").contains("InvalidPurpose"),
+        "{refused:?}"
+    );
+    let log = gw.wait_logged(said);
+    let cert = for_clients.cert.display().to_string();
+    assert!(
+        log.lines().any(|l| l.contains(said) && l.contains(&cert)),
+        "{log}"
+    );
+}
+
+/// A renewed certificate pasted beside a certificate that did not issue it (the CA's old
+/// intermediate, or here its root) is served, and a client that holds only the root refuses
+/// it: the issuer it needs is not sent. `check-config` and the start say so; the chain
+/// as issued is served and said nothing of.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_chain_that_leaves_out_the_servers_issuer_is_warned_of() {
+    use rcgen::{BasicConstraints, CertificateParams, CertifiedIssuer, DnType, IsCa, KeyPair};
+    let mut setup = Setup::new(None);
+    let ca = |cn: &str| {
+        let mut p = CertificateParams::new(Vec::<String>::new()).unwrap();
+        p.distinguished_name.push(DnType::CommonName, cn);
+        p.is_ca = IsCa::Ca(BasicConstraints::Unconstrained);
+        p
+    };
+    let root =
+        CertifiedIssuer::self_signed(ca("chain root"), KeyPair::generate().unwrap()).unwrap();
+    let inter =
+        CertifiedIssuer::signed_by(ca("chain inter"), KeyPair::generate().unwrap(), &root).unwrap();
+    let key = KeyPair::generate().unwrap();
+    let leaf = CertificateParams::new(vec!["localhost".into()])
+        .unwrap()
+        .signed_by(&key, &inter)
+        .unwrap();
+    let dir = setup.dir.path().to_owned();
+    let (cert, key_file, root_file) = (
+        dir.join("chain.pem"),
+        dir.join("chain.key"),
+        dir.join("chain-root.pem"),
+    );
+    hoox_edge::config::write_private(&key_file, &key.serialize_pem()).unwrap();
+    std::fs::write(&root_file, root.pem()).unwrap();
+    std::fs::write(&cert, format!("{}{}", leaf.pem(), root.pem())).unwrap();
+    setup.set("server", "cert", cert.display().to_string()).set(
+        "server",
+        "key",
+        key_file.display().to_string(),
+    );
+    let said = "did not issue the server's (issued by CN=chain inter)";
+    let (code, err) = check_config(&setup.write_config());
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains(said), "{err}");
+    let gw = setup.start();
+    gw.wait_ready().await;
+    let client = TlsClient::new(&root_file);
+    let refused = client.connect(&gw.url()).await.err();
+    assert!(
+        format!("{refused:?}").contains("UnknownIssuer"),
+        "{refused:?}"
+    );
+    gw.wait_logged(said);
+    // As issued: served, and nothing said.
+    std::fs::write(&cert, format!("{}{}", leaf.pem(), inter.pem())).unwrap();
+    let (code, err) = check_config(&setup.write_config());
+    assert_eq!(code, Some(0), "{err}");
+    assert!(!err.contains("did not issue"), "{err}");
+    unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
+    gw.wait_logged("reloaded the TLS certificate");
+    assert!(client.connect(&gw.url()).await.is_ok());
+    let log = gw.stderr();
+    assert_eq!(log.matches(said).count(), 1, "{log}");
+}
+
 /// The gateway is not dumpable: no core dump writes its secrets out, and no other process
 /// of its user attaches to it or reads its memory. The kernel gives `/proc/PID/environ` (and
 /// `mem`) of a process that is not dumpable to root; of one that is, to its user, as a

@@ -208,8 +208,10 @@ impl Tls {
     /// What an operator must hear of the served chain now, `cert` the file it came from:
     /// a certificate of it out of its dates, or ending within 14 days
     /// ([`Validity::warning`]); and a server certificate that clients which verify refuse
-    /// whatever its dates: a CA's, or one naming the server by its common name alone.
-    /// Warnings, not refusals: a client that verifies nothing (`curl -k`) is served, and
+    /// whatever its dates: a CA's, one issued for other uses than a server's
+    /// (extendedKeyUsage without serverAuth), one whose issuer the chain leaves out while
+    /// sending others, or one naming the server by its common name alone. Warnings, not
+    /// refusals: a client that verifies nothing (`curl -k`) is served, and
     /// rustls serves them all without a word, while `/readyz` says ready and every
     /// handshake fails, logged at debug only.
     pub fn warnings(&self, cert: &Path) -> Vec<String> {
@@ -237,6 +239,47 @@ impl Tls {
                      self-signed one)"
                         .into(),
                 );
+            }
+            // A certificate issued for other uses (a client's, say, from the CA that
+            // issues `client_ca`'s): rustls, Go, OpenSSL and browsers all refuse one whose
+            // extendedKeyUsage leaves serverAuth out, with an alert ("unsupported
+            // certificate") that names no cause. No extendedKeyUsage at all is fine.
+            if let Ok(Some(eku)) = c.extended_key_usage()
+                && !eku.value.server_auth
+                && !eku.value.any
+            {
+                said.push(
+                    "the certificate's extendedKeyUsage leaves out serverAuth (it was issued \
+                     for other uses, such as a client's): clients that verify (rustls, Go, \
+                     OpenSSL, browsers) refuse it as a server's; serve one issued for TLS \
+                     servers (`hoox-edge gen-cert` makes a self-signed one)"
+                        .into(),
+                );
+            }
+            // The certificates after the server's are there for clients to reach a root
+            // through. When none of them issued it (an intermediate kept from before the
+            // CA changed its own, as Let's Encrypt does between R10 and R11, pasted beside
+            // a renewed certificate), a client that does not hold its issuer already
+            // refuses the handshake (rustls, Go and curl do), while rustls serves it
+            // without a word. Names compared byte for byte, as those clients match them;
+            // a chain with one this cannot read is not judged, nor a self-signed server
+            // certificate, which its clients hold as it is.
+            let rest: Option<Vec<_>> = self.chain.iter().skip(1).map(parse).collect();
+            if let Some(rest) = rest
+                && let Some(next) = rest.first()
+                && c.issuer().as_raw() != c.subject().as_raw()
+                && !rest
+                    .iter()
+                    .any(|o| o.subject().as_raw() == c.issuer().as_raw())
+            {
+                said.push(format!(
+                    "certificate 2 of its chain ({}) did not issue the server's (issued by \
+                     {}), nor did any after it: clients that do not already hold that issuer \
+                     refuse the certificate; put the server's certificate first, then the \
+                     intermediate that issued it (certbot's fullchain.pem)",
+                    next.subject(),
+                    c.issuer()
+                ));
             }
             if !matches!(c.subject_alternative_name(), Ok(Some(_))) {
                 said.push(
@@ -860,10 +903,53 @@ mod tests {
         );
     }
 
+    /// A chain that sends certificates past the server's, none of them its issuer (an
+    /// intermediate kept from before the CA changed its own, beside a renewed certificate),
+    /// is warned of: clients that do not hold the issuer refuse it. A chain holding the
+    /// issuer, wherever in it, or the server's certificate alone, is not.
+    #[test]
+    fn a_chain_that_leaves_out_the_servers_issuer_is_warned_of() {
+        let dir = tempfile::tempdir().unwrap();
+        let (chain, key, root, inter) = three_tier((2020, 2090));
+        let leaf = chain.strip_suffix(&inter).unwrap();
+        let said = |pem: String| {
+            let files = files_of(dir.path(), &pem, &key);
+            files.load().unwrap().warnings(&files.cert)
+        };
+        // A self-signed one with a certificate after it: its clients hold it as it is.
+        let self_signed = rcgen::CertificateParams::new(vec!["localhost".into()])
+            .unwrap()
+            .self_signed(&rcgen::KeyPair::from_pem(&key).unwrap())
+            .unwrap()
+            .pem();
+        for fine in [
+            leaf.to_string(),
+            chain.clone(),
+            format!("{chain}{root}"),
+            format!("{leaf}{root}{inter}"),
+            format!("{self_signed}{root}"),
+        ] {
+            assert_eq!(said(fine), Vec::<String>::new());
+        }
+        // The root in the intermediate's place: it issued the intermediate, not the leaf.
+        let w = said(format!("{leaf}{root}"));
+        assert_eq!(w.len(), 1, "{w:?}");
+        assert!(
+            w[0].contains(
+                "certificate 2 of its chain (CN=root) did not issue the server's \
+                           (issued by CN=inter)"
+            ) && w[0].contains("fullchain.pem"),
+            "{w:?}"
+        );
+    }
+
     /// A server certificate no verifying client takes, whatever its dates, is warned of:
-    /// a CA's (what `openssl req -x509` makes), and one without a subjectAltName.
+    /// a CA's (what `openssl req -x509` makes), one issued for clients only
+    /// (extendedKeyUsage without serverAuth: served without a word, every rustls client
+    /// refused it with an alert naming no cause), and one without a subjectAltName.
     #[test]
     fn a_certificate_clients_refuse_is_warned_of() {
+        use rcgen::ExtendedKeyUsagePurpose::{Any, ClientAuth, ServerAuth};
         let dir = tempfile::tempdir().unwrap();
         let key = rcgen::KeyPair::generate().unwrap();
         let mut ca = rcgen::CertificateParams::new(vec!["localhost".into()]).unwrap();
@@ -872,7 +958,24 @@ mod tests {
         cn_only
             .distinguished_name
             .push(rcgen::DnType::CommonName, "localhost");
-        for (params, want) in [(ca, "is a CA's"), (cn_only, "by its common name alone")] {
+        let with_usages = |usages| {
+            let mut p = rcgen::CertificateParams::new(vec!["localhost".into()]).unwrap();
+            p.extended_key_usages = usages;
+            p
+        };
+        // A server's, among others, or any use: served and taken, nothing to say.
+        for usages in [vec![ClientAuth, ServerAuth], vec![Any]] {
+            let cert = with_usages(usages).self_signed(&key).unwrap();
+            let files = files_of(dir.path(), &cert.pem(), &key.serialize_pem());
+            let said = files.load().unwrap().warnings(&files.cert);
+            assert_eq!(said, Vec::<String>::new());
+        }
+        let client_only = with_usages(vec![ClientAuth]);
+        for (params, want) in [
+            (ca, "is a CA's"),
+            (client_only, "extendedKeyUsage leaves out serverAuth"),
+            (cn_only, "by its common name alone"),
+        ] {
             let cert = params.self_signed(&key).unwrap();
             let files = files_of(dir.path(), &cert.pem(), &key.serialize_pem());
             let said = files.load().unwrap().warnings(&files.cert);
