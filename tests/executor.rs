@@ -412,6 +412,30 @@ async fn a_2xx_ended_by_a_close_that_is_not_json_is_unknown() {
             b"HTTP/1.1 200 OK\r\ncontent-length: 32\r\n\r\n{\"success\":false,\"Success\":true}",
             Is::SoftFail,
         ),
+        // Whole JSON whose `success` says yes, but not as `true`: PHP's 1, a flag read
+        // back as "1", a boolean written as a string. Neither false, missing nor
+        // unparsable: no row of SPEC's releases it, and it may have been a fill.
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 29\r\n\r\n{\"success\":1,\"orderId\":\"p-1\"}",
+            Is::Unknown,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 18\r\n\r\n{\"success\":\"true\"}",
+            Is::Unknown,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 15\r\n\r\n{\"Success\":\"1\"}",
+            Is::Unknown,
+        ),
+        // A no in the same forms is SPEC's soft-fail.
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 13\r\n\r\n{\"success\":0}",
+            Is::SoftFail,
+        ),
+        (
+            b"HTTP/1.1 200 OK\r\ncontent-length: 19\r\n\r\n{\"success\":\"false\"}",
+            Is::SoftFail,
+        ),
         // Neither a fill nor a refusal: a 101 (hyper hands it back as the answer; the
         // gateway asked for no upgrade), a 303 (a POST processed, its result elsewhere).
         // Any other redirect is a refusal: the order was not taken there.

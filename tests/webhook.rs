@@ -306,6 +306,65 @@ async fn soft_fail_and_errors_release_so_a_retry_runs() {
     }
 }
 
+/// A 2xx whose `success` says yes, but not as the literal `true` (PHP's `'success' =>
+/// 1`, a flag read back as `"1"`, a boolean written as a string), may have been a fill:
+/// SPEC's table releases only a `success` false, missing or unparsable. It is a 504 with
+/// the key held, and the sender's retry is refused rather than placed again. The same
+/// forms saying no stay SPEC's soft-fail: released, and the retry runs.
+#[tokio::test(flavor = "multi_thread", worker_threads = 2)]
+async fn a_2xx_whose_success_says_yes_but_not_as_true_holds_its_key() {
+    let (exec, _setup, gw) = with_mock().await;
+    for (i, said) in [
+        r#"{"success":1,"orderId":"php-1"}"#,
+        r#"{"success":"true","orderId":"s-1"}"#,
+        r#"{"success":"1"}"#,
+        r#"{"Success":"True"}"#,
+    ]
+    .into_iter()
+    .enumerate()
+    {
+        exec.set_mode(Mode::Saying(200, said));
+        let mut t = trade("ETHUSDT");
+        let k = format!("yes-{i}");
+        t["idempotencyKey"] = json!(k);
+        let before = exec.calls();
+        let r = gw.post(&t, &[]).await;
+        assert_eq!(
+            (r.status.as_u16(), code(&r.json())),
+            (504, "EXECUTION_OUTCOME_UNKNOWN"),
+            "{said}"
+        );
+        assert_eq!(r.header("hoox-idempotency-outcome"), Some("held"), "{said}");
+        assert_eq!(
+            key_state(&gw, &format!("client:psk:live:{k}")).await,
+            "pending"
+        );
+        // The retry is refused: the order is not placed a second time.
+        exec.set_mode(Mode::Success);
+        let r = gw.post(&t, &[]).await;
+        assert_eq!(r.status, 409, "{said}");
+        assert_eq!(exec.calls(), before + 1, "{said}");
+    }
+    for (i, said) in [r#"{"success":0}"#, r#"{"success":"false"}"#]
+        .into_iter()
+        .enumerate()
+    {
+        exec.set_mode(Mode::Saying(200, said));
+        let mut t = trade("ETHUSDT");
+        let k = format!("no-{i}");
+        t["idempotencyKey"] = json!(k);
+        let r = gw.post(&t, &[]).await;
+        assert_eq!(
+            (r.status.as_u16(), code(&r.json())),
+            (502, "EXECUTION_FAILED"),
+            "{said}"
+        );
+        assert_eq!(r.header("hoox-idempotency-outcome"), Some("released"));
+        exec.set_mode(Mode::Success);
+        assert_eq!(gw.post(&t, &[]).await.status, 200, "{said}");
+    }
+}
+
 #[tokio::test(flavor = "multi_thread", worker_threads = 2)]
 async fn unreachable_executor_releases_with_502() {
     let url = refused_url();

@@ -309,12 +309,13 @@ impl HttpExecutor {
                          have been cut short"
                     ))
                 }
-                // Not one JSON document, yet it says `"success": true`: more after it,
-                // `NaN`, a raw tab, a key twice.
+                // It says `success` is true, but not as SPEC's literal `true` at the top
+                // level of one JSON document: more after it, `NaN`, a raw tab, a key
+                // twice; `Success`; `1` or `"true"`.
                 Outcome::SoftFail { status, body } if may_be_a_fill(&body) => {
                     Outcome::Unknown(format!(
-                        "answer {status} says \"success\": true, but is not one JSON \
-                         document: it may have been a fill"
+                        "answer {status} says \"success\" is true, but not as a literal \
+                         `true` in one JSON document: it may have been a fill"
                     ))
                 }
                 Outcome::SoftFail { status, body } if is_cut_json(&body) => {

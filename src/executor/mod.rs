@@ -33,8 +33,8 @@ pub enum Outcome {
     /// 2xx and a JSON body with `success: true`: commit.
     Success { status: u16, body: Bytes },
     /// 2xx but `success` false, missing or unparsable: release. (The HTTP executor holds
-    /// the unparsable answers that may be a fill's, cut short or saying `"success": true`:
-    /// `http::HttpExecutor::execute`.)
+    /// the answers that may be a fill's: cut short, saying `"success": true` unparsably,
+    /// or `success` as `1` or `"true"`: `http::HttpExecutor::execute`, [`may_be_a_fill`].)
     SoftFail { status: u16, body: Bytes },
     /// Non-2xx but 1xx and 303 (`classify`): release.
     Failed { status: u16, body: Bytes },
@@ -145,9 +145,14 @@ pub fn is_cut_json(body: &[u8]) -> bool {
 
 /// Whether `body`, a 2xx that SPEC's rule (`classify`) does not read as a fill, may be
 /// a fill's answer all the same:
+/// - read whole, an object whose `success` says yes other than as the literal `true`:
+///   `1`, `"1"` or `"true"` in any letter case (PHP's `'success' => 1`, a MySQL flag
+///   read back as `"1"`, a boolean written as a string). SPEC's table releases a
+///   `success` that is false, missing or unparsable; this is none of those, and
+///   released, every fill of such an executor was a 502 whose retry was placed again;
 /// - read whole, it has no `success` but a member of that name in other letter case that
-///   is `true`: `{"Success":true}` is what Go's `encoding/json` and .NET write for a field
-///   without a JSON name (and read back, whatever the case);
+///   is `true` or says yes as above: `{"Success":true}` is what Go's `encoding/json` and
+///   .NET write for a field without a JSON name (and read back, whatever the case);
 /// - serde cannot read it whole, and its text says `success`, a colon and `true`, in any
 ///   letter case, the name in double or single quotes. Python's `json.dumps` writes `NaN`
 ///   for a price pandas could not compute, `str(dict)` writes `{'success': True}`; JSON
@@ -159,21 +164,39 @@ pub fn is_cut_json(body: &[u8]) -> bool {
 pub fn may_be_a_fill(body: &[u8]) -> bool {
     let text = json_text(body);
     match serde_json::from_slice::<Verdict>(text) {
+        // An array reads as the fields in order (`["1"]`): no `success` at all.
+        Ok(_) if !Verdict::object(text) => false,
         Ok(v) if v.success.is_none() => serde_json::from_slice::<
             serde_json::Map<String, serde_json::Value>,
         >(text)
         .is_ok_and(|members| {
-            members
-                .iter()
-                .any(|(name, value)| name.eq_ignore_ascii_case("success") && *value == true)
+            members.iter().any(|(name, value)| {
+                name.eq_ignore_ascii_case("success") && (*value == true || says_yes(value))
+            })
         }),
-        Ok(_) => false,
+        Ok(v) => v.success.as_ref().is_some_and(says_yes),
         Err(_) => says_success_true(text),
     }
 }
 
+/// Whether a `success` value says yes in a form other than the literal `true`: `1`
+/// (`1.0`), `"1"`, or `"true"` in any letter case, blanks around it allowed. Not `"yes"`,
+/// `"ok"` or any other word: those are an executor's own vocabulary, and SPEC's rule
+/// (release) stands for them.
+fn says_yes(value: &serde_json::Value) -> bool {
+    match value {
+        serde_json::Value::Number(n) => n.as_f64() == Some(1.0),
+        serde_json::Value::String(s) => {
+            let s = s.trim();
+            s == "1" || s.eq_ignore_ascii_case("true")
+        }
+        _ => false,
+    }
+}
+
 /// Whether `text` says `"success"` (or `'success'`, any letter case), a colon and `true`
-/// (any letter case), blanks allowed between.
+/// (any letter case), blanks allowed between; or, as [`says_yes`] reads a whole answer,
+/// `"true"`, `1` or `"1"` (in single quotes too).
 fn says_success_true(text: &[u8]) -> bool {
     const NAME: &[u8] = b"success";
     text.windows(NAME.len() + 2).enumerate().any(|(at, w)| {
@@ -186,8 +209,30 @@ fn says_success_true(text: &[u8]) -> bool {
             .trim_ascii_start()
             .strip_prefix(b":")
             .map(|v| v.trim_ascii_start())
-            .is_some_and(|v| v.len() >= 4 && v[..4].eq_ignore_ascii_case(b"true"))
+            .is_some_and(|v| {
+                (v.len() >= 4 && v[..4].eq_ignore_ascii_case(b"true")) || yes_in_text(v)
+            })
     })
+}
+
+/// Whether a value's text begins `"true"`, `1` or `"1"` (quotes double or single, `true`
+/// in any letter case), the `1` a whole number: not `10`, `1.5` or `1e3`.
+fn yes_in_text(v: &[u8]) -> bool {
+    let (inner, quote) = match v.first() {
+        Some(&q @ (b'"' | b'\'')) => (&v[1..], Some(q)),
+        _ => (v, None),
+    };
+    let closed = |rest: &[u8]| match quote {
+        Some(q) => rest.first() == Some(&q),
+        None => !matches!(rest.first(), Some(b'0'..=b'9' | b'.' | b'e' | b'E')),
+    };
+    if let Some(rest) = inner.strip_prefix(b"1") {
+        return closed(rest);
+    }
+    quote.is_some()
+        && inner.len() >= 4
+        && inner[..4].eq_ignore_ascii_case(b"true")
+        && closed(&inner[4..])
 }
 
 fn is_2xx(status: u16) -> bool {
@@ -297,7 +342,8 @@ mod tests {
 
     /// An answer a JSON parser refuses that says `"success": true` (in any letter case,
     /// in single quotes too) may be a fill's, as may a whole one without `success` whose
-    /// `Success` is `true`; one that does not say it, or whose `success` says no, is not.
+    /// `Success` is `true`, and one whose `success` says yes as `1`, `"1"` or `"true"`;
+    /// one that does not say it, or whose `success` says no, is not.
     #[test]
     fn an_answer_that_says_success_true_as_spec_does_not_read_it_may_be_a_fill() {
         for says in [
@@ -318,6 +364,20 @@ mod tests {
             "{\"SUCCESS\": true}",
             "{'success': True, 'orderId': 'x'}",
             "{\"success\":TRUE,}",
+            // Yes, but not as the literal `true`: PHP's 1, a flag read back as "1", a
+            // boolean written as a string; whole, or not one document.
+            "{\"success\":1,\"orderId\":\"p-1\"}",
+            "{\"success\":1.0}",
+            "{\"success\":\"1\"}",
+            "{\"success\":\"true\"}",
+            "{\"success\":\" True \"}",
+            "\u{feff}{\"success\":\"TRUE\"}",
+            "{\"Success\":\"true\"}",
+            "{\"SUCCESS\":1}",
+            "{\"success\":\"true\"} x",
+            "{\"success\": 1, \"avgPrice\": NaN}",
+            "{\"success\":1}\n{}",
+            "{'success': '1'}",
         ] {
             assert!(may_be_a_fill(says.as_bytes()), "{says:?}");
         }
@@ -326,14 +386,29 @@ mod tests {
             "{\"success\":false,\"data\":{\"success\":true}}",
             "[{\"success\":true}]",
             "{\"success\":false} x",
-            "{\"success\":\"true\"} x",
             "{\"ok\":true}\n{}",
             // `success` itself says no; `Success` nested, or false; another name.
             "{\"success\":false,\"Success\":true}",
             "{\"data\":{\"Success\":true}}",
             "{\"Success\":false}",
-            "{\"Success\":\"true\"}",
             "{\"successful\":true} x",
+            // No, or a word of the executor's own, or another number: SPEC's release.
+            "{\"success\":0}",
+            "{\"success\":\"0\"}",
+            "{\"success\":\"false\"}",
+            "{\"success\":\"yes\"}",
+            "{\"success\":\"truex\"}",
+            "{\"success\":2}",
+            "{\"success\":null}",
+            "{\"success\":[1]}",
+            "{\"data\":{\"success\":1}}",
+            "[\"1\"]",
+            "[1]",
+            "{\"success\":10} x",
+            "{\"success\":1.5} x",
+            "{\"success\":1e3} x",
+            "{\"success\":\"truex\"} x",
+            "{\"success\":\"1x\"} x",
             "{'success': False} x",
             "hello",
             "",

@@ -45,6 +45,8 @@ pub enum Mode {
     NotFoundEchoing,
     /// As `Success`, its answer padded (a `pad` string) to at least this many bytes.
     SuccessPadded(usize),
+    /// This status, and this body as `application/json`, exactly as given.
+    Saying(u16, &'static str),
 }
 
 /// One request as the mock received it.
@@ -326,6 +328,11 @@ async fn answer(
             padded["pad"] = serde_json::json!("p".repeat(len));
             reply(StatusCode::OK, padded)
         }
+        Mode::Saying(status, body) => Ok(Response::builder()
+            .status(status)
+            .header("content-type", "application/json")
+            .body(Full::new(Bytes::from_static(body.as_bytes())))
+            .unwrap()),
         Mode::NotFoundEchoing => reply(
             StatusCode::NOT_FOUND,
             serde_json::json!({"status": 404, "error": "Not Found", "path": target}),
