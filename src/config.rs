@@ -612,6 +612,9 @@ impl Config {
                     .into(),
             ),
             AuthConfigError::RequiredNotConfigured(_) => err("auth.require", e.to_string()),
+            AuthConfigError::SecretForTwoClients { second, .. } => {
+                err(&format!("auth.{second}"), e.to_string())
+            }
         })?;
 
         let executor = match raw.executor.kind.as_deref() {

@@ -1401,6 +1401,39 @@ fn a_secrets_file_saved_as_utf16_is_refused() {
 
 /// A `store.path` whose folder is not there passes (the gateway starts and fails closed
 /// until a late mount comes up), with a warning: a typo said ok refused every trade.
+/// A secret that one file gives a client of its own and another file gives another (here
+/// the bearer file names it `@desk-a`, the API keys' file not) is refused at check-config
+/// and at start, naming the file's key, both files and both clients, never the secret: a
+/// sender retrying by the other method would be another client, its trade placed again.
+#[test]
+fn a_secret_given_two_clients_in_two_files_is_refused() {
+    let setup = Setup::new(None);
+    let secret = support::gateway::SECRET;
+    let bearer = setup.dir.path().join("secrets/bearer");
+    support::gateway::write_secret(&bearer, &format!("@desk-a {secret}\n"));
+    let config = setup.write_config();
+    let (code, err) = check_config(&config);
+    assert_eq!(code, Some(78), "{err}");
+    let said = "auth.bearer_tokens_file: a secret of auth.api_keys_file is also in \
+                auth.bearer_tokens_file, for another client (psk there, psk.desk-a here)";
+    assert!(err.contains(said), "{err}");
+    assert!(err.contains(&config.display().to_string()), "{err}");
+    let o = setup.command().output().unwrap();
+    let stderr = String::from_utf8_lossy(&o.stderr);
+    assert_eq!(o.status.code(), Some(78), "{stderr}");
+    assert!(stderr.contains(said), "{stderr}");
+    for out in [&err, &stderr.to_string()] {
+        assert!(!out.contains(secret), "{out}");
+    }
+    // The same client in every file: taken.
+    for f in ["api-keys", "hmac"] {
+        let file = setup.dir.path().join("secrets").join(f);
+        support::gateway::write_secret(&file, &format!("@desk-a {secret}\n"));
+    }
+    let (code, err) = check_config(&config);
+    assert_eq!(code, Some(0), "{err}");
+}
+
 #[test]
 fn check_config_warns_of_a_store_folder_not_there() {
     let mut setup = Setup::new(None);

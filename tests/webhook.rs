@@ -2710,12 +2710,29 @@ async fn a_signed_request_replayed_after_its_secret_is_renamed_is_refused() {
         r.header("idempotency-key"),
         Some("client:psk:live:renamed-1")
     );
-    let hmac = setup.dir.path().join("secrets/hmac");
-    support::gateway::write_secret(&hmac, &format!("@desk-b {SECRET}\n"));
+    let secrets = setup.dir.path().join("secrets");
+    // Named in the HMAC file alone, the secret would be two clients (the API keys' psk
+    // and psk.desk-b): the reload is refused, the running secrets kept.
+    support::gateway::write_secret(&secrets.join("hmac"), &format!("@desk-b {SECRET}\n"));
+    unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
+    let log = gw.wait_logged("config reload failed");
+    assert!(
+        log.contains(
+            "auth.hmac_secrets_file: a secret of auth.api_keys_file is also in \
+             auth.hmac_secrets_file, for another client (psk there, psk.desk-b here)"
+        ),
+        "{log}"
+    );
+    assert!(!log.contains(SECRET), "{log}");
+    let r = post_signed(&gw, &body, ts, &[]).await;
+    assert_eq!(r.status, 409, "{:?}", r.json());
+    assert_eq!(exec.calls(), 1);
+    for f in ["api-keys", "hmac", "bearer"] {
+        support::gateway::write_secret(&secrets.join(f), &format!("@desk-b {SECRET}\n"));
+    }
     unsafe { libc::kill(gw.child.id() as i32, libc::SIGHUP) };
     gw.wait_logged("reloaded the TLS certificate and the secrets");
-    // Said, though `psk` is still a name (the API keys' secret gives it): its sender's
-    // retries, signed anew, are new trades now.
+    // Said: its sender's retries, signed anew, are new trades now.
     gw.wait_logged("a secret names another client after this reload (psk → psk.desk-b)");
     // The client is desk-b now: a new trade of its own is placed in its namespace.
     let fresh = t.to_string().replace("renamed-1", "renamed-2");

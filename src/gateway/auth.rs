@@ -75,6 +75,21 @@ pub enum AuthConfigError {
     NoMethod,
     #[error("auth method `{0}` is required but not configured")]
     RequiredNotConfigured(Method),
+    /// One secret given to another client in another method's file (`@desk-a S` among the
+    /// API keys, `S` among the bearer tokens): a sender that retried by the other method
+    /// would be the other client, its key in another namespace, its trade placed again.
+    #[error(
+        "a secret of auth.{first} is also in auth.{second}, for another client \
+         ({first_client} there, {second_client} here): a sender retrying by the other \
+         method would be another client, and its trade placed again; give a secret one \
+         client in every file"
+    )]
+    SecretForTwoClients {
+        first: &'static str,
+        first_client: String,
+        second: &'static str,
+        second_client: String,
+    },
 }
 
 /// What the authenticator needs from a request.
@@ -208,6 +223,36 @@ impl Authenticator {
         }
         if let Some(&m) = a.required.iter().find(|&&m| !a.configured(m)) {
             return Err(AuthConfigError::RequiredNotConfigured(m));
+        }
+        // With client certificates every sender is its certificate's client, whatever
+        // secret it also holds: a secret's client names no namespace, so none can clash.
+        // (Each file refuses a secret on two of its own lines for two clients.)
+        if !a.mtls {
+            let files = [
+                ("api_keys_file", &a.api_keys),
+                ("hmac_secrets_file", &a.hmac),
+                ("bearer_tokens_file", &a.bearer),
+            ];
+            for (i, &(first, earlier)) in files.iter().enumerate() {
+                for &(second, later) in &files[i + 1..] {
+                    // Not timed: the files' own contents, compared once at a load.
+                    let clash = later.iter().find_map(|l| {
+                        let e = earlier
+                            .iter()
+                            .find(|e| e.expose() == l.expose() && e.client() != l.client())?;
+                        Some((e.client(), l.client()))
+                    });
+                    if let Some((e, l)) = clash {
+                        let name = |c| Identity::psk_of(c).as_str().to_owned();
+                        return Err(AuthConfigError::SecretForTwoClients {
+                            first,
+                            first_client: name(e),
+                            second,
+                            second_client: name(l),
+                        });
+                    }
+                }
+            }
         }
         Ok(a)
     }
@@ -562,6 +607,53 @@ mod tests {
             "auth method `hmac` is required but not configured"
         );
         assert!(Authenticator::new(vec![], vec![], vec![], true, vec![]).is_ok());
+    }
+
+    /// A secret given one client in one method's file and another in another's is
+    /// refused: a sender retrying by the other method would be another client, and its
+    /// trade placed again. The same client in both, or client certificates (whose name is
+    /// the client), is taken; the message names both files and clients, never the secret.
+    #[test]
+    fn a_secret_given_two_clients_in_two_files_is_refused() {
+        let new = |api: &[&str], hmac: &[&str], bearer: &[&str], mtls| {
+            Authenticator::new(secrets(api), secrets(hmac), secrets(bearer), mtls, vec![])
+        };
+        let refused = new(&["k"], &[], &["@desk-a k"], false).unwrap_err();
+        assert_eq!(
+            refused,
+            AuthConfigError::SecretForTwoClients {
+                first: "api_keys_file",
+                first_client: "psk".into(),
+                second: "bearer_tokens_file",
+                second_client: "psk.desk-a".into(),
+            }
+        );
+        let said = refused.to_string();
+        assert!(
+            said.starts_with(
+                "a secret of auth.api_keys_file is also in auth.bearer_tokens_file, for \
+                 another client (psk there, psk.desk-a here)"
+            ),
+            "{said}"
+        );
+        assert!(!said.contains(" k "), "{said}");
+        // Two names, the HMAC file against the bearer file, the clash past other lines.
+        assert!(matches!(
+            new(&[], &["@a x", "@b k"], &["y", "@c k"], false),
+            Err(AuthConfigError::SecretForTwoClients {
+                first: "hmac_secrets_file",
+                second: "bearer_tokens_file",
+                ..
+            })
+        ));
+        for fine in [
+            new(&["k"], &["k"], &["k"], false),
+            new(&["@desk-a k"], &["@desk-a k"], &[], false),
+            new(&["@desk-a k"], &[], &["@desk-b j"], false),
+            new(&["k"], &[], &["@desk-a k"], true),
+        ] {
+            assert!(fine.is_ok(), "{fine:?}");
+        }
     }
 
     #[test]
