@@ -1082,4 +1082,154 @@ mod tests {
             let _ = decode(0, &bytes);
         }
     }
+
+    /// Random histories of synced and unsynced records of one to three pages,
+    /// checkpoints and batches too big to fit, on an eight-page journal, each ended by a
+    /// power cut: a page the cache held is written, lost, or torn at 512-byte sectors, and
+    /// an older version of an unsynced page may have reached the disk before it (writeback).
+    /// Four lives a seed, each opened past what the last scan found. The scan never refuses
+    /// such a crash, replays every record acknowledged as synced past the checkpoint (a
+    /// Proceed given), and returns no bytes but those written under their record number.
+    /// 300 seeds here (20,000 passed in r113; with the open no longer moving its checkpoint
+    /// past torn records, seed 502 failed).
+    #[test]
+    fn a_power_cut_at_any_point_loses_no_synced_record_and_replays_nothing_else() {
+        const SECTOR: usize = 512;
+        const CAP: usize = 8 * PAGE;
+        struct Rng(u64);
+        impl Rng {
+            fn next(&mut self) -> u64 {
+                self.0 ^= self.0 << 13;
+                self.0 ^= self.0 >> 7;
+                self.0 ^= self.0 << 17;
+                self.0
+            }
+            fn below(&mut self, n: u64) -> u64 {
+                self.next() % n
+            }
+        }
+        for seed in 1..=300u64 {
+            let mut rng = Rng(seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1);
+            let mut disk = vec![0u8; CAP];
+            let mut stored = 0u64;
+            let mut expected: std::collections::HashMap<u64, Vec<u8>> = Default::default();
+            let dir = tempfile::tempdir().unwrap();
+            for life in 0..4 {
+                let path = dir.path().join(format!("j{life}"));
+                let file = Journal::open_file(&path, CAP, true).unwrap();
+                let mut j = Journal::with(file, None, ID, CAP, stored);
+                // The page cache: page number -> its dirty bytes.
+                let mut cache: std::collections::BTreeMap<usize, Vec<u8>> = Default::default();
+                let mut acked: Vec<u64> = Vec::new();
+                let steps = rng.below(30);
+                let mut in_flight: Option<(usize, Vec<u8>)> = None;
+                for step in 0..steps {
+                    let last_step = step + 1 == steps;
+                    match rng.below(10) {
+                        0 => {
+                            // checkpoint: durable, then start over
+                            stored = j.last();
+                            j.checkpointed();
+                            acked.clear();
+                        }
+                        _ => {
+                            let sync = rng.below(2) == 0;
+                            let size = [10, 200, 5000, 9000][rng.below(4) as usize];
+                            let lsn = j.last() + 1;
+                            let p = payload(&[Op::Put(lsn, &vec![(lsn % 251) as u8; size])]);
+                            if !j.fits(p.len()) {
+                                j.skip();
+                                stored = j.last();
+                                j.checkpointed();
+                                acked.clear();
+                                let lsn = j.last() + 1;
+                                j.append(&[], true).unwrap();
+                                expected.insert(lsn, Vec::new());
+                                let b = contents(&j)[..PAGE].to_vec();
+                                cache.remove(&0);
+                                disk[..PAGE].copy_from_slice(&b);
+                                acked.push(lsn);
+                                continue;
+                            }
+                            let at = j.pos;
+                            j.append(&p, sync).unwrap();
+                            let bytes = contents(&j)[at..j.pos].to_vec();
+                            expected.insert(lsn, p);
+                            let crash_now = last_step && sync && rng.below(2) == 0;
+                            if crash_now {
+                                in_flight = Some((at, bytes));
+                                break;
+                            }
+                            let pages = bytes.len() / PAGE;
+                            for k in 0..pages {
+                                let pg = at / PAGE + k;
+                                let new = bytes[k * PAGE..(k + 1) * PAGE].to_vec();
+                                if sync {
+                                    cache.remove(&pg);
+                                    disk[pg * PAGE..(pg + 1) * PAGE].copy_from_slice(&new);
+                                } else if let Some(old) = cache.insert(pg, new)
+                                    && rng.below(2) == 0
+                                {
+                                    // An older version written back before the cut.
+                                    disk[pg * PAGE..(pg + 1) * PAGE].copy_from_slice(&old);
+                                }
+                            }
+                            if sync {
+                                acked.push(lsn);
+                            }
+                        }
+                    }
+                }
+                // Power cut: each dirty page is written, lost, or torn by sectors.
+                let tear = |rng: &mut Rng, disk: &mut [u8], pg: usize, new: &[u8]| {
+                    let how = rng.below(3);
+                    for s in 0..PAGE / SECTOR {
+                        let write = how == 0 || (how == 2 && rng.below(2) == 0);
+                        if write {
+                            let o = pg * PAGE + s * SECTOR;
+                            disk[o..o + SECTOR].copy_from_slice(&new[s * SECTOR..(s + 1) * SECTOR]);
+                        }
+                    }
+                };
+                for (pg, new) in std::mem::take(&mut cache) {
+                    tear(&mut rng, &mut disk, pg, &new);
+                }
+                if let Some((at, bytes)) = in_flight {
+                    for k in 0..bytes.len() / PAGE {
+                        tear(
+                            &mut rng,
+                            &mut disk,
+                            at / PAGE + k,
+                            &bytes[k * PAGE..(k + 1) * PAGE],
+                        );
+                    }
+                }
+                let found = match scan(&disk, ID, stored) {
+                    Ok(f) => f,
+                    Err(e) => panic!("seed {seed} life {life}: refused a crash: {e}"),
+                };
+                for (lsn, p) in &found.records {
+                    assert_eq!(
+                        Some(&p.to_vec()),
+                        expected.get(lsn),
+                        "seed {seed} lsn {lsn}"
+                    );
+                }
+                for a in &acked {
+                    if *a > stored {
+                        assert!(
+                            found.records.iter().any(|(l, _)| l == a),
+                            "seed {seed} life {life}: acked {a} lost"
+                        );
+                    }
+                }
+                stored = found
+                    .records
+                    .iter()
+                    .map(|r| r.0)
+                    .chain(found.torn)
+                    .fold(stored, u64::max);
+            }
+        }
+    }
 }
