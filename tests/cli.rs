@@ -1399,8 +1399,6 @@ fn a_secrets_file_saved_as_utf16_is_refused() {
     assert!(err.contains("UTF-16"), "{err}");
 }
 
-/// A `store.path` whose folder is not there passes (the gateway starts and fails closed
-/// until a late mount comes up), with a warning: a typo said ok refused every trade.
 /// A secret that one file gives a client of its own and another file gives another (here
 /// the bearer file names it `@desk-a`, the API keys' file not) is refused at check-config
 /// and at start, naming the file's key, both files and both clients, never the secret: a
@@ -1434,6 +1432,8 @@ fn a_secret_given_two_clients_in_two_files_is_refused() {
     assert_eq!(code, Some(0), "{err}");
 }
 
+/// A `store.path` whose folder is not there passes (the gateway starts and fails closed
+/// until a late mount comes up), with a warning: a typo said ok refused every trade.
 #[test]
 fn check_config_warns_of_a_store_folder_not_there() {
     let mut setup = Setup::new(None);

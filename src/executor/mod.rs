@@ -87,9 +87,10 @@ pub fn classify(status: u16, body: Bytes) -> Outcome {
 }
 
 /// What an answer's `success` says. Only a literal boolean `true` at the top level of a
-/// JSON object counts: "true", 1 or a nested flag are not a fill, because committing a
-/// trade that did not fill would block its retry for the TTL; nor is an array (`[true]`),
-/// which serde's derive reads as the fields in order.
+/// JSON object commits (SPEC §4): a commit stores the answer as the trade's, replayed to
+/// every retry. "true" or 1 is not read as SPEC's fill, nor released, but held
+/// ([`may_be_a_fill`]: a 504, the outcome unknown); a nested flag is released; an array
+/// (`[true]`), which serde's derive reads as the fields in order, is no object.
 #[derive(serde::Deserialize)]
 struct Verdict {
     success: Option<serde_json::Value>,
@@ -215,24 +216,27 @@ fn says_success_true(text: &[u8]) -> bool {
     })
 }
 
-/// Whether a value's text begins `"true"`, `1` or `"1"` (quotes double or single, `true`
-/// in any letter case), the `1` a whole number: not `10`, `1.5` or `1e3`.
+/// Whether a value's text begins as [`says_yes`] reads a whole answer's `success`: a
+/// number that is 1 (`1`, `1.0`; not `10`, `1.5` or `1e3`), or a string (in double or
+/// single quotes) that is `1` or `true` in any letter case, blanks around it allowed. Read
+/// otherwise, `{"success": 1.0, "avgPrice": NaN}` (a pandas column made float by its NaN)
+/// was released where `{"success": 1.0}` is held.
 fn yes_in_text(v: &[u8]) -> bool {
-    let (inner, quote) = match v.first() {
-        Some(&q @ (b'"' | b'\'')) => (&v[1..], Some(q)),
-        _ => (v, None),
-    };
-    let closed = |rest: &[u8]| match quote {
-        Some(q) => rest.first() == Some(&q),
-        None => !matches!(rest.first(), Some(b'0'..=b'9' | b'.' | b'e' | b'E')),
-    };
-    if let Some(rest) = inner.strip_prefix(b"1") {
-        return closed(rest);
+    match v.first() {
+        Some(&q @ (b'"' | b'\'')) => v[1..].iter().position(|&b| b == q).is_some_and(|end| {
+            let s = v[1..=end].trim_ascii();
+            s == b"1" || s.eq_ignore_ascii_case(b"true")
+        }),
+        _ => {
+            let number =
+                |b: &u8| b.is_ascii_digit() || matches!(b, b'.' | b'e' | b'E' | b'+' | b'-');
+            let end = v.iter().position(|b| !number(b)).unwrap_or(v.len());
+            std::str::from_utf8(&v[..end])
+                .ok()
+                .and_then(|n| n.parse::<f64>().ok())
+                == Some(1.0)
+        }
     }
-    quote.is_some()
-        && inner.len() >= 4
-        && inner[..4].eq_ignore_ascii_case(b"true")
-        && closed(&inner[4..])
 }
 
 fn is_2xx(status: u16) -> bool {
@@ -378,6 +382,11 @@ mod tests {
             "{\"success\": 1, \"avgPrice\": NaN}",
             "{\"success\":1}\n{}",
             "{'success': '1'}",
+            // As a whole answer's are read: 1 as a float, blanks inside the quotes.
+            "{\"success\": 1.0, \"avgPrice\": NaN}",
+            "{\"success\":1e0} x",
+            "{\"success\":\"1 \"} x",
+            "{'success': ' True '} x",
         ] {
             assert!(may_be_a_fill(says.as_bytes()), "{says:?}");
         }
@@ -409,6 +418,8 @@ mod tests {
             "{\"success\":1e3} x",
             "{\"success\":\"truex\"} x",
             "{\"success\":\"1x\"} x",
+            "{\"success\":-1} x",
+            "{\"success\":\"1 1\"} x",
             "{'success': False} x",
             "hello",
             "",

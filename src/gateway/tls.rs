@@ -244,17 +244,25 @@ impl Tls {
             // issues `client_ca`'s): rustls, Go, OpenSSL and browsers all refuse one whose
             // extendedKeyUsage leaves serverAuth out, with an alert ("unsupported
             // certificate") that names no cause. No extendedKeyUsage at all is fine.
+            // anyExtendedKeyUsage stands for serverAuth to Go alone: rustls (webpki) and
+            // OpenSSL look for serverAuth itself, and refuse one that has only `any`.
             if let Ok(Some(eku)) = c.extended_key_usage()
                 && !eku.value.server_auth
-                && !eku.value.any
             {
-                said.push(
+                said.push(if eku.value.any {
+                    "the certificate's extendedKeyUsage leaves out serverAuth, with \
+                     anyExtendedKeyUsage in its place: clients built on rustls or OpenSSL \
+                     (curl) refuse it as a server's, Go alone takes it; serve one whose \
+                     extendedKeyUsage names serverAuth (`hoox-edge gen-cert` makes a \
+                     self-signed one)"
+                        .into()
+                } else {
                     "the certificate's extendedKeyUsage leaves out serverAuth (it was issued \
                      for other uses, such as a client's): clients that verify (rustls, Go, \
                      OpenSSL, browsers) refuse it as a server's; serve one issued for TLS \
                      servers (`hoox-edge gen-cert` makes a self-signed one)"
-                        .into(),
-                );
+                        .into()
+                });
             }
             // The certificates after the server's are there for clients to reach a root
             // through. When none of them issued it (an intermediate kept from before the
@@ -963,20 +971,48 @@ mod tests {
             p.extended_key_usages = usages;
             p
         };
-        // A server's, among others, or any use: served and taken, nothing to say.
-        for usages in [vec![ClientAuth, ServerAuth], vec![Any]] {
+        // Whether a rustls client that holds the certificate takes it as this server's.
+        let rustls_takes = |cert: &rcgen::Certificate| {
+            use rustls::client::danger::ServerCertVerifier;
+            let mut roots = rustls::RootCertStore::empty();
+            roots.add(cert.der().clone()).unwrap();
+            let provider = Arc::new(rustls::crypto::ring::default_provider());
+            rustls::client::WebPkiServerVerifier::builder_with_provider(Arc::new(roots), provider)
+                .build()
+                .unwrap()
+                .verify_server_cert(
+                    cert.der(),
+                    &[],
+                    &rustls::pki_types::ServerName::try_from("localhost").unwrap(),
+                    &[],
+                    UnixTime::now(),
+                )
+                .is_ok()
+        };
+        // A server's, among others, or with any use besides: served and taken.
+        for usages in [vec![ClientAuth, ServerAuth], vec![Any, ServerAuth]] {
             let cert = with_usages(usages).self_signed(&key).unwrap();
+            assert!(rustls_takes(&cert));
             let files = files_of(dir.path(), &cert.pem(), &key.serialize_pem());
             let said = files.load().unwrap().warnings(&files.cert);
             assert_eq!(said, Vec::<String>::new());
         }
         let client_only = with_usages(vec![ClientAuth]);
+        // anyExtendedKeyUsage alone: Go takes it, rustls and OpenSSL refuse it.
+        let any_only = with_usages(vec![Any]);
         for (params, want) in [
             (ca, "is a CA's"),
-            (client_only, "extendedKeyUsage leaves out serverAuth"),
+            (
+                client_only,
+                "extendedKeyUsage leaves out serverAuth (it was issued",
+            ),
+            (any_only, "with anyExtendedKeyUsage in its place"),
             (cn_only, "by its common name alone"),
         ] {
             let cert = params.self_signed(&key).unwrap();
+            if want.contains("extendedKeyUsage") {
+                assert!(!rustls_takes(&cert), "{want}");
+            }
             let files = files_of(dir.path(), &cert.pem(), &key.serialize_pem());
             let said = files.load().unwrap().warnings(&files.cert);
             assert_eq!(said.len(), 1, "{said:?}");
