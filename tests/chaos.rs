@@ -116,10 +116,14 @@ async fn sigkill_under_load_never_forwards_a_key_twice() {
     // is new, so that every cycle still has trades to forward when its kill comes.
     let window = 400u64;
     let (mut progressed, mut cut_off, mut unanswered_before) = (0, 0, 0);
+    // Cycles in which some new trade was answered 200: the claim about keys that got a 2xx
+    // holds only if there are such keys, every cycle adding some before its kill.
+    let mut answered = 0;
     let mut early_kills = 0;
 
     for cycle in 0..cycles {
         let calls_before = exec.calls();
+        let accepted_before = accepted.lock().unwrap().len();
         let base = cycle as u64 * window / 2;
         if rng.below(3) == 0 {
             let mut early = setup.start();
@@ -201,6 +205,7 @@ async fn sigkill_under_load_never_forwards_a_key_twice() {
             accepted_now.len()
         );
         progressed += usize::from(exec.calls() > calls_before);
+        answered += usize::from(accepted_now.len() > accepted_before);
         cut_off += usize::from(unanswered > unanswered_before);
         unanswered_before = unanswered;
     }
@@ -209,6 +214,10 @@ async fn sigkill_under_load_never_forwards_a_key_twice() {
     assert!(
         progressed * 2 >= cycles,
         "new trades reached the executor in only {progressed} of {cycles} cycles"
+    );
+    assert!(
+        answered * 2 >= cycles,
+        "new trades were answered 200 in only {answered} of {cycles} cycles"
     );
     assert!(
         cut_off * 2 >= cycles,

@@ -177,6 +177,18 @@ fn database_held_by_another_process() {
 /// until Unavailable; keep trying for a while under the fault; then `lift` it and wait for
 /// service to come back.
 fn reserve_through_fault(path: &Path, lift: impl FnOnce()) {
+    reserve_through_fault_armed(path, || {}, lift, 200_000)
+}
+
+/// As [`reserve_through_fault`], with the fault made by `arm` once the database is open
+/// (a file-size limit below the database's size would refuse the open itself), and lifted
+/// after `rounds` of reserves at most, met or not.
+fn reserve_through_fault_armed(
+    path: &Path,
+    arm: impl FnOnce(),
+    lift: impl FnOnce(),
+    rounds: usize,
+) {
     let (m, owner) = start(path, Clock::system());
     let say = |s: String| {
         let mut out = std::io::stdout().lock();
@@ -184,8 +196,11 @@ fn reserve_through_fault(path: &Path, lift: impl FnOnce()) {
         out.flush().unwrap();
     };
     rt().block_on(async {
+        // Answered once the open is done.
+        m.ping().await.expect("the owner answers");
+        arm();
         let mut failed = 0;
-        for i in 0..200_000 {
+        for i in 0..rounds {
             let name = format!("f{i}");
             // 16 at a time, so the batches (and the file) grow quickly.
             let answers = futures_join(&m, &name).await;
@@ -280,21 +295,21 @@ fn run_child(mut c: std::process::Command) -> String {
     reader.join().unwrap()
 }
 
+/// RLIMIT_FSIZE of this process: no write may reach past `cur` bytes of any file.
+fn limit_file_size(cur: libc::rlim_t) {
+    let lim = libc::rlimit {
+        rlim_cur: cur,
+        rlim_max: libc::RLIM_INFINITY,
+    };
+    // SAFETY: setrlimit with a valid pointer to an initialised struct.
+    assert_eq!(unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &lim) }, 0);
+}
+
 #[test]
 fn file_size_limit_during_commits() {
     if let Ok(path) = std::env::var(CHILD_ENV) {
         child_begin();
-        return reserve_through_fault(Path::new(&path), || {
-            let unlimited = libc::rlimit {
-                rlim_cur: libc::RLIM_INFINITY,
-                rlim_max: libc::RLIM_INFINITY,
-            };
-            // SAFETY: setrlimit with a valid pointer to an initialised struct.
-            assert_eq!(
-                unsafe { libc::setrlimit(libc::RLIMIT_FSIZE, &unlimited) },
-                0
-            );
-        });
+        return reserve_through_fault(Path::new(&path), || limit_file_size(libc::RLIM_INFINITY));
     }
     let dir = tempfile::tempdir().unwrap();
     let path = dir.path().join("m.redb");
@@ -324,6 +339,56 @@ fn file_size_limit_during_commits() {
     assert!(
         report.contains("CommitFailed"),
         "EFBIG must surface as CommitFailed"
+    );
+    check_report(&report, &path);
+}
+
+/// The limit set inside the journal once the database is open, at a quarter of its length:
+/// the fifth record after the open, a reserve's own, meets EFBIG before the owner takes a
+/// checkpoint into redb (at eight). Above, the limit is the database's size, past the
+/// journal's end, so only a checkpoint ever failed and no reserve's own write did: a
+/// Proceed sent for a record that was never written went unseen.
+#[test]
+fn file_size_limit_on_a_reserves_own_record() {
+    if let Ok(path) = std::env::var(CHILD_ENV) {
+        child_begin();
+        let path = Path::new(&path);
+        let journal = hoox_edge::mutex::journal::path_for(path);
+        let arm = || {
+            let len = std::fs::metadata(&journal).unwrap().len();
+            limit_file_size(len / 4);
+        };
+        // The journal holds 16 records: the limit is met within a few rounds, or the
+        // child lifts it after 100 and the parent finds that it never showed.
+        return reserve_through_fault_armed(
+            path,
+            arm,
+            || limit_file_size(libc::RLIM_INFINITY),
+            100,
+        );
+    }
+    let dir = tempfile::tempdir().unwrap();
+    let path = dir.path().join("m.redb");
+    let (m, owner) = start(&path, Clock::system());
+    rt().block_on(async { m.reserve(reserve(&key("seed"), 3_600_000, 1)).await });
+    owner.stop();
+    let mut c = child(
+        "file_size_limit_on_a_reserves_own_record",
+        path.to_str().unwrap(),
+    );
+    // SAFETY: only async-signal-safe calls between fork and exec.
+    unsafe {
+        c.pre_exec(|| {
+            // A write past the limit fails with EFBIG rather than kill the process.
+            libc::signal(libc::SIGXFSZ, libc::SIG_IGN);
+            Ok(())
+        });
+    }
+    let report = run_child(c);
+    // The journal's own write failed, not a checkpoint's into redb: what this test is for.
+    assert!(
+        report.contains("CommitFailed(\"journal: "),
+        "no reserve was refused for its own record's EFBIG (CommitFailed from the journal)"
     );
     check_report(&report, &path);
 }
