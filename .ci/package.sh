@@ -27,10 +27,12 @@
 #      (half-configured) until fixed, and so does a key.pem only root may read (the check
 #      runs as the service's user), and so does a deleted config.toml, and so does the
 #      package's paper config.toml put in place of an http one by an upgrade (--force-confnew;
-#      --force-confold keeps it, without a terminal); a login account
+#      without systemd and where it runs, a stub systemctl; --force-confold keeps it, without
+#      a terminal); an install stopped while it made a secret is finished by `dpkg
+#      --configure -a`; a login account
 #      named hoox-edge is not taken over; an upgrade restarts the service only if it runs
 #      and a first install starts it (a stub systemctl); remove keeps config; purge removes
-#      config, secrets, certificates, state and user, empties a store folder that is a mount
+#      config, secrets, certificates, state and user, saying so, empties a store folder that is a mount
 #      point, and leaves an operator's own file in /etc/hoox-edge on root's group.
 set -euo pipefail
 
@@ -301,7 +303,7 @@ install_test() {
     cp "$deb" "$CHROOT/tmp/hoox-edge.deb"
     # A previous run that failed midway may have left it installed, and the stubs of the
     # tests that stand in for systemd (the root has none: no /run/systemd, no systemctl).
-    rm -f "$CHROOT/usr/local/sbin/systemctl" "$CHROOT/usr/local/sbin/systemctl.show"
+    rm -f "$CHROOT/usr/local/sbin/systemctl" "$CHROOT/usr/local/sbin/systemctl.show" "$CHROOT/usr/local/sbin/chown"
     rm -rf "$CHROOT/run/systemd"
     if mountpoint -q "$CHROOT/var/lib/hoox-edge"; then umount "$CHROOT/var/lib/hoox-edge"; fi
     in_root dpkg --purge hoox-edge >/dev/null 2>&1 || true
@@ -390,13 +392,18 @@ install_test() {
     in_root getent passwd hoox-edge >/dev/null || fail "remove deleted the user"
     echo "ok: remove keeps config, secrets, state and user"
 
-    in_root dpkg --purge hoox-edge >/dev/null
+    out=$(in_root dpkg --purge hoox-edge 2>&1) || fail "purge failed:"$'\n'"$out"
     [[ ! -e $CHROOT/etc/hoox-edge && ! -e $CHROOT/var/lib/hoox-edge ]] ||
         fail "purge left /etc/hoox-edge or /var/lib/hoox-edge"
+    # It says what it deletes: apt prints nothing else of the live keys going.
+    for said in "deleting what /var/lib/hoox-edge holds: the mutex database and its journal, with every live key" \
+        "deleting /etc/hoox-edge/secrets" "deleting /etc/hoox-edge/tls"; do
+        grep -qF "hoox-edge: purge: $said" <<<"$out" || fail "purge did not say '$said':"$'\n'"$out"
+    done
     ! in_root getent passwd hoox-edge >/dev/null || fail "purge left the user"
     [[ ! -e $CHROOT/etc/systemd/system/multi-user.target.wants/hoox-edge.service ]] ||
         fail "purge left the unit enabled"
-    echo "ok: purge removes config, secrets, certificates, state, user and enablement"
+    echo "ok: purge removes config, secrets, certificates, state, user and enablement, and says so"
 
     # The state folder a mount point of its own (a disk for the store, as the README
     # allows): purged of its contents, left in place, and the purge ends (it stopped at the
@@ -429,6 +436,24 @@ install_test() {
     expect_mode /etc/hoox-edge/tls/cert.pem "644 root:hoox-edge"
     in_root dpkg --purge hoox-edge >/dev/null
     echo "ok: on a host whose name no certificate can carry, the loopback names are certified"
+
+    # An install stopped while it made a secret (a stub chown fails there, as a power cut
+    # would stop it) is finished by `dpkg --configure -a`, which makes the secret. It left
+    # an empty or root-owned secret file, which the next run kept (it never replaces a
+    # secret) and the service could not read: the install failed until it was deleted.
+    local chown_stub=$CHROOT/usr/local/sbin/chown
+    printf '%s\n' '#!/bin/sh' 'case "$*" in *secrets/hmac*) exit 1 ;; esac' 'exec /bin/chown "$@"' >"$chown_stub"
+    chmod 0755 "$chown_stub"
+    rc=0
+    out=$(in_root dpkg -i /tmp/hoox-edge.deb 2>&1) || rc=$?
+    rm -f "$chown_stub"
+    ((rc != 0)) || fail "the install went on though its chown of the secret failed:"$'\n'"$out"
+    out=$(in_root dpkg --configure -a 2>&1) ||
+        fail "dpkg --configure -a did not finish an install stopped while it made a secret:"$'\n'"$out"
+    expect_mode /etc/hoox-edge/secrets/hmac "600 hoox-edge:hoox-edge"
+    grep -qE '^[0-9a-f]{64}$' "$CHROOT/etc/hoox-edge/secrets/hmac" || fail "the secret made on the second run is not 32 random bytes in hex"
+    in_root dpkg --purge hoox-edge >/dev/null 2>&1
+    echo "ok: an install stopped while it made a secret is finished by dpkg --configure -a"
     rm -f "$CHROOT/tmp/hoox-edge.deb"
 }
 
@@ -510,7 +535,7 @@ upgrade_check_test() {
 paper_upgrade_test() {
     local conf=$CHROOT/etc/hoox-edge/config.toml x n out rc=0 said
     x=$(mktemp -d)
-    for n in 1 2; do
+    for n in 1 2 3; do
         dpkg-deb -R "$CHROOT/tmp/hoox-edge.deb" "$x/up$n"
         sed -i "s/^Version: .*/&+up$n/" "$x/up$n/DEBIAN/control"
         echo "# upgrade $n" >>"$x/up$n/etc/hoox-edge/config.toml"
@@ -555,6 +580,39 @@ paper_upgrade_test() {
     [[ $(pkg_status) == "install ok installed" ]] || fail "after the move back the package is '$(pkg_status)'"
     echo "ok: the package's paper config in place of an http one (--force-confnew) fails the upgrade (half-configured, said); moved back, dpkg --configure -a ends it"
 
+    # The same where systemd runs (a stub: /run/systemd/system, and a systemctl whose `show`
+    # prints the unit's Environment= as systemd 252 does for the packaged unit: an empty
+    # line). The postinst's reading of that environment once reset its arguments, so the
+    # version upgraded from was lost and the check above skipped: on every host where
+    # systemd runs, the upgrade went on and restarted the gateway onto paper.
+    local stub=$CHROOT/usr/local/sbin/systemctl log=$CHROOT/tmp/systemctl.log made_run=0
+    [[ -d $CHROOT/run/systemd/system ]] || made_run=1
+    mkdir -p "$CHROOT/run/systemd/system" "$(dirname "$stub")"
+    printf '%s\n' '#!/bin/sh' \
+        'echo "$*" >>/tmp/systemctl.log' \
+        'case "$*" in' \
+        '*"show --property=Environment --value hoox-edge.service"*) echo ;;' \
+        '*is-enabled*) echo enabled ;;' \
+        'esac' \
+        'exit 0' >"$stub"
+    chmod 0755 "$stub"
+    rm -f "$log"
+    rc=0
+    out=$(in_root dpkg -i --force-confnew /tmp/hoox-edge-up3.deb 2>&1 </dev/null) || rc=$?
+    ((rc != 0)) && grep -qF "config.toml REPLACED YOURS" <<<"$out" ||
+        fail "under systemd, an upgrade that put the package's paper config in place of an http one went on:"$'\n'"$out"
+    ! grep -q 'restart' "$log" 2>/dev/null ||
+        fail "under systemd, the refused paper upgrade restarted the service:"$'\n'"$(cat "$log")"
+    [[ $(pkg_status) == "install ok half-configured" ]] ||
+        fail "under systemd, after the paper config replaced an http one the package is '$(pkg_status)'"
+    in_root mv /etc/hoox-edge/config.toml.dpkg-old /etc/hoox-edge/config.toml
+    out=$(in_root dpkg --configure -a 2>&1) || fail "under systemd, dpkg --configure -a failed once the http config was moved back:"$'\n'"$out"
+    grep -q 'try-restart hoox-edge[.]service' "$log" ||
+        fail "under systemd, the finished upgrade did not try-restart:"$'\n'"$(cat "$log")"
+    rm -f "$stub" "$log"
+    ((made_run == 0)) || rm -rf "$CHROOT/run/systemd"
+    echo "ok: so too where systemd runs (the unit's environment read): refused, not restarted; moved back, it ends and restarts"
+
     # Without a terminal nor an answer, the question fails the upgrade; --force-confold
     # answers it: the operator's config stays, the package's beside it as .dpkg-dist.
     rc=0
@@ -582,7 +640,7 @@ paper_upgrade_test() {
     sleep 1
     out=$(in_root dpkg -i /tmp/hoox-edge.deb 2>&1 </dev/null) ||
         fail "a reinstall failed on the config.toml.dpkg-old of an earlier upgrade:"$'\n'"$out"
-    rm -f "$conf.dpkg-old" "$conf.dpkg-dist" "$CHROOT/tmp/hoox-edge-up1.deb" "$CHROOT/tmp/hoox-edge-up2.deb"
+    rm -f "$conf.dpkg-old" "$conf.dpkg-dist" "$CHROOT"/tmp/hoox-edge-up[123].deb
     echo "ok: HOOX_EDGE_ALLOW_PAPER=1 takes the paper config, saying so; a config.toml.dpkg-old of an earlier upgrade is not taken for this one's"
 }
 
