@@ -303,7 +303,7 @@ install_test() {
     cp "$deb" "$CHROOT/tmp/hoox-edge.deb"
     # A previous run that failed midway may have left it installed, and the stubs of the
     # tests that stand in for systemd (the root has none: no /run/systemd, no systemctl).
-    rm -f "$CHROOT/usr/local/sbin/systemctl" "$CHROOT/usr/local/sbin/systemctl.show" "$CHROOT/usr/local/sbin/chown"
+    rm -f "$CHROOT/usr/local/sbin/systemctl" "$CHROOT/usr/local/sbin/systemctl.show" "$CHROOT/usr/local/sbin/od"
     rm -rf "$CHROOT/run/systemd"
     if mountpoint -q "$CHROOT/var/lib/hoox-edge"; then umount "$CHROOT/var/lib/hoox-edge"; fi
     in_root dpkg --purge hoox-edge >/dev/null 2>&1 || true
@@ -437,17 +437,17 @@ install_test() {
     in_root dpkg --purge hoox-edge >/dev/null
     echo "ok: on a host whose name no certificate can carry, the loopback names are certified"
 
-    # An install stopped while it made a secret (a stub chown fails there, as a power cut
+    # An install stopped while it made a secret (a stub od fails there, as a power cut
     # would stop it) is finished by `dpkg --configure -a`, which makes the secret. It left
     # an empty or root-owned secret file, which the next run kept (it never replaces a
     # secret) and the service could not read: the install failed until it was deleted.
-    local chown_stub=$CHROOT/usr/local/sbin/chown
-    printf '%s\n' '#!/bin/sh' 'case "$*" in *secrets/hmac*) exit 1 ;; esac' 'exec /bin/chown "$@"' >"$chown_stub"
-    chmod 0755 "$chown_stub"
+    local od_stub=$CHROOT/usr/local/sbin/od
+    printf '%s\n' '#!/bin/sh' 'case "$*" in "-An -tx1") exit 1 ;; esac' 'exec /usr/bin/od "$@"' >"$od_stub"
+    chmod 0755 "$od_stub"
     rc=0
     out=$(in_root dpkg -i /tmp/hoox-edge.deb 2>&1) || rc=$?
-    rm -f "$chown_stub"
-    ((rc != 0)) || fail "the install went on though its chown of the secret failed:"$'\n'"$out"
+    rm -f "$od_stub"
+    ((rc != 0)) || fail "the install went on though it made no secret:"$'\n'"$out"
     out=$(in_root dpkg --configure -a 2>&1) ||
         fail "dpkg --configure -a did not finish an install stopped while it made a secret:"$'\n'"$out"
     expect_mode /etc/hoox-edge/secrets/hmac "600 hoox-edge:hoox-edge"
@@ -585,17 +585,9 @@ paper_upgrade_test() {
     # line). The postinst's reading of that environment once reset its arguments, so the
     # version upgraded from was lost and the check above skipped: on every host where
     # systemd runs, the upgrade went on and restarted the gateway onto paper.
-    local stub=$CHROOT/usr/local/sbin/systemctl log=$CHROOT/tmp/systemctl.log made_run=0
-    [[ -d $CHROOT/run/systemd/system ]] || made_run=1
-    mkdir -p "$CHROOT/run/systemd/system" "$(dirname "$stub")"
-    printf '%s\n' '#!/bin/sh' \
-        'echo "$*" >>/tmp/systemctl.log' \
-        'case "$*" in' \
-        '*"show --property=Environment --value hoox-edge.service"*) echo ;;' \
-        '*is-enabled*) echo enabled ;;' \
-        'esac' \
-        'exit 0' >"$stub"
-    chmod 0755 "$stub"
+    local log=$CHROOT/tmp/systemctl.log
+    stub_systemctl '*"show --property=Environment --value hoox-edge.service"*) echo ;;' \
+        '*is-enabled*) echo enabled ;;'
     rm -f "$log"
     rc=0
     out=$(in_root dpkg -i --force-confnew /tmp/hoox-edge-up3.deb 2>&1 </dev/null) || rc=$?
@@ -609,8 +601,7 @@ paper_upgrade_test() {
     out=$(in_root dpkg --configure -a 2>&1) || fail "under systemd, dpkg --configure -a failed once the http config was moved back:"$'\n'"$out"
     grep -q 'try-restart hoox-edge[.]service' "$log" ||
         fail "under systemd, the finished upgrade did not try-restart:"$'\n'"$(cat "$log")"
-    rm -f "$stub" "$log"
-    ((made_run == 0)) || rm -rf "$CHROOT/run/systemd"
+    unstub_systemctl
     echo "ok: so too where systemd runs (the unit's environment read): refused, not restarted; moved back, it ends and restarts"
 
     # Without a terminal nor an answer, the question fails the upgrade; --force-confold
@@ -652,9 +643,7 @@ paper_upgrade_test() {
 # one, and a quoted one, were dropped, and the install passed a config the service would
 # not start with.
 unit_workers_test() {
-    local stub=$CHROOT/usr/local/sbin/systemctl made_run=0 workers out rc
-    [[ -d $CHROOT/run/systemd/system ]] || made_run=1
-    mkdir -p "$CHROOT/run/systemd/system" "$(dirname "$stub")"
+    local show=$CHROOT/usr/local/sbin/systemctl.show workers out rc
     # What systemd 252 prints: a value with a space or a shell character quoted for a shell
     # (`Environment=TOKIO_WORKER_THREADS=$(nproc)`, a drop-in's mistake: no `$` is expanded).
     # Each the value the unit gives, then what `systemctl show` prints for it.
@@ -667,10 +656,8 @@ unit_workers_test() {
     ) i
     for ((i = 0; i < ${#cases[@]}; i += 2)); do
         workers=${cases[i]}
-        printf '#!/bin/sh\ncat <<"EOF"\n%s\nEOF\n' "${cases[i + 1]}" >"$stub.show"
-        printf '#!/bin/sh\ncase "$*" in\n*"show --property=Environment --value hoox-edge.service"*) exec /bin/sh %s ;;\nesac\nexit 0\n' \
-            "${stub#"$CHROOT"}.show" >"$stub"
-        chmod 0755 "$stub"
+        printf '#!/bin/sh\ncat <<"EOF"\n%s\nEOF\n' "${cases[i + 1]}" >"$show"
+        stub_systemctl "*\"show --property=Environment --value hoox-edge.service\"*) exec /bin/sh ${show#"$CHROOT"} ;;"
         rc=0
         out=$(in_root dpkg -i /tmp/hoox-edge.deb 2>&1) || rc=$?
         if [[ $workers == 2 ]]; then
@@ -681,8 +668,7 @@ unit_workers_test() {
                 fail "TOKIO_WORKER_THREADS='$workers' in the unit did not fail the install, naming it:"$'\n'"$out"
         fi
     done
-    rm -f "$stub" "$stub.show"
-    ((made_run == 0)) || rm -rf "$CHROOT/run/systemd"
+    unstub_systemctl
     [[ $(pkg_status) == "install ok installed" ]] || fail "after the unit's workers tests the package is '$(pkg_status)'"
     echo "ok: the check takes the unit's TOKIO_WORKER_THREADS, empty or quoted too (refused, named)"
 }
@@ -694,20 +680,12 @@ unit_workers_test() {
 # `systemctl` in the root logs what it is asked (deb-systemd-invoke is the real one) and
 # says the unit is enabled, and active or not as the case wants.
 service_start_test() {
-    local stub=$CHROOT/usr/local/sbin/systemctl log=$CHROOT/tmp/systemctl.log made_run=0 active out
+    local log=$CHROOT/tmp/systemctl.log active out
     [[ -n $CHROOT && -d $CHROOT/usr ]] || fail "no Debian root at '$CHROOT'"
-    [[ -d $CHROOT/run/systemd/system ]] || made_run=1
-    mkdir -p "$CHROOT/run/systemd/system" "$(dirname "$stub")"
     # A unit stopped stays stopped here, as under systemd: `stop` takes the mark away.
-    printf '%s\n' '#!/bin/sh' \
-        'echo "$*" >>/tmp/systemctl.log' \
-        'case "$*" in' \
-        '*is-enabled*) echo enabled ;;' \
+    stub_systemctl '*is-enabled*) echo enabled ;;' \
         '*is-active*) [ -e /tmp/hoox-edge.active ] || exit 3 ;;' \
-        '"stop "* | *" stop "*) rm -f /tmp/hoox-edge.active ;;' \
-        'esac' \
-        'exit 0' >"$stub"
-    chmod 0755 "$stub"
+        '"stop "* | *" stop "*) rm -f /tmp/hoox-edge.active ;;'
     # start or restart by name, not try-restart: what starts a stopped unit.
     local starts='(^|[[:space:]])(re)?start hoox-edge[.]service'
     for active in 0 1; do
@@ -734,9 +712,35 @@ service_start_test() {
     out=$(in_root dpkg -i /tmp/hoox-edge.deb 2>&1) || fail "the first install failed:"$'\n'"$out"
     grep -Eq '(^|[[:space:]])start hoox-edge[.]service' "$log" ||
         fail "a first install did not start the service:"$'\n'"$(cat "$log")"
-    rm -f "$stub" "$log" "$CHROOT/tmp/hoox-edge.active"
-    ((made_run == 0)) || rm -rf "$CHROOT/run/systemd"
+    rm -f "$CHROOT/tmp/hoox-edge.active"
+    unstub_systemctl
     echo "ok: an upgrade restarts the service only if it runs (and says so when not); a first install starts it"
+}
+
+# The tests that stand in for systemd (the root has none): /run/systemd/system, which the
+# maintainer scripts take for a running systemd, and a `systemctl` in the root's PATH that
+# logs what it is asked to /tmp/systemctl.log and answers by the `case` arms given (sh
+# lines), exit 0 otherwise. Called again, it replaces the arms; `unstub_systemctl` undoes
+# it all, /run/systemd only if this made it.
+STUB_MADE_RUN=0
+stub_systemctl() {
+    if [[ ! -d $CHROOT/run/systemd/system ]]; then
+        STUB_MADE_RUN=1
+        mkdir -p "$CHROOT/run/systemd/system"
+    fi
+    mkdir -p "$CHROOT/usr/local/sbin"
+    # shellcheck disable=SC2016 # the stub's own $*
+    printf '%s\n' '#!/bin/sh' 'echo "$*" >>/tmp/systemctl.log' 'case "$*" in' "$@" 'esac' 'exit 0' \
+        >"$CHROOT/usr/local/sbin/systemctl"
+    chmod 0755 "$CHROOT/usr/local/sbin/systemctl"
+}
+
+unstub_systemctl() {
+    rm -f "$CHROOT/usr/local/sbin/systemctl" "$CHROOT/usr/local/sbin/systemctl.show" "$CHROOT/tmp/systemctl.log"
+    if ((STUB_MADE_RUN)); then
+        rm -rf "$CHROOT/run/systemd"
+        STUB_MADE_RUN=0
+    fi
 }
 
 # shellcheck disable=SC2016 # dpkg-query's own ${field} syntax
