@@ -493,9 +493,10 @@ async fn supervise(mutex: Mutex, announce: Announce, stopped: impl Future<Output
             }
         };
         // Failing closed too: the reload's refusal is no less true for it.
-        let status = match lock(&announce.reload_refused).is_some() {
-            true => format!("{status}; last reload refused (see the log)"),
-            false => status,
+        let status = if lock(&announce.reload_refused).is_some() {
+            format!("{status}; last reload refused (see the log)")
+        } else {
+            status
         };
         if let Some(said) = announce.status(status, &last_status) {
             // The count alone moving goes to systemd (STATUS=), not to the log: a line a

@@ -1978,6 +1978,17 @@ async fn an_expired_certificate_is_said_and_its_end_is_a_metric() {
     );
 }
 
+/// `check-config` passes the setup's config, saying `said`, and a gateway started on it
+/// is ready: a warning, not a refusal.
+async fn warned_then_started(setup: &Setup, said: &str) -> Gateway {
+    let (code, err) = check_config(&setup.write_config());
+    assert_eq!(code, Some(0), "{err}");
+    assert!(err.contains(said), "{err}");
+    let gw = setup.start();
+    gw.wait_ready().await;
+    gw
+}
+
 /// A server certificate issued for clients only (extendedKeyUsage clientAuth, as the CA
 /// behind `client_ca` issues them) is served, and every verifying client refuses it: the
 /// handshake's alert ("unsupported certificate") names no cause, and the gateway said
@@ -1990,11 +2001,7 @@ async fn a_certificate_issued_for_clients_is_said_to_be_one() {
         .set("server", "cert", for_clients.cert.display().to_string())
         .set("server", "key", for_clients.key.display().to_string());
     let said = "extendedKeyUsage leaves out serverAuth";
-    let (code, err) = check_config(&setup.write_config());
-    assert_eq!(code, Some(0), "{err}");
-    assert!(err.contains(said), "{err}");
-    let gw = setup.start();
-    gw.wait_ready().await;
+    let gw = warned_then_started(&setup, said).await;
     let refused = setup.client().connect(&gw.url()).await.err();
     assert!(
         format!("{refused:?}").contains("InvalidPurpose"),
@@ -2046,11 +2053,7 @@ async fn a_chain_that_leaves_out_the_servers_issuer_is_warned_of() {
         key_file.display().to_string(),
     );
     let said = "did not issue the server's (issued by CN=chain inter)";
-    let (code, err) = check_config(&setup.write_config());
-    assert_eq!(code, Some(0), "{err}");
-    assert!(err.contains(said), "{err}");
-    let gw = setup.start();
-    gw.wait_ready().await;
+    let gw = warned_then_started(&setup, said).await;
     let client = TlsClient::new(&root_file);
     let refused = client.connect(&gw.url()).await.err();
     assert!(

@@ -189,19 +189,26 @@ impl Problem {
     /// A charset that is not one the gateway reads a body in (UTF-8, or one that agrees
     /// with it on ASCII): refused whatever the body.
     pub fn charset_unread(charset: &str) -> Problem {
-        Problem::UnsupportedCharset(format!(
-            "body said to be in charset {:?}, which the gateway does not read: it reads, and \
-             the executor gets, UTF-8: send it as UTF-8 (charset=utf-8, or none)",
-            charset.chars().take(40).collect::<String>()
-        ))
+        Self::charset(
+            charset,
+            "which the gateway does not read: it reads, and the executor gets, UTF-8",
+        )
     }
 
     /// A charset that agrees with UTF-8 on ASCII, for a body with bytes outside it.
     pub fn charset_not_ascii(charset: &str) -> Problem {
+        Self::charset(
+            charset,
+            "and not ASCII: the gateway reads it, and the executor gets it, as UTF-8",
+        )
+    }
+
+    /// The charset as sent (its first 40 characters), why it is refused, and what to do.
+    fn charset(charset: &str, why: &str) -> Problem {
+        let shown: String = charset.chars().take(40).collect();
         Problem::UnsupportedCharset(format!(
-            "body said to be in charset {:?}, and not ASCII: the gateway reads it, and the \
-             executor gets it, as UTF-8: send it as UTF-8 (charset=utf-8, or none)",
-            charset.chars().take(40).collect::<String>()
+            "body said to be in charset {shown:?}, {why}: send it as UTF-8 (charset=utf-8, \
+             or none)"
         ))
     }
 

@@ -1844,14 +1844,14 @@ mod tests {
 
     #[test]
     fn media_types() {
-        let of = |types: &[&'static str]| {
+        let of = |types: &[&str]| {
             let mut h = hyper::HeaderMap::new();
             for t in types {
-                h.append(CONTENT_TYPE, HeaderValue::from_static(t));
+                h.append(CONTENT_TYPE, HeaderValue::from_str(t).unwrap());
             }
             media_type(&h)
         };
-        let ok = |t: &'static str| of(&[t]) == Ok(None);
+        let ok = |t: &str| of(&[t]) == Ok(None);
         assert_eq!(of(&[]), Ok(None));
         assert!(ok("application/json"));
         assert!(ok("application/json; charset=utf-8"));
@@ -1905,10 +1905,7 @@ mod tests {
             "'us-ascii'",
         ] {
             let t = format!("application/json; charset={cs}");
-            let v = HeaderValue::from_str(&t).unwrap();
-            let mut h = hyper::HeaderMap::new();
-            h.insert(CONTENT_TYPE, v);
-            assert!(matches!(media_type(&h), Ok(Some(_))), "{t}");
+            assert!(matches!(of(&[&t]), Ok(Some(_))), "{t}");
         }
         for t in [
             "application/json; charset=utf_8",
